@@ -1,0 +1,30 @@
+# Two commands: `make demo` and `make test`. Both work on a fresh machine: they create
+# .venv, install the pinned dependencies and this package (editable, building odc_pp._C).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# CPU machines: the local CPU wheel. On a GPU box: make TORCH_SPEC='torch>=2.6' ...
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.odc-pp-installed
+CSRC := $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.h csrc/*.cu csrc/*/*.cu)
+
+.PHONY: demo test install clean
+
+demo: $(STAMP)
+	$(PY) -m odc_pp.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+install: $(STAMP)
+
+$(STAMP): setup.py pyproject.toml $(CSRC)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=64" wheel "pybind11>=2.12" \
+		"megatron-core>=0.16.1,<0.20" numpy matplotlib pytest pytest-timeout hypothesis
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info odc_pp/_C*.so

@@ -1,0 +1,100 @@
+"""Cost model: per-stage compute times, communication, offload bandwidth, memory deltas."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from .ir import ActionKind
+
+__all__ = ["CostModel"]
+
+Number = float | int
+
+
+def _per_stage(value: Number | Sequence[Number], stage: int, rank: int, pp: int,
+               num_stages: int, what: str) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    values = list(value)
+    if len(values) == num_stages:
+        return float(values[stage])
+    if len(values) == pp:
+        return float(values[rank])
+    raise ValueError(f"{what} has {len(values)} entries; give one number, one per rank "
+                     f"({pp}) or one per virtual stage ({num_stages})")
+
+
+@dataclass(kw_only=True)
+class CostModel:
+    """Times are in arbitrary but consistent units (the simulator reports in the same unit).
+
+    Compute times are per microbatch and per *virtual stage* (model chunk): a scalar
+    applies to every stage, a list of ``pp`` entries gives one value per rank (all its
+    chunks), a list of ``pp * num_chunks`` entries gives one value per virtual stage.
+    """
+
+    t_f: Number | Sequence[Number] = 1.0
+    """Forward time of one microbatch on one virtual stage."""
+    t_b: Number | Sequence[Number] = 1.0
+    """Input-gradient (B) time of one microbatch on one virtual stage."""
+    t_w: Number | Sequence[Number] = 1.0
+    """Weight-gradient (W) time of one microbatch on one virtual stage."""
+    t_comm: float = 0.0
+    """Latency of one activation or gradient transfer between two ranks."""
+    offload_bandwidth: float | None = None
+    """Host-link bandwidth in microbatch-chunk activations per time unit (moving one
+    microbatch-chunk's activations takes ``1 / offload_bandwidth``); None: no offload."""
+    mem_f: float = 1.0
+    """Activation memory change of F, in microbatch-chunk units."""
+    mem_b: float = 0.0
+    """Activation memory change of B."""
+    mem_w: float = -1.0
+    """Activation memory change of W."""
+
+    def __post_init__(self) -> None:
+        for name in ("t_f", "t_b", "t_w"):
+            value = getattr(self, name)
+            values = [value] if isinstance(value, (int, float)) else list(value)
+            if not values or any(v < 0 for v in values):
+                raise ValueError(f"{name} must be non-negative numbers, got {value!r}")
+        if self.t_comm < 0:
+            raise ValueError(f"t_comm must be >= 0, got {self.t_comm}")
+        if self.offload_bandwidth is not None and self.offload_bandwidth <= 0:
+            raise ValueError(f"offload_bandwidth must be > 0, got {self.offload_bandwidth}")
+        if abs(self.mem_f + self.mem_b + self.mem_w) > 1e-9:
+            raise ValueError("memory deltas must sum to zero (mem_f + mem_b + mem_w == 0): "
+                             "a microbatch's activations must be freed by its backward")
+
+    def compute_time(self, kind: ActionKind, *, stage: int, rank: int, pp: int,
+                     num_stages: int) -> float:
+        """Duration of a compute action (BW = B + W)."""
+        args = dict(stage=stage, rank=rank, pp=pp, num_stages=num_stages)
+        if kind is ActionKind.F:
+            return _per_stage(self.t_f, what="t_f", **args)
+        if kind is ActionKind.B:
+            return _per_stage(self.t_b, what="t_b", **args)
+        if kind is ActionKind.W:
+            return _per_stage(self.t_w, what="t_w", **args)
+        if kind is ActionKind.BW:
+            return _per_stage(self.t_b, what="t_b", **args) + _per_stage(
+                self.t_w, what="t_w", **args)
+        raise ValueError(f"{kind} is not a compute action")
+
+    def memory_delta(self, kind: ActionKind) -> float:
+        return {ActionKind.F: self.mem_f, ActionKind.B: self.mem_b, ActionKind.W: self.mem_w,
+                ActionKind.BW: self.mem_b + self.mem_w}.get(kind, 0.0)
+
+    @property
+    def offload_time(self) -> float:
+        """Time to move one microbatch-chunk's activations across the host link."""
+        if self.offload_bandwidth is None:
+            raise ValueError("offload needs offload_bandwidth (--offload-bandwidth)")
+        return 1.0 / self.offload_bandwidth
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls(**data)
