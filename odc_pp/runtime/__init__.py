@@ -1,1 +1,20 @@
-"""odc_pp.runtime."""
+"""odc_pp.runtime: execute a lowered Schedule on model chunks.
+
+Public API: :class:`PipelineRuntime` / :class:`RuntimeConfig` / :class:`MinibatchResult`,
+:class:`Microbatch`, :class:`WeightGradQueue`, :class:`PostValidatedOptimizer`,
+:class:`Profiler`, :class:`ActivationStore`. The data-parallel contract is in
+:mod:`odc_pp.runtime.hooks`.
+"""
+
+from .data import Microbatch, count_tokens
+from .hooks import NoDataParallel, StageDataParallel
+from .offload import ActivationStore
+from .post_validation import PostValidatedOptimizer, PostValidationConfig, StepOutcome
+from .runtime import ActionTiming, MinibatchResult, PipelineRuntime, RuntimeConfig
+from .wgrad import WeightGradQueue
+
+__all__ = [
+    "Microbatch", "count_tokens", "NoDataParallel", "StageDataParallel", "ActivationStore",
+    "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "ActionTiming",
+    "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue",
+]

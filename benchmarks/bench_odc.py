@@ -1,0 +1,292 @@
+"""ODC vs per-layer collectives vs PyTorch FSDP2 on a long-tailed workload (CPU, gloo).
+
+dp=2 local processes train the same stack of transformer blocks on the same global
+minibatches, in one run:
+
+* ``odc``        ShardedDataParallel, one-sided transport (waits once per minibatch)
+* ``collective`` ShardedDataParallel, all-gather / reduce-scatter per unit (FSDP pattern)
+* ``fsdp2``      ``torch.distributed.fsdp.fully_shard`` per block
+
+each with the equal-count split collectives need (``lb=False``: every replica the same
+number of samples, one sample per microbatch) and with minibatch load balancing
+(``lb=True``: Karmarkar-Karp over an attention-aware cost, packed under a token cap;
+collective and FSDP2 pad the replica with fewer microbatches: zero-gradient replays for
+``collective``, a 1-token dummy microbatch for FSDP2). A balanced workload (all sequences
+the same length) checks the overhead. Step time is the slowest rank's, median over the
+measured steps; utilisation is a rank's compute time for its own microbatches (timed on
+an unsharded copy of the model, both ranks at once) over the step time.
+
+    python benchmarks/bench_odc.py --json [--out benchmarks/results/odc_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from odc_pp.odc.launch import LaunchConfig, run_workers  # noqa: E402
+from odc_pp.odc.load_balance import (AttentionCost, balance_minibatch,  # noqa: E402
+                                     equal_count_balance, pack_microbatches)
+
+
+@dataclass(kw_only=True)
+class Settings:
+    """Benchmark shape."""
+
+    hidden: int = 256
+    """Model width."""
+    heads: int = 4
+    """Attention heads."""
+    layers: int = 4
+    """Transformer blocks (one sharding unit each, plus the head)."""
+    samples: int = 32
+    """Samples per global minibatch."""
+    max_tokens: int = 1024
+    """Token cap of a microbatch, and the longest sample."""
+    steps: int = 3
+    """Measured steps per configuration (after one warm-up step)."""
+    seed: int = 0
+    """Data seed."""
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block on packed sequences (``x``: [tokens, hidden])."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        tokens, hidden = x.shape
+        qkv = self.qkv(self.norm1(x)).view(tokens, 3, self.heads, hidden // self.heads)
+        outs = []
+        for piece in torch.split(qkv, lengths):  # varlen attention: one sample at a time
+            q, k, v = piece.permute(1, 2, 0, 3)
+            outs.append(F.scaled_dot_product_attention(q, k, v).transpose(0, 1))
+        x = x + self.proj(torch.cat(outs).reshape(tokens, hidden))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.blocks = nn.ModuleList(Block(settings.hidden, settings.heads)
+                                    for _ in range(settings.layers))
+        self.head = nn.Linear(settings.hidden, settings.hidden)
+
+    def units(self) -> list[nn.Module]:
+        return [*self.blocks, self.head]
+
+    def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, lengths)
+        return self.head(x)
+
+
+def workload_lengths(settings: Settings, step: int, balanced: bool) -> list[int]:
+    if balanced:
+        return [settings.max_tokens // 4] * settings.samples
+    rng = np.random.default_rng(settings.seed * 1000 + step)
+    lengths = rng.lognormal(4.3, 1.1, size=settings.samples).astype(int) + 16
+    return [int(v) for v in np.minimum(lengths, settings.max_tokens)]
+
+
+def make_plan(settings: Settings, lengths: list[int], world: int, lb: bool):
+    if not lb:
+        return equal_count_balance(lengths, world, samples_per_microbatch=1)
+    cost = AttentionCost(quadratic_coef=1.0 / (6 * settings.hidden))
+    return [pack_microbatches(indices, lengths, settings.max_tokens)
+            for indices in balance_minibatch(lengths, world, cost)]
+
+
+def microbatch_loss(model, settings, step, lengths, indices, global_tokens) -> torch.Tensor:
+    sizes = [lengths[i] for i in indices]
+    gen = torch.Generator().manual_seed(step * 100_003 + indices[0])
+    x = torch.randn(sum(sizes), settings.hidden, generator=gen)
+    return model(x, sizes).pow(2).sum() / global_tokens
+
+
+def dummy_loss(model, settings) -> torch.Tensor:
+    return model(torch.zeros(1, settings.hidden), [1]).sum() * 0.0
+
+
+# ----- one configuration on one rank -----------------------------------------------------
+
+def build_system(system: str, settings: Settings):
+    model = Stack(settings)
+    if system == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for unit in model.units():
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        return model, None, optimizer
+    from odc_pp.odc import primitives as prim
+    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
+    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
+    group = prim.new_group(None, config=prim.TransportConfig(backend=system, timeout_s=120.0))
+    engine = ShardedDataParallel(model.units(), OdcConfig(
+        mode=system, keep_params_through_backward=False), group)
+    return model, engine, ShardedAdamW(engine, AdamWConfig(lr=1e-4))
+
+
+def run_step(system, model, engine, optimizer, settings, step, lengths, plan, rank) -> None:
+    global_tokens = sum(lengths)
+    max_microbatches = max(len(replica) for replica in plan)
+    if engine is not None:
+        engine.begin_minibatch(max_microbatches=max_microbatches)
+    for indices in plan[rank]:
+        microbatch_loss(model, settings, step, lengths, indices, global_tokens).backward()
+    if engine is None:
+        for _ in range(max_microbatches - len(plan[rank])):
+            dummy_loss(model, settings).backward()  # FSDP2 needs equal counts
+        optimizer.step()
+        optimizer.zero_grad()
+    else:
+        engine.finish_minibatch()
+        optimizer.step()
+
+
+def busy_seconds(settings, step, lengths, indices_per_mb) -> float:
+    """Compute time of this rank's own microbatches on an unsharded model."""
+    model = _PLAIN.setdefault("model", Stack(settings))
+    start = time.perf_counter()
+    for indices in indices_per_mb:
+        microbatch_loss(model, settings, step, lengths, indices, sum(lengths)).backward()
+    elapsed = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+_PLAIN: dict = {}
+
+
+def run_config(rank, world, settings: Settings, system: str, lb: bool, balanced: bool) -> dict:
+    model, engine, optimizer = build_system(system, settings)
+    step_times, busy_times = [], []
+    for step in range(settings.steps + 1):
+        lengths = workload_lengths(settings, step, balanced)
+        plan = make_plan(settings, lengths, world, lb)
+        dist.barrier()
+        start = time.perf_counter()
+        run_step(system, model, engine, optimizer, settings, step, lengths, plan, rank)
+        elapsed = time.perf_counter() - start
+        if step == 0:
+            continue  # warm-up
+        step_times.append(elapsed)
+        dist.barrier()
+        busy_times.append(busy_seconds(settings, step, lengths, plan[rank]))
+    if engine is not None:
+        engine.destroy()
+        engine.group.destroy()
+    return {"step_times": step_times, "busy_times": busy_times,
+            "microbatches": [len(r) for r in make_plan(settings, workload_lengths(
+                settings, 1, balanced), world, lb)]}
+
+
+CONFIGS = [
+    ("imbalanced", "odc", True), ("imbalanced", "odc", False),
+    ("imbalanced", "collective", True), ("imbalanced", "collective", False),
+    ("imbalanced", "fsdp2", True), ("imbalanced", "fsdp2", False),
+    ("balanced", "odc", False), ("balanced", "collective", False), ("balanced", "fsdp2", False),
+]
+
+
+def worker(rank, world, settings: Settings, configs) -> dict:
+    torch.set_num_threads(1)
+    results = {}
+    for workload, system, lb in configs:
+        results[f"{workload}/{system}/{'lb' if lb else 'equal'}"] = run_config(
+            rank, world, settings, system, lb, workload == "balanced")
+    return results
+
+
+def summarize(per_rank: list[dict]) -> dict:
+    summary = {}
+    for key in per_rank[0]:
+        steps = [max(times) for times in zip(*(r[key]["step_times"] for r in per_rank))]
+        step_time = statistics.median(steps)
+        summary[key] = {
+            "step_time_s": round(step_time, 4),
+            "step_times_s": [round(t, 4) for t in steps],
+            "utilisation_per_rank": [round(statistics.median(r[key]["busy_times"]) / step_time, 3)
+                                     for r in per_rank],
+            "microbatches_per_rank_step1": per_rank[0][key]["microbatches"],
+        }
+    return summary
+
+
+def speedups(summary: dict) -> dict:
+    def time_of(key):
+        return summary[key]["step_time_s"]
+    out = {}
+    best_odc = time_of("imbalanced/odc/lb")
+    for key in summary:
+        if key.startswith("imbalanced/") and key != "imbalanced/odc/lb":
+            out[f"imbalanced: {key.split('/', 1)[1]} / odc+lb"] = round(time_of(key) / best_odc, 3)
+    for other in ("collective", "fsdp2"):
+        out[f"balanced: {other} / odc"] = round(
+            time_of(f"balanced/{other}/equal") / time_of("balanced/odc/equal"), 3)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--out", default=None, help="also write the JSON to this file")
+    parser.add_argument("--steps", type=int, default=Settings.steps)
+    parser.add_argument("--layers", type=int, default=Settings.layers)
+    parser.add_argument("--hidden", type=int, default=Settings.hidden)
+    parser.add_argument("--samples", type=int, default=Settings.samples)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    settings = Settings(steps=args.steps, layers=args.layers, hidden=args.hidden,
+                        samples=args.samples)
+    start = time.perf_counter()
+    per_rank = run_workers(worker, 2, settings, CONFIGS,
+                           config=LaunchConfig(timeout_s=args.timeout))
+    summary = summarize(per_rank)
+    result = {"benchmark": "bench_odc", "dp": 2, "device": "cpu (gloo, 1 thread per rank)",
+              "settings": asdict(settings), "results": summary,
+              "speedup_vs_odc_lb": speedups(summary),
+              "wall_s": round(time.perf_counter() - start, 1)}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as handle:
+            handle.write(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        for key, value in summary.items():
+            print(f"{key:32s} step {value['step_time_s']:.3f} s  util "
+                  f"{value['utilisation_per_rank']}")
+        for key, value in result["speedup_vs_odc_lb"].items():
+            print(f"{key:40s} {value:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+// CUDA backend of the ODC transport: plain C++ declarations so the pybind11 side is
+// compiled by the host compiler and only cuda_transport.cu goes through nvcc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace odc_cuda {
+
+int device_count();
+uintptr_t malloc_device(size_t nbytes, int device);
+void free_device(uintptr_t ptr, int device);
+// 64-byte cudaIpcMemHandle_t of an allocation made by malloc_device.
+std::string ipc_handle(uintptr_t ptr, int device);
+uintptr_t ipc_open(const std::string& handle, int device);
+void ipc_close(uintptr_t ptr, int device);
+
+uintptr_t stream_create(int device);
+void stream_destroy(uintptr_t stream, int device);
+uintptr_t event_create(int device);
+void event_destroy(uintptr_t event, int device);
+void event_record(uintptr_t event, uintptr_t stream, int device);
+void stream_wait_event(uintptr_t stream, uintptr_t event, int device);
+// Polls until the event completed; false if timeout_s passed first.
+bool event_wait(uintptr_t event, double timeout_s);
+
+void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream, int device);
+// fp32 dst += src (dtype code 0 fp32, 1 bf16, 2 fp16); atomic when several ranks may add
+// into the same memory at once.
+void accumulate_async(uintptr_t dst, uintptr_t src, int dtype, size_t count, bool atomic,
+                      uintptr_t stream, int device);
+
+}  // namespace odc_cuda

@@ -1,0 +1,125 @@
+"""Atomic checkpoint directories.
+
+Layout: ``SAVE/iter_0000010/rank_00003.pt`` (one file per rank: its model chunks,
+optimizer shard, RNG states), ``SAVE/iter_0000010/meta.json`` and ``SAVE/latest``
+(the newest complete iteration). Every rank writes and fsyncs its file inside
+``SAVE/.tmp_iter_0000010``; after a barrier, rank 0 fsyncs the directory, renames it to
+``iter_0000010`` (atomic on one file system), rewrites ``latest`` atomically and deletes
+all but the newest ``keep`` checkpoints. A crash at any point leaves either the previous
+complete checkpoint or the new one, never a partial one under its final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable
+
+import torch
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_iteration", "checkpoint_dir"]
+
+LATEST = "latest"
+
+
+def checkpoint_dir(save: str, iteration: int) -> str:
+    return os.path.join(save, f"iter_{iteration:07d}")
+
+
+def _rank_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank_{rank:05d}.pt")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file_atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_size: int,
+                    barrier: Callable[[], None], keep: int = 2, meta: dict | None = None) -> str:
+    """Collective over all ranks (each passes its own ``state``); returns the final path."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1 (--keep-checkpoints)")
+    final = checkpoint_dir(save, iteration)
+    tmp = os.path.join(save, f".tmp_iter_{iteration:07d}")
+    if rank == 0:
+        os.makedirs(save, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    barrier()
+    path = _rank_file(tmp, rank)
+    with open(path, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    barrier()
+    if rank == 0:
+        missing = [r for r in range(world_size) if not os.path.isfile(_rank_file(tmp, r))]
+        assert not missing, f"ranks {missing} wrote no checkpoint file"
+        info = dict(meta or {}, iteration=iteration, world_size=world_size)
+        _write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
+        _fsync_dir(tmp)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(save)
+        _write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
+        _remove_old(save, keep)
+    barrier()
+    return final
+
+
+def _remove_old(save: str, keep: int) -> None:
+    iterations = sorted(int(name[5:]) for name in os.listdir(save)
+                        if name.startswith("iter_") and name[5:].isdigit())
+    for old in iterations[:-keep]:
+        shutil.rmtree(checkpoint_dir(save, old), ignore_errors=True)
+
+
+def latest_iteration(load: str) -> int | None:
+    """The newest complete checkpoint's iteration, or None when there is none."""
+    path = os.path.join(load, LATEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        text = handle.read().strip()
+    if not text.isdigit() or not os.path.isdir(checkpoint_dir(load, int(text))):
+        raise ValueError(f"{path} names no checkpoint ({text!r}); remove it or fix --load")
+    return int(text)
+
+
+def load_checkpoint(load: str, *, rank: int, world_size: int,
+                    expect_meta: dict | None = None) -> tuple[int, dict] | None:
+    """(iteration, this rank's state) of the latest checkpoint, or None when there is none.
+
+    ``expect_meta`` entries (e.g. pp, dp) must equal the saved ones: a checkpoint of a
+    different parallel layout cannot be resumed rank by rank."""
+    iteration = latest_iteration(load)
+    if iteration is None:
+        return None
+    directory = checkpoint_dir(load, iteration)
+    with open(os.path.join(directory, "meta.json")) as handle:
+        meta = json.load(handle)
+    wanted = dict(expect_meta or {}, world_size=world_size)
+    different = {k: (meta.get(k), v) for k, v in wanted.items() if meta.get(k) != v}
+    if different:
+        detail = ", ".join(f"{k}: saved {s} vs now {n}" for k, (s, n) in different.items())
+        raise ValueError(f"checkpoint {directory} was saved with another layout ({detail}); "
+                         "resume with the same --pipeline-model-parallel-size, world size "
+                         "and schedule")
+    state = torch.load(_rank_file(directory, rank), map_location="cpu", weights_only=False)
+    return iteration, state

@@ -1,0 +1,218 @@
+"""Builds what one rank trains with -- model chunks (odc_pp.megatron), the data-parallel
+engine (odc_pp.odc), the sharded optimizer, pipeline schedules (odc_pp.schedule) and the
+pipeline runtime (odc_pp.runtime) -- and runs one iteration with them."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from odc_pp.runtime.data import Microbatch
+from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.ir import Placement, Schedule
+
+from .arguments import V_SCHEDULES, TrainingArgs
+from .data_plan import IterationPlan
+from .distributed import Topology
+
+__all__ = ["Components", "IterationResult", "build_components", "run_iteration",
+           "build_schedule"]
+
+
+@dataclass
+class IterationResult:
+    loss: float
+    """Token-weighted mean loss of the global batch."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    busy_s: float
+    """This rank's time in compute actions."""
+    peak_memory_mb: float
+    """Peak device memory of this rank (CPU: peak saved-activation memory)."""
+    skipped: bool = False
+    """The optimizer step was rolled back (post-validation found inf/nan)."""
+
+
+@dataclass
+class Components:
+    chunks: list
+    engine: object
+    optimizer: object
+    runtime: object
+    costs: CostModel
+    """Cost model the schedules are generated for."""
+    norm_group: object
+    """torch group over which owned gradient shards partition one model copy's stage."""
+    last_stage: bool
+    """This rank runs the last virtual stage (reports the loss)."""
+    runtimes: dict = field(default_factory=dict)
+    """Pipeline runtime per microbatch count (LB-Mini varies it between iterations)."""
+
+    def close(self) -> None:
+        self.engine.destroy()
+
+
+def placement_of(schedule_name: str) -> Placement:
+    return Placement.V if schedule_name in V_SCHEDULES else Placement.INTERLEAVED
+
+
+def load_cost_model(args: TrainingArgs) -> CostModel:
+    if not args.cost_model:
+        return CostModel()
+    try:
+        with open(args.cost_model) as handle:
+            return CostModel.from_dict(json.load(handle))
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"--cost-model {args.cost_model!r}: {exc}") from exc
+
+
+def build_schedule(args: TrainingArgs, *, pp: int, num_microbatches: int,
+                   costs: CostModel) -> Schedule:
+    """The schedule for one replica's microbatch count (communication lowered)."""
+    from odc_pp.schedule.generators import generate
+
+    name = args.pipeline_schedule
+    schedule = generate(name, pp=pp, num_microbatches=num_microbatches,
+                        num_chunks=args.num_model_chunks, costs=costs,
+                        memory_limit=args.memory_limit)
+    return schedule
+
+
+def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
+    layout = Schedule(name="layout", pp=topo.pp, num_microbatches=1,
+                      num_chunks=args.num_model_chunks,
+                      placement=placement_of(args.pipeline_schedule))
+    return layout.locate(layout.num_stages - 1)[0] == topo.pp_rank
+
+
+def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
+    """(ODC group ranks' torch group, inter-host torch group or None). Collective:
+    every rank creates every group in the same order."""
+    if args.dp_mode != "hierarchical":
+        return topo.dp_group, None
+    per_host = args.dp_ranks_per_host or max(1, env_local_world // topo.pp)
+    if topo.dp % per_host:
+        raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
+                         f"size {topo.dp}")
+    intra = inter = None
+    for stage in range(topo.pp):
+        members = [replica * topo.pp + stage for replica in range(topo.dp)]
+        for host in range(topo.dp // per_host):
+            group = dist.new_group(members[host * per_host:(host + 1) * per_host])
+            if stage == topo.pp_rank and host == topo.dp_rank // per_host:
+                intra = group
+        for slot in range(per_host):
+            group = dist.new_group(members[slot::per_host])
+            if stage == topo.pp_rank and slot == topo.dp_rank % per_host:
+                inter = group
+    return intra, inter
+
+
+def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
+                     local_world_size: int = 1) -> Components:
+    from odc_pp.megatron.model import ModelConfig, build_chunks
+    from odc_pp.odc import primitives as prim
+    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
+    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
+
+    dtype = "bfloat16" if args.bf16 else "float32"
+    model = ModelConfig(vocab_size=vocab_size, hidden_size=args.hidden_size,
+                        num_layers=args.num_layers,
+                        num_attention_heads=args.num_attention_heads,
+                        ffn_hidden_size=args.ffn_hidden_size,
+                        max_sequence_length=args.max_position_embeddings,
+                        params_dtype=dtype, device=str(topo.device))
+    chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
+                          num_chunks=args.num_model_chunks,
+                          placement=placement_of(args.pipeline_schedule), seed=args.seed)
+    torch_group, inter_host = _dp_groups(args, topo, local_world_size)
+    timeout_s = args.distributed_timeout_minutes * 60
+    transport = prim.TransportConfig(
+        backend="collective" if args.dp_mode == "collective" else "odc",
+        timeout_s=timeout_s, deterministic=not args.nondeterministic_dp)
+    odc_group = prim.new_group(torch_group, config=transport)
+    engine = ShardedDataParallel(chunks, OdcConfig(mode=args.dp_mode, unit_driver="pipeline",
+                                                   param_dtype=dtype),
+                                 odc_group, process_group=torch_group,
+                                 inter_host_group=inter_host)
+    optimizer = ShardedAdamW(engine, AdamWConfig(
+        lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=1e-8,
+        weight_decay=args.weight_decay, no_decay=lambda name, shape: len(shape) == 1))
+    return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
+                      costs=load_cost_model(args), norm_group=torch_group,
+                      last_stage=_last_stage_here(args, topo))
+
+
+def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
+                 num_microbatches: int):
+    from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
+
+    runtime = parts.runtimes.get(num_microbatches)
+    if runtime is None:
+        if num_microbatches < 1:
+            raise ValueError(f"data-parallel rank {topo.dp_rank} got no microbatch; raise "
+                             "--global-batch-size")
+        schedule = build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+                                  costs=parts.costs)
+        config = RuntimeConfig(device=str(topo.device),
+                               comm_timeout_s=args.distributed_timeout_minutes * 60)
+        runtime = PipelineRuntime(config, chunks=parts.chunks, schedule=schedule,
+                                  pp_group=topo.pp_group, dp_hooks=parts.engine)
+        parts.runtimes[num_microbatches] = runtime
+    # layers hand deferred weight gradients to the queue of the runtime that runs now
+    for index, chunk in enumerate(parts.chunks):
+        runtime.wgrad_queue.attach(index, chunk)
+    return runtime
+
+
+def _global_grad_norm(parts: Components, topo: Topology) -> float:
+    """L2 norm of the full model's gradient: owned shards summed over the data-parallel
+    shard group and the pipeline stages."""
+    total = parts.optimizer.local_grad_norm_sq().double()
+    dist.all_reduce(total, group=parts.norm_group)
+    if topo.pp > 1:
+        dist.all_reduce(total, group=topo.pp_group)
+    return math.sqrt(float(total))
+
+
+def _clip(parts: Components, norm: float, max_norm: float) -> None:
+    """Same scaling as torch.nn.utils.clip_grad_norm_."""
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for grad in parts.engine.owned_grads():
+            grad.mul_(coef)
+
+
+def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
+                  microbatches: list[Microbatch], *, plan: IterationPlan,
+                  lr: float) -> IterationResult:
+    """Forward/backward of this rank's microbatches under the schedule, then the step."""
+    runtime = _runtime_for(parts, args, topo, len(microbatches))
+    parts.engine.begin_minibatch(max_microbatches=plan.max_microbatches,
+                                 num_microbatches=len(microbatches))
+    result = runtime.run_minibatch(microbatches,
+                                   global_num_tokens=int(round(plan.total_loss_tokens)))
+    norm = _global_grad_norm(parts, topo)
+    skipped = not math.isfinite(norm)
+    if skipped:  # inf/nan gradient: drop this step's gradients, keep the weights
+        parts.engine.finish_step()
+    else:
+        if args.clip_grad > 0:
+            _clip(parts, norm, args.clip_grad)
+        parts.optimizer.config.lr = lr
+        parts.optimizer.step()
+    loss_sum = torch.tensor([result.loss_sum or 0.0 if parts.last_stage else 0.0],
+                            dtype=torch.float64)
+    dist.all_reduce(loss_sum)
+    busy = sum(t.duration for t in result.timings if t.action.is_compute)
+    if topo.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(topo.device) / 2 ** 20
+    else:  # CPU: the runtime's count of saved activations
+        peak = result.peak_activation_bytes / 2 ** 20
+    return IterationResult(loss=float(loss_sum) / plan.total_loss_tokens, grad_norm=norm,
+                           busy_s=busy, peak_memory_mb=peak, skipped=skipped)

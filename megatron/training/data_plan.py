@@ -1,0 +1,119 @@
+"""Per-iteration data plan: which samples each data-parallel replica runs, in which
+microbatches, and the token count of the whole global batch (the loss normalizer).
+
+Every rank computes the same plan from (iteration, seed) alone, so no data is
+broadcast and a resumed run replays exactly the batches of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odc_pp.data import (IndexedTokenDataset, JsonlDataset, ShuffledSource, SyntheticCorpus,
+                         build_tokenizer, collate, global_batch_indices, split_by_tokens,
+                         split_fixed)
+from odc_pp.runtime.data import Microbatch
+
+from .arguments import TrainingArgs
+
+__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size"]
+
+
+@dataclass
+class IterationPlan:
+    replicas: list[list[list[int]]]
+    """[dp rank][microbatch] -> global sample ids."""
+    total_loss_tokens: float
+    """Scored tokens of the whole global batch (every replica's)."""
+    total_tokens: int
+    """Input positions of the whole global batch (padding excluded)."""
+
+    @property
+    def max_microbatches(self) -> int:
+        return max(len(r) for r in self.replicas)
+
+
+def padded_vocab_size(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
+    """(sample source, model vocabulary size) for the data flags."""
+    if args.mock_data:
+        corpus = SyntheticCorpus(vocab_size=args.vocab_size, seq_length=args.seq_length,
+                                 seed=args.seed)
+        return ShuffledSource(corpus, seed=args.seed), args.vocab_size
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    jsonl = [p for p in args.data_path if p.endswith((".jsonl", ".json"))]
+    if jsonl and len(jsonl) != len(args.data_path):
+        raise ValueError("--data-path mixes JSONL files and indexed-dataset prefixes; "
+                         "preprocess the JSONL with tools/preprocess_data.py")
+    if jsonl:
+        dataset = JsonlDataset(jsonl, tokenizer, args.seq_length)
+    else:
+        dataset = IndexedTokenDataset(args.data_path, args.seq_length, tokenizer.pad)
+    vocab = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by)
+    return ShuffledSource(dataset, seed=args.seed), vocab
+
+
+class DataPlanner:
+    """Global batch -> per-replica microbatches (equal count, or LB-Mini balanced)."""
+
+    def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int) -> None:
+        self.args = args
+        self.source = source
+        self.dp = dp
+        self.pp = pp
+        self.token_cap = args.max_tokens_per_microbatch or args.micro_batch_size * args.seq_length
+
+    def plan(self, iteration: int) -> IterationPlan:
+        sample_ids = global_batch_indices(iteration, self.args.global_batch_size)
+        lengths = [self.source.length(i) for i in sample_ids]
+        if self.args.load_balance == "lb-mini":
+            replicas = self._balanced(sample_ids, lengths)
+        else:
+            replicas = self._equal_count(sample_ids, lengths)
+        samples = [self.source[i] for i in sample_ids]
+        return IterationPlan(replicas=replicas,
+                             total_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
+                             total_tokens=int(sum(lengths)))
+
+    def _equal_count(self, sample_ids, lengths) -> list[list[list[int]]]:
+        replicas = []
+        for replica in range(self.dp):
+            mine = sample_ids[replica::self.dp]
+            if self.args.max_tokens_per_microbatch:
+                mine_lengths = lengths[replica::self.dp]
+                replicas.append(split_by_tokens(mine, mine_lengths, self.token_cap))
+            else:
+                replicas.append(split_fixed(mine, self.args.micro_batch_size))
+        return replicas
+
+    def _balanced(self, sample_ids, lengths) -> list[list[list[int]]]:
+        from odc_pp.odc.load_balance import balance_minibatch, pack_microbatches
+
+        replicas = []
+        for positions in balance_minibatch(lengths, self.dp):
+            groups = pack_microbatches(positions, lengths, self.token_cap)
+            groups = _split_until(groups, self.pp, lengths)
+            replicas.append([[sample_ids[p] for p in sorted(group)] for group in groups])
+        return replicas
+
+    def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
+        return [collate([self.source[i] for i in group], pad_id=self.source.pad_id)
+                for group in groups]
+
+
+def _split_until(groups: list[list[int]], minimum: int, lengths) -> list[list[int]]:
+    """Split multi-sample microbatches (largest first) until there are ``minimum``
+    microbatches or every microbatch holds one sample: a pipeline needs at least pp."""
+    groups = [list(g) for g in groups]
+    while len(groups) < minimum:
+        splittable = [g for g in groups if len(g) > 1]
+        if not splittable:
+            break
+        largest = max(splittable, key=lambda g: sum(lengths[i] for i in g))
+        groups.remove(largest)
+        half = len(largest) // 2
+        groups += [largest[:half], largest[half:]]
+    return groups

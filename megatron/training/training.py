@@ -1,0 +1,177 @@
+"""The training loop: data plan -> pipeline runtime (pp) with the ODC engine (dp) ->
+sharded AdamW -> logging and atomic checkpoints.
+
+Loss. Each iteration's loss is the token-weighted mean over the whole global batch:
+``sum(token losses * loss mask) / scored tokens of the global batch``. Every microbatch's
+summed token loss is divided by that global count (known to every rank from the data
+plan), and gradients are *summed* over microbatches, replicas and stages, so the gradient
+is independent of how samples are split into replicas and microbatches: pp x dp runs
+match a single-process run up to float rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .arguments import TrainingArgs, parse_args
+from .checkpointing import load_checkpoint, save_checkpoint
+from .components import Components, build_components, run_iteration
+from .data_plan import DataPlanner, build_source
+from .distributed import Topology, build_topology, init_distributed, read_env
+from .logging_utils import TrainingLogger
+from .lr_schedule import LRSchedule
+
+__all__ = ["main", "train"]
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _layout_meta(args: TrainingArgs, topo: Topology) -> dict:
+    return {"pp": topo.pp, "dp": topo.dp, "pipeline_schedule": args.pipeline_schedule,
+            "num_model_chunks": args.num_model_chunks, "num_layers": args.num_layers,
+            "hidden_size": args.hidden_size, "dp_mode": args.dp_mode}
+
+
+def _gather_floats(values: list[float], topo: Topology) -> list[list[float]]:
+    """Every rank's ``values`` on every rank ([rank][i])."""
+    local = torch.tensor(values, dtype=torch.float64)
+    out = [torch.zeros_like(local) for _ in range(topo.world_size)]
+    dist.all_gather(out, local)
+    return [t.tolist() for t in out]
+
+
+def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
+    """Train; returns the logged records (rank 0; other ranks: [])."""
+    _seed_everything(args.seed)
+    source, vocab = build_source(args)
+    planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp)
+    parts: Components = build_components(args, topo, vocab_size=vocab,
+                                         local_world_size=read_env().local_world_size)
+    schedule_lr = LRSchedule(lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
+                             decay_iters=args.lr_decay_iters, style=args.lr_decay_style)
+    start = 0
+    if args.load:
+        resumed = load_checkpoint(args.load, rank=topo.rank, world_size=topo.world_size,
+                                  expect_meta=_layout_meta(args, topo))
+        if resumed is not None:
+            start, state = resumed
+            parts.optimizer.load_state_dict(state["optimizer"])
+            parts.engine.finish_step()
+            _set_rng_state(state["rng"])
+            if topo.rank == 0:
+                print(f"resumed from {args.load} at iteration {start}", file=out, flush=True)
+    logger = TrainingLogger(train_iters=args.train_iters, log_json=args.log_json,
+                            tensorboard_dir=args.tensorboard_dir,
+                            progress_bar=not args.no_progress_bar, stream=out) \
+        if topo.rank == 0 else None
+    records: list[dict] = []
+    window_tokens, window_time = 0, 0.0
+    for iteration in range(start, args.train_iters):
+        if args.inject_fault_rank == topo.rank and iteration + 1 == args.inject_fault_iter:
+            print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} (SIGKILL)",
+                  file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        plan = planner.plan(iteration)
+        microbatches = planner.microbatches(plan.replicas[topo.dp_rank])
+        lr = schedule_lr.lr_at(iteration)
+        began = time.perf_counter()
+        result = run_iteration(parts, args, topo, microbatches, plan=plan, lr=lr)
+        step_s = time.perf_counter() - began
+        window_tokens += plan.total_tokens
+        window_time += step_s
+        done = iteration + 1
+        if logger is not None:
+            logger.progress(done)
+        if done % args.log_interval == 0 or done == args.train_iters:
+            stats = _gather_floats([result.busy_s, step_s - result.busy_s,
+                                    result.peak_memory_mb], topo)
+            record = {"iteration": done, "loss": result.loss, "lr": lr,
+                      "grad_norm": result.grad_norm,
+                      "tokens_per_s": window_tokens / max(window_time, 1e-9),
+                      "step_s": step_s, "busy_s": [s[0] for s in stats],
+                      "idle_s": [s[1] for s in stats],
+                      "peak_memory_mb": max(s[2] for s in stats),
+                      "skipped": result.skipped}
+            window_tokens, window_time = 0, 0.0
+            if logger is not None:
+                logger.log(record)
+                records.append(record)
+        if args.save and ((args.save_interval and done % args.save_interval == 0)
+                          or done == args.train_iters or done == args.exit_interval):
+            state = {"optimizer": parts.optimizer.state_dict(), "rng": _rng_state(),
+                     "iteration": done}
+            path = save_checkpoint(args.save, done, state, rank=topo.rank,
+                                   world_size=topo.world_size, barrier=dist.barrier,
+                                   keep=args.keep_checkpoints,
+                                   meta=_layout_meta(args, topo))
+            if topo.rank == 0:
+                print(f"saved checkpoint {path}", file=out, flush=True)
+        if args.exit_interval and done >= args.exit_interval:
+            if topo.rank == 0:
+                print(f"exit interval {args.exit_interval} reached", file=out, flush=True)
+            break
+    if logger is not None:
+        logger.close()
+    parts.close()
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 1 failure."""
+    env = read_env()
+    try:
+        args = parse_args(argv)
+        args.data_parallel_size(env.world_size)
+    except ValueError as exc:
+        if env.rank == 0:
+            print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    try:
+        device = init_distributed(env, timeout_minutes=args.distributed_timeout_minutes)
+        topo = build_topology(env, args.pipeline_model_parallel_size, device)
+        train(args, topo)
+        dist.barrier()
+    except ValueError as exc:
+        print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
+        _hard_exit(2)
+    except BaseException as exc:  # a peer died or timed out: say so and exit non-zero
+        print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
+              f"(a peer rank probably died or stopped responding; see the first failing "
+              f"rank's message above)\n{traceback.format_exc(limit=4)}",
+              file=sys.stderr, flush=True)
+        _hard_exit(1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def _hard_exit(code: int) -> None:
+    """Exit without waiting on peers (destroying a group whose peer died can hang)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,214 @@
+"""Sample sources: the synthetic long-tailed corpus, JSONL post-training data, and
+Megatron indexed datasets (.bin/.idx through ``megatron.core.datasets``).
+
+Every source maps a global sample index to a :class:`Sample`, deterministically from the
+seed, so every rank can rebuild any batch on its own (no data broadcast) and a resumed
+run sees exactly the samples an uninterrupted one would. Finite sources are read in a
+fresh seeded permutation each epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .samples import Sample
+from .tokenizers import Tokenizer
+
+__all__ = ["SyntheticCorpus", "JsonlDataset", "IndexedTokenDataset", "ShuffledSource",
+           "load_jsonl_documents", "encode_document"]
+
+
+@dataclass(kw_only=True)
+class SyntheticCorpus:
+    """Infinite corpus with long-tailed (log-normal) lengths and a learnable pattern.
+
+    Each document walks the vocabulary with a fixed stride drawn from ``strides``
+    (token ``t+1 = t + stride mod vocab``), with a fraction ``noise`` of random tokens;
+    a model can learn it, so the loss falls from about ``log(vocab_size)``.
+    """
+
+    vocab_size: int
+    """Token ids are 1 .. vocab_size-1 (0 is end-of-document / padding)."""
+    seq_length: int
+    """Longest sample (input positions)."""
+    seed: int = 1234
+    """Everything is a function of (seed, sample index)."""
+    min_length: int = 8
+    """Shortest sample."""
+    median_length: int | None = None
+    """Median length before clipping; None: seq_length // 4."""
+    sigma: float = 1.0
+    """Log-normal shape: larger means a longer tail."""
+    strides: tuple[int, ...] = (1, 2, 3, 5)
+    """Possible strides of a document's walk."""
+    noise: float = 0.05
+    """Probability that a token is random instead of following the walk."""
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 8:
+            raise ValueError(f"--vocab-size must be >= 8 for mock data, got {self.vocab_size}")
+        if self.seq_length < self.min_length:
+            raise ValueError(f"--seq-length must be >= {self.min_length}, got {self.seq_length}")
+        if not 0 <= self.noise < 1 or self.sigma < 0:
+            raise ValueError("noise must be in [0, 1) and sigma >= 0")
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    def length(self, index: int) -> int:
+        rng = np.random.default_rng([self.seed, index, 0])
+        median = self.median_length or max(self.min_length, self.seq_length // 4)
+        value = rng.lognormal(mean=np.log(median), sigma=self.sigma)
+        return int(np.clip(round(value), self.min_length, self.seq_length))
+
+    def __getitem__(self, index: int) -> Sample:
+        length = self.length(index)
+        rng = np.random.default_rng([self.seed, index, 1])
+        span = self.vocab_size - 1
+        stride = int(rng.choice(self.strides))
+        start = int(rng.integers(0, span))
+        walk = (start + stride * np.arange(length + 1)) % span
+        noisy = rng.random(length + 1) < self.noise
+        walk[noisy] = rng.integers(0, span, size=int(noisy.sum()))
+        return Sample(tokens=(walk + 1).astype(np.int64),
+                      loss_mask=np.ones(length, dtype=np.float32))
+
+
+def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Sample | None:
+    """Tokenize one JSONL record: ``{"text": ...}`` (all tokens scored) or
+    ``{"messages": [{"role", "content"}, ...]}`` (only assistant tokens scored).
+    Truncated to ``seq_length + 1`` tokens; None when it has fewer than 2 tokens."""
+    if "text" in record:
+        tokens = tokenizer.encode(str(record["text"])) + [tokenizer.eod]
+        scored = [1.0] * len(tokens)
+    elif "messages" in record:
+        tokens, scored = [], []
+        for message in record["messages"]:
+            role = str(message.get("role", "user"))
+            header = tokenizer.encode(f"<|{role}|>\n")
+            body = tokenizer.encode(str(message.get("content", ""))) + [tokenizer.eod]
+            tokens += header + body
+            weight = 1.0 if role == "assistant" else 0.0
+            scored += [0.0] * len(header) + [weight] * len(body)
+    else:
+        raise ValueError(f"JSONL record needs a 'text' or 'messages' key, got {sorted(record)}")
+    tokens, scored = tokens[:seq_length + 1], scored[:seq_length + 1]
+    if len(tokens) < 2:
+        return None
+    # loss_mask[i] scores the prediction of tokens[i + 1]
+    return Sample(tokens=np.asarray(tokens, dtype=np.int64),
+                  loss_mask=np.asarray(scored[1:], dtype=np.float32))
+
+
+def load_jsonl_documents(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise ValueError(f"--data-path {path!r}: no such JSONL file")
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from exc
+    return records
+
+
+class JsonlDataset:
+    """Documents of JSONL files, tokenized once at construction."""
+
+    def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_length: int) -> None:
+        self.pad_id = tokenizer.pad
+        self.samples: list[Sample] = []
+        for path in paths:
+            for record in load_jsonl_documents(path):
+                sample = encode_document(record, tokenizer, seq_length)
+                if sample is not None and sample.num_loss_tokens > 0:
+                    self.samples.append(sample)
+        if not self.samples:
+            raise ValueError(f"--data-path {list(paths)}: no usable documents")
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def length(self, index: int) -> int:
+        return self.samples[index].length
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.samples[index]
+
+
+class IndexedTokenDataset:
+    """Documents of Megatron indexed datasets (``prefix.bin`` / ``prefix.idx``), one
+    sample per document, truncated to ``seq_length + 1`` tokens (no concatenation:
+    post-training keeps document boundaries)."""
+
+    def __init__(self, prefixes: Sequence[str], seq_length: int, pad_id: int) -> None:
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        self.pad_id = pad_id
+        self.seq_length = seq_length
+        self.parts = []
+        for prefix in prefixes:
+            if not IndexedDataset.exists(prefix):
+                raise ValueError(f"--data-path {prefix!r}: no {prefix}.bin / {prefix}.idx "
+                                 "(make them with tools/preprocess_data.py)")
+            self.parts.append(IndexedDataset(prefix))
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        long_enough = np.concatenate([p.sequence_lengths >= 2 for p in self.parts])
+        self.valid = np.flatnonzero(long_enough)
+        if len(self.valid) == 0:
+            raise ValueError(f"--data-path {list(prefixes)}: no document has 2 tokens")
+
+    def __len__(self) -> int:
+        return len(self.valid)
+
+    def _locate(self, index: int):
+        flat = int(self.valid[index])
+        part = int(np.searchsorted(self.offsets, flat, side="right") - 1)
+        return self.parts[part], flat - int(self.offsets[part])
+
+    def length(self, index: int) -> int:
+        part, local = self._locate(index)
+        return min(int(part.sequence_lengths[local]), self.seq_length + 1) - 1
+
+    def __getitem__(self, index: int) -> Sample:
+        part, local = self._locate(index)
+        tokens = np.asarray(part[local][:self.seq_length + 1], dtype=np.int64)
+        return Sample(tokens=tokens, loss_mask=np.ones(len(tokens) - 1, dtype=np.float32))
+
+
+class ShuffledSource:
+    """Global sample index -> sample of a finite dataset, a new permutation each epoch
+    (seeded); the synthetic corpus is infinite and read as is."""
+
+    def __init__(self, dataset, *, seed: int, shuffle: bool = True) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.shuffle = shuffle
+        self.pad_id = dataset.pad_id
+        self._permutations: dict[int, np.ndarray] = {}
+
+    def _index(self, sample_id: int) -> int:
+        if not hasattr(self.dataset, "__len__"):
+            return sample_id
+        size = len(self.dataset)
+        epoch, offset = divmod(sample_id, size)
+        if not self.shuffle:
+            return offset
+        if epoch not in self._permutations:
+            self._permutations[epoch] = np.random.default_rng([self.seed, epoch]).permutation(size)
+        return int(self._permutations[epoch][offset])
+
+    def length(self, sample_id: int) -> int:
+        return self.dataset.length(self._index(sample_id))
+
+    def __getitem__(self, sample_id: int) -> Sample:
+        return self.dataset[self._index(sample_id)]

@@ -1,0 +1,464 @@
+"""ODC sharded data parallelism: parameters sharded over data-parallel ranks, gathered on
+demand, gradients scatter-accumulated to their owners, one synchronisation per minibatch.
+
+Layout. The model is cut into *units* (a list of modules: transformer blocks, or pipeline
+chunks). Each unit's trainable parameters are flattened, in ``module.parameters()`` order,
+into one flat buffer of ``numel`` elements. Data-parallel rank r owns elements
+``shard_range(numel, r, world)`` of it and keeps them in two symmetric tensors of
+``S = ceil(numel / world)`` elements: the parameter shard (compute dtype; peers read it) and
+the gradient accumulator (fp32; peers add into it). The optimizer
+(:class:`~odc_pp.odc.sharded_optimizer.ShardedAdamW`) updates only the owned shard.
+
+Parameters. Every parameter's ``.data`` is a view into a per-unit full buffer whose storage
+is released (resized to zero bytes) between uses and re-filled by ``gather_into_tensor``
+before use. Autograd keeps referring to the same tensors, so a gather before backward makes
+saved weights valid again. Do not read a released parameter; use :meth:`gathered`.
+
+Gradients. After a unit's weight gradients of one microbatch are complete, they are
+flattened and ``scatter_accumulate``-d into the owners' fp32 accumulators, and ``.grad`` is
+reset to None. Gradients are *summed* over ranks and microbatches, never averaged: the
+caller must scale the loss so that the sum is the gradient it wants (e.g. divide each
+microbatch's summed token loss by the global minibatch's token count, known to every rank
+from the load-balancing plan).
+
+Drivers.
+* ``unit_driver="module_hooks"`` (any ``nn.Module`` stack): forward pre-hooks gather a unit,
+  forward post-hooks release it (unless ``keep_params_through_backward``), a gradient hook on
+  the unit's output gathers it again for backward, and per-parameter post-accumulate hooks
+  push the unit's gradients as soon as all of them exist. Call :meth:`finish_minibatch`
+  after the last backward of the minibatch.
+* ``unit_driver="pipeline"``: the pipeline runtime calls the
+  :class:`~odc_pp.runtime.hooks.StageDataParallel` methods; units are the local chunks. A
+  chunk is gathered at its first use in a minibatch and stays gathered until the optimizer
+  step (a W action may still need the chunk's parameters after another chunk ran); the
+  weight gradients of (chunk, microbatch) are pushed right after its W (or BW).
+
+Modes. ``odc``: one-sided transport; replicas may run different numbers of microbatches.
+``collective``: the same code with an all-gather / reduce-scatter transport (the FSDP
+baseline); every call is a collective, so replicas with fewer microbatches replay the
+communication of the missing microbatches with zero gradients at :meth:`finish_minibatch`
+(pass ``max_microbatches`` to :meth:`begin_minibatch`). ``hierarchical``: ``group`` is the
+ranks of one host (ODC), and after the per-minibatch sync the owned accumulators are
+all-reduced over ``inter_host_group`` (the ranks with the same local rank on other hosts),
+like HSDP.
+
+Synchronisation. :meth:`finish_minibatch` waits for this rank's pushes and calls ``sync``
+once; after it every owner's accumulator is final. After the optimizer step,
+:meth:`finish_step` zeroes the accumulators and calls ``sync`` again so that no peer reads a
+parameter shard before its owner has written it. No other waits happen between ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from . import primitives as prim
+
+__all__ = ["OdcConfig", "ShardedDataParallel"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(kw_only=True)
+class OdcConfig:
+    """Settings of :class:`ShardedDataParallel`."""
+
+    mode: Literal["odc", "collective", "hierarchical"] = "odc"
+    """Transport pattern: one-sided ODC, per-unit collectives (FSDP baseline), or ODC inside a
+    host plus one all-reduce per minibatch across hosts. Must match the group's backend
+    (``collective`` needs a ``backend="collective"`` group, the others ``"odc"``)."""
+    unit_driver: Literal["module_hooks", "pipeline"] = "module_hooks"
+    """Who triggers gathers and pushes: module hooks (plain ``nn.Module`` training) or the
+    pipeline runtime through the ``StageDataParallel`` methods."""
+    keep_params_through_backward: bool = True
+    """module_hooks only: keep a unit gathered from its forward until its backward is done
+    (True) or release it after forward and gather it again for backward (False)."""
+    param_dtype: str = "float32"
+    """Compute dtype of gathered parameters and of gradients: float32, bfloat16 or float16.
+    Master weights, optimizer state and gradient accumulators are always float32."""
+    max_inflight_pushes: int = 8
+    """Gradient pushes that may be outstanding before the oldest is waited for (bounds the
+    memory of flattened gradients kept alive for asynchronous transports)."""
+    check_collective_order: bool = True
+    """collective mode: verify that each microbatch issued the canonical sequence of
+    collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("odc", "collective", "hierarchical"):
+            raise ValueError(f"mode must be 'odc', 'collective' or 'hierarchical', got "
+                             f"{self.mode!r}")
+        if self.unit_driver not in ("module_hooks", "pipeline"):
+            raise ValueError(f"unit_driver must be 'module_hooks' or 'pipeline', got "
+                             f"{self.unit_driver!r}")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}, got "
+                             f"{self.param_dtype!r}")
+        if self.max_inflight_pushes < 1:
+            raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
+
+    @property
+    def torch_param_dtype(self) -> torch.dtype:
+        return _DTYPES[self.param_dtype]
+
+
+class _Unit:
+    """Flat-buffer bookkeeping of one unit (module) on this rank."""
+
+    def __init__(self, index: int, module: nn.Module, params: list[nn.Parameter],
+                 names: list[str], group, dtype: torch.dtype, device: torch.device) -> None:
+        self.index = index
+        self.module = module
+        self.params = params
+        self.names = names
+        self.shapes = [tuple(p.shape) for p in params]
+        self.offsets = []
+        offset = 0
+        for p in params:
+            self.offsets.append(offset)
+            offset += p.numel()
+        self.numel = offset
+        self.start, self.end = prim.shard_range(self.numel, group.rank, group.world_size)
+        self.shard_numel = -(-self.numel // group.world_size)
+        self.param_shard = prim.symmetric_empty((self.shard_numel,), dtype, group, device)
+        self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
+        self.full = torch.empty(self.numel, dtype=dtype, device=device)
+        self.full_nbytes = self.full.untyped_storage().nbytes()
+        self.resident = True
+        self.pushes = 0
+        self.accumulated: set[int] = set()
+
+    @property
+    def owned_numel(self) -> int:
+        return self.end - self.start
+
+    def flat_grad(self) -> torch.Tensor:
+        """This rank's gradient of the whole unit as one flat tensor (zeros where missing)."""
+        pieces = [p.grad.reshape(-1) if p.grad is not None
+                  else torch.zeros(p.numel(), dtype=self.full.dtype, device=self.full.device)
+                  for p in self.params]
+        return torch.cat(pieces).to(self.full.dtype)
+
+    def clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.accumulated.clear()
+
+
+class ShardedDataParallel:
+    """Shards ``modules`` (the units) over the data-parallel ``group`` (an ``OdcGroup`` from
+    :func:`odc_pp.odc.primitives.new_group`).
+
+    ``process_group`` is the torch.distributed group of the same ranks (used for the
+    gradient-norm all-reduce and checkpoint barriers; None: the default group).
+    ``inter_host_group`` (hierarchical mode only) connects this rank with the ranks of the
+    same local rank on the other hosts. Every replica must construct the units with
+    identical initial parameters (same seed); each keeps only its own shard.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], config: OdcConfig, group, *,
+                 process_group: dist.ProcessGroup | None = None,
+                 inter_host_group: dist.ProcessGroup | None = None) -> None:
+        self.config = config
+        self.group = group
+        self.process_group = process_group
+        self.inter_host_group = inter_host_group
+        self._check_group(group, inter_host_group)
+        if not modules:
+            raise ValueError("ShardedDataParallel needs at least one module (unit)")
+        self.units: list[_Unit] = []
+        seen: set[int] = set()
+        for index, module in enumerate(modules):
+            self.units.append(self._build_unit(index, module, seen))
+        self._pending: list[tuple[object, torch.Tensor]] = []
+        self._handles: list = []
+        self._max_microbatches: int | None = None
+        self._local_microbatches = 0
+        self._ops: list[tuple[str, int]] = []
+        if config.unit_driver == "module_hooks":
+            self._attach_module_hooks()
+
+    # ----- construction ----------------------------------------------------------------
+    def _check_group(self, group, inter_host_group) -> None:
+        backend = group.config.backend
+        mode = self.config.mode
+        wanted = "collective" if mode == "collective" else "odc"
+        if backend != wanted:
+            raise ValueError(f"mode={mode!r} needs an OdcGroup made with "
+                             f"TransportConfig(backend={wanted!r}), got backend={backend!r}")
+        if (mode == "hierarchical") != (inter_host_group is not None):
+            raise ValueError("pass inter_host_group exactly when mode='hierarchical'")
+
+    def _build_unit(self, index: int, module: nn.Module, seen: set[int]) -> _Unit:
+        names, params = [], []
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                continue  # frozen parameters stay replicated and untouched
+            if id(param) in seen:
+                raise ValueError(f"parameter {name!r} of unit {index} also belongs to an "
+                                 f"earlier unit; tied parameters must live in one unit")
+            seen.add(id(param))
+            names.append(name)
+            params.append(param)
+        if not params:
+            raise ValueError(f"unit {index} ({type(module).__name__}) has no trainable "
+                             f"parameters; leave it out of the unit list")
+        device = params[0].device
+        unit = _Unit(index, module, params, names, self.group, self.config.torch_param_dtype,
+                     device)
+        with torch.no_grad():
+            for param, offset in zip(params, unit.offsets):
+                unit.full[offset:offset + param.numel()].copy_(param.detach().reshape(-1))
+            unit.param_shard.zero_()
+            unit.param_shard[:unit.owned_numel].copy_(unit.full[unit.start:unit.end])
+            unit.grad_acc.zero_()
+            for param, offset, shape in zip(params, unit.offsets, unit.shapes):
+                param.data = unit.full[offset:offset + param.numel()].view(shape)
+                param.grad = None
+        self._release(unit)
+        return unit
+
+    # ----- gather / release / push -----------------------------------------------------
+    def _gather(self, unit: _Unit) -> None:
+        if unit.resident:
+            return
+        unit.full.untyped_storage().resize_(unit.full_nbytes)
+        prim.gather_into_tensor(unit.full, unit.param_shard, self.group)
+        unit.resident = True
+        self._ops.append(("G", unit.index))
+
+    def _release(self, unit: _Unit) -> None:
+        if unit.resident:
+            unit.full.untyped_storage().resize_(0)
+            unit.resident = False
+
+    def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None) -> None:
+        if flat_grad is None:
+            flat_grad = unit.flat_grad()
+            unit.clear_grads()
+        work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group)
+        self._pending.append((work, flat_grad))
+        unit.pushes += 1
+        self._ops.append(("S", unit.index))
+        while len(self._pending) > self.config.max_inflight_pushes:
+            self._pending.pop(0)[0].wait()
+
+    def _wait_pushes(self) -> None:
+        while self._pending:
+            self._pending.pop(0)[0].wait()
+
+    # ----- module hooks (plain nn.Module training) ---------------------------------------
+    def _attach_module_hooks(self) -> None:
+        for unit in self.units:
+            self._handles.append(unit.module.register_forward_pre_hook(
+                self._make_forward_pre_hook(unit)))
+            self._handles.append(unit.module.register_forward_hook(
+                self._make_forward_post_hook(unit)))
+            for position, param in enumerate(unit.params):
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    self._make_accumulated_hook(unit, position)))
+
+    def detach_hooks(self) -> None:
+        """Remove the module hooks (module_hooks driver)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _make_forward_pre_hook(self, unit: _Unit):
+        def hook(module, args):
+            if unit.index == 0 and torch.is_grad_enabled():
+                self._start_microbatch()
+            self._gather(unit)
+        return hook
+
+    def _make_forward_post_hook(self, unit: _Unit):
+        def hook(module, args, output):
+            if not torch.is_grad_enabled():
+                self._release(unit)
+                return output
+            if not self.config.keep_params_through_backward:
+                self._release(unit)
+                tensors = [t for t in tree_flatten(output)[0]
+                           if isinstance(t, torch.Tensor) and t.requires_grad]
+                if not tensors:
+                    raise ValueError(f"unit {unit.index} returned no tensor that requires "
+                                     f"grad; keep_params_through_backward=False needs one to "
+                                     f"gather the unit again before its backward")
+                torch.autograd.graph.register_multi_grad_hook(
+                    tensors, lambda grads: self._gather(unit), mode="any")
+            return output
+        return hook
+
+    def _make_accumulated_hook(self, unit: _Unit, position: int):
+        def hook(param):
+            unit.accumulated.add(position)
+            if len(unit.accumulated) == len(unit.params):
+                self._push(unit)
+                self._release(unit)
+        return hook
+
+    def _start_microbatch(self) -> None:
+        if self.config.mode == "collective" and self.config.check_collective_order:
+            self._check_ops()
+        self._local_microbatches += 1
+        self._ops = []
+
+    def _canonical_ops(self) -> list[tuple[str, int]]:
+        """Collectives of one training microbatch under the module_hooks driver."""
+        forward = [("G", u.index) for u in self.units]
+        if self.config.keep_params_through_backward:
+            backward = [("S", u.index) for u in reversed(self.units)]
+        else:
+            backward = [op for u in reversed(self.units) for op in (("G", u.index),
+                                                                    ("S", u.index))]
+        return forward + backward
+
+    def _check_ops(self) -> None:
+        if self.config.unit_driver != "module_hooks" or self._local_microbatches == 0:
+            return
+        if self._ops != self._canonical_ops():
+            raise RuntimeError(
+                f"collective mode: microbatch {self._local_microbatches - 1} issued "
+                f"{self._ops}, not the canonical {self._canonical_ops()} that padding of "
+                f"shorter replicas replays; every unit must run forward once and backward "
+                f"once per microbatch, in order")
+
+    # ----- pipeline driver (odc_pp.runtime.hooks.StageDataParallel) ----------------------
+    def before_forward(self, chunk: int, microbatch: int) -> None:
+        """Full parameters of local ``chunk`` are usable when this returns."""
+        self._gather(self._unit(chunk))
+
+    def before_backward(self, chunk: int, microbatch: int) -> None:
+        """Parameters of ``chunk`` are usable for B or BW when this returns."""
+        self._gather(self._unit(chunk))
+
+    def after_weight_grad(self, chunk: int, microbatch: int) -> None:
+        """Push the weight gradients of (chunk, microbatch) to their owners."""
+        unit = self._unit(chunk)
+        self._push(unit)
+        if chunk == 0:
+            self._local_microbatches += 1
+
+    def _unit(self, chunk: int) -> _Unit:
+        if not 0 <= chunk < len(self.units):
+            raise ValueError(f"chunk {chunk} outside 0..{len(self.units) - 1} (the units "
+                             f"given to ShardedDataParallel)")
+        return self.units[chunk]
+
+    # ----- minibatch boundary ----------------------------------------------------------
+    def begin_minibatch(self, *, max_microbatches: int | None = None,
+                        num_microbatches: int | None = None) -> None:
+        """Start a minibatch. Collective mode needs ``max_microbatches`` (the largest
+        microbatch count of any replica, from the load-balancing plan) so replicas with
+        fewer microbatches replay the missing collectives; ``num_microbatches`` (this
+        replica's count) lets the pipeline driver reject unpaddable plans early."""
+        if self.config.mode == "collective":
+            if max_microbatches is None:
+                raise ValueError("collective mode: pass max_microbatches (the largest "
+                                 "microbatch count over replicas) to begin_minibatch")
+            if (self.config.unit_driver == "pipeline" and len(self.units) > 1
+                    and num_microbatches is not None and num_microbatches != max_microbatches):
+                raise ValueError(
+                    "collective mode with several chunks per pipeline rank needs equal "
+                    "microbatch counts on every replica (use equal_count_balance or odc mode)")
+        self._max_microbatches = max_microbatches
+        self._local_microbatches = 0
+        self._ops = []
+        for unit in self.units:
+            unit.pushes = 0
+
+    def finish_minibatch(self) -> None:
+        """Wait for this rank's pushes and synchronise once with the group; afterwards the
+        owned accumulators (:meth:`owned_grads`) hold the minibatch's summed gradients."""
+        for unit in self.units:
+            if any(p.grad is not None for p in unit.params):
+                self._push(unit)  # leftovers, e.g. a B that accumulated some weight grads
+        if self.config.mode == "collective":
+            self._pad_collectives()
+        self._wait_pushes()
+        prim.sync(self.group)
+        if self.inter_host_group is not None:
+            for unit in self.units:
+                dist.all_reduce(unit.grad_acc[:unit.owned_numel], group=self.inter_host_group)
+
+    def _pad_collectives(self) -> None:
+        if self._max_microbatches is None:
+            raise ValueError("collective mode: call begin_minibatch(max_microbatches=...) "
+                             "before the minibatch")
+        if self.config.unit_driver == "module_hooks":
+            if self.config.check_collective_order:
+                self._check_ops()
+            missing = self._max_microbatches - self._local_microbatches
+            if missing < 0:
+                raise ValueError(f"ran {self._local_microbatches} microbatches, more than "
+                                 f"max_microbatches={self._max_microbatches}")
+            for _ in range(missing):
+                self._replay(self._canonical_ops())
+            return
+        for unit in self.units:
+            self._replay([("G", unit.index)] if not unit.resident else [])
+        for unit in self.units:
+            missing = self._max_microbatches - unit.pushes
+            if missing < 0:
+                raise ValueError(f"chunk {unit.index} pushed {unit.pushes} microbatches, more "
+                                 f"than max_microbatches={self._max_microbatches}")
+            self._replay([("S", unit.index)] * missing)
+
+    def _replay(self, ops: list[tuple[str, int]]) -> None:
+        """Issue ``ops`` with zero gradient contributions (collective padding)."""
+        for kind, index in ops:
+            unit = self.units[index]
+            if kind == "G":
+                self._release(unit)
+                self._gather(unit)
+                if self.config.unit_driver == "module_hooks":
+                    self._release(unit)
+            else:
+                self._push(unit, torch.zeros(unit.numel, dtype=unit.full.dtype,
+                                             device=unit.full.device))
+
+    def finish_step(self) -> None:
+        """After the optimizer wrote the owned parameter shards: zero the accumulators,
+        drop the (now stale) gathered parameters and publish the new shards to the group."""
+        for unit in self.units:
+            unit.grad_acc.zero_()
+            unit.clear_grads()
+            self._release(unit)
+        prim.sync(self.group)
+
+    # ----- access ----------------------------------------------------------------------
+    def owned_grads(self) -> list[torch.Tensor]:
+        """Per unit, the fp32 accumulated gradient of the owned elements (a view)."""
+        return [unit.grad_acc[:unit.owned_numel] for unit in self.units]
+
+    def owned_params(self) -> list[torch.Tensor]:
+        """Per unit, the owned parameter elements in compute dtype (a view)."""
+        return [unit.param_shard[:unit.owned_numel] for unit in self.units]
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """All units gathered inside the block (collective: every rank must enter)."""
+        for unit in self.units:
+            self._gather(unit)
+        try:
+            yield
+        finally:
+            for unit in self.units:
+                self._release(unit)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full trainable parameters as ``{"<unit>.<name>": tensor}`` (fp32 copies)."""
+        with self.gathered():
+            return {f"{unit.index}.{name}": param.detach().float().clone()
+                    for unit in self.units for name, param in zip(unit.names, unit.params)}
+
+    def destroy(self) -> None:
+        """Wait for outstanding pushes and remove hooks (the group is the caller's)."""
+        self._wait_pushes()
+        self.detach_hooks()

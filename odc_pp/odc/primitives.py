@@ -1,0 +1,565 @@
+"""ODC primitives: one-sided gather and scatter-accumulate with a torch.distributed-like API.
+
+``gather_into_tensor`` pulls every member's shard without the owners taking part;
+``scatter_accumulate`` pushes slices of a gradient into the owners' fp32 accumulators,
+asynchronously; ``sync`` is the once-per-minibatch wait after which every accumulation
+issued before it has landed. Paths, chosen per peer:
+
+* same host, CPU tensors: POSIX shared memory (odc_pp._C), locked fp32 adds;
+* same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on a
+  dedicated stream (odc_pp._C_cuda);
+* other host (or ``force_cross_host``): gloo point-to-point answered by the owner's
+  server thread (CPU tensors only).
+
+Concurrency: accumulations from several ranks into one owner take per-chunk spin locks in
+the owner's shared control block (CPU) or use atomicAdd (CUDA). Deterministic mode
+stages every contribution in a private fp32 buffer and applies them at ``sync`` in source
+rank order (turn-taking on shared counters; over gloo, the owner receives sources in rank
+order), so results are bitwise reproducible. ``sync`` must be called by every member the
+same number of times; a shard/accumulator may be any contiguous view of a tensor from
+``symmetric_empty``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from odc_pp import _C
+from odc_pp.odc import transport_collective as collective
+from odc_pp.odc.transport_crosshost import CrossHostLink
+from odc_pp.odc.transport_host import (Allocation, dtype_code, remove_stale_segments,
+                                       segment_name, tensor_from_segment)
+
+__all__ = ["TransportConfig", "OdcGroup", "Work", "PeerError", "new_group", "symmetric_empty",
+           "shard_range", "gather_into_tensor", "scatter_accumulate", "sync",
+           "FORCE_CROSS_HOST_ENV"]
+
+PeerError = _C.PeerError
+FORCE_CROSS_HOST_ENV = "ODC_PP_FORCE_CROSS_HOST"
+
+
+@dataclass(kw_only=True)
+class TransportConfig:
+    """How an OdcGroup moves data."""
+
+    backend: str = "odc"
+    """"odc" (one-sided, this module) or "collective" (all-gather / reduce-scatter)."""
+    timeout_s: float = 60.0
+    """Seconds any wait on a peer may take before a PeerError naming the peer."""
+    deterministic: bool = False
+    """Fixed summation order (bitwise reproducible); accumulations land at sync."""
+    num_threads: int = 0
+    """Copy/accumulate threads per operation on CPU; 0 = min(4, cpu count)."""
+    force_cross_host: bool = False
+    """Treat every rank as its own host (tests the gloo path); env ODC_PP_FORCE_CROSS_HOST=1
+    does the same."""
+
+    def __post_init__(self):
+        if self.backend not in ("odc", "collective"):
+            raise ValueError(f"TransportConfig.backend must be 'odc' or 'collective', "
+                             f"got {self.backend!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"TransportConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if self.num_threads < 0:
+            raise ValueError(f"TransportConfig.num_threads must be >= 0, got {self.num_threads}")
+
+    def threads(self) -> int:
+        return self.num_threads or max(1, min(4, os.cpu_count() or 1))
+
+    def cross_host_forced(self) -> bool:
+        return self.force_cross_host or os.environ.get(FORCE_CROSS_HOST_ENV, "0") == "1"
+
+
+class Work:
+    """Handle of an asynchronous scatter_accumulate. Do not modify the input before wait()
+    (or sync) returns."""
+
+    def __init__(self, future: Future | None = None, waiter=None):
+        self._future = future
+        self._waiter = waiter  # callable(timeout) finishing non-thread work (CUDA, collective)
+
+    def is_completed(self) -> bool:
+        return self._waiter is None and (self._future is None or self._future.done())
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the accumulation landed; raises its error, or TimeoutError."""
+        if self._future is not None:
+            try:
+                self._future.result(timeout=timeout)
+            except FutureTimeout as error:
+                raise TimeoutError(f"scatter_accumulate not done after {timeout} s") from error
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            waiter(timeout)
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, end) of rank's slice of numel elements; shard size ceil(numel / world)."""
+    if world_size <= 0 or not 0 <= rank < world_size or numel < 0:
+        raise ValueError(f"shard_range needs 0 <= rank < world_size and numel >= 0, got "
+                         f"numel={numel}, rank={rank}, world_size={world_size}")
+    shard_size = -(-numel // world_size)
+    return min(numel, rank * shard_size), min(numel, (rank + 1) * shard_size)
+
+
+class OdcGroup:
+    """Transport state of one process group. Create with new_group (collective)."""
+
+    def __init__(self, process_group, config: TransportConfig):
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.config = config
+        self.rank = dist.get_rank(self.process_group)
+        self.world_size = dist.get_world_size(self.process_group)
+        self.ranks = dist.get_process_group_ranks(self.process_group)
+        self.allocations: list[Allocation] = []
+        self._pending: list[Work] = []
+        self._calls_since_sync = 0
+        self._epoch = 0
+        self._staged: dict[tuple, tuple[Allocation, torch.Tensor]] = {}
+        self._cuda_streams: dict[int, object] = {}
+        self._link: CrossHostLink | None = None
+        self._host = None
+        self._destroyed = False
+        self._executor = None
+        if config.backend == "odc":
+            self._setup_odc()
+        self._finalizer = weakref.finalize(self, OdcGroup._release, self.allocations,
+                                           self._link, self._executor)
+
+    # ------------------------------------------------------------------ setup
+    def _all_gather(self, value) -> list:
+        values = [None] * self.world_size
+        dist.all_gather_object(values, value, group=self.process_group)
+        return values
+
+    def _checked_step(self, step) -> None:
+        """Run step() on every member; if it failed anywhere, raise everywhere."""
+        try:
+            step()
+            error = None
+        except Exception as caught:  # noqa: BLE001 - re-raised below on every member
+            error = f"{type(caught).__name__}: {caught}"
+        errors = self._all_gather(error)
+        failed = {r: e for r, e in enumerate(errors) if e is not None}
+        if failed:
+            raise RuntimeError(f"odc transport setup failed on group ranks {failed}")
+
+    def _setup_odc(self) -> None:
+        remove_stale_segments()
+        forced = self.config.cross_host_forced()
+        host = f"rank-{dist.get_rank()}" if forced else socket.gethostname()
+        infos = self._all_gather({"pid": os.getpid(), "host": host, "uid": uuid.uuid4().hex[:12]})
+        self.uid = infos[0]["uid"]
+        self.pids = [info["pid"] for info in infos]
+        self.local = [info["host"] == host for info in infos]
+        controls: list = [None] * self.world_size
+        own = _C.Segment.create(segment_name(os.getpid(), self.uid, "ctl"), _C.CONTROL_BYTES)
+        _C.init_control(own, os.getpid())
+        controls[self.rank] = own
+
+        def map_controls():
+            for peer in range(self.world_size):
+                if self.local[peer] and peer != self.rank:
+                    controls[peer] = _C.Segment.open(
+                        segment_name(self.pids[peer], self.uid, "ctl"), _C.CONTROL_BYTES)
+
+        self._checked_step(lambda: None)  # every control segment exists
+        self._checked_step(map_controls)
+        own.unlink()  # every peer mapped it: nothing can be left behind from here on
+        self._controls = controls
+        self._host = _C.HostGroup(self.rank, controls, self.ranks, self.pids,
+                                  self.config.timeout_s, self.config.threads())
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"odcpp-acc-{self.rank}")
+        if not all(self.local):
+            self._link = CrossHostLink(rank=self.rank, world_size=self.world_size,
+                                       global_ranks=self.ranks, uid=self.uid,
+                                       timeout_s=self.config.timeout_s,
+                                       resolve=self._resolve_local,
+                                       accumulate=self._accumulate_from_remote)
+
+    # ------------------------------------------------------------------ allocations
+    def allocate(self, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        alloc_id = len(self.allocations)
+        if device.type == "cuda":
+            return self._allocate_cuda(alloc_id, shape, dtype, nbytes, device)
+        if device.type != "cpu":
+            raise ValueError(f"symmetric_empty supports cpu and cuda devices, got {device}")
+        segment = _C.Segment.create(segment_name(os.getpid(), self.uid, f"a{alloc_id}"),
+                                    max(nbytes, 1))
+        peers: list = [None] * self.world_size
+
+        def map_peers():
+            for peer in range(self.world_size):
+                if self.local[peer] and peer != self.rank:
+                    peers[peer] = _C.Segment.open(
+                        segment_name(self.pids[peer], self.uid, f"a{alloc_id}"), max(nbytes, 1))
+
+        self._checked_step(lambda: None)
+        self._checked_step(map_peers)
+        segment.unlink()
+        peers[self.rank] = segment
+        tensor = tensor_from_segment(segment, nbytes, shape, dtype)
+        self.allocations.append(Allocation(
+            alloc_id=alloc_id, base=segment.address, nbytes=nbytes, device=device,
+            peer_bases=[p.address if p is not None else None for p in peers],
+            keep=[p for p in peers if p is not None],
+            local_bytes=tensor_from_segment(segment, nbytes, (nbytes,), torch.uint8)))
+        return tensor
+
+    def _allocate_cuda(self, alloc_id, shape, dtype, nbytes, device) -> torch.Tensor:
+        from odc_pp.odc.transport_cuda import DeviceBuffer, PeerMapping
+        if not all(self.local):
+            raise ValueError("CUDA symmetric tensors need every member on one host (CUDA IPC); "
+                             "the cross-host path carries CPU tensors only")
+        buffer = DeviceBuffer(nbytes, device)
+        handles = self._all_gather(buffer.ipc_handle())
+        peers: list = [None] * self.world_size
+
+        def open_peers():
+            for peer in range(self.world_size):
+                if peer != self.rank:
+                    peers[peer] = PeerMapping(handles[peer], buffer.device_index)
+
+        self._checked_step(open_peers)
+        bases = [buffer.ptr if p is None else p.ptr for p in peers]
+        self.allocations.append(Allocation(
+            alloc_id=alloc_id, base=buffer.ptr, nbytes=nbytes, device=device, peer_bases=bases,
+            keep=[p for p in peers if p is not None]))
+        return buffer.tensor(shape, dtype)
+
+    def locate(self, tensor: torch.Tensor, what: str) -> tuple[Allocation, int]:
+        """(allocation, byte offset) of a contiguous view of a symmetric tensor."""
+        if not tensor.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        address, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        for allocation in self.allocations:
+            if allocation.contains(address, nbytes):
+                return allocation, address - allocation.base
+        raise ValueError(f"{what} must be a view of a tensor from symmetric_empty on this group")
+
+    def _resolve_local(self, alloc_id: int, offset: int, nbytes: int) -> torch.Tensor:
+        allocation = self.allocations[alloc_id]
+        if offset < 0 or offset + nbytes > allocation.nbytes or allocation.local_bytes is None:
+            raise ValueError("cross-host request outside a CPU allocation")
+        return allocation.local_bytes[offset:offset + nbytes]
+
+    def _accumulate_from_remote(self, alloc_id, offset, payload, dtype, count) -> None:
+        allocation = self.allocations[alloc_id]
+        if offset < 0 or offset + 4 * count > allocation.nbytes:
+            raise ValueError("cross-host accumulate outside the allocation")
+        self._host.accumulate_into(self.rank, allocation.base + offset, alloc_id, offset,
+                                   payload.data_ptr(), dtype, count)
+
+    # ------------------------------------------------------------------ teardown
+    @staticmethod
+    def _release(allocations, link, executor) -> None:
+        if executor is not None:
+            executor.shutdown(wait=True)
+        if link is not None:
+            link.close()
+        for allocation in allocations:
+            for kept in allocation.keep:
+                if hasattr(kept, "close"):
+                    kept.close()
+            allocation.keep.clear()
+
+    def destroy(self) -> None:
+        """Waits for pending work, stops the server thread (collective on the cross-host
+        path) and unmaps the peers' buffers. Own tensors stay valid while referenced."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        for work in self._pending:
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - destroy must not raise for earlier failures
+                pass
+        self._pending.clear()
+        self._finalizer()
+
+
+class _GroupOps:
+    """Data movement of an OdcGroup, split out to keep each piece short."""
+
+    @staticmethod
+    def gather_host(group: OdcGroup, output, allocation, offset: int) -> None:
+        flat = output.view(-1)
+        numel, element = flat.numel(), flat.element_size()
+        for peer in range(group.world_size):
+            start, end = shard_range(numel, peer, group.world_size)
+            if end <= start:
+                continue
+            if allocation.peer_bases[peer] is None:
+                group._link.get(peer, allocation.alloc_id, offset,
+                                flat[start:end].view(torch.uint8))
+            else:
+                group._host.check_peer(peer, "gather")
+                _C.copy_bytes(flat.data_ptr() + start * element,
+                              allocation.peer_bases[peer] + offset, (end - start) * element,
+                              group.config.threads())
+
+    @staticmethod
+    def scatter_host(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:
+        flat = input.view(-1)
+        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
+        for step in range(group.world_size):
+            peer = (group.rank + 1 + step) % group.world_size  # spread owners over senders
+            start, end = shard_range(numel, peer, group.world_size)
+            if end <= start:
+                continue
+            if allocation.peer_bases[peer] is None:
+                group._link.accumulate(peer, allocation.alloc_id, offset,
+                                       flat[start:end].view(torch.uint8), code, end - start)
+            else:
+                group._host.accumulate_into(peer, allocation.peer_bases[peer] + offset,
+                                            allocation.alloc_id, offset,
+                                            flat.data_ptr() + start * element, code, end - start)
+
+    @staticmethod
+    def stream(group: OdcGroup, device: torch.device):
+        from odc_pp.odc.transport_cuda import CudaStream
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in group._cuda_streams:
+            group._cuda_streams[index] = CudaStream(index)
+        return group._cuda_streams[index]
+
+    @staticmethod
+    def gather_cuda(group: OdcGroup, output, allocation, offset: int) -> None:
+        stream = _GroupOps.stream(group, output.device)
+        stream.after_current()
+        flat = output.view(-1)
+        numel, element = flat.numel(), flat.element_size()
+        for peer in range(group.world_size):
+            start, end = shard_range(numel, peer, group.world_size)
+            if end > start:
+                stream.copy(flat.data_ptr() + start * element,
+                            allocation.peer_bases[peer] + offset, (end - start) * element)
+        stream.current_waits()
+
+    @staticmethod
+    def cuda_waiter(group: OdcGroup, stream, keep_alive: torch.Tensor):
+        event = stream.record()
+
+        def wait(timeout):
+            limit = group.config.timeout_s if timeout is None else timeout
+            done = stream.wait_event(event, limit)
+            if not done:
+                raise PeerError(f"odc transport: CUDA work of rank {group.rank} not finished "
+                                f"after {limit} s")
+            stream.destroy_event(event)
+            del keep_alive_ref[:]
+
+        keep_alive_ref = [keep_alive]
+        return wait
+
+    @staticmethod
+    def scatter_cuda(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> Work:
+        stream = _GroupOps.stream(group, input.device)
+        stream.after_current()
+        flat = input.view(-1)
+        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
+        for peer in range(group.world_size):
+            start, end = shard_range(numel, peer, group.world_size)
+            if end > start:
+                stream.accumulate(allocation.peer_bases[peer] + offset,
+                                  flat.data_ptr() + start * element, code, end - start, True)
+        return Work(waiter=_GroupOps.cuda_waiter(group, stream, input))
+
+    @staticmethod
+    def stage(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:
+        flat = input.view(-1)
+        key = (allocation.alloc_id, offset, flat.numel())
+        if key not in group._staged:
+            group._staged[key] = (allocation, torch.zeros(flat.numel(), dtype=torch.float32,
+                                                          device=flat.device))
+        staging = group._staged[key][1]
+        if flat.is_cuda:
+            stream = _GroupOps.stream(group, flat.device)
+            stream.after_current()
+            stream.accumulate(staging.data_ptr(), flat.data_ptr(), dtype_code(flat.dtype),
+                              flat.numel(), False)
+            _GroupOps.cuda_waiter(group, stream, flat)(None)
+        else:
+            _C.accumulate_local(staging.data_ptr(), flat.data_ptr(), dtype_code(flat.dtype),
+                                flat.numel(), group.config.threads())
+
+    @staticmethod
+    def apply_staged_turns(group: OdcGroup) -> None:
+        """Deterministic sync, same host: at each owner, sources add in rank order."""
+        world = group.world_size
+        base = (group._epoch - 1) * world
+        items = sorted(group._staged.items(), key=lambda item: item[0])
+        for owner in range(world):
+            group._host.wait_turn(owner, base + group.rank)
+            for (alloc_id, offset, numel), (allocation, staging) in items:
+                start, end = shard_range(numel, owner, world)
+                if end <= start:
+                    continue
+                destination = allocation.peer_bases[owner] + offset
+                source = staging.data_ptr() + 4 * start
+                if staging.is_cuda:
+                    stream = _GroupOps.stream(group, staging.device)
+                    stream.accumulate(destination, source, 0, end - start, False)
+                    _GroupOps.cuda_waiter(group, stream, staging)(None)
+                else:
+                    group._host.accumulate_into(owner, destination, alloc_id, offset, source, 0,
+                                                end - start)
+            group._host.set_turn(owner, base + group.rank + 1)
+
+    @staticmethod
+    def apply_staged_ordered(group: OdcGroup) -> None:
+        """Deterministic sync over the cross-host link: owners receive in source order."""
+        world = group.world_size
+        items = sorted(group._staged.items(), key=lambda item: item[0])
+        outgoing = {}
+        for owner in range(world):
+            meta, data = [], []
+            for (alloc_id, offset, numel), (_, staging) in items:
+                start, end = shard_range(numel, owner, world)
+                if end > start:
+                    meta += [alloc_id, offset, end - start]
+                    data.append(staging[start:end])
+            outgoing[owner] = (torch.tensor(meta, dtype=torch.int64),
+                               torch.cat(data) if data else torch.zeros(0))
+
+        def apply(source, meta, data):
+            position = 0
+            for alloc_id, offset, count in meta.view(-1, 3).tolist():
+                group._accumulate_from_remote(alloc_id, offset,
+                                              data[position:position + count], 0, count)
+                position += count
+
+        group._link.exchange_ordered(outgoing, apply)
+
+
+def _check_usable(group: OdcGroup) -> None:
+    if not isinstance(group, OdcGroup):
+        raise ValueError(f"group must be an OdcGroup from odc_pp.odc.primitives.new_group, "
+                         f"got {type(group).__name__}")
+    if group._destroyed:
+        raise ValueError("this OdcGroup was destroyed; create a new one with new_group")
+
+
+def _check_shard(full: torch.Tensor, part: torch.Tensor, group: OdcGroup, what: str) -> int:
+    shard_size = -(-full.numel() // group.world_size)
+    if part.numel() != shard_size:
+        raise ValueError(f"{what} must hold ceil({full.numel()} / {group.world_size}) = "
+                         f"{shard_size} elements, got {part.numel()}")
+    if not full.is_contiguous():
+        raise ValueError("the full-size tensor (output / input) must be contiguous")
+    if full.device != part.device:
+        raise ValueError(f"{what} is on {part.device} but the full tensor on {full.device}")
+    return shard_size
+
+
+def new_group(process_group=None, *, config: TransportConfig | None = None) -> OdcGroup:
+    """Collective over the members of process_group (None = WORLD)."""
+    return OdcGroup(process_group, config if config is not None else TransportConfig())
+
+
+def symmetric_empty(shape, dtype: torch.dtype, group: OdcGroup, device=None) -> torch.Tensor:
+    """Uninitialised tensor in symmetric memory. Collective: every member calls it with the
+    same shape and dtype, in the same order."""
+    _check_usable(group)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if group.config.backend == "collective":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return group.allocate(shape, dtype, device)
+
+
+def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGroup) -> None:
+    """output[start_r:end_r] = rank r's shard[:end_r - start_r] for every member r, read
+    one-sidedly (the owners do not take part)."""
+    _check_usable(group)
+    if output.dtype != shard.dtype:
+        raise ValueError(f"output dtype {output.dtype} differs from shard dtype {shard.dtype}")
+    _check_shard(output, shard, group, "shard")
+    if group.config.backend == "collective":
+        collective.gather_collective(output, shard, group.process_group)
+        return
+    allocation, offset = group.locate(shard, "shard")
+    if output.is_cuda:
+        _GroupOps.gather_cuda(group, output, allocation, offset)
+    else:
+        _GroupOps.gather_host(group, output, allocation, offset)
+
+
+def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup) -> Work:
+    """Asynchronously add input[start_r:end_r] into rank r's accumulator[:end_r - start_r]
+    (fp32) for every member r. Members may call it different numbers of times (odc
+    backend); everything issued before a sync has landed once sync returns everywhere."""
+    _check_usable(group)
+    if accumulator.dtype != torch.float32:
+        raise ValueError(f"accumulator must be float32, got {accumulator.dtype}")
+    dtype_code(input.dtype)
+    _check_shard(input, accumulator, group, "accumulator")
+    group._calls_since_sync += 1
+    if group.config.backend == "collective":
+        start, end = shard_range(input.numel(), group.rank, group.world_size)
+        work, finish = collective.reduce_scatter_accumulate(accumulator, input,
+                                                            group.process_group, end - start)
+
+        def wait(timeout):
+            work.wait()
+            finish()
+
+        handle = Work(waiter=wait)
+        group._pending.append(handle)
+        return handle
+    allocation, offset = group.locate(accumulator, "accumulator")
+    if group.config.deterministic:
+        _GroupOps.stage(group, allocation, offset, input)
+        return Work()
+    if input.is_cuda:
+        handle = _GroupOps.scatter_cuda(group, allocation, offset, input)
+    else:
+        handle = Work(group._executor.submit(_GroupOps.scatter_host, group, allocation, offset,
+                                             input))
+    group._pending.append(handle)
+    return handle
+
+
+def sync(group: OdcGroup) -> None:
+    """Once-per-minibatch barrier: when it has returned on every member, every
+    scatter_accumulate any member issued before its sync has landed."""
+    _check_usable(group)
+    pending, group._pending = group._pending, []
+    first_error = None
+    for work in pending:
+        try:
+            work.wait()
+        except Exception as error:  # noqa: BLE001 - finish the others, raise the first
+            first_error = first_error or error
+    if first_error is not None:
+        raise first_error
+    if group.config.backend == "collective":
+        collective.check_call_counts(group._calls_since_sync, group.rank, group.process_group)
+        group._calls_since_sync = 0
+        return
+    group._calls_since_sync = 0
+    group._epoch += 1
+    if group.config.deterministic:
+        if group._link is not None:
+            _GroupOps.apply_staged_ordered(group)
+        else:
+            _GroupOps.apply_staged_turns(group)
+        for _, staging in group._staged.values():
+            staging.zero_()
+    if group._link is not None:
+        group._link.barrier(group._epoch)
+    else:
+        group._host.barrier(group._epoch)

@@ -1,0 +1,179 @@
+"""AdamW on the owned shards of a :class:`~odc_pp.odc.engine.ShardedDataParallel`.
+
+Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
+owns and nothing else. The update is elementwise and follows ``torch.optim.AdamW``
+(``foreach=False``, ``amsgrad=False``) operation by operation, so on identical gradients it
+gives identical numbers. Gradient-norm clipping matches ``torch.nn.utils.clip_grad_norm_``:
+the squared norms of the owned gradients are all-reduced over the data-parallel group.
+
+Composing with a post-validating optimizer (eager step, later validation, maybe rollback):
+:meth:`local_grad_norm_sq` and :meth:`local_has_nonfinite` give this rank's share of the
+global checks (sum / max them over ``engine.process_group``), :meth:`snapshot` copies the
+owned state before an eager :meth:`step`, and :meth:`restore` rolls it back (then call
+``engine.finish_step()`` again so peers re-read the restored shards).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .engine import ShardedDataParallel
+
+__all__ = ["AdamWConfig", "ShardedAdamW"]
+
+
+@dataclass(kw_only=True)
+class AdamWConfig:
+    """Hyper-parameters of :class:`ShardedAdamW` (same meaning as ``torch.optim.AdamW``)."""
+
+    lr: float = 1e-3
+    """Learning rate (may be changed between steps through ``optimizer.config.lr``)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Decay rates of the first and second moment estimates."""
+    eps: float = 1e-8
+    """Added to the denominator for numerical stability."""
+    weight_decay: float = 1e-2
+    """Decoupled weight decay."""
+    no_decay: Callable[[str, tuple[int, ...]], bool] | None = None
+    """Given a parameter's name (as in its unit) and shape, True exempts it from weight
+    decay (e.g. biases and norms: ``lambda name, shape: len(shape) == 1``)."""
+
+    def __post_init__(self) -> None:
+        if not self.lr >= 0:
+            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        if not all(0.0 <= beta < 1.0 for beta in self.betas) or len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+
+class ShardedAdamW:
+    """AdamW over the owned shards of ``engine``; call after ``engine.finish_minibatch()``."""
+
+    def __init__(self, engine: ShardedDataParallel, config: AdamWConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.step_count = 0
+        self.master: list[torch.Tensor] = []
+        self.exp_avg: list[torch.Tensor] = []
+        self.exp_avg_sq: list[torch.Tensor] = []
+        self.decay_mask: list[torch.Tensor | None] = []
+        for unit, owned in zip(engine.units, engine.owned_params()):
+            if owned.dtype == torch.float32:
+                master = owned  # the symmetric shard itself: updated in place
+            else:
+                master = owned.detach().float().clone()
+            self.master.append(master)
+            self.exp_avg.append(torch.zeros_like(master))
+            self.exp_avg_sq.append(torch.zeros_like(master))
+            self.decay_mask.append(self._decay_mask(unit))
+
+    def _decay_mask(self, unit) -> torch.Tensor | None:
+        if self.config.no_decay is None:
+            return None
+        mask = torch.ones(unit.numel, dtype=torch.bool)
+        for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
+            if self.config.no_decay(name, shape):
+                mask[offset:offset + math.prod(shape)] = False
+        return mask[unit.start:unit.end].to(unit.grad_acc.device)
+
+    # ----- checks over sharded gradients ----------------------------------------------
+    def local_grad_norm_sq(self) -> torch.Tensor:
+        """Sum of squares of this rank's owned gradients (fp32 scalar tensor)."""
+        total = torch.zeros((), dtype=torch.float32, device=self.master[0].device)
+        for grad in self.engine.owned_grads():
+            total += grad.pow(2).sum()
+        return total
+
+    def local_has_nonfinite(self) -> bool:
+        """True if any owned gradient element is inf or nan."""
+        return any(not bool(torch.isfinite(grad).all()) for grad in self.engine.owned_grads())
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of the minibatch gradient (inf/nan if any element is)."""
+        total = self.local_grad_norm_sq()
+        dist.all_reduce(total, group=self.engine.process_group)
+        return math.sqrt(float(total))
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale the owned gradients so the global norm is at most ``max_norm``, like
+        ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping."""
+        if not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        norm = self.grad_norm()
+        total = torch.tensor(norm, dtype=torch.float32)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in self.engine.owned_grads():
+            grad.mul_(coef.to(grad.device))
+        return norm
+
+    # ----- update ----------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, *, finish: bool = True) -> None:
+        """One AdamW update of the owned shards from the accumulated gradients, then (with
+        ``finish``) ``engine.finish_step()``: zero the accumulators and publish the new
+        shards. A post-validating caller passes ``finish=False``, validates, maybe
+        :meth:`restore`-s and steps again on the kept gradients, then finishes the step."""
+        self.step_count += 1
+        beta1, beta2 = self.config.betas
+        lr, eps, weight_decay = self.config.lr, self.config.eps, self.config.weight_decay
+        bias_correction1 = 1 - beta1 ** self.step_count
+        bias_correction2 = 1 - beta2 ** self.step_count
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = math.sqrt(bias_correction2)
+        for index, grad in enumerate(self.engine.owned_grads()):
+            param, mask = self.master[index], self.decay_mask[index]
+            exp_avg, exp_avg_sq = self.exp_avg[index], self.exp_avg_sq[index]
+            if mask is None:
+                param.mul_(1 - lr * weight_decay)
+            else:
+                param.copy_(torch.where(mask, param * (1 - lr * weight_decay), param))
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)
+            owned = self.engine.owned_params()[index]
+            if owned.data_ptr() != param.data_ptr():
+                owned.copy_(param)
+        if finish:
+            self.engine.finish_step()
+
+    # ----- state -----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's owned state (fp32 master, moments, step count), detached copies."""
+        return {"step": self.step_count,
+                "master": [t.detach().clone() for t in self.master],
+                "exp_avg": [t.detach().clone() for t in self.exp_avg],
+                "exp_avg_sq": [t.detach().clone() for t in self.exp_avg_sq]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output of the same shard layout; the parameter shards
+        follow the master weights. Call ``engine.finish_step()`` afterwards to publish."""
+        for name in ("master", "exp_avg", "exp_avg_sq"):
+            mine, theirs = getattr(self, name), state[name]
+            if len(mine) != len(theirs) or any(a.shape != b.shape for a, b in zip(mine, theirs)):
+                raise ValueError(f"optimizer state {name!r} has a different shard layout "
+                                 f"(another model or data-parallel size?)")
+            for target, source in zip(mine, theirs):
+                target.copy_(source)
+        self.step_count = int(state["step"])
+        for owned, master in zip(self.engine.owned_params(), self.master):
+            if owned.data_ptr() != master.data_ptr():
+                owned.copy_(master)
+
+    def snapshot(self) -> dict:
+        """Copy of the owned state, for rollback by :meth:`restore`."""
+        return self.state_dict()
+
+    def restore(self, snapshot: dict) -> None:
+        """Roll back to ``snapshot`` (accumulated gradients are untouched). Peers see the
+        restored shards after the next ``engine.finish_step()``."""
+        self.load_state_dict(snapshot)

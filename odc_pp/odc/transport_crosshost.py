@@ -1,0 +1,196 @@
+"""Cross-host path of the ODC transport: get and accumulate over torch.distributed
+point-to-point (a private gloo group), answered by a per-rank server thread that plays the
+parameter server for the shards this rank owns.
+
+Every rank's server thread waits for request headers from any source on ``REQUEST_TAG``;
+each request carries a reply tag unique to the requesting client, so requests from
+several clients (and from several threads of one client) never mix. An accumulate is
+acknowledged after it has been added, so a client that has its acks has landed all its
+accumulations; ``sync`` then only needs a barrier (through the store, naming late peers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from odc_pp import _C
+
+__all__ = ["CrossHostLink"]
+
+REQUEST_TAG = 1
+DETERMINISTIC_TAG = 2  # uses tags 2, 3, 4
+_FIRST_REPLY_TAG = 16
+_OP_GET, _OP_ACCUMULATE, _OP_STOP = 1, 2, 3
+_HEADER_LEN = 8
+
+# (alloc_id, byte_offset, nbytes) -> uint8 view of this rank's memory
+Resolver = Callable[[int, int, int], torch.Tensor]
+# (alloc_id, byte_offset, source uint8 tensor, dtype code, count): add into own memory
+Accumulator = Callable[[int, int, torch.Tensor, int, int], None]
+
+
+class CrossHostLink:
+    """Point-to-point link of one rank to every other member of an ODC group."""
+
+    def __init__(self, *, rank: int, world_size: int, global_ranks: list[int], uid: str,
+                 timeout_s: float, resolve: Resolver, accumulate: Accumulator):
+        self.rank = rank
+        self.world_size = world_size
+        self.global_ranks = global_ranks
+        self.timeout_s = timeout_s
+        self._resolve = resolve
+        self._accumulate = accumulate
+        self._timeout = timedelta(seconds=timeout_s)
+        self._store = dist.PrefixStore(f"odcpp/{uid}/",
+                                       dist.distributed_c10d._get_default_store())
+        self._pg = dist.ProcessGroupGloo(self._store, rank, world_size, self._timeout)
+        self._tags = itertools.count(_FIRST_REPLY_TAG, 2)
+        self._tag_lock = threading.Lock()
+        self.server_error: BaseException | None = None
+        self._server = threading.Thread(target=self._serve, name=f"odcpp-server-{rank}",
+                                        daemon=True)
+        self._server.start()
+
+    # ------------------------------------------------------------------ helpers
+    def describe(self, peer: int) -> str:
+        return f"peer group rank {peer} (global rank {self.global_ranks[peer]})"
+
+    def _next_tag(self) -> int:
+        with self._tag_lock:
+            return next(self._tags) % (1 << 30) + _FIRST_REPLY_TAG
+
+    def _wait(self, work, peer: int, what: str) -> None:
+        try:
+            work.wait(self._timeout)
+        except Exception as error:  # gloo reports timeouts and closed peers alike
+            raise _C.PeerError(
+                f"odc transport (cross-host): rank {self.rank} got no answer from "
+                f"{self.describe(peer)} for {what} within {self.timeout_s} s: {error}") from error
+
+    def _header(self, op: int, alloc_id: int, offset: int, nbytes: int, dtype: int,
+                count: int, tag: int) -> torch.Tensor:
+        return torch.tensor([op, self.rank, alloc_id, offset, nbytes, dtype, count, tag],
+                            dtype=torch.int64)
+
+    # ------------------------------------------------------------------ client
+    def get(self, owner: int, alloc_id: int, offset: int, out: torch.Tensor) -> None:
+        """Read owner's bytes [offset, offset + out.numel()) of allocation alloc_id."""
+        tag = self._next_tag()
+        reply = self._pg.recv([out], owner, tag)
+        request = self._pg.send([self._header(_OP_GET, alloc_id, offset, out.numel(), 0, 0, tag)],
+                                owner, REQUEST_TAG)
+        self._wait(request, owner, "a get request")
+        self._wait(reply, owner, "a get reply")
+
+    def accumulate(self, owner: int, alloc_id: int, offset: int, payload: torch.Tensor,
+                   dtype: int, count: int) -> None:
+        """owner's fp32 memory at offset += payload (raw bytes of `count` dtype values)."""
+        tag = self._next_tag()
+        ack = torch.zeros(1, dtype=torch.int64)
+        ack_work = self._pg.recv([ack], owner, tag + 1)
+        header = self._header(_OP_ACCUMULATE, alloc_id, offset, payload.numel(), dtype, count, tag)
+        request = self._pg.send([header], owner, REQUEST_TAG)
+        data = self._pg.send([payload], owner, tag)
+        self._wait(request, owner, "an accumulate request")
+        self._wait(data, owner, "an accumulate payload")
+        self._wait(ack_work, owner, "an accumulate acknowledgement")
+        if int(ack.item()) != 1:
+            raise _C.PeerError(f"odc transport (cross-host): {self.describe(owner)} failed "
+                               f"to apply an accumulation from rank {self.rank}")
+
+    def barrier(self, epoch: int) -> None:
+        """Store barrier; the error names every peer that did not arrive in time."""
+        self._store.set(f"sync/{epoch}/{self.rank}", "1")
+        deadline = time.monotonic() + self.timeout_s
+        waiting = [p for p in range(self.world_size) if p != self.rank]
+        while waiting:
+            waiting = [p for p in waiting if not self._store.check([f"sync/{epoch}/{p}"])]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                names = "; ".join(self.describe(p) for p in waiting)
+                raise _C.PeerError(f"odc transport (cross-host): rank {self.rank} timed out "
+                                   f"after {self.timeout_s} s in sync {epoch}; not arrived: {names}")
+            time.sleep(0.001)
+        if epoch > 2:
+            self._store.delete_key(f"sync/{epoch - 2}/{self.rank}")
+
+    def exchange_ordered(self, outgoing: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                         apply: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+        """Deterministic mode: send outgoing[owner] = (meta int64, data fp32) to every other
+        rank, then receive and apply(source, meta, data) in source rank order."""
+        sends = []
+        for owner in range(self.world_size):
+            if owner == self.rank:
+                continue
+            meta, data = outgoing[owner]
+            sizes = torch.tensor([meta.numel(), data.numel()], dtype=torch.int64)
+            sends += [(owner, self._pg.send([sizes], owner, DETERMINISTIC_TAG)),
+                      (owner, self._pg.send([meta], owner, DETERMINISTIC_TAG + 1)),
+                      (owner, self._pg.send([data], owner, DETERMINISTIC_TAG + 2))]
+        for source in range(self.world_size):
+            if source == self.rank:
+                apply(source, *outgoing[source])
+                continue
+            sizes = torch.zeros(2, dtype=torch.int64)
+            self._wait(self._pg.recv([sizes], source, DETERMINISTIC_TAG), source, "sync sizes")
+            meta = torch.empty(int(sizes[0]), dtype=torch.int64)
+            data = torch.empty(int(sizes[1]), dtype=torch.float32)
+            self._wait(self._pg.recv([meta], source, DETERMINISTIC_TAG + 1), source, "sync meta")
+            self._wait(self._pg.recv([data], source, DETERMINISTIC_TAG + 2), source, "sync data")
+            apply(source, meta, data)
+        for owner, work in sends:
+            self._wait(work, owner, "deterministic sync send")
+
+    def close(self) -> None:
+        """Collective: wait for every member, then stop the right neighbour's server."""
+        if not self._server.is_alive():
+            return
+        try:
+            self.barrier(-1)
+            stop = self._header(_OP_STOP, 0, 0, 0, 0, 0, 0)
+            right = (self.rank + 1) % self.world_size
+            self._pg.send([stop], right, REQUEST_TAG).wait(self._timeout)
+            self._server.join(self.timeout_s)
+        except Exception:  # noqa: BLE001 - peers may already be gone; the thread is a daemon
+            pass
+
+    # ------------------------------------------------------------------ server
+    def _serve(self) -> None:
+        header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+        while True:
+            try:
+                self._pg.recv_anysource([header], REQUEST_TAG).wait()
+            except Exception as error:  # noqa: BLE001 - the group is broken: stop serving
+                self.server_error = error
+                return
+            op, source, alloc_id, offset, nbytes, dtype, count, tag = header.tolist()
+            if op == _OP_STOP:
+                return
+            try:
+                if op == _OP_GET:
+                    data = self._resolve(alloc_id, offset, nbytes)
+                    self._pg.send([data], source, tag).wait(self._timeout)
+                elif op == _OP_ACCUMULATE:
+                    self._serve_accumulate(source, alloc_id, offset, nbytes, dtype, count, tag)
+            except Exception as error:  # noqa: BLE001 - one failed client must not stop us
+                self.server_error = error
+
+    def _serve_accumulate(self, source, alloc_id, offset, nbytes, dtype, count, tag) -> None:
+        payload = torch.empty(nbytes, dtype=torch.uint8)
+        self._pg.recv([payload], source, tag).wait(self._timeout)
+        status = 1
+        try:
+            self._accumulate(alloc_id, offset, payload, dtype, count)
+        except Exception as error:  # noqa: BLE001 - reported to the client through the ack
+            self.server_error = error
+            status = 0
+        self._pg.send([torch.tensor([status], dtype=torch.int64)], source, tag + 1).wait(
+            self._timeout)

@@ -1,0 +1,171 @@
+"""Saved-activation store: accounting for every F, offload/reload for chosen (chunk, mb).
+
+While a chunk's forward runs inside :meth:`ActivationStore.capture`, autograd's saved
+tensors go through ``torch.autograd.graph.saved_tensors_hooks``: parameters are passed
+through untouched, every other tensor is kept in a per-(chunk, microbatch) entry whose
+bytes count as *resident on the compute device*. ``offload(key)`` copies the entry's
+tensors larger than ``min_offload_bytes`` into a host pool and drops the device copies
+(pinned buffers filled on a side stream on GPU; on CPU the same path into a separate pool
+allocation); ``reload(key)`` brings them back (the unpack hook waits for the copy, or
+reloads on demand if the schedule has no RELOAD before the backward). ``release(key)``
+forgets the entry after the backward.
+
+Accounting is per distinct tensor (same storage, shape and strides counted once).
+Tensors that a deferred W closure still holds after B are not counted (the weight
+gradient queue owns them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["ActivationStore"]
+
+Key = tuple[int, int]
+
+
+class _Slot:
+    __slots__ = ("device_tensor", "host_tensor", "nbytes", "ready", "movable")
+
+    def __init__(self, tensor: torch.Tensor, movable: bool) -> None:
+        self.device_tensor = tensor
+        self.host_tensor = None
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.ready = None  # CUDA event of an in-flight copy
+        self.movable = movable
+
+
+@dataclass
+class _Entry:
+    slots: dict = field(default_factory=dict)
+    offloaded: bool = False
+
+
+class ActivationStore:
+    """Per-runtime store of saved activations (see module docstring)."""
+
+    def __init__(self, *, parameters, device: torch.device, min_offload_bytes: int = 1024):
+        self.device = torch.device(device)
+        self.min_offload_bytes = min_offload_bytes
+        self._param_ptrs = {p.data_ptr() for p in parameters}
+        self._entries: dict[Key, _Entry] = {}
+        self.resident_bytes = 0
+        self.host_bytes = 0
+        self.peak_resident_bytes = 0
+        self.captured_bytes: dict[Key, int] = {}
+        use_cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if use_cuda else None
+
+    # ----- capture ---------------------------------------------------------------
+    def capture(self, key: Key):
+        """Context manager for the forward of ``key``."""
+        entry = self._entries.setdefault(key, _Entry())
+        return torch.autograd.graph.saved_tensors_hooks(
+            lambda tensor: self._pack(entry, key, tensor), self._unpack)
+
+    def _pack(self, entry: _Entry, key: Key, tensor: torch.Tensor):
+        if tensor.data_ptr() in self._param_ptrs or tensor.device.type == "meta":
+            return tensor
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+                 tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        slot = entry.slots.get(ident)
+        if slot is None:
+            movable = tensor.numel() * tensor.element_size() >= self.min_offload_bytes
+            slot = entry.slots[ident] = _Slot(tensor, movable)
+            self._add_resident(slot.nbytes)
+            self.captured_bytes[key] = self.captured_bytes.get(key, 0) + slot.nbytes
+        return slot
+
+    def _unpack(self, packed):
+        if not isinstance(packed, _Slot):
+            return packed
+        if packed.device_tensor is None:
+            self._reload_slot(packed)
+        if packed.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(packed.ready)
+            packed.ready = None
+        return packed.device_tensor
+
+    # ----- movement --------------------------------------------------------------
+    def offload(self, key: Key) -> int:
+        """Move the movable tensors of ``key`` to the host pool; returns bytes moved."""
+        entry = self._entry(key, "OFFLOAD")
+        moved = 0
+        for slot in entry.slots.values():
+            if not slot.movable or slot.device_tensor is None:
+                continue
+            slot.host_tensor = self._copy(slot.device_tensor, to_host=True)
+            slot.device_tensor = None
+            moved += slot.nbytes
+        entry.offloaded = True
+        self.resident_bytes -= moved
+        self.host_bytes += moved
+        return moved
+
+    def reload(self, key: Key) -> int:
+        """Bring ``key``'s offloaded tensors back to the device; returns bytes moved."""
+        entry = self._entry(key, "RELOAD")
+        moved = 0
+        for slot in entry.slots.values():
+            if slot.device_tensor is None:
+                moved += self._reload_slot(slot)
+        entry.offloaded = False
+        return moved
+
+    def release(self, key: Key) -> None:
+        """The backward of ``key`` has run: forget its saved tensors."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        for slot in entry.slots.values():
+            if slot.device_tensor is not None:
+                self.resident_bytes -= slot.nbytes
+            else:
+                self.host_bytes -= slot.nbytes
+            slot.device_tensor = slot.host_tensor = None
+
+    def reset_peak(self) -> None:
+        self.peak_resident_bytes = self.resident_bytes
+        self.captured_bytes.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # ----- helpers ---------------------------------------------------------------
+    def _entry(self, key: Key, what: str) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None:
+            raise ValueError(f"{what} of (chunk, microbatch) {key} before its forward: "
+                             "place OFFLOAD/RELOAD between F and B in the schedule")
+        return entry
+
+    def _reload_slot(self, slot: _Slot) -> int:
+        slot.device_tensor = self._copy(slot.host_tensor, to_host=False)
+        if self._stream is not None:
+            slot.ready = torch.cuda.Event()
+            slot.ready.record(self._stream)
+        slot.host_tensor = None
+        self.host_bytes -= slot.nbytes
+        self._add_resident(slot.nbytes)
+        return slot.nbytes
+
+    def _copy(self, tensor: torch.Tensor, *, to_host: bool) -> torch.Tensor:
+        if self._stream is None:
+            return tensor.clone()  # CPU: a separate allocation in the host pool
+        target = torch.empty(tensor.shape, dtype=tensor.dtype,
+                             device="cpu" if to_host else self.device,
+                             pin_memory=to_host)
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            target.copy_(tensor, non_blocking=True)
+            if not to_host:
+                target.record_stream(torch.cuda.current_stream(self.device))
+        if to_host:
+            tensor.record_stream(self._stream)
+        return target
+
+    def _add_resident(self, nbytes: int) -> None:
+        self.resident_bytes += nbytes
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)

@@ -1,0 +1,392 @@
+"""Execute one rank's part of a Schedule on model chunks.
+
+``PipelineRuntime.run_minibatch`` walks the rank's action list in order:
+
+* ``F``: run the chunk on its input (tokens on stage 0, else a received or locally handed
+  activation), keep the output for the backward, hand it to the next stage.
+* ``B``: backward from the output (loss on the last stage, else the received output
+  gradient) with weight-gradient deferral on: linear wgrads go to the WeightGradQueue.
+* ``W``: run the queued wgrads of (chunk, microbatch). ``BW``: B then W at once.
+* ``SEND_*``/``RECV_*``: consecutive comm actions are issued together (sends batched);
+  receives are posted when their RECV runs and waited where the compute consumes them.
+* ``OFFLOAD``/``RELOAD``: move saved activations of (chunk, microbatch) to the host
+  pool and back. ``POST_VALIDATION`` (the rank's gradients are final): finish the
+  data-parallel engine's minibatch and, if a ``post_validator``
+  (:class:`~odc_pp.runtime.post_validation.PostValidatedOptimizer`) is given, step it
+  eagerly; its validation runs at the start of the next ``run_minibatch`` (or call
+  ``validate()`` after the last one). Without a POST_VALIDATION action this happens after
+  the last action. Without a post_validator, call your optimizer after run_minibatch.
+
+Schedules without comm actions work too: a missing SEND is issued right after its
+producer, a missing RECV is posted and waited at the consumer. Stage hops that stay on
+the rank (V placement's turn, pp=1) never touch the network.
+
+The last stage's loss is ``sum(token losses * loss_mask) / global_num_tokens``, so the
+gradient of a minibatch equals the gradient of the mean token loss over the global batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..schedule.ir import Action, ActionKind, COMM_KINDS, Schedule
+from .data import Microbatch, count_tokens
+from .hooks import NoDataParallel, StageDataParallel
+from .offload import ActivationStore
+from .p2p import PeerTransport
+from .wgrad import WeightGradQueue
+
+__all__ = ["RuntimeConfig", "PipelineRuntime", "MinibatchResult", "ActionTiming"]
+
+Key = tuple[int, int]
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    """How a rank executes its schedule."""
+
+    device: str = "cpu"
+    """Compute device of the chunks ("cpu", "cuda", "cuda:1")."""
+    comm_timeout_s: float = 300.0
+    """Longest wait for one message from a peer before raising TimeoutError."""
+    batch_p2p: bool = True
+    """Issue consecutive sends as one ``batch_isend_irecv``."""
+    track_activations: bool = True
+    """Account saved-activation bytes of every F (needed for OFFLOAD and profiling)."""
+    min_offload_bytes: int = 1024
+    """Saved tensors smaller than this stay on the device during OFFLOAD."""
+    synchronize_timings: bool = False
+    """On GPU, synchronize around each action so its timing covers its kernels."""
+
+    def __post_init__(self) -> None:
+        if self.comm_timeout_s <= 0:
+            raise ValueError(f"comm_timeout_s must be > 0, got {self.comm_timeout_s}")
+        if self.min_offload_bytes < 0:
+            raise ValueError("min_offload_bytes must be >= 0")
+        torch.device(self.device)  # raises on a malformed device string
+
+
+@dataclass(frozen=True)
+class ActionTiming:
+    action: Action
+    start: float
+    """Seconds since the minibatch started."""
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class MinibatchResult:
+    loss_sum: float | None
+    """Sum of token losses over the minibatch (ranks holding the last stage), else None."""
+    num_tokens: int
+    """Global token count the loss was divided by."""
+    timings: list[ActionTiming] = field(default_factory=list)
+    peak_activation_bytes: int = 0
+    """Peak saved-activation bytes resident on the compute device during the minibatch."""
+    activation_bytes: dict[Key, int] = field(default_factory=dict)
+    """Saved bytes captured by each F, per (chunk, microbatch)."""
+    wall_time: float = 0.0
+
+
+class PipelineRuntime:
+    """Runs ``schedule``'s actions for this rank (``pp_group`` rank) on ``chunks``."""
+
+    def __init__(self, config: RuntimeConfig, *, chunks: Sequence[torch.nn.Module],
+                 schedule: Schedule, pp_group, dp_hooks: StageDataParallel | None = None,
+                 post_validator=None) -> None:
+        self.config = config
+        self.schedule = schedule
+        self.chunks = list(chunks)
+        self.pp_group = pp_group
+        self.rank = dist.get_rank(pp_group)
+        self.dp_hooks = dp_hooks if dp_hooks is not None else NoDataParallel()
+        self.post_validator = post_validator
+        self.device = torch.device(config.device)
+        self._check_layout()
+        self.actions = list(schedule.ranks[self.rank])
+        self.wgrad_queue = WeightGradQueue()
+        for chunk_index, chunk in enumerate(self.chunks):
+            self.wgrad_queue.attach(chunk_index, chunk)
+        self.store = ActivationStore(
+            parameters=[p for chunk in self.chunks for p in chunk.parameters()],
+            device=self.device, min_offload_bytes=config.min_offload_bytes)
+        self.transport = PeerTransport(group=pp_group, device=self.device,
+                                       timeout_s=config.comm_timeout_s,
+                                       batch=config.batch_p2p)
+        self._scheduled_sends = {(a.kind, a.chunk, a.microbatch) for a in self.actions
+                                 if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)}
+
+    # ----- public ----------------------------------------------------------------
+    def run_minibatch(self, microbatches: Sequence[Microbatch], *,
+                      global_num_tokens: int | None = None) -> MinibatchResult:
+        """Run every action of this rank for one minibatch.
+
+        ``global_num_tokens``: tokens the loss is normalised by; default: the tokens of
+        ``microbatches`` (pass the sum over data-parallel replicas when dp > 1).
+        """
+        if len(microbatches) != self.schedule.num_microbatches:
+            raise ValueError(f"schedule {self.schedule.name!r} expects "
+                             f"{self.schedule.num_microbatches} microbatches, "
+                             f"got {len(microbatches)}")
+        self._begin(microbatches, global_num_tokens)
+        if self.post_validator is not None:
+            self.post_validator.validate()  # the previous minibatch's eager step
+        started = time.perf_counter()
+        index = 0
+        while index < len(self.actions):
+            group_end = self._comm_group_end(index)
+            if group_end > index:
+                self._timed(self.actions[index:group_end], self._run_comm_group, started)
+                index = group_end
+                continue
+            action = self.actions[index]
+            self._timed([action], self._run_action, started)
+            index += 1
+        self._finish()
+        self._step_eagerly()
+        return MinibatchResult(
+            loss_sum=self._loss_sum, num_tokens=self._global_tokens, timings=self._timings,
+            peak_activation_bytes=self.store.peak_resident_bytes,
+            activation_bytes=dict(self.store.captured_bytes),
+            wall_time=time.perf_counter() - started)
+
+    # ----- phases ----------------------------------------------------------------
+    def _begin(self, microbatches, global_num_tokens) -> None:
+        self._microbatches = list(microbatches)
+        self._global_tokens = (count_tokens(self._microbatches) if global_num_tokens is None
+                               else int(global_num_tokens))
+        if self._global_tokens <= 0:
+            raise ValueError("the minibatch has no tokens that count in the loss")
+        self._loss_sum = None
+        self._stepped = False
+        self._timings: list[ActionTiming] = []
+        self._inputs: dict[Key, torch.Tensor | None] = {}
+        self._outputs: dict[Key, torch.Tensor] = {}
+        self._handoff_f: dict[Key, torch.Tensor] = {}
+        self._handoff_b: dict[Key, torch.Tensor] = {}
+        self._ready_to_send: dict[tuple, torch.Tensor] = {}
+        self._pending_recv: dict[tuple, object] = {}
+        self.store.reset_peak()
+
+    def _finish(self) -> None:
+        self.transport.drain_sends()
+        leftovers = {
+            "outputs awaiting backward": list(self._outputs),
+            "unsent tensors": list(self._ready_to_send),
+            "unconsumed receives": list(self._pending_recv),
+            "deferred weight gradients": self.wgrad_queue.pending_keys(),
+        }
+        problems = {name: keys for name, keys in leftovers.items() if keys}
+        if problems:
+            raise ValueError(f"schedule {self.schedule.name!r} rank {self.rank} is "
+                             f"incomplete: {problems}")
+
+    def _step_eagerly(self) -> None:
+        """Gradients are final: finish data parallelism once, then (with a post-validated
+        optimizer) step now and validate at the start of the next minibatch."""
+        if self._stepped:
+            return
+        self._stepped = True
+        self.dp_hooks.finish_minibatch()
+        if self.post_validator is not None:
+            self.post_validator.step()
+
+    def _run_action(self, action: Action) -> None:
+        kind = action.kind
+        if kind is ActionKind.F:
+            self._forward(action.chunk, action.microbatch)
+        elif kind in (ActionKind.B, ActionKind.BW):
+            self._backward(action.chunk, action.microbatch, fused=kind is ActionKind.BW)
+        elif kind is ActionKind.W:
+            self._weight_grad(action.chunk, action.microbatch)
+        elif kind is ActionKind.OFFLOAD:
+            self.store.offload((action.chunk, action.microbatch))
+        elif kind is ActionKind.RELOAD:
+            self.store.reload((action.chunk, action.microbatch))
+        elif kind is ActionKind.POST_VALIDATION:
+            self._step_eagerly()
+        else:
+            raise AssertionError(f"unexpected action {action}")
+
+    # ----- compute ---------------------------------------------------------------
+    def _forward(self, chunk: int, microbatch: int) -> None:
+        key = (chunk, microbatch)
+        self.dp_hooks.before_forward(chunk, microbatch)
+        stage = self.schedule.stage_of(self.rank, chunk)
+        hidden = None
+        if stage > 0:
+            hidden = self._take_activation(chunk, microbatch).detach().requires_grad_()
+        data = self._microbatches[microbatch]
+        capture = self.store.capture(key) if self.config.track_activations else _nullcontext()
+        with capture:
+            output = self.chunks[chunk](hidden, data)
+            if stage == self.schedule.num_stages - 1:
+                output = self._scaled_loss(output, data)
+        self._inputs[key] = hidden
+        self._outputs[key] = output
+        if stage < self.schedule.num_stages - 1:
+            self._hand_on(ActionKind.SEND_F, chunk, microbatch, output.detach(),
+                          self.schedule.next_stage_rank(self.rank, chunk), stage + 1)
+
+    def _scaled_loss(self, token_losses: torch.Tensor, data: Microbatch) -> torch.Tensor:
+        token_losses = token_losses.float()
+        if data.loss_mask is not None:
+            token_losses = token_losses * data.loss_mask.to(token_losses.device)
+        loss_sum = token_losses.sum()
+        self._loss_sum = (self._loss_sum or 0.0) + float(loss_sum.detach())
+        return loss_sum / self._global_tokens
+
+    def _backward(self, chunk: int, microbatch: int, *, fused: bool) -> None:
+        key = (chunk, microbatch)
+        if key not in self._outputs:
+            raise ValueError(f"rank {self.rank}: backward of {key} before its forward")
+        self.dp_hooks.before_backward(chunk, microbatch)
+        stage = self.schedule.stage_of(self.rank, chunk)
+        output = self._outputs.pop(key)
+        grad_output = None
+        if stage < self.schedule.num_stages - 1:
+            grad_output = self._take_gradient(chunk, microbatch)
+        with self.wgrad_queue.deferring(chunk, microbatch):
+            torch.autograd.backward(output, grad_tensors=grad_output)
+        self.store.release(key)
+        hidden = self._inputs.pop(key)
+        if fused:
+            self._weight_grad(chunk, microbatch)
+        if stage > 0:
+            self._hand_on(ActionKind.SEND_B, chunk, microbatch, hidden.grad,
+                          self.schedule.prev_stage_rank(self.rank, chunk), stage)
+
+    def _weight_grad(self, chunk: int, microbatch: int) -> None:
+        self.wgrad_queue.flush(chunk, microbatch)
+        self.dp_hooks.after_weight_grad(chunk, microbatch)
+
+    # ----- data movement ---------------------------------------------------------
+    def _hand_on(self, send_kind: ActionKind, chunk: int, microbatch: int,
+                 tensor: torch.Tensor, peer: int, tag_stage: int) -> None:
+        """Give a produced activation/gradient to the stage that consumes it."""
+        if peer == self.rank:
+            neighbour_stage = tag_stage if send_kind is ActionKind.SEND_F else tag_stage - 1
+            neighbour_chunk = self.schedule.locate(neighbour_stage)[1]
+            handoff = self._handoff_f if send_kind is ActionKind.SEND_F else self._handoff_b
+            handoff[(neighbour_chunk, microbatch)] = tensor
+            return
+        self._ready_to_send[(send_kind, chunk, microbatch)] = tensor
+        if (send_kind, chunk, microbatch) not in self._scheduled_sends:
+            self._send([Action(rank=self.rank, kind=send_kind, chunk=chunk,
+                               microbatch=microbatch, peer=peer)])
+
+    def _take_activation(self, chunk: int, microbatch: int) -> torch.Tensor:
+        if (chunk, microbatch) in self._handoff_f:
+            return self._handoff_f.pop((chunk, microbatch))
+        return self._take_message(ActionKind.RECV_F, chunk, microbatch)
+
+    def _take_gradient(self, chunk: int, microbatch: int) -> torch.Tensor:
+        if (chunk, microbatch) in self._handoff_b:
+            return self._handoff_b.pop((chunk, microbatch))
+        return self._take_message(ActionKind.RECV_B, chunk, microbatch)
+
+    def _take_message(self, kind: ActionKind, chunk: int, microbatch: int) -> torch.Tensor:
+        pending = self._pending_recv.pop((kind, chunk, microbatch), None)
+        if pending is None:  # the schedule has no RECV for it: receive now
+            peer = (self.schedule.prev_stage_rank(self.rank, chunk) if kind is
+                    ActionKind.RECV_F else self.schedule.next_stage_rank(self.rank, chunk))
+            pending = self._post_recv(Action(rank=self.rank, kind=kind, chunk=chunk,
+                                             microbatch=microbatch, peer=peer))
+        return self.transport.wait(pending)
+
+    def _run_comm_group(self, actions: list[Action]) -> None:
+        sends = [a for a in actions if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)]
+        for action in actions:
+            if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+                self._pending_recv[(action.kind, action.chunk, action.microbatch)] = \
+                    self._post_recv(action)
+        self._send(sends)
+
+    def _send(self, actions: list[Action]) -> None:
+        messages = []
+        for action in actions:
+            key = (action.kind, action.chunk, action.microbatch)
+            if key not in self._ready_to_send:
+                raise ValueError(f"rank {self.rank}: {action.short()} runs before the "
+                                 "compute that produces its tensor")
+            stage = self.schedule.stage_of(self.rank, action.chunk)
+            tag_stage = stage + 1 if action.kind is ActionKind.SEND_F else stage
+            peer = self._peer_of(action)
+            messages.append((self._ready_to_send.pop(key), peer,
+                             self._tag(action.kind, tag_stage, action.microbatch),
+                             f"{action.short()} to rank {peer}"))
+        self.transport.send_many(messages)
+
+    def _post_recv(self, action: Action):
+        stage = self.schedule.stage_of(self.rank, action.chunk)
+        tag_stage = stage if action.kind is ActionKind.RECV_F else stage + 1
+        peer = self._peer_of(action)
+        return self.transport.post_recv(peer, self._tag(action.kind, tag_stage,
+                                                        action.microbatch),
+                                        f"{action.short()} (from rank {peer})")
+
+    def _peer_of(self, action: Action) -> int:
+        if action.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
+            expected = self.schedule.next_stage_rank(self.rank, action.chunk)
+        else:
+            expected = self.schedule.prev_stage_rank(self.rank, action.chunk)
+        if expected is None or (action.peer is not None and action.peer != expected):
+            raise ValueError(f"rank {self.rank}: {action.short()} names peer {action.peer} "
+                             f"but the neighbouring stage is on rank {expected}")
+        return expected
+
+    def _tag(self, kind: ActionKind, stage: int, microbatch: int) -> int:
+        gradient = kind in (ActionKind.SEND_B, ActionKind.RECV_B)
+        return (stage * self.schedule.num_microbatches + microbatch) * 2 + int(gradient)
+
+    # ----- helpers ---------------------------------------------------------------
+    def _comm_group_end(self, index: int) -> int:
+        end = index
+        while end < len(self.actions) and self.actions[end].kind in COMM_KINDS:
+            end += 1
+        return end
+
+    def _timed(self, actions: list[Action], run, started: float) -> None:
+        sync = self.config.synchronize_timings and self.device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(self.device)
+        begin = time.perf_counter() - started
+        run(actions if len(actions) > 1 or actions[0].kind in COMM_KINDS else actions[0])
+        if sync:
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter() - started
+        for action in actions:
+            self._timings.append(ActionTiming(action, begin, end))
+
+    def _check_layout(self) -> None:
+        if len(self.chunks) != self.schedule.num_chunks:
+            raise ValueError(f"schedule {self.schedule.name!r} needs {self.schedule.num_chunks}"
+                             f" chunks per rank, got {len(self.chunks)}")
+        if dist.get_world_size(self.pp_group) != self.schedule.pp:
+            raise ValueError(f"schedule is for pp={self.schedule.pp}, pipeline group has "
+                             f"{dist.get_world_size(self.pp_group)} ranks")
+        for index, chunk in enumerate(self.chunks):
+            stage = getattr(chunk, "stage", None)
+            expected = self.schedule.stage_of(self.rank, index)
+            if stage is not None and stage != expected:
+                raise ValueError(f"chunk {index} on rank {self.rank} holds stage {stage}, "
+                                 f"the schedule's {self.schedule.placement.value} placement "
+                                 f"puts stage {expected} there: build chunks with the "
+                                 "schedule's placement")
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

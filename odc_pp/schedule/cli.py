@@ -1,0 +1,165 @@
+"""``odc-pp schedule``: build, simulate, render or compare pipeline schedules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .compare import build_schedule, compare_schedules, family_names, format_table
+from .costs import CostModel
+from .simulator import simulate
+
+__all__ = ["main", "build_parser"]
+
+
+class _UsageError(Exception):
+    """Bad command-line input: reported as ``error: ...`` with exit code 2."""
+
+
+def _numbers(text: str) -> float | list[float]:
+    """``1.5`` or a comma-separated per-stage list ``1.5,1,1,1.5``."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number or a comma-separated list of numbers") from None
+    return values[0] if len(values) == 1 else values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="odc-pp schedule",
+        description="Generate or search a pipeline schedule, simulate it, render it, "
+                    "or compare all families (--compare).")
+    parser.add_argument("--schedule", default="zb-auto",
+                        help=f"family: {', '.join(family_names())} (default zb-auto)")
+    parser.add_argument("--pp", type=_positive_int, required=True, help="pipeline ranks")
+    parser.add_argument("--microbatches", type=_positive_int, required=True,
+                        help="microbatches per minibatch")
+    parser.add_argument("--chunks", type=_positive_int, default=None,
+                        help="model chunks per rank (default: the family's own)")
+    parser.add_argument("--cost-f", type=_numbers, default=1.0,
+                        help="forward time: one number or a comma list per rank/stage")
+    parser.add_argument("--cost-b", type=_numbers, default=1.0, help="input-grad time")
+    parser.add_argument("--cost-w", type=_numbers, default=1.0, help="weight-grad time")
+    parser.add_argument("--cost-comm", type=float, default=0.0, help="transfer latency")
+    parser.add_argument("--memory-limit", type=float, default=None,
+                        help="activation limit per rank in microbatch-chunks")
+    parser.add_argument("--offload-bandwidth", type=float, default=None,
+                        help="host link: microbatch-chunk activations per time unit")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="seconds for the zb-auto search (default: scaled to size)")
+    parser.add_argument("--lower", action="store_true",
+                        help="insert explicit SEND/RECV (and offload) before simulating")
+    parser.add_argument("--compare", action="store_true",
+                        help="table of every family for this setting")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--render", choices=("ascii", "svg", "png"), default=None)
+    parser.add_argument("--output", default=None,
+                        help="file for --render (required for png and with --json)")
+    parser.add_argument("--width", type=_positive_int, default=120,
+                        help="columns of --render ascii")
+    return parser
+
+
+def _costs(args) -> CostModel:
+    return CostModel(t_f=args.cost_f, t_b=args.cost_b, t_w=args.cost_w,
+                     t_comm=args.cost_comm, offload_bandwidth=args.offload_bandwidth)
+
+
+def _run_compare(args, costs: CostModel) -> int:
+    rows = compare_schedules(args.pp, args.microbatches, costs,
+                             memory_limit=args.memory_limit)
+    if args.json:
+        print(json.dumps({"pp": args.pp, "microbatches": args.microbatches,
+                          "memory_limit": args.memory_limit, "rows": rows}))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def _render(args, schedule, sim) -> None:
+    from . import render
+    if args.render == "png":
+        if not args.output:
+            raise _UsageError("--render png needs --output FILE.png")
+        render.render_png(schedule, sim, args.output)
+        return
+    text = (render.render_ascii(schedule, sim, width=args.width) if args.render == "ascii"
+            else render.render_svg(schedule, sim))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    elif args.json:
+        raise _UsageError(f"--render {args.render} with --json needs --output FILE")
+    else:
+        print(text)
+
+
+def _report(args, schedule, sim) -> dict:
+    return {
+        "schedule": schedule.name, "pp": schedule.pp,
+        "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
+        "placement": schedule.placement.value, "makespan": sim.makespan,
+        "bubble_rate": sim.bubble_rate, "per_rank_bubble": sim.per_rank_bubble,
+        "peak_activation": sim.peak_activation, "memory_limit": args.memory_limit,
+        "fits_memory": sim.fits_memory, "comm_overlap": sim.comm_overlap,
+        "offload_overlap": sim.offload_overlap,
+        "search_seconds": float(schedule.meta.get("search_seconds", 0.0)),
+        "lower_bound": schedule.meta.get("lower_bound"), "lowered": bool(args.lower),
+        "actions": [a.to_dict() for a in schedule.actions()],
+    }
+
+
+def _run_one(args, costs: CostModel) -> int:
+    schedule = build_schedule(args.schedule, pp=args.pp, num_microbatches=args.microbatches,
+                              num_chunks=args.chunks, costs=costs,
+                              memory_limit=args.memory_limit, time_budget_s=args.time_budget)
+    if args.lower:
+        try:
+            from .lowering import lower
+        except ImportError as exc:
+            raise _UsageError(f"--lower needs odc_pp.schedule.lowering ({exc})") from exc
+        schedule = lower(schedule, costs)
+    sim = simulate(schedule, costs, memory_limit=args.memory_limit)
+    if args.render:
+        _render(args, schedule, sim)
+    if args.json:
+        print(json.dumps(_report(args, schedule, sim)))
+    elif not args.render or args.output:
+        print(f"{schedule.name}: pp={schedule.pp} microbatches={schedule.num_microbatches} "
+              f"chunks={schedule.num_chunks} makespan={sim.makespan:.4f} "
+              f"bubble={sim.bubble_rate:.2%} peak_activation={sim.peak_activation}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``odc-pp schedule``; returns the exit code (2 on bad input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage/error (or --help)
+        return int(exc.code or 0)
+    try:
+        costs = _costs(args)
+        if args.memory_limit is not None and args.memory_limit <= 0:
+            raise ValueError(f"--memory-limit must be > 0, got {args.memory_limit}")
+        return _run_compare(args, costs) if args.compare else _run_one(args, costs)
+    except (ValueError, _UsageError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Side-by-side comparison of schedule families for one pipeline setting."""
+
+from __future__ import annotations
+
+import time
+
+from .costs import CostModel
+from .ir import Schedule
+from .simulator import simulate
+
+__all__ = ["build_schedule", "compare_schedules", "format_table", "family_names"]
+
+_SEARCHED = "zb-auto"
+
+
+def family_names() -> list[str]:
+    """All schedule names: the generators' families (when available) plus zb-auto."""
+    try:
+        from .generators import GENERATOR_NAMES
+    except ImportError:
+        return [_SEARCHED]
+    names = list(GENERATOR_NAMES)
+    return names if _SEARCHED in names else names + [_SEARCHED]
+
+
+def build_schedule(name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
+                   costs: CostModel | None = None, memory_limit: float | None = None,
+                   time_budget_s: float | None = None) -> Schedule:
+    """One schedule by family name; ``zb-auto`` runs the search directly (so it works
+    without the generators package). Raises ValueError for settings a family rejects."""
+    if name == _SEARCHED:
+        if num_chunks not in (None, 1):
+            raise ValueError(f"zb-auto is a 1-chunk schedule; drop --chunks {num_chunks}")
+        from .search import zb_auto
+        return zb_auto(pp=pp, num_microbatches=num_microbatches, costs=costs,
+                       memory_limit=memory_limit, time_budget_s=time_budget_s)
+    try:
+        from .generators import GENERATOR_NAMES, generate
+    except ImportError as exc:
+        raise ValueError(f"schedule {name!r} needs odc_pp.schedule.generators, which "
+                         f"failed to import ({exc}); use --schedule zb-auto") from exc
+    if name not in GENERATOR_NAMES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of "
+                         f"{', '.join(family_names())}")
+    return generate(name, pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
+                    costs=costs, memory_limit=memory_limit)
+
+
+def _chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
+    """Per-rank compute times split evenly over ``num_chunks`` chunks of the rank."""
+    if num_chunks == 1:
+        return costs
+
+    def split(value):
+        if isinstance(value, (int, float)):
+            return value / num_chunks
+        return [v / num_chunks for v in value]
+    data = costs.to_dict()
+    for name in ("t_f", "t_b", "t_w"):
+        data[name] = split(data[name])
+    return CostModel.from_dict(data)
+
+
+def _default_chunks(name: str) -> int:
+    if name == _SEARCHED:
+        return 1
+    from .generators import default_chunks
+    return default_chunks(name)
+
+
+def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = None,
+                      memory_limit: float | None = None,
+                      names: list[str] | None = None) -> list[dict]:
+    """One row per family: name, chunks, makespan, bubble_rate, peak_activation (per
+    rank), search_seconds (generation time, or the search's own record), fits_memory.
+    A family that rejects the setting gets a row with ``error`` (its reason) instead.
+
+    ``costs`` holds per-rank compute times (all of a rank's layers): a family with V
+    chunks per rank runs each chunk in ``1/V`` of them, so rows compare the same model.
+    Memory stays in microbatch-chunk units (the generators' convention). Families that
+    plan offloading (``meta["offload_chunks"]``) are simulated with their OFFLOAD/RELOAD
+    actions inserted.
+    """
+    costs = CostModel() if costs is None else costs
+    rows = []
+    for name in (family_names() if names is None else names):
+        began = time.perf_counter()
+        try:
+            chunk_costs = _chunk_costs(costs, _default_chunks(name))
+            schedule = build_schedule(name, pp=pp, num_microbatches=num_microbatches,
+                                      costs=chunk_costs, memory_limit=memory_limit)
+            if schedule.meta.get("offload_chunks"):
+                from .lowering import lower
+                schedule = lower(schedule, chunk_costs, communication=False)
+            seconds = time.perf_counter() - began
+            sim = simulate(schedule, chunk_costs, memory_limit=memory_limit)
+        except ValueError as exc:
+            rows.append({"name": name, "error": str(exc).splitlines()[0]})
+            continue
+        rows.append({
+            "name": name, "chunks": schedule.num_chunks,
+            "placement": schedule.placement.value, "makespan": sim.makespan,
+            "bubble_rate": sim.bubble_rate, "peak_activation": sim.peak_activation,
+            "fits_memory": sim.fits_memory,
+            "search_seconds": float(schedule.meta.get("search_seconds", seconds)),
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """Fixed-width text table; rows with ``error`` show the reason."""
+    header = f"{'schedule':<12} {'chunks':>6} {'makespan':>10} {'bubble':>8} " \
+             f"{'peak mem':>9} {'fits':>5} {'seconds':>8}"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['name']:<12} rejected: {row['error']}")
+            continue
+        lines.append(f"{row['name']:<12} {row['chunks']:>6} {row['makespan']:>10.3f} "
+                     f"{row['bubble_rate']:>8.2%} {max(row['peak_activation']):>9.3g} "
+                     f"{'yes' if row['fits_memory'] else 'NO':>5} "
+                     f"{row['search_seconds']:>8.3f}")
+    return "\n".join(lines)

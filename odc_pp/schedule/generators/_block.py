@@ -1,0 +1,81 @@
+"""Repeating building blocks for V-shape schedules ("controllable memory" construction).
+
+A building block is the placement, in unit time slots, of every compute action of one
+microbatch on every rank. Microbatch ``j`` uses the block shifted by ``j * interval``.
+If, on each rank, the block's actions fall into distinct residues modulo ``interval``,
+shifted copies never collide, so the union is a feasible timed schedule; its per-rank
+time order is the schedule. The peak activation memory of a rank is about the summed
+lifespans of its activations (F to the action that frees them) divided by the interval,
+so a longer interval (more idle time per microbatch) buys less memory: the generator
+picks the shortest interval whose peak fits the memory cap.
+
+The block is built greedily along the microbatch's dependency chain: each action goes to
+the earliest slot after its dependency whose residue is still free on its rank; each W
+goes to the earliest free slot after its B (W is what frees memory under the default
+deltas, so it is kept close to its B).
+"""
+
+from __future__ import annotations
+
+from ..costs import CostModel
+from ..ir import Action, ActionKind, Placement, Schedule
+
+__all__ = ["v_block_orders", "order_peak"]
+
+
+def _place(used: set[int], earliest: int, interval: int) -> int:
+    slot = earliest
+    while slot % interval in used:
+        slot += 1
+    used.add(slot % interval)
+    return slot
+
+
+def _v_block(pp: int, interval: int) -> list[tuple[int, int, ActionKind, int]]:
+    """(slot, rank, kind, chunk) of one microbatch's actions, V placement, 2 chunks."""
+    shape = Schedule(name="block", pp=pp, num_microbatches=1, num_chunks=2,
+                     placement=Placement.V)
+    used: list[set[int]] = [set() for _ in range(pp)]
+    placed: list[tuple[int, int, ActionKind, int]] = []
+    ready = 0
+    for stage in range(shape.num_stages):
+        rank, chunk = shape.locate(stage)
+        slot = _place(used[rank], ready, interval)
+        placed.append((slot, rank, ActionKind.F, chunk))
+        ready = slot + 1
+    backward: list[tuple[int, int, int]] = []
+    for stage in reversed(range(shape.num_stages)):
+        rank, chunk = shape.locate(stage)
+        slot = _place(used[rank], ready, interval)
+        placed.append((slot, rank, ActionKind.B, chunk))
+        backward.append((slot, rank, chunk))
+        ready = slot + 1
+    for slot, rank, chunk in backward:
+        placed.append((_place(used[rank], slot + 1, interval), rank, ActionKind.W, chunk))
+    return placed
+
+
+def v_block_orders(pp: int, num_microbatches: int, interval: int) -> list[list[Action]]:
+    """Per-rank action orders of the V building block repeated every ``interval`` slots."""
+    if interval < 6:
+        raise ValueError(f"a V building block needs an interval of at least 6 slots "
+                         f"(F, B, W on two chunks), got {interval}")
+    block = _v_block(pp, interval)
+    timed: list[list[tuple[int, int, Action]]] = [[] for _ in range(pp)]
+    for mb in range(num_microbatches):
+        for slot, rank, kind, chunk in block:
+            timed[rank].append((slot + mb * interval, mb,
+                                Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb)))
+    return [[action for _, _, action in sorted(items)] for items in timed]
+
+
+def order_peak(orders: list[list[Action]], costs: CostModel) -> list[float]:
+    """Per-rank peak of the running sum of activation deltas, in order."""
+    peaks = []
+    for actions in orders:
+        memory = peak = 0.0
+        for action in actions:
+            memory += costs.memory_delta(action.kind)
+            peak = max(peak, memory)
+        peaks.append(peak)
+    return peaks

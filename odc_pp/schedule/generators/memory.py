@@ -1,0 +1,120 @@
+"""Memory-controlled families: ZB-H2, ZB-V, V-Half and V-Min.
+
+Each family is a per-rank activation-memory cap (in the cost model's delta units; one
+microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the generator
+keeps the candidate with the smallest worst per-rank bubble under the given costs among
+those whose peak fits the cap. Candidates are the greedy engine's variants (see
+``_engine``), the handcrafted ZB-V pattern where it applies, and for V placements the
+repeating building block of ``_block`` at the shortest interval that fits.
+
+Nominal caps, with 1F1B's peak being ``pp`` microbatches of a whole rank's layers:
+
+* ZB-H2: ``2 pp`` microbatches (twice 1F1B), single chunk;
+* ZB-V: ``2 pp`` V-chunks, i.e. 1F1B's peak (a V chunk holds half a rank's layers);
+* V-Half: ``pp + 1`` V-chunks, half of 1F1B's plus one microbatch-chunk;
+* V-Min: ``floor(2 pp / 3) + 1`` V-chunks, a third of 1F1B's plus one microbatch-chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..costs import CostModel
+from ..ir import Placement, Schedule
+from ._block import order_peak, v_block_orders
+from ._engine import EngineConfig, run_engine
+from .classic import zbv_handcrafted
+
+__all__ = ["FAMILY_CAPS", "nominal_cap", "zb_h2", "v_family"]
+
+# family -> cap in units of mem_f as a function of pp
+FAMILY_CAPS = {
+    "zb-h2": lambda pp: 2 * pp,
+    "zbv": lambda pp: 2 * pp,
+    "v-half": lambda pp: pp + 1,
+    "v-min": lambda pp: (2 * pp) // 3 + 1,
+}
+
+
+def nominal_cap(family: str, pp: int, costs: CostModel, memory_limit: float | None) -> float:
+    cap = FAMILY_CAPS[family](pp) * costs.mem_f
+    return cap if memory_limit is None else min(cap, memory_limit)
+
+
+@dataclass
+class _Candidate:
+    ranks: list
+    bubble: float
+    makespan: float
+
+
+def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
+    from ..simulator import simulate  # lazy: the simulator is only needed for ranking
+
+    result = simulate(schedule, costs)
+    return max(s - b for s, b in zip(result.span, result.busy)), result.makespan
+
+
+def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
+                       placement: Placement, costs: CostModel, cap: float) -> list[_Candidate]:
+    out = []
+    for backward_first in (True, False):
+        for w_after_b in (False, True):
+            result = run_engine(EngineConfig(
+                pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
+                placement=placement, costs=costs, caps=[cap] * pp,
+                backward_first=backward_first, w_after_b=w_after_b))
+            schedule = Schedule(name="engine", pp=pp, num_microbatches=num_microbatches,
+                                num_chunks=num_chunks, placement=placement,
+                                ranks=result.ranks)
+            out.append(_Candidate(result.ranks, *_score(schedule, costs)))
+    return out
+
+
+def _pick(name: str, pp: int, num_microbatches: int, num_chunks: int, placement: Placement,
+          costs: CostModel, cap: float, candidates: list[_Candidate]) -> Schedule:
+    best = min(candidates, key=lambda c: (round(c.bubble, 9), round(c.makespan, 9)))
+    return Schedule(name=name, pp=pp, num_microbatches=num_microbatches,
+                    num_chunks=num_chunks, placement=placement,
+                    ranks=[list(r) for r in best.ranks], meta={"memory_limit": cap})
+
+
+def zb_h2(pp: int, num_microbatches: int, costs: CostModel,
+          memory_limit: float | None) -> Schedule:
+    """ZB-H2: up to twice 1F1B's activation memory; zero bubble for m >= 2 pp at equal
+    F/B/W times (the extra warm-up forwards fill the wait for the first backward)."""
+    cap = nominal_cap("zb-h2", pp, costs, memory_limit)
+    candidates = _engine_candidates(pp, num_microbatches, 1, Placement.INTERLEAVED,
+                                    costs, cap)
+    return _pick("zb-h2", pp, num_microbatches, 1, Placement.INTERLEAVED, costs, cap,
+                 candidates)
+
+
+def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
+                     cap: float) -> _Candidate | None:
+    """The V building block at the shortest interval (in unit slots) whose peak fits."""
+    longest = 6 * pp + 6  # by then the copies of the block no longer overlap
+    for interval in range(6, longest + 1):
+        orders = v_block_orders(pp, num_microbatches, interval)
+        if max(order_peak(orders, costs)) <= cap + 1e-9:
+            schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
+                                num_chunks=2, placement=Placement.V, ranks=orders)
+            return _Candidate(orders, *_score(schedule, costs))
+    return None
+
+
+def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
+             memory_limit: float | None) -> Schedule:
+    """ZB-V, V-Half or V-Min: V placement, 2 chunks, the family's cap (see module doc)."""
+    cap = nominal_cap(name, pp, costs, memory_limit)
+    candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap)
+    if name == "zbv" and num_microbatches >= 2 * pp - 1:
+        hand = zbv_handcrafted(pp, num_microbatches)
+        if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
+            candidates.append(_Candidate(hand.ranks, *_score(hand, costs)))
+    block = _block_candidate(pp, num_microbatches, costs, cap)
+    if block is not None:
+        candidates.append(block)
+    schedule = _pick(name, pp, num_microbatches, 2, Placement.V, costs, cap, candidates)
+    schedule.meta["memory_unit"] = "V chunk (half of a rank's layers)"
+    return schedule

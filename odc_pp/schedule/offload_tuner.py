@@ -1,0 +1,429 @@
+"""``odc-pp tune-offload``: pick the pipeline schedule, activation-offload ratio and
+recompute option with the best predicted step time that fits a device memory budget.
+
+Estimates (per transformer layer, micro-batch size b, sequence s, hidden h, heads a,
+vocabulary V, ``bytes_per_value`` = 2 for 16-bit training):
+
+* forward FLOPs ``24 b s h^2 + 4 b s^2 h``; input-gradient (B) FLOPs
+  ``24 b s h^2 + 8 b s^2 h`` (all attention-score gradients are input gradients);
+  weight-gradient (W) FLOPs ``24 b s h^2``; times = FLOPs / (peak x MFU). Recomputing
+  layernorm/GeLU/dropout adds 5 % of the forward time to B.
+* activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", 16-bit, no tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes;
+  the ``5 a s / h`` attention-matrix term is dropped with flash attention (default);
+  recomputing layernorm, GeLU and dropout drops the two layernorm inputs (4 sbh),
+  the GeLU input (8 sbh) and the dropout masks (2 sbh): 34 -> 20.
+* model state: ``12 h^2 + 13 h`` parameters per layer plus ``V h`` for the embedding
+  (first stage) and output layer (last stage); 2 bytes of 16-bit parameters, 4 of fp32
+  gradients and 12 of fp32 master weights + Adam moments, the latter 12 sharded over the
+  data-parallel ranks (ODC shards parameters/optimizer state).
+
+Hardware presets (dense bf16 peak from NVIDIA's datasheets; host link = PCIe x16
+effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen5)):
+
+* a100: A100-SXM4-80GB, 312 TFLOP/s, 80 GB, PCIe Gen4 25 GB/s
+* h100: H100-SXM5-80GB, 989 TFLOP/s, 80 GB, PCIe Gen5 50 GB/s
+* h200: H200-SXM-141GB, 989 TFLOP/s, 141 GB, PCIe Gen5 50 GB/s
+
+``--measure`` instead times a matmul and a host-memory copy on this machine.
+Each candidate schedule is produced by the schedule generators and timed by the
+simulator; offload variants move the saved activations of a fraction of microbatches
+(``ratio``) of the chosen local chunks to host memory right after their forward and
+reload them one compute action before their backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .costs import CostModel
+from .ir import Action, ActionKind, Schedule
+
+__all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
+           "estimate_costs", "add_offload", "format_ranking", "measure_hardware", "main"]
+
+GB = 1e9
+
+
+@dataclass(kw_only=True)
+class ModelShape:
+    """The transformer being trained."""
+
+    num_layers: int
+    """Transformer layers in the whole model."""
+    hidden_size: int
+    """Hidden size h."""
+    num_attention_heads: int
+    """Attention heads a."""
+    seq_length: int
+    """Sequence length s."""
+    micro_batch_size: int = 1
+    """Samples per microbatch b."""
+    vocab_size: int = 32000
+    """Vocabulary V."""
+    flash_attention: bool = True
+    """No s^2 attention-matrix activations (flash attention)."""
+    bytes_per_value: int = 2
+    """Bytes of one activation value (2: bf16/fp16)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "micro_batch_size", "vocab_size", "bytes_per_value"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("--hidden-size must be divisible by --num-attention-heads")
+
+
+@dataclass(kw_only=True)
+class Hardware:
+    """One accelerator and its host link."""
+
+    name: str
+    """Label."""
+    peak_tflops: float
+    """Dense 16-bit peak TFLOP/s."""
+    memory_gb: float
+    """Device memory."""
+    host_link_gbps: float
+    """Effective device<->host bandwidth, GB/s."""
+    mfu: float = 0.45
+    """Fraction of peak that transformer layers reach."""
+
+    def __post_init__(self) -> None:
+        if self.peak_tflops <= 0 or self.memory_gb <= 0 or self.host_link_gbps <= 0:
+            raise ValueError("hardware numbers must be positive")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
+
+
+PRESETS = {
+    "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
+                     host_link_gbps=25.0),
+    "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
+                     host_link_gbps=50.0),
+    "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
+                     host_link_gbps=50.0),
+}
+
+
+@dataclass(kw_only=True)
+class TunerConfig:
+    """What to tune for."""
+
+    shape: ModelShape
+    """Model shape."""
+    hardware: Hardware
+    """Compute speed and host link."""
+    pp: int
+    """Pipeline ranks."""
+    num_microbatches: int
+    """Microbatches per iteration (per data-parallel rank)."""
+    dp: int = 1
+    """Data-parallel ranks sharing the optimizer state."""
+    memory_budget_gb: float | None = None
+    """Usable device memory per rank (default: the hardware's memory)."""
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "v-half",
+                                  "v-min")
+    """Schedules tried without offload."""
+    offload_bases: tuple[str, ...] = ("1f1b", "zb-h1", "zbv")
+    """Schedules tried with offload."""
+    offload_ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    """Fractions of microbatches whose activations are offloaded."""
+
+    def __post_init__(self) -> None:
+        if self.pp < 1 or self.num_microbatches < 1 or self.dp < 1:
+            raise ValueError("--pp, --num-microbatches and --dp must be >= 1")
+        if self.num_microbatches < self.pp:
+            raise ValueError(f"--num-microbatches {self.num_microbatches} must be >= --pp "
+                             f"{self.pp}")
+        if self.memory_budget_gb is not None and self.memory_budget_gb <= 0:
+            raise ValueError("--memory-budget-gb must be > 0")
+        if any(not 0 < r <= 1 for r in self.offload_ratios):
+            raise ValueError("offload ratios must be in (0, 1]")
+
+    @property
+    def budget_bytes(self) -> float:
+        return (self.memory_budget_gb or self.hardware.memory_gb) * GB
+
+
+@dataclass
+class Candidate:
+    schedule: str
+    offload_chunks: tuple[int, ...]
+    offload_ratio: float
+    recompute: bool
+    step_s: float
+    peak_memory_gb: float
+    fits: bool
+    bubble_rate: float
+    per_rank_peak_gb: list[float] = field(default_factory=list)
+
+    def flags(self) -> str:
+        """pretrain_gpt.py flags that select this candidate."""
+        name = "offload" if self.offload_ratio > 0 else self.schedule
+        out = [f"--pipeline-schedule {name}"]
+        if self.offload_ratio > 0:
+            out.append("--cpu-offload --offload-chunks " +
+                       " ".join(str(c) for c in self.offload_chunks))
+        if self.recompute:
+            out.append("--recompute-lgd")
+        return " ".join(out)
+
+
+def _num_chunks(schedule: str) -> int:
+    return 2 if schedule in ("interleaved", "zbv", "v-half", "v-min", "dualpipev") else 1
+
+
+def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
+    """Forward, input-gradient and weight-gradient FLOPs of one layer, one microbatch."""
+    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
+    dense = 24 * b * s * h * h
+    return dense + 4 * b * s * s * h, dense + 8 * b * s * s * h, float(dense)
+
+
+def layer_activation_bytes(shape: ModelShape, *, recompute: bool) -> float:
+    b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
+                  shape.num_attention_heads)
+    per_value = 20 if recompute else 34
+    attention = 0.0 if shape.flash_attention else 5 * a * s / h
+    return s * b * h * (per_value + attention) * shape.bytes_per_value / 2
+
+
+def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
+                   ) -> tuple[CostModel, float, list[float]]:
+    """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
+    rank) for ``schedule``."""
+    shape, hw = config.shape, config.hardware
+    chunks = _num_chunks(schedule)
+    stages = config.pp * chunks
+    if shape.num_layers % stages:
+        raise ValueError(f"--num-layers {shape.num_layers} is not divisible by pp x chunks "
+                         f"= {stages} (schedule {schedule})")
+    layers = shape.num_layers // stages
+    flops_f, flops_b, flops_w = layer_flops(shape)
+    speed = hw.peak_tflops * 1e12 * hw.mfu
+    t_f = layers * flops_f / speed
+    t_b = layers * flops_b / speed + (0.05 * t_f if recompute else 0.0)
+    t_w = layers * flops_w / speed
+    chunk_bytes = layers * layer_activation_bytes(shape, recompute=recompute)
+    costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
+                      offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes)
+    h = shape.hidden_size
+    layer_params = 12 * h * h + 13 * h
+    bytes_per_param = 2 + 4 + 12 / config.dp
+    static = []
+    for rank in range(config.pp):
+        params = layers * chunks * layer_params
+        holds = {0, stages - 1}
+        placement_stages = [_stage(schedule, config.pp, rank, c) for c in range(chunks)]
+        params += shape.vocab_size * h * len(holds.intersection(placement_stages))
+        static.append(params * bytes_per_param)
+    return costs, chunk_bytes, static
+
+
+def _stage(schedule: str, pp: int, rank: int, chunk: int) -> int:
+    if _num_chunks(schedule) == 2 and schedule != "interleaved" and chunk % 2 == 1:
+        return chunk * pp + pp - 1 - rank
+    return chunk * pp + rank
+
+
+def add_offload(schedule: Schedule, chunks: tuple[int, ...], ratio: float) -> Schedule:
+    """A copy of ``schedule`` that offloads the activations of ``ratio`` of the
+    microbatches of local ``chunks`` right after their forward and reloads them one
+    compute action before their backward (skipped where no other compute action runs
+    between the forward and the backward: nothing to overlap with)."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"offload ratio must be in (0, 1], got {ratio}")
+    chosen = {m for m in range(schedule.num_microbatches)
+              if int((m + 1) * ratio) > int(m * ratio)}
+    ranks = []
+    for rank, actions in enumerate(schedule.ranks):
+        after: dict[int, list[Action]] = {}
+        before: dict[int, list[Action]] = {}
+        forward_at = {}
+        computes: list[int] = []
+        for position, action in enumerate(actions):
+            key = (action.chunk, action.microbatch)
+            if action.kind is ActionKind.F:
+                forward_at[key] = len(computes)
+            if action.kind in (ActionKind.B, ActionKind.BW) and key in forward_at and \
+                    action.chunk in chunks and action.microbatch in chosen:
+                f_index = forward_at[key]
+                if len(computes) - f_index >= 2:  # something runs in between
+                    after.setdefault(computes[f_index], []).append(
+                        Action(rank=rank, kind=ActionKind.OFFLOAD, chunk=key[0],
+                               microbatch=key[1]))
+                    before.setdefault(computes[-1], []).append(
+                        Action(rank=rank, kind=ActionKind.RELOAD, chunk=key[0],
+                               microbatch=key[1]))
+            if action.is_compute:
+                computes.append(position)
+        out: list[Action] = []
+        for position, action in enumerate(actions):
+            out += before.get(position, [])
+            out.append(action)
+            out += after.get(position, [])
+        ranks.append(out)
+    meta = dict(schedule.meta, offload_chunks=list(chunks), offload_ratio=ratio)
+    return schedule.copy(name=f"{schedule.name}+offload", ranks=ranks, meta=meta)
+
+
+def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...], ratio: float,
+              recompute: bool) -> Candidate:
+    from .generators import generate
+    from .simulator import simulate
+
+    costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
+    schedule = generate(name, pp=config.pp, num_microbatches=config.num_microbatches,
+                        num_chunks=_num_chunks(name), costs=costs)
+    if ratio > 0:
+        schedule = add_offload(schedule, chunks, ratio)
+    result = simulate(schedule, costs)
+    peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
+    peak = max(peaks)
+    return Candidate(schedule=name, offload_chunks=chunks, offload_ratio=ratio,
+                     recompute=recompute, step_s=result.makespan, peak_memory_gb=peak / GB,
+                     fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
+                     per_rank_peak_gb=[p / GB for p in peaks])
+
+
+def tune(config: TunerConfig) -> list[Candidate]:
+    """Every candidate, best first: those that fit the budget by predicted step time,
+    then those that do not by peak memory."""
+    candidates = []
+    for recompute in (False, True):
+        for name in config.schedules:
+            if config.shape.num_layers % (config.pp * _num_chunks(name)) == 0:
+                candidates.append(_evaluate(config, name, (), 0.0, recompute))
+        for name in config.offload_bases:
+            if config.shape.num_layers % (config.pp * _num_chunks(name)):
+                continue
+            chunk_sets = [(0,)] if _num_chunks(name) == 1 else [(0,), (1,), (0, 1)]
+            for chunks in chunk_sets:
+                for ratio in config.offload_ratios:
+                    candidates.append(_evaluate(config, name, chunks, ratio, recompute))
+    if not candidates:
+        raise ValueError(f"--num-layers {config.shape.num_layers} is not divisible by pp "
+                         f"{config.pp} (or 2 x pp) for any schedule")
+    return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
+                                             else c.peak_memory_gb))
+
+
+def format_ranking(candidates: list[Candidate], *, budget_gb: float, top: int = 15) -> str:
+    header = (f"{'#':>3} {'schedule':<12} {'offload chunks':<14} {'ratio':>5} "
+              f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
+    lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
+    for rank, c in enumerate(candidates[:top], 1):
+        chunks = ",".join(map(str, c.offload_chunks)) if c.offload_ratio else "-"
+        lines.append(f"{rank:>3} {c.schedule:<12} {chunks:<14} {c.offload_ratio:>5.2f} "
+                     f"{'lgd' if c.recompute else 'no':<9} {c.step_s * 1e3:>10.2f} "
+                     f"{c.peak_memory_gb:>10.2f} {c.bubble_rate:>7.3f} "
+                     f"{'yes' if c.fits else 'NO'}")
+    return "\n".join(lines)
+
+
+def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
+    """Measured matmul throughput and host-memory copy bandwidth of this machine
+    (CUDA device when available; ``mfu`` is 1 because the matmul speed is achieved)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    size = 2048 if device == "cuda" else 512
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    flops, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        a @ a
+        flops += 2 * size ** 3
+    if device == "cuda":
+        torch.cuda.synchronize()
+    tflops = flops / (time.perf_counter() - start) / 1e12
+    host = torch.empty(64 * 2 ** 20, dtype=torch.uint8)
+    src = torch.ones(64 * 2 ** 20, dtype=torch.uint8, device=device)
+    moved, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        host.copy_(src)
+        moved += host.numel()
+    gbps = moved / (time.perf_counter() - start) / GB
+    return Hardware(name=f"measured-{device}", peak_tflops=tflops, memory_gb=memory_gb,
+                    host_link_gbps=gbps, mfu=1.0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
+        "Rank schedules x offload ratio x recompute by predicted step time within a "
+        "device memory budget (see odc_pp/schedule/offload_tuner.py for the formulas)."))
+    p.add_argument("--num-layers", type=int, required=True)
+    p.add_argument("--hidden-size", type=int, required=True)
+    p.add_argument("--num-attention-heads", type=int, required=True)
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="count the 5as/h attention-matrix activations")
+    p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (optimizer sharding)")
+    p.add_argument("--num-microbatches", type=int, required=True)
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    p.add_argument("--measure", action="store_true", help="measure this machine instead")
+    p.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="usable memory per rank (default: the device's)")
+    p.add_argument("--mfu", type=float, default=None, help="override the MFU factor")
+    p.add_argument("--top", type=int, default=15, help="rows to print")
+    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.measure == (args.preset is not None):
+            raise ValueError("give exactly one of --preset {a100,h100,h200} and --measure")
+        if args.measure:
+            hardware = measure_hardware(memory_gb=args.memory_budget_gb or 16.0)
+        else:
+            hardware = PRESETS[args.preset]
+        if args.mfu is not None:
+            hardware = Hardware(name=hardware.name, peak_tflops=hardware.peak_tflops,
+                                memory_gb=hardware.memory_gb,
+                                host_link_gbps=hardware.host_link_gbps, mfu=args.mfu)
+        shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                           num_attention_heads=args.num_attention_heads,
+                           seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+                           vocab_size=args.vocab_size,
+                           flash_attention=not args.no_flash_attention)
+        config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp, dp=args.dp,
+                             num_microbatches=args.num_microbatches,
+                             memory_budget_gb=args.memory_budget_gb)
+        ranking = tune(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    budget = config.budget_bytes / GB
+    if args.json:
+        print(json.dumps([c.__dict__ for c in ranking[:args.top]], indent=1))
+    else:
+        print(f"hardware: {hardware}")
+        print(format_ranking(ranking, budget_gb=budget, top=args.top))
+    best = ranking[0]
+    if not best.fits:
+        print(f"error: no schedule fits {budget:.1f} GB per rank; the smallest needs "
+              f"{best.peak_memory_gb:.1f} GB ({best.schedule}, offload ratio "
+              f"{best.offload_ratio}, recompute {'lgd' if best.recompute else 'off'}). "
+              "Raise --memory-budget-gb, --pp or --dp, or lower --micro-batch-size / "
+              "--seq-length.", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(f"\nbest: {best.flags()}  (predicted {best.step_s * 1e3:.2f} ms/step, "
+              f"peak {best.peak_memory_gb:.2f} GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

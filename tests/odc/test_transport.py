@@ -1,0 +1,194 @@
+"""Multi-process tests of the ODC transport (odc_pp.odc.primitives) against torch.distributed
+collectives on gloo: 2, 3 and 4 ranks, odd sizes, low-precision inputs, uneven call counts,
+strided groups, the forced cross-host path, a killed rank and /dev/shm hygiene."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from odc_pp.odc import primitives as odc
+from odc_pp.odc.transport_host import list_segments, segment_name
+
+from ._transport_harness import spawn_ranks
+
+pytestmark = pytest.mark.multiproc
+
+SIZES = [1, 5, 1000, 4099]  # includes sizes smaller than, and not multiples of, the world
+INPUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _reference_gather(shard, numel, process_group):
+    world = dist.get_world_size(process_group)
+    full = torch.empty(shard.numel() * world, dtype=shard.dtype)
+    dist.all_gather_into_tensor(full, shard.clone(), group=process_group)
+    return full[:numel]
+
+
+def _contribution(rank, call, numel, dtype):
+    generator = torch.Generator().manual_seed(1000 * rank + call + numel)
+    return torch.randn(numel, generator=generator).to(dtype)
+
+
+def _check_group(group, process_group, deterministic_expected):
+    """Gather and scatter-accumulate checks on one OdcGroup; every rank calls this."""
+    rank, world = group.rank, group.world_size
+    for numel in SIZES:
+        shard_size = -(-numel // world)
+        for dtype in (torch.float32, torch.bfloat16):
+            # a shard that is a view at an odd element offset of a larger symmetric buffer
+            backing = odc.symmetric_empty(shard_size + 3, dtype, group)
+            shard = backing[3:]
+            shard.copy_(torch.arange(shard_size, dtype=torch.float32).to(dtype) + 100 * rank)
+            odc.sync(group)  # every owner wrote its shard before anyone reads it
+            output = torch.full((numel,), -1.0, dtype=dtype)
+            odc.gather_into_tensor(output, shard, group)
+            expected = _reference_gather(shard, numel, process_group)
+            assert torch.equal(output, expected), (numel, dtype)
+        for dtype in INPUT_DTYPES:
+            backing = odc.symmetric_empty(shard_size + 1, torch.float32, group)
+            accumulator = backing[1:]
+            accumulator.fill_(0.5)
+            odc.sync(group)  # every owner initialised its accumulator before anyone adds
+            # different numbers of calls on each rank (the collective backend needs equal)
+            calls = rank + 1 if group.config.backend == "odc" else 2
+            local_sum = torch.zeros(numel, dtype=torch.float32)
+            works = []
+            for call in range(calls):
+                contribution = _contribution(rank, call, numel, dtype)
+                local_sum += contribution.float()
+                works.append(odc.scatter_accumulate(accumulator, contribution, group))
+            works[0].wait(timeout=30)
+            odc.sync(group)
+            start, end = odc.shard_range(numel, rank, world)
+            padded = torch.zeros(shard_size * world)
+            padded[:numel] = local_sum
+            reduced = torch.empty(shard_size)
+            dist.reduce_scatter_tensor(reduced, padded, group=process_group)
+            got = accumulator[:end - start]
+            torch.testing.assert_close(got, reduced[:end - start] + 0.5, rtol=1e-5, atol=1e-5)
+            if deterministic_expected:
+                # fixed order: ((0.5 + sum_0) + sum_1) + ... with each sum in call order
+                sums = [None] * world
+                dist.all_gather_object(sums, local_sum, group=process_group)
+                exact = torch.full((end - start,), 0.5)
+                for source in range(world):
+                    exact += sums[source][start:end]
+                assert torch.equal(got, exact), (numel, dtype)
+            odc.sync(group)  # nothing issued: a plain barrier before the buffers are reused
+
+
+def _run_checks(rank, world, results, configs):
+    pids = []
+    for config in configs:
+        group = odc.new_group(config=config)
+        pids.append(os.getpid())
+        _check_group(group, dist.group.WORLD, config.deterministic)
+        group.destroy()
+    return os.getpid()
+
+
+def _make_dead_segment() -> str:
+    """A segment created by a process that was then SIGKILLed (a killed run's leftover)."""
+    code = ("import os, signal; from odc_pp import _C; "
+            "from odc_pp.odc.transport_host import segment_name; "
+            "s = _C.Segment.create(segment_name(os.getpid(), 'deadrun00000', 'a0'), 4096); "
+            "print(s.name, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    return child.stdout.strip().lstrip("/")
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_odc_matches_collectives(world_size):
+    leftover = _make_dead_segment() if world_size == 2 else None
+    if leftover:
+        assert leftover in list_segments()
+    configs = [odc.TransportConfig(timeout_s=30)]
+    if world_size != 4:
+        configs.append(odc.TransportConfig(timeout_s=30, deterministic=True))
+    if world_size == 2:
+        configs.append(odc.TransportConfig(backend="collective"))
+    pids = spawn_ranks(world_size, _run_checks, configs, timeout_s=240)
+    if leftover:
+        assert leftover not in list_segments(), "new_group did not remove a dead run's segment"
+    left = [name for name in list_segments()
+            if any(name.startswith(f"odcpp.{pid}.") for pid in pids.values())]
+    assert left == [], f"segments left after a normal exit: {left}"
+
+
+def _run_strided(rank, world, results):
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1, 3])
+    mine = evens if rank % 2 == 0 else odds
+    group = odc.new_group(mine, config=odc.TransportConfig(timeout_s=30))
+    assert group.ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
+    _check_group(group, mine, deterministic_expected=False)
+    group.destroy()
+    return True
+
+
+def test_strided_groups():
+    assert spawn_ranks(4, _run_strided, timeout_s=240) == {r: True for r in range(4)}
+
+
+def _run_cross_host(rank, world, results):
+    for deterministic in (False, True):
+        group = odc.new_group(config=odc.TransportConfig(timeout_s=30,
+                                                         deterministic=deterministic))
+        assert group._link is not None and not any(
+            group.local[p] for p in range(world) if p != rank)
+        _check_group(group, dist.group.WORLD, deterministic)
+        group.destroy()
+    return True
+
+
+def test_cross_host_path_forced():
+    values = spawn_ranks(3, _run_cross_host, env={odc.FORCE_CROSS_HOST_ENV: "1"},
+                         timeout_s=240)
+    assert values == {0: True, 1: True, 2: True}
+
+
+def _run_until_killed(rank, world, results, victim, timeout_s):
+    group = odc.new_group(config=odc.TransportConfig(timeout_s=timeout_s))
+    accumulator = odc.symmetric_empty(8, torch.float32, group)
+    accumulator.zero_()
+    odc.sync(group)
+    results.put(("ready", rank, os.getpid()))
+    if rank == victim:
+        time.sleep(600)
+    time.sleep(0.5)  # the parent kills the victim meanwhile
+    started = time.monotonic()
+    try:
+        odc.scatter_accumulate(accumulator, torch.ones(8 * world), group)
+        odc.sync(group)
+    except odc.PeerError as error:
+        return str(error), time.monotonic() - started
+    return "no error", time.monotonic() - started
+
+
+@pytest.mark.parametrize("cross_host", [False, True], ids=["shm", "cross-host"])
+def test_killed_rank_raises_naming_it(cross_host):
+    world, victim, timeout_s = 3, 2, 5.0
+    ready = set()
+
+    def on_message(message, procs):
+        ready.add(message[1])
+        if ready == set(range(world)):
+            procs[victim].kill()
+
+    env = {odc.FORCE_CROSS_HOST_ENV: "1"} if cross_host else {}
+    values = spawn_ranks(world, _run_until_killed, victim, timeout_s, env=env,
+                         on_message=on_message, expect=[0, 1], timeout_s=120)
+    for rank in (0, 1):
+        message, elapsed = values[rank]
+        assert f"group rank {victim}" in message, message
+        assert elapsed < timeout_s + 3, (message, elapsed)

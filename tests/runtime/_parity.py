@@ -1,0 +1,143 @@
+"""Worker code shared by the runtime tests: tiny GPT, data, reference and pipeline runs."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+MODEL = dict(vocab_size=128, hidden_size=64, num_layers=8, num_attention_heads=4,
+             max_sequence_length=32)
+SEQ_LENGTHS = (8, 16, 24, 32, 12, 20, 28, 8)
+STEPS = 3
+LR = 1e-3
+
+
+def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
+                      equal_lengths: bool = False):
+    from odc_pp.runtime.data import Microbatch
+
+    generator = torch.Generator().manual_seed(seed)
+    microbatches = []
+    for index in range(num_microbatches):
+        seq = 16 if equal_lengths else SEQ_LENGTHS[index % len(SEQ_LENGTHS)]
+        tokens = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
+        labels = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
+        loss_mask = (torch.rand(batch, seq, generator=generator) > 0.1).float()
+        microbatches.append(Microbatch(tokens=tokens, labels=labels, loss_mask=loss_mask))
+    return microbatches
+
+
+def model_config(**changes):
+    from odc_pp.megatron.model import ModelConfig
+
+    return ModelConfig(**{**MODEL, **changes})
+
+
+def reference_run(config, microbatches, groups, *, steps=STEPS):
+    """Single-process training: same model, same data, plain autograd."""
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.runtime.data import count_tokens
+
+    (model,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    tokens = count_tokens(microbatches)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in microbatches:
+            token_losses = model(None, mb) * mb.loss_mask
+            (token_losses.sum() / tokens).backward()
+            total += float(token_losses.detach().sum())
+        losses.append(total / tokens)
+        optimizer.step()
+    return losses, {name: p.detach().clone() for name, p in model.global_named_parameters()}
+
+
+def build_schedule(name: str, pp: int, num_microbatches: int):
+    """A lowered schedule by name; hand-* names come from tests/runtime/_schedules.py."""
+    from tests.runtime import _schedules
+
+    if name == "hand-1f1b":
+        return _schedules.one_f_one_b(pp, num_microbatches)
+    if name == "hand-zb":
+        return _schedules.one_f_one_b(pp, num_microbatches, split=True)
+    if name == "hand-v":
+        return _schedules.gpipe_v(pp, num_microbatches)
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower
+
+    base, _, option = name.partition("+")
+    schedule = generate(base, pp=pp, num_microbatches=num_microbatches)
+    costs = CostModel(offload_bandwidth=1.0)
+    return lower(schedule, costs, post_validation=option == "pv")
+
+
+def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime_config=None):
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
+
+    rank = dist.get_rank()
+    chunks = build_chunks(config, pp_rank=rank, pp_size=schedule.pp,
+                          num_chunks=schedule.num_chunks, placement=schedule.placement,
+                          process_groups=groups)
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=LR)
+    runtime = PipelineRuntime(runtime_config or RuntimeConfig(), chunks=chunks,
+                              schedule=schedule, pp_group=dist.group.WORLD)
+    losses, results = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        result = runtime.run_minibatch(microbatches)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, result.loss_sum)
+        losses.append(sum(x for x in gathered if x is not None) / result.num_tokens)
+        results.append(result)
+        optimizer.step()
+    named = {name: p.detach().clone() for chunk in chunks
+             for name, p in chunk.global_named_parameters()}
+    return losses, named, results
+
+
+def max_relative_difference(params, reference) -> float:
+    worst = 0.0
+    for name, expected in reference.items():
+        actual = params[name]
+        scale = expected.abs().max().clamp_min(1e-12)
+        worst = max(worst, float((actual.float() - expected.float()).abs().max() / scale))
+    return worst
+
+
+def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
+    from odc_pp.megatron.cpu_compat import singleton_process_groups
+
+    groups = singleton_process_groups()
+    config = model_config()
+    microbatches = make_microbatches(num_microbatches)
+    reference = reference_run(config, microbatches, groups) if rank == 0 else None
+    report = {}
+    for name in schedule_names:
+        try:
+            schedule = build_schedule(name, world_size, num_microbatches)
+            losses, named, _ = pipeline_run(config, schedule, microbatches, groups)
+        except Exception as error:  # recorded, the test reports it per schedule
+            report[name] = {"error": f"{type(error).__name__}: {error}"}
+            raise
+        everything = [None] * world_size
+        dist.all_gather_object(everything, named)
+        if rank == 0:
+            merged = {k: v for part in everything for k, v in part.items()}
+            missing = sorted(set(reference[1]) - set(merged))
+            ref_losses = reference[0]
+            report[name] = {
+                "losses": losses, "reference_losses": ref_losses,
+                "loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+                "param_rel_diff": max_relative_difference(merged, reference[1]),
+                "missing": missing,
+            }
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(report, handle)

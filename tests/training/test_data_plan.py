@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from megatron.training.arguments import parse_args
+from megatron.training.data_plan import DataPlanner, build_source
+
+
+def planner(extra, *, dp, pp=1):
+    args = parse_args(["--mock-data", "--vocab-size", "64", "--seq-length", "64",
+                       "--global-batch-size", "8"] + extra)
+    source, vocab = build_source(args)
+    assert vocab == 64
+    return DataPlanner(args, source, dp=dp, pp=pp)
+
+
+@pytest.mark.parametrize("extra", [[], ["--load-balance", "lb-mini"],
+                                   ["--max-tokens-per-microbatch", "128"],
+                                   ["--micro-batch-size", "2"]])
+def test_every_sample_runs_once_and_tokens_add_up(extra):
+    one = planner(extra, dp=1).plan(3)
+    two = planner(extra, dp=2, pp=2).plan(3)
+    ids = sorted(i for replica in two.replicas for mb in replica for i in mb)
+    assert ids == list(range(24, 32))
+    assert sorted(i for replica in one.replicas for mb in replica for i in mb) == ids
+    assert one.total_loss_tokens == two.total_loss_tokens
+    p = planner(extra, dp=2, pp=2)
+    scored = sum(float(mb.loss_mask.sum()) for replica in two.replicas
+                 for mb in p.microbatches(replica))
+    assert scored == two.total_loss_tokens
+    for replica in two.replicas:
+        assert len(replica) >= 2  # a pipeline of 2 needs 2 microbatches
+
+
+def test_lb_mini_balances_tokens_better_than_equal_count():
+    worse = better = 0
+    for iteration in range(20):
+        plans = [planner(x, dp=2).plan(iteration) for x in ([], ["--load-balance", "lb-mini"])]
+        spread = []
+        for plan, p in zip(plans, (planner([], dp=2), planner([], dp=2))):
+            loads = [sum(p.source.length(i) for mb in r for i in mb) for r in plan.replicas]
+            spread.append(max(loads) - min(loads))
+        better += spread[1] < spread[0]
+        worse += spread[1] > spread[0]
+    assert better > 10 and worse == 0
+
+
+def test_microbatches_have_variable_lengths():
+    p = planner([], dp=1)
+    plan = p.plan(0)
+    shapes = {tuple(mb.tokens.shape) for mb in p.microbatches(plan.replicas[0])}
+    assert len(shapes) > 2 and all(s[1] <= 64 for s in shapes)

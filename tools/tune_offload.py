@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""Offload-ratio tuner (same as ``odc-pp tune-offload``), e.g.
+
+    python tools/tune_offload.py --preset h100 --num-layers 32 --hidden-size 4096 \
+        --num-attention-heads 32 --seq-length 4096 --pp 4 --num-microbatches 16
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from odc_pp.schedule.offload_tuner import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
