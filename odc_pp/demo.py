@@ -31,8 +31,9 @@ def schedule_part(out_dir: str, *, pp: int = 4, num_microbatches: int = 8) -> di
     from odc_pp.schedule.render import render_png
     from odc_pp.schedule.simulator import simulate
 
-    # ZB paper's typical ratios: F = B = W, a small transfer cost
-    costs = CostModel(t_f=1.0, t_b=1.0, t_w=1.0, t_comm=0.05)
+    # ZB paper's typical ratios: F = B = W, a small transfer cost; the host link moves one
+    # microbatch-chunk of activations per forward time (for the offload schedule)
+    costs = CostModel(t_f=1.0, t_b=1.0, t_w=1.0, t_comm=0.05, offload_bandwidth=1.0)
     rows = compare_schedules(pp, num_microbatches, costs)
     table = format_table(rows)
     zbv = build_schedule("zbv", pp=pp, num_microbatches=num_microbatches, costs=costs)
@@ -48,7 +49,7 @@ def training_command(out_dir: str, iterations: int) -> list[str]:
             "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv",
             "--dp-mode", "odc", "--load-balance", "lb-mini",
             "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
-            "--train-iters", str(iterations), "--log-interval", "5",
+            "--train-iters", str(iterations), "--log-interval", "1",
             "--mock-data", "--vocab-size", "128", "--seed", "1234", "--no-progress-bar",
             "--save", os.path.join(out_dir, "checkpoints"), "--save-interval", str(iterations),
             "--log-json", os.path.join(out_dir, "train.jsonl"),
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     summary, skipped = {}, []
 
-    print("== 1. schedules: pp=4, m=8, F=B=W=1, transfer 0.05 (simulated) ==", flush=True)
+    print("== 1. schedules: pp=4, m=8, F=B=W=1, transfer 0.05, offload 1.0 (simulated) ==",
+          flush=True)
     try:
         part = schedule_part(args.out)
         print(part["table"])

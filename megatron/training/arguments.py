@@ -20,6 +20,7 @@ __all__ = ["TrainingArgs", "parse_args", "build_parser", "SCHEDULES", "V_SCHEDUL
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
              "offload", "dualpipev")
 V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
+MULTI_CHUNK = V_SCHEDULES + ("interleaved", "offload")
 DP_MODES = ("odc", "collective", "hierarchical")
 LOAD_BALANCE = ("none", "lb-mini")
 CHOICES = {
@@ -156,8 +157,7 @@ class TrainingArgs:
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
         if self.num_model_chunks is None:
-            self.num_model_chunks = 2 if self.pipeline_schedule in V_SCHEDULES + (
-                "interleaved",) else 1
+            self.num_model_chunks = 2 if self.pipeline_schedule in MULTI_CHUNK else 1
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.train_iters
 
@@ -201,11 +201,11 @@ def _validate(args: TrainingArgs) -> list[str]:
     chunks = args.num_model_chunks
     if schedule in V_SCHEDULES and chunks not in (None, 2):
         problems.append(f"--pipeline-schedule {schedule} needs --num-model-chunks 2, got {chunks}")
-    if schedule in V_SCHEDULES or schedule == "interleaved":
+    if schedule in MULTI_CHUNK:
         chunks = chunks or 2
     elif chunks not in (None, 1):
         problems.append(f"--pipeline-schedule {schedule} runs one model chunk per rank; "
-                        f"drop --num-model-chunks {chunks} or use interleaved/zbv")
+                        f"drop --num-model-chunks {chunks} or use interleaved/zbv/offload")
     chunks = chunks or 1
     if args.num_layers % (pp * chunks):
         problems.append(f"--num-layers {args.num_layers} must be divisible by "
@@ -235,6 +235,13 @@ def _validate(args: TrainingArgs) -> list[str]:
     if schedule in ("v-min", "zb-auto") and args.memory_limit is not None and \
             args.memory_limit <= 0:
         problems.append("--memory-limit must be > 0")
+    if args.recompute_lgd:
+        problems.append("--recompute-lgd is not supported yet by the training runtime "
+                        "(odc-pp tune-offload models it; drop the flag to train)")
+    if args.enable_optimizer_post_validation:
+        problems.append("--enable-optimizer-post-validation is not supported yet with the "
+                        "sharded ODC optimizer; drop the flag (the step then validates "
+                        "synchronously: inf/nan skips the step, --clip-grad clips)")
     if not 0 <= args.min_lr <= args.lr:
         problems.append(f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
     if args.lr_warmup_iters < 0 or args.clip_grad < 0 or args.weight_decay < 0:

@@ -75,11 +75,18 @@ def build_schedule(args: TrainingArgs, *, pp: int, num_microbatches: int,
                    costs: CostModel) -> Schedule:
     """The schedule for one replica's microbatch count (communication lowered)."""
     from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower
 
     name = args.pipeline_schedule
+    if name == "offload" and costs.offload_bandwidth is None:
+        # default host link: one microbatch-chunk of activations per forward time
+        costs = CostModel.from_dict(dict(costs.to_dict(), offload_bandwidth=1.0))
     schedule = generate(name, pp=pp, num_microbatches=num_microbatches,
                         num_chunks=args.num_model_chunks, costs=costs,
                         memory_limit=args.memory_limit)
+    if name == "offload":
+        chunks = args.offload_chunks or list(range(args.num_model_chunks))
+        schedule = lower(schedule, costs, communication=False, offload=chunks)
     return schedule
 
 

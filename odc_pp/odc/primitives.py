@@ -58,7 +58,7 @@ class TransportConfig:
     deterministic: bool = False
     """Fixed summation order (bitwise reproducible); accumulations land at sync."""
     num_threads: int = 0
-    """Copy/accumulate threads per operation on CPU; 0 = min(4, cpu count)."""
+    """Copy/accumulate threads per operation on CPU; 0 = min(4, cpus / ranks on the host)."""
     force_cross_host: bool = False
     """Treat every rank as its own host (tests the gloo path); env ODC_PP_FORCE_CROSS_HOST=1
     does the same."""
@@ -71,9 +71,6 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.num_threads < 0:
             raise ValueError(f"TransportConfig.num_threads must be >= 0, got {self.num_threads}")
-
-    def threads(self) -> int:
-        return self.num_threads or max(1, min(4, os.cpu_count() or 1))
 
     def cross_host_forced(self) -> bool:
         return self.force_cross_host or os.environ.get(FORCE_CROSS_HOST_ENV, "0") == "1"
@@ -176,8 +173,11 @@ class OdcGroup:
         self._checked_step(map_controls)
         own.unlink()  # every peer mapped it: nothing can be left behind from here on
         self._controls = controls
+        local_ranks = sum(self.local)
+        self.num_threads = self.config.num_threads or max(
+            1, min(4, (os.cpu_count() or 1) // local_ranks))
         self._host = _C.HostGroup(self.rank, controls, self.ranks, self.pids,
-                                  self.config.timeout_s, self.config.threads())
+                                  self.config.timeout_s, self.num_threads)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"odcpp-acc-{self.rank}")
         if not all(self.local):
             self._link = CrossHostLink(rank=self.rank, world_size=self.world_size,
@@ -309,7 +309,7 @@ class _GroupOps:
                 group._host.check_peer(peer, "gather")
                 _C.copy_bytes(flat.data_ptr() + start * element,
                               allocation.peer_bases[peer] + offset, (end - start) * element,
-                              group.config.threads())
+                              group.num_threads)
 
     @staticmethod
     def scatter_host(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:
@@ -394,7 +394,7 @@ class _GroupOps:
             _GroupOps.cuda_waiter(group, stream, flat)(None)
         else:
             _C.accumulate_local(staging.data_ptr(), flat.data_ptr(), dtype_code(flat.dtype),
-                                flat.numel(), group.config.threads())
+                                flat.numel(), group.num_threads)
 
     @staticmethod
     def apply_staged_turns(group: OdcGroup) -> None:

@@ -66,13 +66,15 @@ class CrossHostLink:
         with self._tag_lock:
             return next(self._tags) % (1 << 30) + _FIRST_REPLY_TAG
 
+    def _peer_error(self, peer: int, what: str, error: BaseException) -> Exception:
+        return _C.PeerError(f"odc transport (cross-host): rank {self.rank} got no answer from "
+                            f"{self.describe(peer)} for {what} within {self.timeout_s} s: {error}")
+
     def _wait(self, work, peer: int, what: str) -> None:
         try:
             work.wait(self._timeout)
         except Exception as error:  # gloo reports timeouts and closed peers alike
-            raise _C.PeerError(
-                f"odc transport (cross-host): rank {self.rank} got no answer from "
-                f"{self.describe(peer)} for {what} within {self.timeout_s} s: {error}") from error
+            raise self._peer_error(peer, what, error) from error
 
     def _header(self, op: int, alloc_id: int, offset: int, nbytes: int, dtype: int,
                 count: int, tag: int) -> torch.Tensor:
@@ -82,25 +84,36 @@ class CrossHostLink:
     # ------------------------------------------------------------------ client
     def get(self, owner: int, alloc_id: int, offset: int, out: torch.Tensor) -> None:
         """Read owner's bytes [offset, offset + out.numel()) of allocation alloc_id."""
-        tag = self._next_tag()
-        reply = self._pg.recv([out], owner, tag)
-        request = self._pg.send([self._header(_OP_GET, alloc_id, offset, out.numel(), 0, 0, tag)],
-                                owner, REQUEST_TAG)
-        self._wait(request, owner, "a get request")
-        self._wait(reply, owner, "a get reply")
+        try:
+            tag = self._next_tag()
+            reply = self._pg.recv([out], owner, tag)
+            header = self._header(_OP_GET, alloc_id, offset, out.numel(), 0, 0, tag)
+            request = self._pg.send([header], owner, REQUEST_TAG)
+            self._wait(request, owner, "a get request")
+            self._wait(reply, owner, "a get reply")
+        except _C.PeerError:
+            raise
+        except Exception as error:  # gloo raises at enqueue when the peer's socket closed
+            raise self._peer_error(owner, "a get", error) from error
 
     def accumulate(self, owner: int, alloc_id: int, offset: int, payload: torch.Tensor,
                    dtype: int, count: int) -> None:
         """owner's fp32 memory at offset += payload (raw bytes of `count` dtype values)."""
-        tag = self._next_tag()
-        ack = torch.zeros(1, dtype=torch.int64)
-        ack_work = self._pg.recv([ack], owner, tag + 1)
-        header = self._header(_OP_ACCUMULATE, alloc_id, offset, payload.numel(), dtype, count, tag)
-        request = self._pg.send([header], owner, REQUEST_TAG)
-        data = self._pg.send([payload], owner, tag)
-        self._wait(request, owner, "an accumulate request")
-        self._wait(data, owner, "an accumulate payload")
-        self._wait(ack_work, owner, "an accumulate acknowledgement")
+        try:
+            tag = self._next_tag()
+            ack = torch.zeros(1, dtype=torch.int64)
+            ack_work = self._pg.recv([ack], owner, tag + 1)
+            header = self._header(_OP_ACCUMULATE, alloc_id, offset, payload.numel(), dtype,
+                                  count, tag)
+            request = self._pg.send([header], owner, REQUEST_TAG)
+            data = self._pg.send([payload], owner, tag)
+            self._wait(request, owner, "an accumulate request")
+            self._wait(data, owner, "an accumulate payload")
+            self._wait(ack_work, owner, "an accumulate acknowledgement")
+        except _C.PeerError:
+            raise
+        except Exception as error:  # gloo raises at enqueue when the peer's socket closed
+            raise self._peer_error(owner, "an accumulate", error) from error
         if int(ack.item()) != 1:
             raise _C.PeerError(f"odc transport (cross-host): {self.describe(owner)} failed "
                                f"to apply an accumulation from rank {self.rank}")

@@ -111,12 +111,15 @@ class PostValidatedOptimizer:
         elif self.config.max_grad_norm is not None and \
                 math.sqrt(norm_sq) > self.config.max_grad_norm:
             norm = math.sqrt(norm_sq)
+            current_grads = [p.grad for p in self.params]  # may already be the next step's
             self._restore(snapshot, with_grads=True)
             coefficient = self.config.max_grad_norm / (norm + self.config.eps)
             for param in self.params:
                 if param.grad is not None:
                     param.grad.mul_(coefficient)
             self.optimizer.step()
+            for param, grad in zip(self.params, current_grads):
+                param.grad = grad
             outcome = StepOutcome(grad_norm=norm, action="clipped")
         else:
             outcome = StepOutcome(grad_norm=math.sqrt(norm_sq), action="accepted")

@@ -26,9 +26,9 @@ def test_every_megatron_flag_parses():
         "--train-iters", "20", "--save", "/tmp/x", "--load", "/tmp/x", "--save-interval", "5",
         "--log-interval", "2", "--tokenizer-type", "ByteLevelTokenizer", "--seed", "9",
         "--pipeline-schedule", "zbv", "--num-model-chunks", "2", "--memory-limit", "4",
-        "--enable-optimizer-post-validation", "--dp-mode", "collective",
+        "--dp-mode", "collective",
         "--load-balance", "lb-mini", "--log-json", "/tmp/x.jsonl",
-        "--max-tokens-per-microbatch", "128", "--recompute-lgd"])
+        "--max-tokens-per-microbatch", "128"])
     assert args.num_layers == 8 and args.ffn_hidden_size == 64 and args.bf16
     assert args.pipeline_schedule == "zbv" and args.num_model_chunks == 2
     assert args.lr_decay_iters == 20 and args.load_balance == "lb-mini"
@@ -51,6 +51,8 @@ def test_defaults_fill_in():
     (["--hidden-size", "30"], ["--hidden-size", "--num-attention-heads"]),
     (["--cpu-offload"], ["--cpu-offload", "--pipeline-schedule"]),
     (["--min-lr", "1"], ["--min-lr"]),
+    (["--recompute-lgd"], ["--recompute-lgd"]),
+    (["--enable-optimizer-post-validation"], ["--enable-optimizer-post-validation"]),
     (["--save-interval", "3"], ["--save-interval", "--save"]),
     (["--pipeline-schedule", "1f1b", "--num-model-chunks", "2"], ["--num-model-chunks"]),
 ])

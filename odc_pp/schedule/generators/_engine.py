@@ -108,40 +108,50 @@ class _Engine:
         self.total = config.pp * config.num_chunks * config.num_microbatches * (
             3 if config.split_backward else 2)
         self.done = 0
+        # lookup tables: stage of (rank, chunk); latency of its F input and B input
+        chunks = range(config.num_chunks)
+        self.stage = [[self.shape.stage_of(r, c) for c in chunks] for r in range(config.pp)]
+        owner = [self.shape.locate(s)[0] for s in range(self.num_stages)]
+        t_comm = costs.t_comm
+
+        def latency(rank: int, stage: int) -> float:
+            return t_comm if 0 <= stage < self.num_stages and owner[stage] != rank else 0.0
+
+        self.f_latency = [[latency(r, self.stage[r][c] - 1) for c in chunks]
+                          for r in range(config.pp)]
+        self.b_latency = [[latency(r, self.stage[r][c] + 1) for c in chunks]
+                          for r in range(config.pp)]
+        self.durations = {
+            (kind, r, c): costs.compute_time(kind, stage=self.stage[r][c], rank=r,
+                                             pp=config.pp, num_stages=self.num_stages)
+            for kind in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW)
+            for r in range(config.pp) for c in chunks}
 
     # ----- readiness --------------------------------------------------------------
     def _duration(self, kind: ActionKind, rank: int, chunk: int) -> float:
-        return self.cfg.costs.compute_time(kind, stage=self.shape.stage_of(rank, chunk),
-                                           rank=rank, pp=self.cfg.pp,
-                                           num_stages=self.num_stages)
-
-    def _arrival(self, ends: dict, stage: int, mb: int, rank: int) -> float | None:
-        end = ends.get((stage, mb))
-        if end is None:
-            return None
-        other = self.shape.locate(stage)[0]
-        return end + (self.cfg.costs.t_comm if other != rank else 0.0)
+        return self.durations[(kind, rank, chunk)]
 
     def _forward_ready(self, rank: int, chunk: int) -> float | None:
         mb = self.states[rank].f_next[chunk]
         if mb >= self.cfg.num_microbatches:
             return None
-        stage = self.shape.stage_of(rank, chunk)
+        stage = self.stage[rank][chunk]
         if stage == 0:
             return mb * self.cfg.inject_interval
-        return self._arrival(self.f_end, stage - 1, mb, rank)
+        end = self.f_end.get((stage - 1, mb))
+        return None if end is None else end + self.f_latency[rank][chunk]
 
     def _backward_ready(self, rank: int, chunk: int) -> float | None:
         state = self.states[rank]
         mb = state.b_next[chunk]
         if mb >= state.f_next[chunk]:
             return None
-        stage = self.shape.stage_of(rank, chunk)
+        stage = self.stage[rank][chunk]
         own = self.f_end[(stage, mb)]
         if stage == self.num_stages - 1:
             return own
-        grad = self._arrival(self.b_end, stage + 1, mb, rank)
-        return None if grad is None else max(own, grad)
+        end = self.b_end.get((stage + 1, mb))
+        return None if end is None else max(own, end + self.b_latency[rank][chunk])
 
     def _admissible(self, rank: int, chunk: int) -> bool:
         state = self.states[rank]
@@ -154,10 +164,10 @@ class _Engine:
     def _choose(self, rank: int, now: float) -> tuple[ActionKind, int, int] | None:
         cfg, state = self.cfg, self.states[rank]
         chunks = range(cfg.num_chunks)
-        stage_of = self.shape.stage_of
-        backward = [(state.b_next[c], -stage_of(rank, c), c) for c in chunks
+        stages = self.stage[rank]
+        backward = [(state.b_next[c], -stages[c], c) for c in chunks
                     if (t := self._backward_ready(rank, c)) is not None and t <= now + _EPS]
-        forward = [(state.f_next[c], -stage_of(rank, c), c) for c in chunks
+        forward = [(state.f_next[c], -stages[c], c) for c in chunks
                    if (t := self._forward_ready(rank, c)) is not None and t <= now + _EPS]
         admissible = [f for f in forward if self._admissible(rank, f[2])]
         bkind = ActionKind.B if cfg.split_backward else ActionKind.BW
@@ -187,7 +197,7 @@ class _Engine:
         state = self.states[rank]
         duration = self._duration(kind, rank, chunk)
         end = now + duration
-        stage = self.shape.stage_of(rank, chunk)
+        stage = self.stage[rank][chunk]
         if kind is ActionKind.F:
             state.f_next[chunk] += 1
             self.f_end[(stage, mb)] = end

@@ -64,10 +64,8 @@ def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
                 pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
                 placement=placement, costs=costs, caps=[cap] * pp,
                 backward_first=backward_first, w_after_b=w_after_b))
-            schedule = Schedule(name="engine", pp=pp, num_microbatches=num_microbatches,
-                                num_chunks=num_chunks, placement=placement,
-                                ranks=result.ranks)
-            out.append(_Candidate(result.ranks, *_score(schedule, costs)))
+            # the engine's timing is the in-order timing of the order it emits
+            out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
     return out
 
 
@@ -92,15 +90,27 @@ def zb_h2(pp: int, num_microbatches: int, costs: CostModel,
 
 def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
                      cap: float) -> _Candidate | None:
-    """The V building block at the shortest interval (in unit slots) whose peak fits."""
-    longest = 6 * pp + 6  # by then the copies of the block no longer overlap
-    for interval in range(6, longest + 1):
+    """The V building block at the shortest interval (in unit slots) whose peak fits,
+    found by bisection (the peak falls as the interval grows)."""
+
+    def fitting(interval: int):
         orders = v_block_orders(pp, num_microbatches, interval)
-        if max(order_peak(orders, costs)) <= cap + 1e-9:
-            schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
-                                num_chunks=2, placement=Placement.V, ranks=orders)
-            return _Candidate(orders, *_score(schedule, costs))
-    return None
+        return orders if max(order_peak(orders, costs)) <= cap + 1e-9 else None
+
+    low, high = 6, 6 * pp + 6  # at ``high`` the copies of the block no longer overlap
+    best = fitting(high)
+    if best is None:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        orders = fitting(middle)
+        if orders is None:
+            low = middle + 1
+        else:
+            high, best = middle, orders
+    schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
+                        num_chunks=2, placement=Placement.V, ranks=best)
+    return _Candidate(best, *_score(schedule, costs))
 
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,

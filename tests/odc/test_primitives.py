@@ -1,0 +1,66 @@
+"""Single-process checks of odc_pp.odc.primitives: shard_range closed form, config
+validation, the host extension's conversions, and stale-segment cleanup."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from odc_pp import _C
+from odc_pp.odc import primitives as odc
+from odc_pp.odc.transport_host import (dtype_code, list_segments, remove_stale_segments,
+                                       segment_name)
+
+
+@given(st.integers(0, 10_000), st.integers(1, 17))
+def test_shard_ranges_tile_the_tensor(numel, world_size):
+    ranges = [odc.shard_range(numel, r, world_size) for r in range(world_size)]
+    shard_size = -(-numel // world_size)
+    assert ranges[0][0] == 0 and ranges[-1][1] == numel
+    for (start, end), (next_start, _) in zip(ranges, ranges[1:]):
+        assert end == next_start and 0 <= end - start <= shard_size
+
+
+@pytest.mark.parametrize("kwargs", [{"backend": "nccl"}, {"timeout_s": 0}, {"num_threads": -1}])
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        odc.TransportConfig(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_accumulate_local_converts_like_torch(dtype, threads):
+    generator = torch.Generator().manual_seed(0)
+    values = (torch.randn(3_000_001, generator=generator) * 1000).to(dtype)
+    values[:4] = torch.tensor([float("inf"), -0.0, 6e-8, -65504.0]).to(dtype)
+    target = torch.full((values.numel(),), 0.25)
+    expected = target + values.float()
+    _C.accumulate_local(target.data_ptr(), values.data_ptr(), dtype_code(dtype),
+                        values.numel(), threads)
+    assert torch.equal(target, expected)
+
+
+def test_copy_bytes_odd_sizes():
+    source = torch.randint(0, 255, (5_000_003,), dtype=torch.uint8)
+    target = torch.zeros_like(source)
+    _C.copy_bytes(target.data_ptr(), source.data_ptr(), source.numel(), 4)
+    assert torch.equal(target, source)
+
+
+def test_stale_segment_of_dead_pid_is_removed_and_live_one_kept():
+    dead_pid = 2**22 + 12345  # above the default pid_max: never a live process
+    assert not _C.pid_alive(dead_pid) and _C.pid_alive(os.getpid())
+    dead = _C.Segment.create(segment_name(dead_pid, "unittest0000", "ctl"), 64)
+    live = _C.Segment.create(segment_name(os.getpid(), "unittest0000", "ctl"), 64)
+    try:
+        removed = remove_stale_segments()
+        assert dead.name.lstrip("/") in removed
+        assert live.name.lstrip("/") in list_segments()
+    finally:
+        live.unlink()
+        dead.unlink()
+    assert live.name.lstrip("/") not in list_segments()
