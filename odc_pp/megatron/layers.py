@@ -75,7 +75,6 @@ class _DeferrableLinearFunction(torch.autograd.Function):
 class _DeferrableMixin:
     """Shared checks and matmul for the two linear subclasses."""
 
-    wgrad_queue = None  # bound per instance by WeightGradQueue.attach
 
     def _check_deferrable(self) -> None:
         if self.tp_group is not None and self.tp_group.size() != 1:
@@ -85,9 +84,12 @@ class _DeferrableMixin:
             raise ValueError("set sequence_parallel=False and gradient_accumulation_fusion="
                              "False in the TransformerConfig for deferrable linears")
         self.wgrad_queue = None
+        # True: plain F.linear autograd (no deferral), e.g. for torch.distributed.pipelining,
+        # whose own input/weight split needs native autograd nodes
+        self.native_autograd = False
 
     def _forward_impl(self, input, weight, bias=None, *args, **kwargs):  # noqa: A002
-        if not weight.requires_grad:
+        if not weight.requires_grad or self.native_autograd:
             return F.linear(input, weight, bias)
         return _DeferrableLinearFunction.apply(input, weight, bias, self)
 

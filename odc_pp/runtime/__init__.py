@@ -9,6 +9,7 @@ Public API: :class:`PipelineRuntime` / :class:`RuntimeConfig` / :class:`Minibatc
 from .data import Microbatch, count_tokens
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
+from .profiler import Profiler, ProfilerConfig
 from .post_validation import PostValidatedOptimizer, PostValidationConfig, StepOutcome
 from .runtime import ActionTiming, MinibatchResult, PipelineRuntime, RuntimeConfig
 from .wgrad import WeightGradQueue
@@ -16,5 +17,5 @@ from .wgrad import WeightGradQueue
 __all__ = [
     "Microbatch", "count_tokens", "NoDataParallel", "StageDataParallel", "ActivationStore",
     "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "ActionTiming",
-    "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue",
+    "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue", "Profiler", "ProfilerConfig",
 ]

@@ -1,0 +1,142 @@
+"""Measure T_F, T_B, T_W, T_comm and saved-activation bytes per stage; re-plan ZB-auto.
+
+Feed :meth:`Profiler.record` the :class:`MinibatchResult` of the first minibatches (the
+first ``warmup_minibatches`` are ignored: allocator and first-touch effects), call
+:meth:`measure_comm` once on every pipeline rank, then :meth:`cost_model` (collective
+over the pipeline group) gives a :class:`~odc_pp.schedule.costs.CostModel` with one
+entry per virtual stage, in seconds, and :meth:`replan` builds and lowers a schedule
+(ZB-auto by default) from it.
+
+Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
+actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..schedule.costs import CostModel
+from ..schedule.ir import ActionKind, Schedule
+from .runtime import MinibatchResult
+
+__all__ = ["ProfilerConfig", "Profiler"]
+
+
+@dataclass(kw_only=True)
+class ProfilerConfig:
+    """What the profiler measures."""
+
+    warmup_minibatches: int = 1
+    """Recorded minibatches to ignore before measuring."""
+    comm_repeats: int = 5
+    """Round trips per neighbour pair when measuring T_comm."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_minibatches < 0 or self.comm_repeats < 1:
+            raise ValueError("warmup_minibatches must be >= 0 and comm_repeats >= 1")
+
+
+class Profiler:
+    """Per-stage cost measurements of one pipeline rank (see module docstring)."""
+
+    def __init__(self, config: ProfilerConfig, *, schedule: Schedule, pp_group) -> None:
+        self.config = config
+        self.schedule = schedule
+        self.pp_group = pp_group
+        self.rank = dist.get_rank(pp_group)
+        self._seen = 0
+        self._durations: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+        self._bytes: dict[int, list[int]] = defaultdict(list)
+        self.t_comm: float | None = None
+
+    def record(self, result: MinibatchResult) -> None:
+        self._seen += 1
+        if self._seen <= self.config.warmup_minibatches:
+            return
+        for timing in result.timings:
+            if timing.action.is_compute:
+                stage = self.schedule.stage_of(self.rank, timing.action.chunk)
+                self._durations[(timing.action.kind, stage)].append(timing.duration)
+        for (chunk, _), nbytes in result.activation_bytes.items():
+            self._bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
+
+    def measure_comm(self, sample: torch.Tensor) -> float:
+        """Half the round trip of ``sample`` between neighbouring ranks (collective)."""
+        pp = dist.get_world_size(self.pp_group)
+        times = []
+        for parity in (0, 1):  # pairs (0,1), (2,3) ... then (1,2), (3,4) ...
+            partner = self.rank + 1 if self.rank % 2 == parity else self.rank - 1
+            if 0 <= partner < pp:
+                times += self._ping_pong(sample, partner)
+            dist.barrier(group=self.pp_group)
+        self.t_comm = statistics.median(times) if times else 0.0
+        return self.t_comm
+
+    def _ping_pong(self, sample: torch.Tensor, partner: int) -> list[float]:
+        peer = dist.get_global_rank(self.pp_group, partner)
+        buffer = torch.empty_like(sample)
+        times = []
+        for _ in range(self.config.comm_repeats):
+            start = time.perf_counter()
+            if self.rank < partner:
+                dist.send(sample, peer, group=self.pp_group)
+                dist.recv(buffer, peer, group=self.pp_group)
+            else:
+                dist.recv(buffer, peer, group=self.pp_group)
+                dist.send(sample, peer, group=self.pp_group)
+            times.append((time.perf_counter() - start) / 2)
+        return times
+
+    def local_costs(self) -> dict:
+        """Mean seconds per (kind, stage) and mean saved bytes per stage on this rank."""
+        per_stage: dict[int, dict[str, float]] = defaultdict(dict)
+        for (kind, stage), values in self._durations.items():
+            per_stage[stage][kind.value] = statistics.fmean(values)
+        for stage, values in self._bytes.items():
+            per_stage[stage]["activation_bytes"] = statistics.fmean(values)
+        return {"stages": dict(per_stage), "t_comm": self.t_comm}
+
+    def cost_model(self) -> CostModel:
+        """Gather every rank's measurements (collective) into one CostModel."""
+        if not self._durations:
+            raise ValueError("record() at least one minibatch past warmup_minibatches first")
+        gathered = [None] * dist.get_world_size(self.pp_group)
+        dist.all_gather_object(gathered, self.local_costs(), group=self.pp_group)
+        stages: dict[int, dict[str, float]] = {}
+        for part in gathered:
+            stages.update(part["stages"])
+        num_stages = self.schedule.num_stages
+        if sorted(stages) != list(range(num_stages)):
+            raise ValueError(f"measured stages {sorted(stages)}, need 0..{num_stages - 1}")
+        t_f, t_b, t_w = [], [], []
+        for stage in range(num_stages):
+            measured = stages[stage]
+            t_f.append(measured["F"])
+            if "B" in measured:
+                t_b.append(measured["B"])
+                t_w.append(measured.get("W", 0.0))
+            else:
+                t_b.append(measured["BW"] / 2)
+                t_w.append(measured["BW"] / 2)
+        comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
+        self.stage_costs = stages
+        return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0)
+
+    def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,
+               num_microbatches: int | None = None, memory_limit: float | None = None,
+               **options) -> Schedule:
+        """A lowered schedule of family ``name`` planned with the measured costs."""
+        from ..schedule.generators import generate
+        from ..schedule.lowering import lower
+
+        costs = costs if costs is not None else self.cost_model()
+        schedule = generate(name, pp=self.schedule.pp,
+                            num_microbatches=num_microbatches or self.schedule.num_microbatches,
+                            costs=costs, memory_limit=memory_limit, **options)
+        return lower(schedule, costs)
