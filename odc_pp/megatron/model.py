@@ -127,6 +127,16 @@ class GPTChunk(torch.nn.Module):
             reduction="none")
         return losses.view_as(labels)
 
+    def input_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
+        """Shape and dtype of the activation this stage receives for ``microbatch``."""
+        batch, seq = microbatch.tokens.shape
+        width = self.model.config.hidden_size
+        return torch.Size([seq, batch, width]), self.model.config.params_dtype
+
+    def output_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
+        """Shape and dtype of the activation this (non-last) stage produces."""
+        return self.input_shape(microbatch)
+
     def global_named_parameters(self):
         """(name, param) with decoder layer indices made global."""
         for name, param in self.named_parameters():

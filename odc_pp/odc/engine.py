@@ -176,6 +176,9 @@ class ShardedDataParallel:
         seen: set[int] = set()
         for index, module in enumerate(modules):
             self.units.append(self._build_unit(index, module, seen))
+        # Peers read our shards and add into our accumulators one-sidedly: nobody may start
+        # before every member has filled its shards and zeroed its accumulators.
+        prim.sync(group)
         self._pending: list[tuple[object, torch.Tensor]] = []
         self._handles: list = []
         self._max_microbatches: int | None = None

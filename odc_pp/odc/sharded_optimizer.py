@@ -8,7 +8,7 @@ the squared norms of the owned gradients are all-reduced over the data-parallel 
 
 Composing with a post-validating optimizer (eager step, later validation, maybe rollback):
 :meth:`local_grad_norm_sq` and :meth:`local_has_nonfinite` give this rank's share of the
-global checks (sum / max them over ``engine.process_group``), :meth:`snapshot` copies the
+global checks (sum / max them over the ``norm_group``), :meth:`snapshot` copies the
 owned state before an eager :meth:`step`, and :meth:`restore` rolls it back (then call
 ``engine.finish_step()`` again so peers re-read the restored shards).
 """
@@ -55,11 +55,19 @@ class AdamWConfig:
 
 
 class ShardedAdamW:
-    """AdamW over the owned shards of ``engine``; call after ``engine.finish_minibatch()``."""
+    """AdamW over the owned shards of ``engine``; call after ``engine.finish_minibatch()``.
 
-    def __init__(self, engine: ShardedDataParallel, config: AdamWConfig) -> None:
+    ``norm_group``: the ranks whose owned gradients together make the whole model's
+    gradient, for the global norm. Default ``"data_parallel"``: ``engine.process_group``.
+    Under pipeline parallelism pass the group of all pp x dp ranks (``None``: WORLD), as
+    each rank owns a disjoint piece: its stage's units, its shard of them.
+    """
+
+    def __init__(self, engine: ShardedDataParallel, config: AdamWConfig, *,
+                 norm_group="data_parallel") -> None:
         self.engine = engine
         self.config = config
+        self.norm_group = engine.process_group if norm_group == "data_parallel" else norm_group
         self.step_count = 0
         self.master: list[torch.Tensor] = []
         self.exp_avg: list[torch.Tensor] = []
@@ -99,7 +107,7 @@ class ShardedAdamW:
     def grad_norm(self) -> float:
         """Global L2 norm of the minibatch gradient (inf/nan if any element is)."""
         total = self.local_grad_norm_sq()
-        dist.all_reduce(total, group=self.engine.process_group)
+        dist.all_reduce(total, group=self.norm_group)
         return math.sqrt(float(total))
 
     def clip_grad_norm_(self, max_norm: float) -> float:

@@ -1,7 +1,8 @@
 """Point-to-point transfer of activations and gradients whose shape travels with them.
 
-Every message is a small header (dtype, ndim, shape) followed by the payload. Senders post
-both at once (batched with ``batch_isend_irecv`` when several sends are issued together).
+Unless the receiver can derive the shape from the microbatch (the runtime's default for
+chunks that implement ``input_shape``/``output_shape``), every message is a small header (dtype, ndim,
+shape) followed by the payload. Senders post both at once (batched with ``batch_isend_irecv`` when several sends are issued together).
 Receivers post the header ``irecv`` when the schedule's RECV action runs and the payload
 ``irecv`` once the header has arrived. Per peer, receives keep the sender's order on the
 wire (header k, payload k, header k+1, ...), so backends that ignore tags (NCCL) match
@@ -62,17 +63,20 @@ class PeerTransport:
         self._inflight_sends: list[tuple[object, list[torch.Tensor], str]] = []
 
     # ----- sending ---------------------------------------------------------------
-    def send_many(self, messages: list[tuple[torch.Tensor, int, int, str]]) -> None:
+    def send_many(self, messages: list[tuple[torch.Tensor, int, int, str]], *,
+                  with_header: bool = True) -> None:
         """Post sends of (tensor, peer, tag, what) in one batch; completion is checked in
-        :meth:`drain_sends`."""
+        :meth:`drain_sends`. ``with_header=False``: the receiver knows the shape."""
         ops, keep = [], []
         for tensor, peer, tag, what in messages:
             tensor = tensor.contiguous()
-            header = _encode_header(tensor, self.device)
             peer_global = dist.get_global_rank(self.group, peer)
-            ops.append(dist.P2POp(dist.isend, header, peer_global, self.group, 2 * tag))
+            if with_header:
+                header = _encode_header(tensor, self.device)
+                ops.append(dist.P2POp(dist.isend, header, peer_global, self.group, 2 * tag))
+                keep.append(header)
             ops.append(dist.P2POp(dist.isend, tensor, peer_global, self.group, 2 * tag + 1))
-            keep += [header, tensor]
+            keep.append(tensor)
         if not ops:
             return
         what = ", ".join(m[3] for m in messages)
@@ -89,8 +93,16 @@ class PeerTransport:
         self._inflight_sends.clear()
 
     # ----- receiving -------------------------------------------------------------
-    def post_recv(self, peer: int, tag: int, what: str) -> PendingMessage:
+    def post_recv(self, peer: int, tag: int, what: str, *,
+                  shape: tuple[torch.Size, torch.dtype] | None = None) -> PendingMessage:
+        """Expect a message; with a known ``shape`` (shape, dtype) the payload receive is
+        posted at once and no header is expected (the sender must agree)."""
         message = PendingMessage(peer, tag, what)
+        if shape is not None:
+            message.payload = torch.empty(shape[0], dtype=shape[1], device=self.device)
+            message.payload_work = dist.irecv(message.payload, dist.get_global_rank(
+                self.group, peer), self.group, 2 * tag + 1)
+            return message
         queue = self._unposted.setdefault(peer, deque())
         queue.append(message)
         if len(queue) == 1:
@@ -98,7 +110,7 @@ class PeerTransport:
         return message
 
     def wait(self, message: PendingMessage) -> torch.Tensor:
-        queue = self._unposted[message.peer]
+        queue = self._unposted.get(message.peer)
         while message.payload_work is None:
             head = queue[0]
             self._wait(head.header_work, f"header of {head.what} from pipeline rank {head.peer}")

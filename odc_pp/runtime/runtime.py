@@ -62,6 +62,11 @@ class RuntimeConfig:
     """Saved tensors smaller than this stay on the device during OFFLOAD."""
     synchronize_timings: bool = False
     """On GPU, synchronize around each action so its timing covers its kernels."""
+    shapes_from_microbatch: bool = True
+    """Receivers derive each activation/gradient shape from the microbatch through the
+    chunks' ``input_shape(microbatch)`` / ``output_shape(microbatch)`` -> (shape, dtype),
+    so only payloads travel and receives are posted at once. False: every message carries
+    a shape header (works for any chunk). Must be equal on all ranks."""
 
     def __post_init__(self) -> None:
         if self.comm_timeout_s <= 0:
@@ -122,6 +127,12 @@ class PipelineRuntime:
         self.transport = PeerTransport(group=pp_group, device=self.device,
                                        timeout_s=config.comm_timeout_s,
                                        batch=config.batch_p2p)
+        if config.shapes_from_microbatch and not all(
+                hasattr(chunk, "input_shape") and hasattr(chunk, "output_shape")
+                for chunk in self.chunks):
+            raise ValueError("shapes_from_microbatch needs chunks with input_shape(microbatch)"
+                             " and output_shape(microbatch); set RuntimeConfig("
+                             "shapes_from_microbatch=False) to send shape headers instead")
         self._scheduled_sends = {(a.kind, a.chunk, a.microbatch) for a in self.actions
                                  if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)}
 
@@ -324,15 +335,24 @@ class PipelineRuntime:
             messages.append((self._ready_to_send.pop(key), peer,
                              self._tag(action.kind, tag_stage, action.microbatch),
                              f"{action.short()} to rank {peer}"))
-        self.transport.send_many(messages)
+        self.transport.send_many(messages,
+                                 with_header=not self.config.shapes_from_microbatch)
 
     def _post_recv(self, action: Action):
         stage = self.schedule.stage_of(self.rank, action.chunk)
         tag_stage = stage if action.kind is ActionKind.RECV_F else stage + 1
         peer = self._peer_of(action)
+        shape = None
+        if self.config.shapes_from_microbatch:
+            # an input activation has the previous stage's output shape; an output
+            # gradient has this chunk's output shape
+            microbatch = self._microbatches[action.microbatch]
+            chunk = self.chunks[action.chunk]
+            shape = (chunk.input_shape(microbatch) if action.kind is ActionKind.RECV_F
+                     else chunk.output_shape(microbatch))
         return self.transport.post_recv(peer, self._tag(action.kind, tag_stage,
                                                         action.microbatch),
-                                        f"{action.short()} (from rank {peer})")
+                                        f"{action.short()} (from rank {peer})", shape=shape)
 
     def _peer_of(self, action: Action) -> int:
         if action.kind in (ActionKind.SEND_F, ActionKind.RECV_B):

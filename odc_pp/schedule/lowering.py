@@ -20,17 +20,17 @@ _BACKWARD = (ActionKind.B, ActionKind.BW)
 
 
 def _message_of(schedule: Schedule, action: Action):
-    """(send kind, recv kind, dst rank, consumer chunk, consumer kind set) for a compute
-    action whose output crosses ranks, else None."""
+    """(send kind, recv kind, dst rank, consumer chunk) for a compute action whose output
+    crosses ranks, else None."""
     stage = schedule.stage_of(action.rank, action.chunk)
     if action.kind is ActionKind.F and stage < schedule.num_stages - 1:
         dst, chunk = schedule.locate(stage + 1)
         if dst != action.rank:
-            return ActionKind.SEND_F, ActionKind.RECV_F, dst, chunk, (ActionKind.F,)
+            return ActionKind.SEND_F, ActionKind.RECV_F, dst, chunk
     if action.kind in _BACKWARD and stage > 0:
         dst, chunk = schedule.locate(stage - 1)
         if dst != action.rank:
-            return ActionKind.SEND_B, ActionKind.RECV_B, dst, chunk, _BACKWARD
+            return ActionKind.SEND_B, ActionKind.RECV_B, dst, chunk
     return None
 
 
@@ -71,7 +71,7 @@ def lower_communication(schedule: Schedule, *, recv_lookahead: int = 1) -> Sched
             message = _message_of(schedule, action)
             if message is None:
                 continue
-            send_kind, recv_kind, dst, chunk, _ = message
+            send_kind, recv_kind, dst, chunk = message
             sends[(rank, index)] = Action(rank=rank, kind=send_kind, chunk=action.chunk,
                                           microbatch=action.microbatch, peer=dst)
             group = "F" if send_kind is ActionKind.SEND_F else "B"

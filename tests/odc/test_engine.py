@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from odc_pp.odc.launch import LaunchConfig, run_workers
-from odc_pp.odc.load_balance import balance_minibatch, pack_microbatches
+from odc_pp.odc.load_balance import AttentionCost, balance_minibatch, pack_microbatches
 
 HIDDEN, HEADS, OUT, LAYERS = 16, 2, 8, 2
 MAX_TOKENS = 64
@@ -64,7 +64,7 @@ def make_model(dtype=torch.float32) -> Stack:
     return Stack().to(dtype)
 
 
-def sample_lengths(step: int, num_samples: int = 12) -> list[int]:
+def sample_lengths(step: int, num_samples: int = 16) -> list[int]:
     """Long-tailed lengths: mostly short, a few near the token cap."""
     rng = np.random.default_rng(100 + step)
     lengths = np.minimum(rng.lognormal(2.2, 0.9, size=num_samples).astype(int) + 2, MAX_TOKENS)
@@ -79,7 +79,9 @@ def sample_data(step: int, index: int, length: int) -> tuple[torch.Tensor, torch
 
 def make_plan(step: int, num_replicas: int) -> list[list[list[int]]]:
     lengths = sample_lengths(step)
-    replicas = balance_minibatch(lengths, num_replicas)
+    # A strong attention term gives the long sample's replica fewer tokens, hence fewer
+    # microbatches than the others: replicas run different microbatch counts.
+    replicas = balance_minibatch(lengths, num_replicas, AttentionCost(quadratic_coef=0.1))
     return [pack_microbatches(indices, lengths, MAX_TOKENS) for indices in replicas]
 
 

@@ -79,6 +79,13 @@ def build_schedule(name: str, pp: int, num_microbatches: int):
     return lower(schedule, costs, post_validation=option == "pv")
 
 
+def runtime_config_for(name: str):
+    """``+hdr`` schedules send shape headers instead of deriving shapes from the data."""
+    from odc_pp.runtime import RuntimeConfig
+
+    return RuntimeConfig(shapes_from_microbatch=not name.endswith("+hdr"))
+
+
 def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime_config=None,
                  max_grad_norm=None):
     """Train ``steps`` minibatches; with ``max_grad_norm`` through a PostValidatedOptimizer
@@ -142,7 +149,8 @@ def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
         reference = references.get(clip)
         schedule = build_schedule(name, world_size, num_microbatches)
         losses, named, results = pipeline_run(config, schedule, microbatches, groups,
-                                              max_grad_norm=clip)
+                                              max_grad_norm=clip,
+                                              runtime_config=runtime_config_for(name))
         everything = [None] * world_size
         dist.all_gather_object(everything, named)
         if rank == 0:

@@ -1,5 +1,7 @@
 """Every schedule family on pp=2 and pp=4 trains the megatron-core GPT exactly like a
-single-process run (3 AdamW steps, microbatches of different sequence lengths)."""
+single-process run (3 AdamW steps, microbatches of different sequence lengths).
+``+pv``: post-validated AdamW with clipping vs synchronous clipping; ``+hdr``: shapes
+travel as headers instead of being derived from the microbatch."""
 
 import json
 
@@ -25,7 +27,8 @@ def _check(report, names):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv"]), (4, ["1f1b+pv"])])
+@pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv", "zbv+hdr"]),
+                                      (4, ["1f1b+pv", "interleaved+hdr", "dualpipev+hdr"])])
 def test_schedules_match_single_process(tmp_path, pp, extra):
     names = SCHEDULES + extra
     out = tmp_path / "parity.json"

@@ -294,3 +294,12 @@ def test_generators_are_pure():
         first = generate(name, pp=4, num_microbatches=8, costs=costs)
         second = generate(name, pp=4, num_microbatches=8, costs=costs)
         assert first.to_dict() == second.to_dict()
+
+
+def test_zb_auto_dispatches_to_search():
+    schedule = generate("zb-auto", pp=3, num_microbatches=6, time_budget_s=0.2)
+    assert schedule.name == "zb-auto" and schedule.num_chunks == 1
+    validate(schedule, memory_limit=schedule.meta["memory_limit"])
+    validate(lower(schedule))
+    with pytest.raises(ValueError, match="one model chunk"):
+        generate("zb-auto", pp=3, num_microbatches=6, num_chunks=2)

@@ -6,11 +6,13 @@ order it records is the schedule; because the order was produced by a feasible t
 it can never deadlock, and its timing under the same cost model is the simulated one.
 
 Memory control (the part that makes families differ) is a per-rank cap on the running
-sum of activation deltas. A microbatch is *admitted* on a rank by the F of the rank's
-first chunk; admission reserves room for the forwards of that microbatch's later chunks
-on the same rank, so those forwards never block on memory. Together with "run a pending
-W when a ready F is blocked by memory", any cap of at least ``num_chunks * mem_f`` is
-deadlock free: the oldest unfinished microbatch can always make progress.
+sum of activation deltas. A microbatch is *admitted* on a rank by the F of its chunk 0;
+with two chunks, admission always leaves one ``mem_f`` slot free, so the chunk-1 forward
+of the oldest admitted microbatch can always run (later microbatches cannot take their
+chunk-1 forward before it). Together with "run a pending W when a ready F is blocked by
+memory" and backward passes never needing memory (``mem_b <= 0``), any cap of at least
+``num_chunks * mem_f`` is deadlock free: the oldest unfinished microbatch always
+progresses.
 
 Weight-gradient passes (W) are what the zero-bubble families use to fill idle time: a
 rank runs W when nothing else is ready, or to free memory for a blocked forward.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement, Schedule
 
-__all__ = ["EngineConfig", "EngineResult", "run_engine", "best_of"]
+__all__ = ["EngineConfig", "EngineResult", "run_engine"]
 
 _EPS = 1e-9
 
@@ -49,11 +51,9 @@ class EngineConfig:
     """Emit B and W separately (False: fused BW)."""
     backward_first: bool = True
     """When both a B and an admissible F are ready, run the B first."""
-    eager_w: bool = True
-    """Run a pending W whenever nothing else is ready (False: only when the W ends before
-    the next already-known ready time, or to free memory)."""
     inject_interval: float = 0.0
-    """Pace the pipeline: microbatch ``j`` enters stage 0 no earlier than ``j`` times this."""
+    """Pace the pipeline: microbatch ``j`` enters stage 0 no earlier than ``j`` times this
+    (a steady admission rate keeps a tight memory cap from starving the pipeline)."""
     w_after_b: bool = False
     """Run each W right after its B (1F1B-style), instead of keeping W to fill idle time."""
 
@@ -180,16 +180,8 @@ class _Engine:
         if admissible:
             mb, _, chunk = min(admissible)
             return ActionKind.F, chunk, mb
-        if not state.w_queue:
-            return None
-        if forward or cfg.eager_w:
+        if state.w_queue:  # fills idle time, or frees memory for a blocked forward
             chunk, mb = state.w_queue[0]
-            return ActionKind.W, chunk, mb
-        next_ready = min((t for c in chunks for t in (self._forward_ready(rank, c),
-                                                      self._backward_ready(rank, c))
-                          if t is not None), default=None)
-        chunk, mb = state.w_queue[0]
-        if next_ready is None or now + self._duration(ActionKind.W, rank, chunk) <= next_ready + _EPS:
             return ActionKind.W, chunk, mb
         return None
 
@@ -265,10 +257,3 @@ def run_engine(config: EngineConfig) -> EngineResult:
                              f"activations of one microbatch on all {config.num_chunks} "
                              f"chunk(s) of a rank; raise memory_limit")
     return _Engine(config).run()
-
-
-def best_of(configs: list[EngineConfig]) -> EngineResult:
-    """Run every variant and keep the one with the smallest worst per-rank bubble, then
-    makespan (ties: the first given)."""
-    results = [run_engine(config) for config in configs]
-    return min(results, key=lambda r: (round(r.max_bubble, 9), round(r.makespan, 9)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costs import CostModel
-from ..ir import Placement, Schedule
+from ..ir import ActionKind, Placement, Schedule
 from ._block import order_peak, v_block_orders
 from ._engine import EngineConfig, run_engine
 from .classic import zbv_handcrafted
@@ -37,7 +37,10 @@ FAMILY_CAPS = {
 
 
 def nominal_cap(family: str, pp: int, costs: CostModel, memory_limit: float | None) -> float:
-    cap = FAMILY_CAPS[family](pp) * costs.mem_f
+    """The family's cap (never below one microbatch on every chunk of a rank), lowered
+    to ``memory_limit`` if that is smaller."""
+    chunks = 1 if family == "zb-h2" else 2
+    cap = max(FAMILY_CAPS[family](pp), chunks) * costs.mem_f
     return cap if memory_limit is None else min(cap, memory_limit)
 
 
@@ -56,17 +59,30 @@ def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
 
 
 def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
-                       placement: Placement, costs: CostModel, cap: float) -> list[_Candidate]:
+                       placement: Placement, costs: CostModel, cap: float,
+                       intervals: tuple[float, ...] = (0.0,)) -> list[_Candidate]:
     out = []
-    for backward_first in (True, False):
-        for w_after_b in (False, True):
-            result = run_engine(EngineConfig(
-                pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
-                placement=placement, costs=costs, caps=[cap] * pp,
-                backward_first=backward_first, w_after_b=w_after_b))
-            # the engine's timing is the in-order timing of the order it emits
-            out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
+    for interval in intervals:
+        for backward_first in (True, False):
+            for w_after_b in (False, True):
+                result = run_engine(EngineConfig(
+                    pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
+                    placement=placement, costs=costs, caps=[cap] * pp,
+                    backward_first=backward_first, w_after_b=w_after_b,
+                    inject_interval=interval))
+                # the engine's timing is the in-order timing of the order it emits
+                out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
     return out
+
+
+def _rank_work(pp: int, num_chunks: int, placement: Placement, costs: CostModel) -> float:
+    """Compute time one microbatch costs the busiest rank (F, B and W of all chunks)."""
+    shape = Schedule(name="shape", pp=pp, num_microbatches=1, num_chunks=num_chunks,
+                     placement=placement)
+    return max(sum(costs.compute_time(kind, stage=shape.stage_of(rank, chunk), rank=rank,
+                                      pp=pp, num_stages=shape.num_stages)
+                   for kind in (ActionKind.F, ActionKind.B, ActionKind.W)
+                   for chunk in range(num_chunks)) for rank in range(pp))
 
 
 def _pick(name: str, pp: int, num_microbatches: int, num_chunks: int, placement: Placement,
@@ -117,7 +133,12 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
              memory_limit: float | None) -> Schedule:
     """ZB-V, V-Half or V-Min: V placement, 2 chunks, the family's cap (see module doc)."""
     cap = nominal_cap(name, pp, costs, memory_limit)
-    candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap)
+    intervals: tuple[float, ...] = (0.0,)
+    if name == "v-min":  # a tight cap starves a greedy pipeline; steady admission helps
+        work = _rank_work(pp, 2, Placement.V, costs)
+        intervals = (0.0, 2 * work / 3, work)
+    candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
+                                    intervals)
     if name == "zbv" and num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:

@@ -1,0 +1,292 @@
+"""Pipeline runtime benchmark (pp ranks, gloo, this machine's CPU).
+
+For every schedule family: the measured step time (forward + backward of one minibatch,
+max over ranks, median of ``--repeats``), the simulator's makespan for the same lowered
+schedule from costs profiled on the same run (T_F/T_B/T_W per stage, T_comm from a
+ping-pong), and runtime efficiency = predicted / measured. ZB-auto is also re-planned
+from the costs profiled on zb-h1 ("zb-auto-replanned").
+
+In the same run, torch.distributed.pipelining's ScheduleZBVZeroBubble and
+ScheduleInterleavedZeroBubble train the *same megatron-core chunks* (wrapped as
+PipelineStages; their linears switched to native autograd, which torch's own
+input/weight split needs) on the same microbatches. Every microbatch has the same
+sequence length here because torch.distributed.pipelining requires static shapes.
+
+    .venv/bin/python benchmarks/bench_runtime.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
+        "offload", "dualpipev"]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--schedules", default=",".join(OURS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                      "runtime_cpu.json"))
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser.parse_args(argv)
+
+
+# ----- worker -------------------------------------------------------------------------
+def make_data(args):
+    from odc_pp.runtime import Microbatch
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.seq)
+    return [Microbatch(tokens=torch.randint(0, 128, shape, generator=generator),
+                       labels=torch.randint(0, 128, shape, generator=generator))
+            for _ in range(args.microbatches)]
+
+
+class Runner:
+    """One benchmarked configuration: ``run()`` does one minibatch on this rank."""
+
+    def __init__(self, row, run, chunks, *, native_autograd):
+        self.row, self.run, self.chunks = row, run, chunks
+        self.native_autograd = native_autograd
+        self.times = []
+
+    def time_one_step(self):
+        """The slowest rank's wall time of one ``run()``."""
+        for module in (m for chunk in self.chunks for m in chunk.modules()):
+            if hasattr(module, "native_autograd"):
+                module.native_autograd = self.native_autograd
+        dist.barrier()
+        start = time.perf_counter()
+        self.run()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        self.times.append(float(elapsed))
+
+
+class LayoutCache:
+    def __init__(self, args, groups):
+        self.args, self.groups, self.chunks = args, groups, {}
+
+    def get(self, num_chunks, placement):
+        from odc_pp.megatron.model import ModelConfig, build_chunks
+
+        key = (num_chunks, str(placement))
+        if key not in self.chunks:
+            config = ModelConfig(vocab_size=128, hidden_size=self.args.hidden,
+                                 num_layers=self.args.layers, num_attention_heads=4,
+                                 max_sequence_length=self.args.seq)
+            self.chunks[key] = build_chunks(config, pp_rank=dist.get_rank(),
+                                            pp_size=self.args.pp, num_chunks=num_chunks,
+                                            placement=placement, process_groups=self.groups)
+        return self.chunks[key]
+
+
+def bench_ours(name, schedule, cache, microbatches, args, profile_costs=None):
+    from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
+    from odc_pp.schedule.simulator import simulate
+
+    chunks = cache.get(schedule.num_chunks, schedule.placement)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
+                              pp_group=dist.group.WORLD)
+    profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
+                        pp_group=dist.group.WORLD)
+
+    def run():
+        for chunk in chunks:
+            chunk.zero_grad(set_to_none=True)
+        return runtime.run_minibatch(microbatches)
+
+    for _ in range(3):
+        profiler.record(run())
+    sample = torch.zeros(args.seq, args.batch, args.hidden)
+    profiler.measure_comm(sample)
+    costs = profiler.cost_model()
+    predicted = simulate(schedule, costs).makespan
+    row = {"schedule": name, "predicted_s": predicted, "costs": costs.to_dict()}
+    return Runner(row, run, chunks, native_autograd=False), costs
+
+
+class _TorchStageModule(torch.nn.Module):
+    """A GPTChunk as torch.distributed.pipelining expects: tensors in, tensor out."""
+
+    def __init__(self, chunk):
+        super().__init__()
+        self.chunk = chunk
+
+    def forward(self, x):
+        from odc_pp.megatron.cpu_compat import causal_mask
+
+        model = self.chunk.model
+        if self.chunk.is_first:
+            seq = x.shape[1]
+            positions = torch.arange(seq).unsqueeze(0).expand_as(x)
+            return model(x, positions, causal_mask(seq, x.device))
+        model.set_input_tensor(x)
+        return model(None, None, causal_mask(x.shape[0], x.device))
+
+
+def bench_torch(name, cache, microbatches, args):
+    from torch.distributed.pipelining import (PipelineStage, ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
+
+    placement = "v" if name == "torch-ZBVZeroBubble" else "interleaved"
+    chunks = cache.get(2, placement)
+    for module in (m for chunk in chunks for m in chunk.modules()):
+        if hasattr(module, "native_autograd"):
+            module.native_autograd = True  # restored per step by Runner
+    num_stages = 2 * args.pp
+    hidden = torch.zeros(args.seq, args.batch, args.hidden)
+    stages = []
+    for chunk in chunks:
+        example_in = (microbatches[0].tokens if chunk.is_first else hidden)
+        example_out = (torch.zeros(args.batch, args.seq, 128) if chunk.is_last else hidden)
+        stages.append(PipelineStage(
+            _TorchStageModule(chunk), chunk.stage, num_stages, torch.device("cpu"),
+            input_args=(example_in,), output_args=example_out,
+            output_grads=None if chunk.is_last else (hidden,),
+            input_grads=None if chunk.is_first else (hidden,)))
+
+    def loss_fn(logits, target):
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 target.reshape(-1))
+
+    schedule_class = (ScheduleZBVZeroBubble if name == "torch-ZBVZeroBubble"
+                      else ScheduleInterleavedZeroBubble)
+    schedule = schedule_class(stages, args.microbatches, loss_fn=loss_fn)
+    tokens = torch.cat([mb.tokens for mb in microbatches])
+    labels = torch.cat([mb.labels for mb in microbatches])
+    has_first = any(chunk.is_first for chunk in chunks)
+    has_last = any(chunk.is_last for chunk in chunks)
+
+    def run():
+        for chunk in chunks:
+            chunk.zero_grad(set_to_none=True)
+        inputs = (tokens,) if has_first else ()
+        schedule.step(*inputs, target=labels if has_last else None)
+
+    run()  # warmup
+    return Runner({"schedule": name}, run, chunks, native_autograd=True)
+
+
+def worker(rank, args, port, out_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=args.pp,
+                            timeout=datetime.timedelta(seconds=300))
+    try:
+        rows = run_benchmark(args)
+        if rank == 0:
+            with open(out_path, "w") as handle:
+                json.dump(rows, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_benchmark(args):
+    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower
+
+    groups = singleton_process_groups()
+    cache = LayoutCache(args, groups)
+    microbatches = make_data(args)
+    runners, zb_h1_costs = [], None
+    for name in args.schedules.split(","):
+        plan_costs = CostModel(offload_bandwidth=1.0)
+        schedule = lower(generate(name, pp=args.pp, num_microbatches=args.microbatches,
+                                  costs=plan_costs), plan_costs)
+        runner, costs = bench_ours(name, schedule, cache, microbatches, args)
+        runners.append(runner)
+        if name == "zb-h1":
+            zb_h1_costs = costs
+    if zb_h1_costs is not None:
+        replanned = lower(generate("zb-auto", pp=args.pp, num_microbatches=args.microbatches,
+                                   costs=zb_h1_costs), zb_h1_costs)
+        runners.append(bench_ours("zb-auto-replanned", replanned, cache, microbatches,
+                                  args)[0])
+    for name in ("torch-ZBVZeroBubble", "torch-InterleavedZeroBubble"):
+        runners.append(bench_torch(name, cache, microbatches, args))
+    # rounds over every configuration, so load from other processes hits all alike
+    for _ in range(args.repeats):
+        for runner in runners:
+            runner.time_one_step()
+    rows = []
+    for runner in runners:
+        row = dict(runner.row, measured_s=statistics.median(runner.times),
+                   step_times_s=runner.times)
+        if "predicted_s" in row:
+            row["efficiency"] = row["predicted_s"] / row["measured_s"]
+        rows.append(row)
+    return rows
+
+
+# ----- driver -------------------------------------------------------------------------
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "rows.json")
+        mp.start_processes(worker, args=(args, free_port(), out_path), nprocs=args.pp,
+                           join=True, start_method="spawn")
+        with open(out_path) as handle:
+            rows = json.load(handle)
+    by_name = {row["schedule"]: row for row in rows}
+    summary = {}
+    for ours, theirs in (("zbv", "torch-ZBVZeroBubble"),
+                         ("interleaved", "torch-InterleavedZeroBubble"),
+                         ("zb-h1", "torch-InterleavedZeroBubble")):
+        if ours in by_name and theirs in by_name:
+            summary[f"{ours}_vs_{theirs}_speedup"] = (by_name[theirs]["measured_s"]
+                                                      / by_name[ours]["measured_s"])
+    result = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
+              "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
+                          "backend": "gloo"},
+              "rows": rows, "summary": summary}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for row in rows:
+            extra = (f"  predicted {row['predicted_s']:.3f}s  efficiency {row['efficiency']:.2f}"
+                     if "predicted_s" in row else "")
+            print(f"{row['schedule']:28s} measured {row['measured_s']:.3f}s{extra}")
+        for key, value in summary.items():
+            print(f"{key}: {value:.2f}x")
+    return result
+
+
+if __name__ == "__main__":
+    main()
