@@ -1,1 +1,29 @@
-"""odc_pp.megatron."""
+"""odc_pp.megatron: megatron-core GPT chunks for the pipeline runtime (no fork, no patches).
+
+* :func:`odc_pp.megatron.model.build_chunks` -> this rank's :class:`GPTChunk` list (local
+  chunk order), initialised from ``(seed, global parameter name)`` so every layout gives
+  the same full model; :class:`ModelConfig` describes the model.
+* :mod:`odc_pp.megatron.layers`: megatron's local layer spec with linears whose weight
+  gradient can be deferred to the schedule's W action.
+* :mod:`odc_pp.megatron.cpu_compat`: the three CUDA assumptions of megatron-core 0.16
+  and how they are avoided on CPU.
+
+Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
+
+    from odc_pp.megatron import ModelConfig, build_chunks
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig, Microbatch
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower
+
+    schedule = lower(generate("zbv", pp=pp, num_microbatches=8))
+    chunks = build_chunks(ModelConfig(num_layers=8), pp_rank=rank, pp_size=pp,
+                          num_chunks=schedule.num_chunks, placement=schedule.placement)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
+                              pp_group=dist.group.WORLD)
+    result = runtime.run_minibatch(microbatches)   # list[Microbatch], on every rank
+    optimizer.step(); optimizer.zero_grad()
+"""
+
+from .model import GPTChunk, ModelConfig, build_chunks, stage_layers
+
+__all__ = ["GPTChunk", "ModelConfig", "build_chunks", "stage_layers"]

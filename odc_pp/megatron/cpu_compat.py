@@ -29,15 +29,23 @@ import torch.distributed as dist
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask"]
 
 
-def prepare_megatron_for_device(device: torch.device | str) -> None:
-    """Install the RNG tracker megatron-core needs on ``device`` (idempotent)."""
+def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234) -> None:
+    """Install the RNG tracker megatron-core needs on ``device`` (idempotent).
+
+    CPU: megatron's no-op-fork tracker. GPU: megatron's CUDA tracker with its
+    model-parallel state seeded from ``seed`` if none was added yet (TP=1, so the usual
+    per-TP-rank offset does not apply).
+    """
     from megatron.core.tensor_parallel import random as megatron_random
 
     device = torch.device(device)
     if device.type == "cpu":
         megatron_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    else:
-        megatron_random.initialize_rng_tracker()
+        return
+    tracker = megatron_random.get_cuda_rng_tracker()
+    name = megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME
+    if name not in tracker.get_states():
+        tracker.add(name, seed)
 
 
 def singleton_process_groups():

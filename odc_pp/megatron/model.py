@@ -166,7 +166,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         raise ValueError("num_chunks must be >= 1")
     layout = Schedule(name="layout", pp=pp_size, num_microbatches=1, num_chunks=num_chunks,
                       placement=Placement(placement))
-    prepare_megatron_for_device(config.device)
+    prepare_megatron_for_device(config.device, seed=seed)
     groups = process_groups if process_groups is not None else singleton_process_groups()
     spec = deferrable_gpt_layer_spec()
     num_stages = pp_size * num_chunks

@@ -51,6 +51,7 @@ parameter shard before its owner has written it. No other waits happen between r
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
@@ -83,6 +84,10 @@ class OdcConfig:
     param_dtype: str = "float32"
     """Compute dtype of gathered parameters and of gradients: float32, bfloat16 or float16.
     Master weights, optimizer state and gradient accumulators are always float32."""
+    prefetch: bool = True
+    """module_hooks driver, odc and hierarchical modes: while a unit computes, gather the
+    next one (forward: the following unit, backward: the preceding one) on a helper thread.
+    Ignored in collective mode, whose collectives must stay in one issue order."""
     max_inflight_pushes: int = 8
     """Gradient pushes that may be outstanding before the oldest is waited for (bounds the
     memory of flattened gradients kept alive for asynchronous transports)."""
@@ -131,6 +136,7 @@ class _Unit:
         self.full = torch.empty(self.numel, dtype=dtype, device=device)
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.resident = True
+        self.prefetch: Future | None = None
         self.pushes = 0
         self.accumulated: set[int] = set()
 
@@ -184,6 +190,10 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
+        self._prefetcher = None
+        if (config.prefetch and config.mode != "collective"
+                and config.unit_driver == "module_hooks"):
+            self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="odc-prefetch")
         if config.unit_driver == "module_hooks":
             self._attach_module_hooks()
 
@@ -229,6 +239,8 @@ class ShardedDataParallel:
 
     # ----- gather / release / push -----------------------------------------------------
     def _gather(self, unit: _Unit) -> None:
+        if unit.prefetch is not None:
+            self._wait_prefetch(unit)
         if unit.resident:
             return
         unit.full.untyped_storage().resize_(unit.full_nbytes)
@@ -236,7 +248,27 @@ class ShardedDataParallel:
         unit.resident = True
         self._ops.append(("G", unit.index))
 
+    def _prefetch(self, index: int) -> None:
+        """Start gathering unit ``index`` on the helper thread (no-op if resident)."""
+        if self._prefetcher is None or not 0 <= index < len(self.units):
+            return
+        unit = self.units[index]
+        if unit.resident:
+            return
+        unit.full.untyped_storage().resize_(unit.full_nbytes)
+        unit.resident = True  # usable once _gather has waited for unit.prefetch
+        unit.prefetch = self._prefetcher.submit(prim.gather_into_tensor, unit.full,
+                                                unit.param_shard, self.group)
+        self._ops.append(("G", unit.index))
+
+    def _wait_prefetch(self, unit: _Unit) -> None:
+        future, unit.prefetch = unit.prefetch, None
+        # the transport's own waits time out and name the peer; this only bounds the thread
+        future.result(timeout=2 * self.group.config.timeout_s)
+
     def _release(self, unit: _Unit) -> None:
+        if unit.prefetch is not None:
+            self._wait_prefetch(unit)
         if unit.resident:
             unit.full.untyped_storage().resize_(0)
             unit.resident = False
@@ -278,6 +310,7 @@ class ShardedDataParallel:
             if unit.index == 0 and torch.is_grad_enabled():
                 self._start_microbatch()
             self._gather(unit)
+            self._prefetch(unit.index + 1)
         return hook
 
     def _make_forward_post_hook(self, unit: _Unit):
@@ -294,9 +327,13 @@ class ShardedDataParallel:
                                      f"grad; keep_params_through_backward=False needs one to "
                                      f"gather the unit again before its backward")
                 torch.autograd.graph.register_multi_grad_hook(
-                    tensors, lambda grads: self._gather(unit), mode="any")
+                    tensors, lambda grads: self._gather_for_backward(unit), mode="any")
             return output
         return hook
+
+    def _gather_for_backward(self, unit: _Unit) -> None:
+        self._gather(unit)
+        self._prefetch(unit.index - 1)
 
     def _make_accumulated_hook(self, unit: _Unit, position: int):
         def hook(param):
@@ -384,6 +421,9 @@ class ShardedDataParallel:
                 self._push(unit)  # leftovers, e.g. a B that accumulated some weight grads
         if self.config.mode == "collective":
             self._pad_collectives()
+        for unit in self.units:
+            if unit.prefetch is not None:  # peers may overwrite shards once we synced
+                self._wait_prefetch(unit)
         self._wait_pushes()
         prim.sync(self.group)
         if self.inter_host_group is not None:
@@ -462,6 +502,11 @@ class ShardedDataParallel:
                     for unit in self.units for name, param in zip(unit.names, unit.params)}
 
     def destroy(self) -> None:
-        """Wait for outstanding pushes and remove hooks (the group is the caller's)."""
+        """Wait for outstanding work and remove hooks (the group is the caller's)."""
+        for unit in self.units:
+            if unit.prefetch is not None:
+                self._wait_prefetch(unit)
         self._wait_pushes()
         self.detach_hooks()
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True)

@@ -119,8 +119,7 @@ class PipelineRuntime:
         self._check_layout()
         self.actions = list(schedule.ranks[self.rank])
         self.wgrad_queue = WeightGradQueue()
-        for chunk_index, chunk in enumerate(self.chunks):
-            self.wgrad_queue.attach(chunk_index, chunk)
+        self._bind_queue()
         self.store = ActivationStore(
             parameters=[p for chunk in self.chunks for p in chunk.parameters()],
             device=self.device, min_offload_bytes=config.min_offload_bytes)
@@ -149,6 +148,7 @@ class PipelineRuntime:
                              f"{self.schedule.num_microbatches} microbatches, "
                              f"got {len(microbatches)}")
         self._begin(microbatches, global_num_tokens)
+        self._bind_queue()  # another runtime may have run these chunks since
         if self.post_validator is not None:
             self.post_validator.validate()  # the previous minibatch's eager step
         started = time.perf_counter()
@@ -369,6 +369,10 @@ class PipelineRuntime:
         return (stage * self.schedule.num_microbatches + microbatch) * 2 + int(gradient)
 
     # ----- helpers ---------------------------------------------------------------
+    def _bind_queue(self) -> None:
+        for index, chunk in enumerate(self.chunks):
+            self.wgrad_queue.attach(index, chunk)
+
     def _comm_group_end(self, index: int) -> int:
         end = index
         while end < len(self.actions) and self.actions[end].kind in COMM_KINDS:

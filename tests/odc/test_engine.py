@@ -127,7 +127,8 @@ def rel_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> float:
 
 # ----- workers (run in spawned processes) ------------------------------------------------
 
-def build(mode: str, *, deterministic=False, keep=True, dtype="float32", process_group=None):
+def build(mode: str, *, deterministic=False, keep=True, dtype="float32", process_group=None,
+          inter_host_group=None):
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
@@ -138,7 +139,7 @@ def build(mode: str, *, deterministic=False, keep=True, dtype="float32", process
     model = make_model(getattr(torch, dtype))
     engine = ShardedDataParallel(model.units(), OdcConfig(
         mode=mode, keep_params_through_backward=keep, param_dtype=dtype), group,
-        process_group=process_group)
+        process_group=process_group, inter_host_group=inter_host_group)
     optimizer = ShardedAdamW(engine, AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD))
     return model, engine, optimizer
 
@@ -165,11 +166,37 @@ def params_of(engine) -> dict[str, np.ndarray]:
 
 
 def run_scenario(rank, world, mode, options):
+    dtype = options.get("dtype", "float32")
     model, engine, optimizer = build(mode, deterministic=options.get("deterministic", False),
-                                     keep=options.get("keep", True))
+                                     keep=options.get("keep", True), dtype=dtype)
     counts = train_steps(model, engine, optimizer, STEPS, dp_rank=rank, dp_size=world,
-                         clip=options.get("clip"))
+                         clip=options.get("clip"), dtype=getattr(torch, dtype))
     result = {"params": params_of(engine), "counts": counts}
+    engine.destroy()
+    engine.group.destroy()
+    return result
+
+
+def run_post_validated(rank, world, clip):
+    """Eager step, then validation: over the clip norm -> restore, clip, step again."""
+    model, engine, optimizer = build("odc")
+    for step in range(STEPS):
+        plan = make_plan(step, world)
+        global_tokens = sum(sample_lengths(step))
+        for indices in plan[rank]:
+            microbatch_loss(model, step, indices, global_tokens).backward()
+        engine.finish_minibatch()
+        local = optimizer.local_grad_norm_sq()
+        snapshot = optimizer.snapshot()
+        optimizer.step(finish=False)  # eager
+        dist.all_reduce(local)
+        assert not optimizer.local_has_nonfinite()
+        if math.sqrt(float(local)) > clip:
+            optimizer.restore(snapshot)
+            optimizer.clip_grad_norm_(clip)
+            optimizer.step(finish=False)
+        engine.finish_step()
+    result = {"params": params_of(engine)}
     engine.destroy()
     engine.group.destroy()
     return result
@@ -182,6 +209,8 @@ def worker_dp2(rank, world, ckpt_dir):
     results["odc_refetch_clip"] = run_scenario(rank, world, "odc", {"keep": False, "clip": 0.05})
     results["collective_refetch_clip"] = run_scenario(rank, world, "collective",
                                                       {"keep": False, "clip": 0.05})
+    results["bf16"] = run_scenario(rank, world, "odc", {"dtype": "bfloat16"})
+    results["post_validated"] = run_post_validated(rank, world, clip=0.05)
     results["det_a"] = run_scenario(rank, world, "odc", {"deterministic": True})
     results["det_b"] = run_scenario(rank, world, "odc", {"deterministic": True})
     # Checkpoint: 3 steps, save, fresh engine, load, 2 more steps == 5 uninterrupted.
@@ -235,11 +264,13 @@ def test_dp2_matches_reference_and_is_deterministic(tmp_path):
     for rank_results in ranks:
         for name in ("odc", "collective"):
             assert rel_diff(rank_results[name]["params"], reference) <= REL_TOL, name
-        for name in ("odc_refetch_clip", "collective_refetch_clip"):
+        for name in ("odc_refetch_clip", "collective_refetch_clip", "post_validated"):
             assert rel_diff(rank_results[name]["params"], reference_clipped) <= REL_TOL, name
         # The replicas really ran different microbatch counts.
         counts = [r["odc"]["counts"] for r in ranks]
         assert counts[0] != counts[1]
+        # bf16 compute, fp32 master weights and accumulation: close, not equal.
+        assert 1e-6 < rel_diff(rank_results["bf16"]["params"], reference) < 5e-3
         det_a, det_b = rank_results["det_a"]["params"], rank_results["det_b"]["params"]
         assert all(np.array_equal(det_a[k], det_b[k]) for k in det_a)
         assert rel_diff(det_a, reference) <= REL_TOL
@@ -280,3 +311,26 @@ def _reference_mixed() -> dict[str, np.ndarray]:
         optimizer.zero_grad()
     return {f"{u}.{name}": p.detach().numpy().copy()
             for u, unit in enumerate(model.units()) for name, p in unit.named_parameters()}
+
+
+def worker_hierarchical(rank, world):
+    """2 "hosts" x 2 ranks: ODC inside a host, one all-reduce per minibatch across hosts."""
+    hosts = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    across = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    model, engine, optimizer = build("hierarchical", process_group=hosts[rank // 2],
+                                     inter_host_group=across[rank % 2])
+    counts = train_steps(model, engine, optimizer, STEPS, dp_rank=rank, dp_size=world)
+    result = {"params": params_of(engine), "counts": counts}
+    engine.destroy()
+    engine.group.destroy()
+    dist.barrier()
+    return result
+
+
+@pytest.mark.multiproc
+def test_hierarchical_dp4_matches_reference():
+    ranks = run_workers(worker_hierarchical, 4, config=LaunchConfig(timeout_s=240))
+    reference = reference_params(STEPS, 4, clip=None)
+    assert len({tuple(r["counts"]) for r in ranks}) > 1
+    for rank_results in ranks:
+        assert rel_diff(rank_results["params"], reference) <= REL_TOL

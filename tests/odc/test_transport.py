@@ -4,6 +4,7 @@ strided groups, the forced cross-host path, a killed rank and /dev/shm hygiene."
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
-from odc_pp.odc.transport_host import list_segments, segment_name
+from odc_pp.odc.transport_host import list_segments
 
 from ._transport_harness import spawn_ranks
 
@@ -149,14 +150,16 @@ def test_cross_host_path_forced():
 
 
 def _run_until_killed(rank, world, results, victim, timeout_s):
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stacks, then fails
     group = odc.new_group(config=odc.TransportConfig(timeout_s=timeout_s))
     accumulator = odc.symmetric_empty(8, torch.float32, group)
     accumulator.zero_()
     odc.sync(group)
-    results.put(("ready", rank, os.getpid()))
     if rank == victim:
-        time.sleep(600)
-    time.sleep(0.5)  # the parent kills the victim meanwhile
+        # SIGKILL: no cleanup runs. (The victim never touches the results queue: a process
+        # killed while holding the queue's lock would block the other ranks' reports.)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
     started = time.monotonic()
     try:
         odc.scatter_accumulate(accumulator, torch.ones(8 * world), group)
@@ -169,16 +172,9 @@ def _run_until_killed(rank, world, results, victim, timeout_s):
 @pytest.mark.parametrize("cross_host", [False, True], ids=["shm", "cross-host"])
 def test_killed_rank_raises_naming_it(cross_host):
     world, victim, timeout_s = 3, 2, 5.0
-    ready = set()
-
-    def on_message(message, procs):
-        ready.add(message[1])
-        if ready == set(range(world)):
-            procs[victim].kill()
-
     env = {odc.FORCE_CROSS_HOST_ENV: "1"} if cross_host else {}
-    values = spawn_ranks(world, _run_until_killed, victim, timeout_s, env=env,
-                         on_message=on_message, expect=[0, 1], timeout_s=120)
+    values = spawn_ranks(world, _run_until_killed, victim, timeout_s, env=env, expect=[0, 1],
+                         timeout_s=120)
     for rank in (0, 1):
         message, elapsed = values[rank]
         assert f"group rank {victim}" in message, message

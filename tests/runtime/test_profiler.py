@@ -1,0 +1,64 @@
+"""Profiler on pp=2: per-stage costs from real runs, and a ZB-auto re-planned from them
+trains identically to the schedule it was profiled on."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.runtime._launch import launch
+from tests.runtime._parity import build_schedule, make_microbatches, model_config
+
+
+def worker(rank, world_size, out_path):
+    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
+
+    groups = singleton_process_groups()
+    schedule = build_schedule("zb-h1", world_size, 4)
+    chunks = build_chunks(model_config(), pp_rank=rank, pp_size=world_size,
+                          process_groups=groups)
+    microbatches = make_microbatches(4)
+    profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
+                        pp_group=dist.group.WORLD)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
+                              pp_group=dist.group.WORLD)
+    for _ in range(2):
+        for chunk in chunks:
+            chunk.zero_grad(set_to_none=True)
+        result = runtime.run_minibatch(microbatches)
+        profiler.record(result)
+    grads = [p.grad.clone() for chunk in chunks for p in chunk.parameters()]
+    profiler.measure_comm(torch.zeros(16, 2, 64))
+    costs = profiler.cost_model()
+    replanned = profiler.replan("zb-auto", costs=costs)
+    for chunk in chunks:
+        chunk.zero_grad(set_to_none=True)
+    again = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=replanned,
+                            pp_group=dist.group.WORLD).run_minibatch(microbatches)
+    report = {
+        "t_f": costs.t_f, "t_b": costs.t_b, "t_w": costs.t_w, "t_comm": costs.t_comm,
+        "activation_bytes": {str(k): v.get("activation_bytes", 0)
+                             for k, v in profiler.stage_costs.items()},
+        "replanned_name": replanned.name, "replanned_pp": replanned.pp,
+        "same_loss": again.loss_sum == result.loss_sum,
+        "same_grads": all(torch.allclose(p.grad, g, rtol=1e-6, atol=1e-9) for p, g in
+                          zip((p for chunk in chunks for p in chunk.parameters()), grads)),
+    }
+    with open(f"{out_path}.{rank}", "w") as handle:
+        json.dump(report, handle)
+
+
+@pytest.mark.multiproc
+def test_profiled_costs_and_replanned_zb_auto(tmp_path):
+    launch(worker, 2, str(tmp_path / "profile"), timeout_s=180)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"profile.{rank}").read_text())
+        assert len(report["t_f"]) == len(report["t_b"]) == len(report["t_w"]) == 2
+        assert all(value > 0 for key in ("t_f", "t_b", "t_w") for value in report[key])
+        assert report["t_comm"] > 0
+        assert all(value > 0 for value in report["activation_bytes"].values())
+        assert report["replanned_pp"] == 2
+        assert report["same_loss"] and report["same_grads"], report
