@@ -56,7 +56,7 @@ class Settings:
     """Samples per global minibatch."""
     max_tokens: int = 1024
     """Token cap of a microbatch, and the longest sample."""
-    steps: int = 3
+    steps: int = 5
     """Measured steps per configuration (after one warm-up step)."""
     seed: int = 0
     """Data seed."""
@@ -153,6 +153,7 @@ def build_system(system: str, settings: Settings):
 
 
 def run_step(system, model, engine, optimizer, settings, step, lengths, plan, rank) -> None:
+    """One minibatch: this rank's microbatches, the data-parallel finish, the update."""
     global_tokens = sum(lengths)
     max_microbatches = max(len(replica) for replica in plan)
     if engine is not None:
@@ -183,30 +184,55 @@ def busy_seconds(settings, step, lengths, indices_per_mb) -> float:
 _PLAIN: dict = {}
 
 
-def run_config(rank, world, settings: Settings, system: str, lb: bool, balanced: bool) -> dict:
-    model, engine, optimizer = build_system(system, settings)
-    step_times, busy_times = [], []
+def config_key(workload: str, system: str, lb: bool) -> str:
+    return f"{workload}/{system}/{'lb' if lb else 'equal'}"
+
+
+def measure_busy(rank, world, settings, step, workload, lb) -> float:
+    """This rank's compute time for its microbatches, one rank at a time."""
+    lengths = workload_lengths(settings, step, workload == "balanced")
+    plan = make_plan(settings, lengths, world, lb)
+    busy = 0.0
+    for turn in range(world):  # no contention between the two ranks while timing
+        dist.barrier()
+        if turn == rank:
+            busy = busy_seconds(settings, step, lengths, plan[rank])
+    dist.barrier()
+    return busy
+
+
+def worker(rank, world, settings: Settings, configs) -> dict:
+    """All configurations live at once and take turns step by step (rotating the order),
+    so a slow spell of this shared machine hits every configuration alike."""
+    torch.set_num_threads(1)
+    systems = {config_key(*c): build_system(c[1], settings) for c in configs}
+    step_times = {config_key(*c): [] for c in configs}
+    busy_times = {(workload, lb): [] for workload, _, lb in configs}
     for step in range(settings.steps + 1):
-        lengths = workload_lengths(settings, step, balanced)
-        plan = make_plan(settings, lengths, world, lb)
-        dist.barrier()
-        start = time.perf_counter()
-        run_step(system, model, engine, optimizer, settings, step, lengths, plan, rank)
-        elapsed = time.perf_counter() - start
-        if step == 0:
-            continue  # warm-up
-        step_times.append(elapsed)
-        for turn in range(world):  # one rank at a time: no contention between the two
+        shift = step % len(configs)
+        for workload, system, lb in configs[shift:] + configs[:shift]:
+            key = config_key(workload, system, lb)
+            lengths = workload_lengths(settings, step, workload == "balanced")
+            plan = make_plan(settings, lengths, world, lb)
             dist.barrier()
-            if turn == rank:
-                busy_times.append(busy_seconds(settings, step, lengths, plan[rank]))
-        dist.barrier()
-    if engine is not None:
-        engine.destroy()
-        engine.group.destroy()
-    return {"step_times": step_times, "busy_times": busy_times,
-            "microbatches": [len(r) for r in make_plan(settings, workload_lengths(
-                settings, 1, balanced), world, lb)]}
+            start = time.perf_counter()
+            run_step(system, *systems[key], settings, step, lengths, plan, rank)
+            if step > 0:  # step 0 warms up
+                step_times[key].append(time.perf_counter() - start)
+        if step > 0:
+            for workload, lb in busy_times:
+                busy_times[(workload, lb)].append(
+                    measure_busy(rank, world, settings, step, workload, lb))
+    for _, engine, _ in systems.values():
+        if engine is not None:
+            engine.destroy()
+            engine.group.destroy()
+    return {config_key(workload, system, lb): {
+        "step_times": step_times[config_key(workload, system, lb)],
+        "busy_times": busy_times[(workload, lb)],
+        "microbatches": [len(r) for r in make_plan(
+            settings, workload_lengths(settings, 1, workload == "balanced"), world, lb)]}
+        for workload, system, lb in configs}
 
 
 CONFIGS = [
@@ -214,17 +240,7 @@ CONFIGS = [
     ("imbalanced", "collective", True), ("imbalanced", "collective", False),
     ("imbalanced", "fsdp2", True), ("imbalanced", "fsdp2", False),
     ("balanced", "odc", False), ("balanced", "collective", False), ("balanced", "fsdp2", False),
-
 ]
-
-
-def worker(rank, world, settings: Settings, configs) -> dict:
-    torch.set_num_threads(1)
-    results = {}
-    for workload, system, lb in configs:
-        results[f"{workload}/{system}/{'lb' if lb else 'equal'}"] = run_config(
-            rank, world, settings, system, lb, workload == "balanced")
-    return results
 
 
 def summarize(per_rank: list[dict]) -> dict:

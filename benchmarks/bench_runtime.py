@@ -2,9 +2,11 @@
 
 For every schedule family: the measured step time (forward + backward of one minibatch,
 max over ranks, median of ``--repeats``), the simulator's makespan for the same lowered
-schedule from costs profiled on the same run (T_F/T_B/T_W per stage, T_comm from a
-ping-pong), and runtime efficiency = predicted / measured. ZB-auto is also re-planned
-from the costs profiled on zb-h1 ("zb-auto-replanned").
+schedule from costs profiled on those same timed steps (mean T_F/T_B/T_W per stage and
+OFFLOAD/RELOAD time from the action timings, T_comm from a ping-pong), and runtime
+efficiency = predicted / measured. ZB-auto is also re-planned from the costs profiled on
+zb-h1's warm-up steps ("zb-auto-replanned"). All configurations are timed in rounds
+(one step of each per round) so load from other processes hits them alike.
 
 In the same run, torch.distributed.pipelining's ScheduleZBVZeroBubble and
 ScheduleInterleavedZeroBubble train the *same megatron-core chunks* (wrapped as
@@ -70,20 +72,35 @@ def make_data(args):
 class Runner:
     """One benchmarked configuration: ``run()`` does one minibatch on this rank."""
 
-    def __init__(self, row, run, chunks, *, native_autograd):
+    def __init__(self, row, run, chunks, *, native_autograd, profiler=None, schedule=None):
         self.row, self.run, self.chunks = row, run, chunks
         self.native_autograd = native_autograd
+        self.profiler, self.schedule = profiler, schedule
         self.times = []
 
-    def time_one_step(self):
-        """The slowest rank's wall time of one ``run()``."""
+    def predict(self):
+        """Simulated makespan from the costs profiled on the timed steps (collective)."""
+        from odc_pp.schedule.simulator import simulate
+
+        costs = self.profiler.cost_model()
+        self.row["predicted_s"] = simulate(self.schedule, costs).makespan
+        self.row["costs"] = costs.to_dict()
+
+    def run_once(self):
+        """One minibatch with this runner's linear mode (the chunks may be shared)."""
         for module in (m for chunk in self.chunks for m in chunk.modules()):
             if hasattr(module, "native_autograd"):
                 module.native_autograd = self.native_autograd
+        return self.run()
+
+    def time_one_step(self):
+        """Record the slowest rank's wall time of one minibatch."""
         dist.barrier()
         start = time.perf_counter()
-        self.run()
+        result = self.run_once()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if self.profiler is not None:
+            self.profiler.record(result)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         self.times.append(float(elapsed))
 
@@ -107,15 +124,16 @@ class LayoutCache:
         return self.chunks[key]
 
 
-def bench_ours(name, schedule, cache, microbatches, args, profile_costs=None):
+def bench_ours(name, schedule, cache, microbatches, args):
+    """A Runner for our runtime; its profiler records every timed step, and a planning
+    cost model is profiled from two warm-up steps (used to re-plan ZB-auto)."""
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
-    from odc_pp.schedule.simulator import simulate
 
     chunks = cache.get(schedule.num_chunks, schedule.placement)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
                               pp_group=dist.group.WORLD)
-    profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
-                        pp_group=dist.group.WORLD)
+    warmup = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
+                      pp_group=dist.group.WORLD)
 
     def run():
         for chunk in chunks:
@@ -123,13 +141,15 @@ def bench_ours(name, schedule, cache, microbatches, args, profile_costs=None):
         return runtime.run_minibatch(microbatches)
 
     for _ in range(3):
-        profiler.record(run())
+        warmup.record(run())
     sample = torch.zeros(args.seq, args.batch, args.hidden)
-    profiler.measure_comm(sample)
-    costs = profiler.cost_model()
-    predicted = simulate(schedule, costs).makespan
-    row = {"schedule": name, "predicted_s": predicted, "costs": costs.to_dict()}
-    return Runner(row, run, chunks, native_autograd=False), costs
+    t_comm = warmup.measure_comm(sample)
+    profiler = Profiler(ProfilerConfig(warmup_minibatches=0), schedule=schedule,
+                        pp_group=dist.group.WORLD)
+    profiler.t_comm = t_comm
+    runner = Runner({"schedule": name}, run, chunks, native_autograd=False,
+                    profiler=profiler, schedule=schedule)
+    return runner, warmup.cost_model()
 
 
 class _TorchStageModule(torch.nn.Module):
@@ -198,9 +218,9 @@ def check_same_gradients(runners):
         if theirs_name not in by_name or ours_name not in by_name:
             continue
         ours, theirs = by_name[ours_name], by_name[theirs_name]
-        ours.time_one_step()
+        ours.run_once()
         expected = [p.grad.clone() for chunk in ours.chunks for p in chunk.parameters()]
-        theirs.time_one_step()
+        theirs.run_once()
         worst = 0.0
         for param, grad in zip((p for chunk in theirs.chunks for p in chunk.parameters()),
                                expected):
@@ -255,6 +275,9 @@ def run_benchmark(args):
     for _ in range(args.repeats):
         for runner in runners:
             runner.time_one_step()
+    for runner in runners:
+        if runner.profiler is not None:
+            runner.predict()
     check_same_gradients(runners)
     rows = []
     for runner in runners:

@@ -23,7 +23,7 @@ from ..schedule.ir import Placement, Schedule
 from .cpu_compat import causal_mask, prepare_megatron_for_device, singleton_process_groups
 from .layers import deferrable_gpt_layer_spec
 
-__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers"]
+__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -42,6 +42,14 @@ ranks of one host (ODC), and after the per-minibatch sync the owned accumulators
 all-reduced over ``inter_host_group`` (the ranks with the same local rank on other hosts),
 like HSDP.
 
+Prefetch. With the module_hooks driver in odc / hierarchical modes the next unit (the
+previous one in backward) is gathered on a helper thread while the current one computes.
+On CUDA the transport's copies run on their own stream, so gathers overlap compute anyway.
+
+Determinism. Summation order is the transport's business: make the group with
+``TransportConfig(deterministic=True)`` and two runs give bitwise-identical results (the
+engine issues everything in program order).
+
 Synchronisation. :meth:`finish_minibatch` waits for this rank's pushes and calls ``sync``
 once; after it every owner's accumulator is final. After the optimizer step,
 :meth:`finish_step` zeroes the accumulators and calls ``sync`` again so that no peer reads a
@@ -270,8 +278,18 @@ class ShardedDataParallel:
         if unit.prefetch is not None:
             self._wait_prefetch(unit)
         if unit.resident:
+            if not unit.full.untyped_storage().resizable():
+                self._rebind(unit)  # e.g. .numpy() of a parameter pinned the old storage
             unit.full.untyped_storage().resize_(0)
             unit.resident = False
+
+    @staticmethod
+    def _rebind(unit: _Unit) -> None:
+        """Point the unit's parameters at a fresh full buffer (same contents)."""
+        unit.full = unit.full.clone()
+        with torch.no_grad():
+            for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
+                param.data = unit.full[offset:offset + param.numel()].view(shape)
 
     def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None) -> None:
         if flat_grad is None:

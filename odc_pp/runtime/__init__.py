@@ -17,5 +17,6 @@ from .wgrad import WeightGradQueue
 __all__ = [
     "Microbatch", "count_tokens", "NoDataParallel", "StageDataParallel", "ActivationStore",
     "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "ActionTiming",
-    "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue", "Profiler", "ProfilerConfig",
+    "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue", "Profiler",
+    "ProfilerConfig",
 ]

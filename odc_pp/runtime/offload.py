@@ -49,7 +49,8 @@ class ActivationStore:
     def __init__(self, *, parameters, device: torch.device, min_offload_bytes: int = 1024):
         self.device = torch.device(device)
         self.min_offload_bytes = min_offload_bytes
-        self._param_ptrs = {p.data_ptr() for p in parameters}
+        self._parameters = list(parameters)
+        self._param_ptrs: set[int] = set()
         self._entries: dict[Key, _Entry] = {}
         self.resident_bytes = 0
         self.host_bytes = 0
@@ -62,6 +63,8 @@ class ActivationStore:
     def capture(self, key: Key):
         """Context manager for the forward of ``key``."""
         entry = self._entries.setdefault(key, _Entry())
+        # read now: a data-parallel engine may have re-materialised parameter storage
+        self._param_ptrs = {p.data_ptr() for p in self._parameters}
         return torch.autograd.graph.saved_tensors_hooks(
             lambda tensor: self._pack(entry, key, tensor), self._unpack)
 

@@ -1,17 +1,20 @@
-"""Point-to-point transfer of activations and gradients whose shape travels with them.
+"""Point-to-point transfer of activations and gradients.
 
-Unless the receiver can derive the shape from the microbatch (the runtime's default for
-chunks that implement ``input_shape``/``output_shape``), every message is a small header (dtype, ndim,
-shape) followed by the payload. Senders post both at once (batched with ``batch_isend_irecv`` when several sends are issued together).
-Receivers post the header ``irecv`` when the schedule's RECV action runs and the payload
-``irecv`` once the header has arrived. Per peer, receives keep the sender's order on the
-wire (header k, payload k, header k+1, ...), so backends that ignore tags (NCCL) match
-the same way gloo does with tags. Every wait has a timeout that names the peer.
+By default the receiver derives each message's shape from the microbatch (chunks
+implementing ``input_shape``/``output_shape``), so only the payload travels and its
+``irecv`` is posted when the schedule's RECV runs. Otherwise every message is a small
+header (dtype, ndim, shape) followed by the payload: senders post both at once, receivers
+post the header ``irecv`` at the RECV and the payload ``irecv`` once the header arrived.
+Per peer, receives keep the sender's order on the wire (header k, payload k, header k+1,
+...), so backends that ignore tags (NCCL) match the same way gloo does with tags.
+Several sends issued together go through one ``batch_isend_irecv``. Every wait has a
+timeout that names the peer.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 from collections import deque
 
 import torch
@@ -61,6 +64,8 @@ class PeerTransport:
         self.rank = dist.get_rank(group)
         self._unposted: dict[int, deque[PendingMessage]] = {}
         self._inflight_sends: list[tuple[object, list[torch.Tensor], str]] = []
+        self.waited_s = 0.0
+        """Total seconds spent blocked in waits (for timing actions without their waits)."""
 
     # ----- sending ---------------------------------------------------------------
     def send_many(self, messages: list[tuple[torch.Tensor, int, int, str]], *,
@@ -133,12 +138,15 @@ class PeerTransport:
             self.group, message.peer), self.group, 2 * message.tag)
 
     def _wait(self, work, what: str) -> None:
+        start = time.perf_counter()
         try:
             completed = work.wait(timeout=self.timeout)
         except RuntimeError as error:
             raise TimeoutError(f"pipeline rank {self.rank}: waiting for {what} failed or "
                                f"timed out after {self.timeout.total_seconds()}s: {error}") \
                 from error
+        finally:
+            self.waited_s += time.perf_counter() - start
         if completed is False:
             raise TimeoutError(f"pipeline rank {self.rank}: {what} did not complete within "
                                f"{self.timeout.total_seconds()}s")

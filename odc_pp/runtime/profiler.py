@@ -1,10 +1,11 @@
-"""Measure T_F, T_B, T_W, T_comm and saved-activation bytes per stage; re-plan ZB-auto.
+"""Measure T_F, T_B, T_W, T_comm, offload time and saved bytes per stage; re-plan ZB-auto.
 
 Feed :meth:`Profiler.record` the :class:`MinibatchResult` of the first minibatches (the
 first ``warmup_minibatches`` are ignored: allocator and first-touch effects), call
 :meth:`measure_comm` once on every pipeline rank, then :meth:`cost_model` (collective
 over the pipeline group) gives a :class:`~odc_pp.schedule.costs.CostModel` with one
-entry per virtual stage, in seconds, and :meth:`replan` builds and lowers a schedule
+entry per virtual stage, in seconds (``offload_bandwidth`` = 1 / the slowest rank's mean
+OFFLOAD/RELOAD time when the schedule has them), and :meth:`replan` builds and lowers a schedule
 (ZB-auto by default) from it.
 
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
@@ -53,6 +54,7 @@ class Profiler:
         self._seen = 0
         self._durations: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
         self._bytes: dict[int, list[int]] = defaultdict(list)
+        self._transfers: list[float] = []
         self.t_comm: float | None = None
 
     def record(self, result: MinibatchResult) -> None:
@@ -62,7 +64,9 @@ class Profiler:
         for timing in result.timings:
             if timing.action.is_compute:
                 stage = self.schedule.stage_of(self.rank, timing.action.chunk)
-                self._durations[(timing.action.kind, stage)].append(timing.duration)
+                self._durations[(timing.action.kind, stage)].append(timing.busy)
+            elif timing.action.kind in (ActionKind.OFFLOAD, ActionKind.RELOAD):
+                self._transfers.append(timing.busy)
         for (chunk, _), nbytes in result.activation_bytes.items():
             self._bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
 
@@ -100,7 +104,8 @@ class Profiler:
             per_stage[stage][kind.value] = statistics.fmean(values)
         for stage, values in self._bytes.items():
             per_stage[stage]["activation_bytes"] = statistics.fmean(values)
-        return {"stages": dict(per_stage), "t_comm": self.t_comm}
+        transfer = statistics.fmean(self._transfers) if self._transfers else None
+        return {"stages": dict(per_stage), "t_comm": self.t_comm, "t_offload": transfer}
 
     def cost_model(self) -> CostModel:
         """Gather every rank's measurements (collective) into one CostModel."""
@@ -125,8 +130,10 @@ class Profiler:
                 t_b.append(measured["BW"] / 2)
                 t_w.append(measured["BW"] / 2)
         comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
+        transfers = [part["t_offload"] for part in gathered if part["t_offload"]]
         self.stage_costs = stages
-        return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0)
+        return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0,
+                         offload_bandwidth=1.0 / max(transfers) if transfers else None)
 
     def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,
                num_microbatches: int | None = None, memory_limit: float | None = None,

@@ -56,8 +56,10 @@ class RuntimeConfig:
     """Longest wait for one message from a peer before raising TimeoutError."""
     batch_p2p: bool = True
     """Issue consecutive sends as one ``batch_isend_irecv``."""
-    track_activations: bool = True
-    """Account saved-activation bytes of every F (needed for OFFLOAD and profiling)."""
+    track_activations: bool | None = None
+    """Account saved-activation bytes of every F (saved-tensor hooks, ~5% step time on
+    the CPU benchmark). None: only when the schedule has OFFLOAD/RELOAD actions, which
+    need it; True to profile activation memory."""
     min_offload_bytes: int = 1024
     """Saved tensors smaller than this stay on the device during OFFLOAD."""
     synchronize_timings: bool = False
@@ -82,10 +84,18 @@ class ActionTiming:
     start: float
     """Seconds since the minibatch started."""
     end: float
+    waited: float = 0.0
+    """Seconds of the action spent waiting for a peer's message (an input activation or
+    output gradient received at its consumer)."""
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def busy(self) -> float:
+        """Duration without the wait for peers: the action's own cost."""
+        return self.duration - self.waited
 
 
 @dataclass
@@ -118,6 +128,13 @@ class PipelineRuntime:
         self.device = torch.device(config.device)
         self._check_layout()
         self.actions = list(schedule.ranks[self.rank])
+        has_offload = any(a.kind in (ActionKind.OFFLOAD, ActionKind.RELOAD)
+                          for a in self.actions)
+        if config.track_activations is False and has_offload:
+            raise ValueError("the schedule offloads activations: keep track_activations "
+                             "None or True")
+        self._track = has_offload if config.track_activations is None \
+            else config.track_activations
         self.wgrad_queue = WeightGradQueue()
         self._bind_queue()
         self.store = ActivationStore(
@@ -237,7 +254,7 @@ class PipelineRuntime:
         if stage > 0:
             hidden = self._take_activation(chunk, microbatch).detach().requires_grad_()
         data = self._microbatches[microbatch]
-        capture = self.store.capture(key) if self.config.track_activations else _nullcontext()
+        capture = self.store.capture(key) if self._track else _nullcontext()
         with capture:
             output = self.chunks[chunk](hidden, data)
             if stage == self.schedule.num_stages - 1:
@@ -383,13 +400,15 @@ class PipelineRuntime:
         sync = self.config.synchronize_timings and self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize(self.device)
+        waited_before = self.transport.waited_s
         begin = time.perf_counter() - started
         run(actions if len(actions) > 1 or actions[0].kind in COMM_KINDS else actions[0])
         if sync:
             torch.cuda.synchronize(self.device)
         end = time.perf_counter() - started
+        waited = self.transport.waited_s - waited_before
         for action in actions:
-            self._timings.append(ActionTiming(action, begin, end))
+            self._timings.append(ActionTiming(action, begin, end, waited))
 
     def _check_layout(self) -> None:
         if len(self.chunks) != self.schedule.num_chunks:

@@ -1,6 +1,8 @@
-"""pp=2 x dp=2: ZB-H1 pipelines (odc_pp.runtime) of megatron-core GPT chunks, sharded by
-ShardedDataParallel over each stage's data-parallel group, replicas running different
-microbatch counts; after 5 steps the parameters equal a single-process reference."""
+"""pp=2 x dp=2: zero-bubble pipelines (odc_pp.runtime) of megatron-core GPT chunks, sharded
+by ShardedDataParallel over each stage's data-parallel group, replicas running different
+microbatch counts; after 5 steps the parameters equal a single-process reference.
+ZB-H1 (one chunk per rank) in odc and collective modes, ZB-V (two chunks per rank, V
+placement) in odc mode."""
 
 from __future__ import annotations
 
@@ -50,13 +52,16 @@ def build_groups(rank: int):
     return pp_rank, dp_rank, dp_groups[pp_rank], pp_groups[dp_rank]
 
 
-def worker(rank, world, modes):
-    results = {mode: train(rank, mode) for mode in modes}
+RUNS = {"odc": ("odc", "zb-h1"), "collective": ("collective", "zb-h1"), "odc-zbv": ("odc", "zbv")}
+
+
+def worker(rank, world, runs):
+    results = {run: train(rank, *RUNS[run]) for run in runs}
     dist.barrier()
     return results
 
 
-def train(rank, mode):
+def train(rank, mode, schedule_name):
     from odc_pp.megatron.cpu_compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks, global_name
     from odc_pp.odc import primitives as prim
@@ -68,7 +73,10 @@ def train(rank, mode):
     pp_rank, dp_rank, dp_group, pp_group = build_groups(rank)
     groups = singleton_process_groups()
     config = ModelConfig(**MODEL)
-    chunks = build_chunks(config, pp_rank=pp_rank, pp_size=PP, process_groups=groups)
+    num_chunks = 2 if schedule_name == "zbv" else 1
+    chunks = build_chunks(config, pp_rank=pp_rank, pp_size=PP, num_chunks=num_chunks,
+                          placement="v" if num_chunks == 2 else "interleaved",
+                          process_groups=groups)
     reference_chunks = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
     backend = "collective" if mode == "collective" else "odc"
     odc_group = prim.new_group(dp_group, config=prim.TransportConfig(backend=backend))
@@ -81,7 +89,7 @@ def train(rank, mode):
         lengths = sample_lengths(step)
         plan = replica_plan(step)
         mine = [make_sample(step, i, lengths[i]) for i in plan[dp_rank]]
-        schedule = generate("zb-h1", pp=PP, num_microbatches=len(mine))
+        schedule = generate(schedule_name, pp=PP, num_microbatches=len(mine))
         runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
                                   pp_group=pp_group, dp_hooks=engine)
         engine.begin_minibatch(max_microbatches=max(len(r) for r in plan),
@@ -91,8 +99,8 @@ def train(rank, mode):
         optimizer.step()
         counts.append(len(mine))
     full = engine.full_state_dict()
-    params = {global_name(name, chunks[0].layers.start): full[f"0.{name}"]
-              for name, _ in chunks[0].named_parameters()}
+    params = {global_name(name, chunk.layers.start): full[f"{index}.{name}"]
+              for index, chunk in enumerate(chunks) for name, _ in chunk.named_parameters()}
     result = {"counts": counts, "params": {k: v.numpy() for k, v in params.items()},
               "norms": norms}
     if rank == 0:
@@ -122,10 +130,10 @@ def reference(model) -> dict:
 
 @pytest.mark.multiproc
 def test_pp2_dp2_zb_matches_single_process():
-    modes = ("odc", "collective")
-    results = run_workers(worker, PP * DP, modes, config=LaunchConfig(timeout_s=300))
-    for mode in modes:
-        check_mode([rank_results[mode] for rank_results in results])
+    runs = tuple(RUNS)
+    results = run_workers(worker, PP * DP, runs, config=LaunchConfig(timeout_s=300))
+    for run in runs:
+        check_mode([rank_results[run] for rank_results in results])
 
 
 def check_mode(ranks):

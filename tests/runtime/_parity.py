@@ -138,15 +138,16 @@ def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
     from odc_pp.megatron.cpu_compat import singleton_process_groups
 
     groups = singleton_process_groups()
-    config = model_config()
     microbatches = make_microbatches(num_microbatches)
     references = {}
     report = {}
     for name in schedule_names:
         clip = CLIP_NORM if name.endswith("+pv") else None
-        if rank == 0 and clip not in references:
-            references[clip] = reference_run(config, microbatches, groups, max_grad_norm=clip)
-        reference = references.get(clip)
+        config = model_config(params_dtype="bfloat16" if name.endswith("+bf16") else "float32")
+        if rank == 0 and (clip, config.params_dtype) not in references:
+            references[(clip, config.params_dtype)] = reference_run(
+                config, microbatches, groups, max_grad_norm=clip)
+        reference = references.get((clip, config.params_dtype))
         schedule = build_schedule(name, world_size, num_microbatches)
         losses, named, results = pipeline_run(config, schedule, microbatches, groups,
                                               max_grad_norm=clip,

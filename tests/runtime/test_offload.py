@@ -58,8 +58,9 @@ def worker(rank, world_size, out_path):
     for label, schedule in schedules.items():
         for chunk in chunks:
             chunk.zero_grad(set_to_none=True)
-        runtime = PipelineRuntime(RuntimeConfig(min_offload_bytes=0), chunks=chunks,
-                                  schedule=schedule, pp_group=dist.group.WORLD)
+        config = RuntimeConfig(min_offload_bytes=0, track_activations=True)
+        runtime = PipelineRuntime(config, chunks=chunks, schedule=schedule,
+                                  pp_group=dist.group.WORLD)
         result = runtime.run_minibatch(microbatches)
         saved = result.activation_bytes
         report[label] = {

@@ -1,7 +1,9 @@
 """Every schedule family on pp=2 and pp=4 trains the megatron-core GPT exactly like a
 single-process run (3 AdamW steps, microbatches of different sequence lengths).
 ``+pv``: post-validated AdamW with clipping vs synchronous clipping; ``+hdr``: shapes
-travel as headers instead of being derived from the microbatch."""
+travel as headers instead of being derived from the microbatch; ``hand-*``: compute-only
+schedules (no comm actions: the runtime sends after producers, receives at consumers);
+``+bf16``: bfloat16 parameters against a bfloat16 single-process run."""
 
 import json
 
@@ -27,8 +29,10 @@ def _check(report, names):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv", "zbv+hdr"]),
-                                      (4, ["1f1b+pv", "interleaved+hdr", "dualpipev+hdr"])])
+@pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv", "zbv+hdr", "hand-v",
+                                           "zbv+bf16"]),
+                                      (4, ["1f1b+pv", "interleaved+hdr", "dualpipev+hdr",
+                                           "hand-zb", "zb-h2+bf16"])])
 def test_schedules_match_single_process(tmp_path, pp, extra):
     names = SCHEDULES + extra
     out = tmp_path / "parity.json"

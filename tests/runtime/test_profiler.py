@@ -23,8 +23,8 @@ def worker(rank, world_size, out_path):
     microbatches = make_microbatches(4)
     profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
                         pp_group=dist.group.WORLD)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                              pp_group=dist.group.WORLD)
+    runtime = PipelineRuntime(RuntimeConfig(track_activations=True), chunks=chunks,
+                              schedule=schedule, pp_group=dist.group.WORLD)
     for _ in range(2):
         for chunk in chunks:
             chunk.zero_grad(set_to_none=True)
