@@ -2,9 +2,14 @@
 point-to-point (a private gloo group), answered by a per-rank server thread that plays the
 parameter server for the shards this rank owns.
 
-Every rank's server thread waits for request headers from any source on ``REQUEST_TAG``;
-each request carries a reply tag unique to the requesting client, so requests from
-several clients (and from several threads of one client) never mix. An accumulate is
+Every rank's server thread waits for request headers from any source on ``REQUEST_TAG``.
+Each request carries a tag base unique to the requesting client (over all its threads);
+the messages of that request use ``base + kind`` with the kind of message in the low bits
+(get reply, accumulate payload, accumulate ack). Kinds keep the two directions of a pair
+apart: A -> B carries both payloads whose tags A chose and replies whose tags B chose, and
+the two counters are independent, so without the kind bits B's server could take a reply
+meant for B's client (a gloo size mismatch, or silently wrong data when sizes agree).
+Within one kind, (source, tag) names exactly one message. An accumulate is
 acknowledged after it has been added, so a client that has its acks has landed all its
 accumulations; ``sync`` then only needs a barrier (through the store, naming late peers).
 """
@@ -27,6 +32,9 @@ __all__ = ["CrossHostLink"]
 REQUEST_TAG = 1
 DETERMINISTIC_TAG = 2  # uses tags 2, 3, 4
 _FIRST_REPLY_TAG = 16
+# low bits of a request's tags: which message of the request (see the module docstring)
+_KIND_GET_REPLY, _KIND_PAYLOAD, _KIND_ACK, _KINDS = 0, 1, 2, 4
+_TAG_BASES = 1 << 28  # tags stay below 2**30 + _FIRST_REPLY_TAG (gloo takes int32)
 _OP_GET, _OP_ACCUMULATE, _OP_STOP = 1, 2, 3
 _HEADER_LEN = 8
 
@@ -51,7 +59,7 @@ class CrossHostLink:
         self._store = dist.PrefixStore(f"odcpp/{uid}/",
                                        dist.distributed_c10d._get_default_store())
         self._pg = dist.ProcessGroupGloo(self._store, rank, world_size, self._timeout)
-        self._tags = itertools.count(_FIRST_REPLY_TAG, 2)
+        self._tags = itertools.count()
         self._tag_lock = threading.Lock()
         self.server_error: BaseException | None = None
         self._server = threading.Thread(target=self._serve, name=f"odcpp-server-{rank}",
@@ -63,8 +71,9 @@ class CrossHostLink:
         return f"peer group rank {peer} (global rank {self.global_ranks[peer]})"
 
     def _next_tag(self) -> int:
+        """Base of a new request's tags: unique among this client's outstanding requests."""
         with self._tag_lock:
-            return next(self._tags) % (1 << 30) + _FIRST_REPLY_TAG
+            return (next(self._tags) % _TAG_BASES) * _KINDS + _FIRST_REPLY_TAG
 
     def _peer_error(self, peer: int, what: str, error: BaseException) -> Exception:
         return _C.PeerError(f"odc transport (cross-host): rank {self.rank} got no answer from "
@@ -86,7 +95,7 @@ class CrossHostLink:
         """Read owner's bytes [offset, offset + out.numel()) of allocation alloc_id."""
         try:
             tag = self._next_tag()
-            reply = self._pg.recv([out], owner, tag)
+            reply = self._pg.recv([out], owner, tag + _KIND_GET_REPLY)
             header = self._header(_OP_GET, alloc_id, offset, out.numel(), 0, 0, tag)
             request = self._pg.send([header], owner, REQUEST_TAG)
             self._wait(request, owner, "a get request")
@@ -102,11 +111,11 @@ class CrossHostLink:
         try:
             tag = self._next_tag()
             ack = torch.zeros(1, dtype=torch.int64)
-            ack_work = self._pg.recv([ack], owner, tag + 1)
+            ack_work = self._pg.recv([ack], owner, tag + _KIND_ACK)
             header = self._header(_OP_ACCUMULATE, alloc_id, offset, payload.numel(), dtype,
                                   count, tag)
             request = self._pg.send([header], owner, REQUEST_TAG)
-            data = self._pg.send([payload], owner, tag)
+            data = self._pg.send([payload], owner, tag + _KIND_PAYLOAD)
             self._wait(request, owner, "an accumulate request")
             self._wait(data, owner, "an accumulate payload")
             self._wait(ack_work, owner, "an accumulate acknowledgement")
@@ -190,7 +199,7 @@ class CrossHostLink:
             try:
                 if op == _OP_GET:
                     data = self._resolve(alloc_id, offset, nbytes)
-                    self._pg.send([data], source, tag).wait(self._timeout)
+                    self._pg.send([data], source, tag + _KIND_GET_REPLY).wait(self._timeout)
                 elif op == _OP_ACCUMULATE:
                     self._serve_accumulate(source, alloc_id, offset, nbytes, dtype, count, tag)
             except Exception as error:  # noqa: BLE001 - one failed client must not stop us
@@ -198,12 +207,12 @@ class CrossHostLink:
 
     def _serve_accumulate(self, source, alloc_id, offset, nbytes, dtype, count, tag) -> None:
         payload = torch.empty(nbytes, dtype=torch.uint8)
-        self._pg.recv([payload], source, tag).wait(self._timeout)
+        self._pg.recv([payload], source, tag + _KIND_PAYLOAD).wait(self._timeout)
         status = 1
         try:
             self._accumulate(alloc_id, offset, payload, dtype, count)
         except Exception as error:  # noqa: BLE001 - reported to the client through the ack
             self.server_error = error
             status = 0
-        self._pg.send([torch.tensor([status], dtype=torch.int64)], source, tag + 1).wait(
-            self._timeout)
+        self._pg.send([torch.tensor([status], dtype=torch.int64)], source,
+                      tag + _KIND_ACK).wait(self._timeout)
