@@ -147,6 +147,12 @@ class TrainingArgs:
     """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
     inject_fault_iter: int = 1
     """Testing: iteration of the injected fault."""
+    inject_nonfinite_grad_iter: int | None = None
+    """Testing: at this iteration the last rank writes inf into one of its gradients (the
+    step must be skipped on every rank)."""
+    profile_iters: int = 2
+    """zb-auto: iterations profiled (the first one as warm-up when > 1) before re-planning
+    the schedule from the measured per-stage costs; 0 keeps the initial plan."""
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -235,13 +241,10 @@ def _validate(args: TrainingArgs) -> list[str]:
     if schedule in ("v-min", "zb-auto") and args.memory_limit is not None and \
             args.memory_limit <= 0:
         problems.append("--memory-limit must be > 0")
-    if args.recompute_lgd:
-        problems.append("--recompute-lgd is not supported yet by the training runtime "
-                        "(odc-pp tune-offload models it; drop the flag to train)")
-    if args.enable_optimizer_post_validation:
-        problems.append("--enable-optimizer-post-validation is not supported yet with the "
-                        "sharded ODC optimizer; drop the flag (the step then validates "
-                        "synchronously: inf/nan skips the step, --clip-grad clips)")
+    if args.inject_nonfinite_grad_iter is not None and args.inject_nonfinite_grad_iter < 1:
+        problems.append("--inject-nonfinite-grad-iter must be >= 1")
+    if args.profile_iters < 0:
+        problems.append("--profile-iters must be >= 0")
     if not 0 <= args.min_lr <= args.lr:
         problems.append(f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
     if args.lr_warmup_iters < 0 or args.clip_grad < 0 or args.weight_decay < 0:

@@ -19,6 +19,7 @@ from odc_pp.schedule.ir import Placement, Schedule
 from .arguments import V_SCHEDULES, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
+from .optimizer_step import build_post_validator, inject_nonfinite_grad, post_validated_step
 
 __all__ = ["Components", "IterationResult", "build_components", "run_iteration",
            "build_schedule"]
@@ -36,6 +37,8 @@ class IterationResult:
     """Peak device memory of this rank (CPU: peak saved-activation memory)."""
     skipped: bool = False
     """The optimizer step was rolled back (post-validation found inf/nan)."""
+    minibatch: object = None
+    """The runtime's MinibatchResult (action timings, for the profiler)."""
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Components:
     """This rank runs the last virtual stage (reports the loss)."""
     runtimes: dict = field(default_factory=dict)
     """Pipeline runtime per microbatch count (LB-Mini varies it between iterations)."""
+    post_validator: object = None
+    """PostValidatedOptimizer around ``optimizer`` (--enable-optimizer-post-validation)."""
 
     def close(self) -> None:
         self.engine.destroy()
@@ -133,7 +138,8 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                         num_attention_heads=args.num_attention_heads,
                         ffn_hidden_size=args.ffn_hidden_size,
                         max_sequence_length=args.max_position_embeddings,
-                        params_dtype=dtype, device=str(topo.device))
+                        params_dtype=dtype, device=str(topo.device),
+                        recompute_lgd=args.recompute_lgd)
     chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=args.num_model_chunks,
                           placement=placement_of(args.pipeline_schedule), seed=args.seed)
@@ -150,9 +156,12 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     optimizer = ShardedAdamW(engine, AdamWConfig(
         lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=1e-8,
         weight_decay=args.weight_decay, no_decay=lambda name, shape: len(shape) == 1))
-    return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
-                      costs=load_cost_model(args), norm_group=torch_group,
-                      last_stage=_last_stage_here(args, topo))
+    parts = Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
+                       costs=load_cost_model(args), norm_group=torch_group,
+                       last_stage=_last_stage_here(args, topo))
+    if args.enable_optimizer_post_validation:
+        parts.post_validator = build_post_validator(parts, args, topo)
+    return parts
 
 
 def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
@@ -197,22 +206,28 @@ def _clip(parts: Components, norm: float, max_norm: float) -> None:
 
 def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
                   microbatches: list[Microbatch], *, plan: IterationPlan,
-                  lr: float) -> IterationResult:
-    """Forward/backward of this rank's microbatches under the schedule, then the step."""
+                  lr: float, iteration: int | None = None) -> IterationResult:
+    """Forward/backward of this rank's microbatches under the schedule, then the step
+    (``iteration``: 1-based, for --inject-nonfinite-grad-iter)."""
     runtime = _runtime_for(parts, args, topo, len(microbatches))
     parts.engine.begin_minibatch(max_microbatches=plan.max_microbatches,
                                  num_microbatches=len(microbatches))
     result = runtime.run_minibatch(microbatches,
                                    global_num_tokens=int(round(plan.total_loss_tokens)))
-    norm = _global_grad_norm(parts, topo)
-    skipped = not math.isfinite(norm)
-    if skipped:  # inf/nan gradient: drop this step's gradients, keep the weights
-        parts.engine.finish_step()
+    if args.inject_nonfinite_grad_iter == iteration and topo.rank == topo.world_size - 1:
+        inject_nonfinite_grad(parts)
+    parts.optimizer.config.lr = lr
+    if parts.post_validator is not None:
+        norm, skipped = post_validated_step(parts)
     else:
-        if args.clip_grad > 0:
-            _clip(parts, norm, args.clip_grad)
-        parts.optimizer.config.lr = lr
-        parts.optimizer.step()
+        norm = _global_grad_norm(parts, topo)
+        skipped = not math.isfinite(norm)
+        if skipped:  # inf/nan gradient: drop this step's gradients, keep the weights
+            parts.engine.finish_step()
+        else:
+            if args.clip_grad > 0:
+                _clip(parts, norm, args.clip_grad)
+            parts.optimizer.step()
     loss_sum = torch.tensor([result.loss_sum or 0.0 if parts.last_stage else 0.0],
                             dtype=torch.float64)
     dist.all_reduce(loss_sum)
@@ -222,4 +237,5 @@ def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
     else:  # CPU: the runtime's count of saved activations
         peak = result.peak_activation_bytes / 2 ** 20
     return IterationResult(loss=float(loss_sum) / plan.total_loss_tokens, grad_norm=norm,
-                           busy_s=busy, peak_memory_mb=peak, skipped=skipped)
+                           busy_s=busy, peak_memory_mb=peak, skipped=skipped,
+                           minibatch=result)

@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args
 from .checkpointing import load_checkpoint, save_checkpoint
-from .components import Components, build_components, run_iteration
+from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
+from .replanning import ZbAutoReplanner
 
 __all__ = ["main", "train"]
 
@@ -64,6 +65,18 @@ def _gather_floats(values: list[float], topo: Topology) -> list[list[float]]:
     return [t.tolist() for t in out]
 
 
+def _render_schedule(path: str, schedule, costs, out) -> None:
+    """The schedule this rank's pipeline runs, simulated under ``costs``, as a PNG."""
+    from odc_pp.schedule.render import render_png
+    from odc_pp.schedule.simulator import simulate
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    render_png(schedule, simulate(schedule, costs), path)
+    print(f"schedule picture ({schedule.name}, {schedule.num_microbatches} microbatches): "
+          f"{path}", file=out, flush=True)
+
+
 def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     """Train; returns the logged records (rank 0; other ranks: [])."""
     _seed_everything(args.seed)
@@ -90,6 +103,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         if topo.rank == 0 else None
     records: list[dict] = []
     window_tokens, window_time = 0, 0.0
+    replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
+    render_pending = bool(args.schedule_png) and topo.rank == 0
     for iteration in range(start, args.train_iters):
         if args.inject_fault_rank == topo.rank and iteration + 1 == args.inject_fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} (SIGKILL)",
@@ -99,8 +114,16 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         microbatches = planner.microbatches(plan.replicas[topo.dp_rank])
         lr = schedule_lr.lr_at(iteration)
         began = time.perf_counter()
-        result = run_iteration(parts, args, topo, microbatches, plan=plan, lr=lr)
+        result = run_iteration(parts, args, topo, microbatches, plan=plan, lr=lr,
+                               iteration=iteration + 1)
         step_s = time.perf_counter() - began
+        if render_pending:  # the schedule rank 0's pipeline just ran
+            _render_schedule(args.schedule_png, parts.runtimes[len(microbatches)].schedule,
+                             parts.costs, out)
+            render_pending = False
+        if replanner.observe(parts, result, max_microbatches=plan.max_microbatches,
+                             out=out if topo.rank == 0 else None):
+            render_pending = bool(args.schedule_png) and topo.rank == 0
         window_tokens += plan.total_tokens
         window_time += step_s
         done = iteration + 1

@@ -7,6 +7,9 @@
   gradient can be deferred to the schedule's W action.
 * :mod:`odc_pp.megatron.cpu_compat`: the three CUDA assumptions of megatron-core 0.16
   and how they are avoided on CPU.
+* :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
+  layernorm, GeLU and hidden dropout in backward; :mod:`odc_pp.megatron.activation_memory`
+  has the closed form of the bytes it saves (torch-free).
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
 
@@ -24,6 +27,15 @@ Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls 
     optimizer.step(); optimizer.zero_grad()
 """
 
-from .model import GPTChunk, ModelConfig, build_chunks, stage_layers
 
 __all__ = ["GPTChunk", "ModelConfig", "build_chunks", "stage_layers"]
+
+
+def __getattr__(name):
+    # lazy: importing megatron-core takes seconds, and odc_pp.megatron.activation_memory
+    # (used by the offload tuner) must stay importable without it
+    if name in __all__:
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

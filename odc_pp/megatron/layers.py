@@ -9,7 +9,8 @@ backward; the weight gradient is either computed at once, or, while the bound
 
 The queue is bound per module by the runtime (``wgrad_queue`` attribute), never
 through a global. :func:`deferrable_gpt_layer_spec` is megatron's local spec with the
-four linears and the core attention swapped (see :mod:`odc_pp.megatron.cpu_compat`).
+four linears and the core attention swapped (see :mod:`odc_pp.megatron.cpu_compat`);
+with ``recompute_lgd`` it also recomputes layernorm/GeLU/dropout (:mod:`.recompute`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "HostDotProductAttention",
     "deferrable_gpt_layer_spec",
     "accumulate_weight_grad",
+    "weight_grad_or_defer",
 ]
 
 
@@ -41,6 +43,18 @@ def accumulate_weight_grad(weight: torch.Tensor, saved_input: torch.Tensor,
         weight.grad = grad_weight.to(weight.dtype)
     else:
         weight.grad.add_(grad_weight)
+
+
+def weight_grad_or_defer(layer, weight: torch.Tensor, saved_input: torch.Tensor,
+                         grad_output: torch.Tensor) -> torch.Tensor | None:
+    """The weight gradient now, or None after enqueueing it into ``layer.wgrad_queue``
+    when that queue is deferring (the closure keeps ``saved_input`` until W)."""
+    queue = layer.wgrad_queue
+    if queue is not None and queue.is_deferring:
+        queue.put(functools.partial(accumulate_weight_grad, weight, saved_input, grad_output))
+        return None
+    return grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+        saved_input.reshape(-1, saved_input.shape[-1]))
 
 
 class _DeferrableLinearFunction(torch.autograd.Function):
@@ -61,14 +75,8 @@ class _DeferrableLinearFunction(torch.autograd.Function):
         grad_bias = None
         if ctx.has_bias:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
-        queue = ctx.layer.wgrad_queue
-        grad_weight = None
-        if queue is not None and queue.is_deferring:
-            queue.put(functools.partial(accumulate_weight_grad, ctx.weight_parameter,
-                                        saved_input, grad_output))
-        else:
-            grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
-                saved_input.reshape(-1, saved_input.shape[-1]))
+        grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, saved_input,
+                                           grad_output)
         return grad_input, grad_weight, grad_bias, None
 
 
@@ -141,11 +149,14 @@ class HostDotProductAttention(DotProductAttention):
         return context.reshape(seq_q, batch, self.hidden_size_per_partition)
 
 
-def deferrable_gpt_layer_spec(*, host_attention: bool = True) -> ModuleSpec:
+def deferrable_gpt_layer_spec(*, host_attention: bool = True,
+                              recompute_lgd: bool = False) -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec()`` with deferrable linears.
 
     ``host_attention``: use :class:`HostDotProductAttention` (needed on CPU, harmless on
-    GPU) instead of ``DotProductAttention``.
+    GPU) instead of ``DotProductAttention``. ``recompute_lgd``: layernorm, GeLU and hidden
+    dropout are recomputed in backward instead of saved (:mod:`odc_pp.megatron.recompute`;
+    the TransformerConfig needs ``use_te_activation_func=True``).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -158,4 +169,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True) -> ModuleSpec:
     mlp = spec.submodules.mlp.submodules
     mlp.linear_fc1 = DeferrableColumnParallelLinear
     mlp.linear_fc2 = DeferrableRowParallelLinear
+    if recompute_lgd:
+        from .recompute import apply_recompute_lgd
+
+        apply_recompute_lgd(spec)
     return spec

@@ -22,6 +22,7 @@ from ..runtime.data import Microbatch
 from ..schedule.ir import Placement, Schedule
 from .cpu_compat import causal_mask, prepare_megatron_for_device, singleton_process_groups
 from .layers import deferrable_gpt_layer_spec
+from .recompute import canonical_name
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
@@ -54,6 +55,11 @@ class ModelConfig:
     """Dropout on attention probabilities."""
     device: str = "cpu"
     """Device the chunks live on."""
+    recompute_lgd: bool = False
+    """Recompute layernorm, GeLU and hidden-dropout outputs in backward instead of saving
+    them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients (bitwise on CPU),
+    fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`). Parameter names from
+    ``global_named_parameters`` do not change."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -138,9 +144,11 @@ class GPTChunk(torch.nn.Module):
         return self.input_shape(microbatch)
 
     def global_named_parameters(self):
-        """(name, param) with decoder layer indices made global."""
+        """(name, param) with decoder layer indices made global and fused layernorm
+        parameters (``recompute_lgd``) under their unfused names, so names, seeds and
+        checkpoints do not depend on the layout or on recomputation."""
         for name, param in self.named_parameters():
-            yield global_name(name, self.layers.start), param
+            yield canonical_name(global_name(name, self.layers.start)), param
 
 
 def global_name(local_name: str, first_layer: int) -> str:
@@ -168,7 +176,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                       placement=Placement(placement))
     prepare_megatron_for_device(config.device, seed=seed)
     groups = process_groups if process_groups is not None else singleton_process_groups()
-    spec = deferrable_gpt_layer_spec()
+    spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd)
     num_stages = pp_size * num_chunks
     chunks = []
     for chunk in range(num_chunks):
@@ -199,7 +207,10 @@ def _transformer_config(config: ModelConfig, num_layers: int):
         bf16=config.dtype is torch.bfloat16, fp16=config.dtype is torch.float16,
         use_cpu_initialization=True, perform_initialization=False,
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False)
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        # recompute_lgd: the MLP takes its (identity) activation from the spec and
+        # linear_fc2 applies GeLU itself; no Transformer Engine is involved
+        use_te_activation_func=config.recompute_lgd)
 
 
 @torch.no_grad()

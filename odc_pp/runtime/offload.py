@@ -10,7 +10,8 @@ allocation); ``reload(key)`` brings them back (the unpack hook waits for the cop
 reloads on demand if the schedule has no RELOAD before the backward). ``release(key)``
 forgets the entry after the backward.
 
-Accounting is per distinct tensor (same storage, shape and strides counted once).
+Accounting is per distinct tensor (same storage, shape and strides counted once), for
+tensors on the compute device's type only (host tensors of a GPU run pass through).
 Tensors that a deferred W closure still holds after B are not counted (the weight
 gradient queue owns them).
 """
@@ -69,7 +70,9 @@ class ActivationStore:
             lambda tensor: self._pack(entry, key, tensor), self._unpack)
 
     def _pack(self, entry: _Entry, key: Key, tensor: torch.Tensor):
-        if tensor.data_ptr() in self._param_ptrs or tensor.device.type == "meta":
+        # parameters never move; tensors already off the compute device (e.g. the CPU
+        # RNG state a recomputed dropout saves on a GPU run) are not device memory
+        if tensor.data_ptr() in self._param_ptrs or tensor.device.type != self.device.type:
             return tensor
         ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
                  tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)

@@ -188,7 +188,10 @@ def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
 def layer_activation_bytes(shape: ModelShape, *, recompute: bool) -> float:
     b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
                   shape.num_attention_heads)
-    per_value = 20 if recompute else 34
+    from odc_pp.megatron.activation_memory import lgd_saving_per_token_hidden
+
+    # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime
+    per_value = 34 - (lgd_saving_per_token_hidden() if recompute else 0)
     attention = 0.0 if shape.flash_attention else 5 * a * s / h
     return s * b * h * (per_value + attention) * shape.bytes_per_value / 2
 

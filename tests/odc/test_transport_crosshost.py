@@ -93,7 +93,7 @@ def _run_concurrent(rank, world, results):
     return True
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [3])
 def test_cross_host_concurrent_gather_and_scatter(world_size):
     values = spawn_ranks(world_size, _run_concurrent, timeout_s=120)
     assert all(values[rank] for rank in range(world_size))

@@ -57,21 +57,61 @@ def test_zbv_odc_lb_mini_trains_and_matches_single_process(zbv_odc, reference):
     assert (tmp / "ckpt" / "latest").read_text().strip() == str(ITERS)
 
 
-@pytest.mark.parametrize("schedule, dp_mode, balance", [
-    ("zb-h1", "odc", "none"),
-    ("zbv", "collective", "none"),
-    ("zb-h1", "hierarchical", "lb-mini"),
+PV = ["--enable-optimizer-post-validation"]
+
+
+# with zbv/odc above: both schedules x every dp mode (the issue's must-show); the
+# post-validated run must give the same losses as the synchronous reference
+@pytest.mark.parametrize("schedule, dp_mode, balance, extra", [
+    ("zb-h1", "odc", "none", []),
+    ("zbv", "collective", "none", []),
+    ("zb-h1", "collective", "none", PV),
+    ("zb-h1", "hierarchical", "lb-mini", []),
+    ("zbv", "hierarchical", "lb-mini", []),
 ])
-def test_schedules_and_dp_modes_match_single_process(schedule, dp_mode, balance, reference,
-                                                     tmp_path):
-    name = f"{schedule}/{dp_mode}/{balance}"
+def test_schedules_and_dp_modes_match_single_process(schedule, dp_mode, balance, extra,
+                                                     reference, tmp_path):
+    name = f"{schedule}/{dp_mode}/{balance}" + ("/post-validation" if extra else "")
     flags = TINY_MODEL + PP2 + ["--pipeline-schedule", schedule, "--dp-mode", dp_mode,
-                                "--load-balance", balance]
+                                "--load-balance", balance] + extra
     if dp_mode == "hierarchical":
         flags += ["--dp-ranks-per-host", "1"]  # two one-rank "hosts": both levels run
     run = launch(flags, nproc=4, tmp_path=tmp_path, name=name.replace("/", "_"))
     _assert_trains(run, name)
     _assert_same_losses(run.losses(), reference, name)
+
+
+# clip below most grad norms (rollback + clip + redo) and an inf on the last rank at step 6
+CLIP_INJECT = ["--clip-grad", "0.5", "--inject-nonfinite-grad-iter", "6"]
+
+
+def test_zb_auto_replans_and_post_validation_skips_and_clips(tmp_path):
+    """pp=2 x dp=2 zb-auto, re-planned from the costs measured in iterations 1-2, with
+    post-validation, against the synchronous pp=1 x dp=1 run with the same clip and
+    injected inf: same losses (so the re-planned order did not change the math, every
+    rank skipped step 6, and the clipped redo equals synchronous clipping)."""
+    sync = launch(TINY_MODEL + CLIP_INJECT + ["--train-iters", str(ITERS),
+                                              "--pipeline-schedule", "1f1b"],
+                  nproc=1, tmp_path=tmp_path, name="sync_reference")
+    assert sync.returncode == 0, sync.describe()
+    png = tmp_path / "schedule.png"
+    run = launch(TINY_MODEL + PP2 + CLIP_INJECT + PV + [
+        "--pipeline-schedule", "zb-auto", "--dp-mode", "odc", "--load-balance", "lb-mini",
+        "--profile-iters", "2", "--schedule-png", str(png)],
+        nproc=4, tmp_path=tmp_path, name="zb_auto_pv")
+    assert run.returncode == 0, run.describe()
+    assert run.stdout.count("zb-auto re-planned from measured costs") == 1, run.describe()
+    assert "predicted step time" in run.stdout
+    # rendered for the initial plan, then again for the re-planned one
+    assert run.stdout.count("schedule picture (zb-auto") == 2, run.describe()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _assert_same_losses(run.losses(), sync.losses(), "zb-auto/post-validation")
+    records, reference_records = run.records(), sync.records()
+    assert [r["skipped"] for r in records] == [i == 5 for i in range(ITERS)]
+    assert [r["skipped"] for r in reference_records] == [i == 5 for i in range(ITERS)]
+    assert records[5]["grad_norm"] == float("inf")
+    clipped = [r["grad_norm"] > 0.5 for r in reference_records if not r["skipped"]]
+    assert sum(clipped) >= 3, "the clip did not bind: the test would not exercise the redo"
 
 
 def test_resume_reproduces_uninterrupted_losses(zbv_odc, tmp_path):

@@ -52,7 +52,8 @@ def test_defaults_fill_in():
     (["--cpu-offload"], ["--cpu-offload", "--pipeline-schedule"]),
     (["--min-lr", "1"], ["--min-lr"]),
     (["--recompute-lgd"], ["--recompute-lgd"]),
-    (["--enable-optimizer-post-validation"], ["--enable-optimizer-post-validation"]),
+    (["--inject-nonfinite-grad-iter", "0"], ["--inject-nonfinite-grad-iter"]),
+    (["--profile-iters", "-1"], ["--profile-iters"]),
     (["--save-interval", "3"], ["--save-interval", "--save"]),
     (["--pipeline-schedule", "1f1b", "--num-model-chunks", "2"], ["--num-model-chunks"]),
 ])

@@ -1,0 +1,121 @@
+"""ZB-auto re-planning from measured costs (``--pipeline-schedule zb-auto``).
+
+The first ``--profile-iters`` iterations run the ZB-auto plan made for the initial cost
+model (``--cost-model`` or uniform costs) while a :class:`~odc_pp.runtime.Profiler`
+records every action's busy time (the first iteration is a warm-up when there are
+several) and the neighbour transfer time. Then every rank all-gathers every rank's
+per-stage means (all pp x dp ranks: the replicas of a stage are averaged), so all ranks
+hold the same :class:`~odc_pp.schedule.costs.CostModel` and plan ZB-auto from it
+deterministically -- the same schedule on every data-parallel replica, which collective
+data parallelism needs (the ranks check this with a hash of the plan). Rank 0 logs the
+step time the simulator predicts, under the measured costs, for the old and the new plan.
+Re-planning changes the order of the actions, not the math: the losses stay the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from odc_pp.runtime.profiler import Profiler, ProfilerConfig
+from odc_pp.schedule.costs import CostModel
+
+__all__ = ["ZbAutoReplanner", "merge_stage_costs"]
+
+
+def merge_stage_costs(gathered: list[dict], num_stages: int) -> CostModel:
+    """One CostModel from every rank's ``Profiler.local_costs()``: per virtual stage the
+    mean over the ranks that measured it (fused BW actions split evenly into B and W),
+    the slowest neighbour transfer as ``t_comm``."""
+    samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for part in gathered:
+        for stage, measured in part["stages"].items():
+            for kind, value in measured.items():
+                samples[int(stage)][kind].append(float(value))
+    missing = [stage for stage in range(num_stages) if "F" not in samples[stage]]
+    if missing:
+        raise ValueError(f"zb-auto re-planning: no forward time measured for stages {missing}")
+    t_f, t_b, t_w = [], [], []
+    for stage in range(num_stages):
+        mean = {kind: statistics.fmean(values) for kind, values in samples[stage].items()}
+        t_f.append(mean["F"])
+        if "B" in mean:
+            t_b.append(mean["B"])
+            t_w.append(mean.get("W", 0.0))
+        else:
+            t_b.append(mean["BW"] / 2)
+            t_w.append(mean["BW"] / 2)
+    comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
+    return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0)
+
+
+class ZbAutoReplanner:
+    """Profiles the first iterations, then swaps in the re-planned ZB-auto schedule."""
+
+    def __init__(self, args, topo, *, build_schedule) -> None:
+        self.args = args
+        self.topo = topo
+        self.build_schedule = build_schedule
+        self.profiler: Profiler | None = None
+        self.done = args.pipeline_schedule != "zb-auto" or args.profile_iters == 0
+        self.recorded = 0
+
+    def observe(self, parts, result, *, max_microbatches: int, out=None) -> bool:
+        """Record one iteration; after the last profiled one, re-plan (collective over
+        all ranks). True when the schedule changed."""
+        if self.done:
+            return False
+        if self.profiler is None:
+            warmup = 1 if self.args.profile_iters > 1 else 0
+            schedule = next(iter(parts.runtimes.values())).schedule  # stage layout only
+            self.profiler = Profiler(ProfilerConfig(warmup_minibatches=warmup),
+                                     schedule=schedule, pp_group=self.topo.pp_group)
+        self.profiler.record(result.minibatch)
+        self.recorded += 1
+        if self.recorded < self.args.profile_iters:
+            return False
+        self.done = True
+        self._replan(parts, max_microbatches, out)
+        return True
+
+    def _replan(self, parts, num_microbatches: int, out) -> None:
+        from odc_pp.schedule.simulator import simulate
+
+        args, topo = self.args, self.topo
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        sample = torch.zeros(args.seq_length, args.micro_batch_size, args.hidden_size,
+                             dtype=dtype, device=topo.device)
+        self.profiler.measure_comm(sample)
+        gathered = [None] * topo.world_size
+        dist.all_gather_object(gathered, self.profiler.local_costs())
+        num_stages = self.profiler.schedule.num_stages
+        measured = merge_stage_costs(gathered, num_stages)
+        old = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+                                  costs=parts.costs)
+        new = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+                                  costs=measured)
+        self._check_same_plan_everywhere(new)
+        parts.costs = measured
+        parts.runtimes.clear()  # rebuilt lazily from the measured costs
+        if topo.rank == 0 and out is not None:
+            before = simulate(old, measured).makespan
+            after = simulate(new, measured).makespan
+            stages = ", ".join(f"{f * 1e3:.2f}/{b * 1e3:.2f}/{w * 1e3:.2f}" for f, b, w in
+                               zip(measured.t_f, measured.t_b, measured.t_w))
+            print(f"zb-auto re-planned from measured costs (T_F/T_B/T_W ms per stage: "
+                  f"{stages}; T_comm {measured.t_comm * 1e3:.2f} ms): predicted step time "
+                  f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms at {num_microbatches} "
+                  f"microbatches", file=out, flush=True)
+
+    def _check_same_plan_everywhere(self, schedule) -> None:
+        digest = hashlib.sha256(repr([[str(a) for a in actions] for actions in
+                                      schedule.ranks]).encode()).hexdigest()
+        digests = [None] * self.topo.world_size
+        dist.all_gather_object(digests, digest)
+        if len(set(digests)) != 1:
+            raise RuntimeError("zb-auto re-planning produced different schedules on "
+                               f"different ranks (digests {sorted(set(digests))})")
