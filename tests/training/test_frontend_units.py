@@ -51,7 +51,6 @@ def test_defaults_fill_in():
     (["--hidden-size", "30"], ["--hidden-size", "--num-attention-heads"]),
     (["--cpu-offload"], ["--cpu-offload", "--pipeline-schedule"]),
     (["--min-lr", "1"], ["--min-lr"]),
-    (["--recompute-lgd"], ["--recompute-lgd"]),
     (["--inject-nonfinite-grad-iter", "0"], ["--inject-nonfinite-grad-iter"]),
     (["--profile-iters", "-1"], ["--profile-iters"]),
     (["--save-interval", "3"], ["--save-interval", "--save"]),
