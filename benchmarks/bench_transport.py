@@ -1,7 +1,7 @@
 """ODC transport bandwidth vs. the local memcpy limit and gloo collectives, in one run.
 
 Two ranks on this host (gloo). For each size (bytes of the full tensor): single-thread
-memcpy GB/s (rank 0 alone), ODC gather_into_tensor and scatter_accumulate (+ wait + sync)
+memcpy GB/s (rank 0 alone, and every rank at once), ODC gather_into_tensor and scatter_accumulate (+ wait + sync)
 GB/s, and gloo all_gather_into_tensor / reduce_scatter_tensor GB/s. GB/s = full-tensor
 bytes / median seconds. Ratios are printed next to the targets of issue 3.
 
@@ -57,6 +57,12 @@ def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
         row["memcpy_1thread_gbps"] = gbps(statistics.median(times))
         del src, dst
     dist.barrier()
+    # the same copy on every rank at once: the memory-bandwidth share a rank really has
+    # while all ranks gather (the slower rank defines the time, as for the collectives)
+    src, dst = torch.ones(numel), torch.zeros(numel)
+    row["memcpy_concurrent_gbps"] = gbps(_median_seconds(
+        lambda: _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes, 1), iterations))
+    del src, dst
     shard = odc.symmetric_empty(shard_size, torch.float32, group)
     shard.fill_(1.0)
     accumulator = odc.symmetric_empty(shard_size, torch.float32, group)
@@ -92,7 +98,7 @@ def _worker(rank: int, world: int, port: int, sizes_mib: list[float], threads: i
     for mib in sizes_mib:
         group = odc.new_group(config=odc.TransportConfig(timeout_s=120, num_threads=threads))
         nbytes = int(mib * 2**20)
-        rows.append(_measure_size(group, nbytes, 5 if nbytes <= 16 * 2**20 else 3, odc))
+        rows.append(_measure_size(group, nbytes, 21 if nbytes <= 16 * 2**20 else 7, odc))
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -107,6 +113,7 @@ def _free_port() -> int:
 
 def _add_ratios(row: dict) -> dict:
     row["gather_vs_memcpy"] = row["odc_gather_gbps"] / row["memcpy_1thread_gbps"]
+    row["gather_vs_concurrent_memcpy"] = row["odc_gather_gbps"] / row["memcpy_concurrent_gbps"]
     row["gather_vs_gloo_all_gather"] = row["odc_gather_gbps"] / row["gloo_all_gather_gbps"]
     row["scatter_vs_gloo_reduce_scatter"] = (row["odc_scatter_accumulate_gbps"]
                                              / row["gloo_reduce_scatter_gbps"])
@@ -141,12 +148,15 @@ def main(argv=None) -> int:
         print(text)
     else:
         print(f"{'MiB':>6} {'memcpy':>8} {'gather':>8} {'scatter':>8} {'gloo_ag':>8} "
-              f"{'gloo_rs':>8} {'g/mem':>6} {'g/ag':>6} {'s/rs':>6}  (GB/s, ratios)")
+              f"{'gloo_rs':>8} {'cc_mem':>8} {'g/mem':>6} {'g/cc':>6} {'g/ag':>6} {'s/rs':>6}"
+              "  (GB/s, ratios; cc_mem: memcpy on both ranks at once)")
         for row in rows:
             print(f"{row['mib']:>6.0f} {row['memcpy_1thread_gbps']:>8.2f} "
                   f"{row['odc_gather_gbps']:>8.2f} {row['odc_scatter_accumulate_gbps']:>8.2f} "
                   f"{row['gloo_all_gather_gbps']:>8.2f} {row['gloo_reduce_scatter_gbps']:>8.2f} "
-                  f"{row['gather_vs_memcpy']:>6.2f} {row['gather_vs_gloo_all_gather']:>6.2f} "
+                  f"{row['memcpy_concurrent_gbps']:>8.2f} "
+                  f"{row['gather_vs_memcpy']:>6.2f} {row['gather_vs_concurrent_memcpy']:>6.2f} "
+                  f"{row['gather_vs_gloo_all_gather']:>6.2f} "
                   f"{row['scatter_vs_gloo_reduce_scatter']:>6.2f}")
     return 0
 
