@@ -46,7 +46,7 @@ def build_schedule(name: str, *, pp: int, num_microbatches: int, num_chunks: int
                     costs=costs, memory_limit=memory_limit)
 
 
-def _chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
+def per_chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
     """Per-rank compute times split evenly over ``num_chunks`` chunks of the rank."""
     if num_chunks == 1:
         return costs
@@ -86,7 +86,7 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
     for name in (family_names() if names is None else names):
         began = time.perf_counter()
         try:
-            chunk_costs = _chunk_costs(costs, _default_chunks(name))
+            chunk_costs = per_chunk_costs(costs, _default_chunks(name))
             schedule = build_schedule(name, pp=pp, num_microbatches=num_microbatches,
                                       costs=chunk_costs, memory_limit=memory_limit)
             if schedule.meta.get("offload_chunks"):
@@ -101,6 +101,7 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
             "name": name, "chunks": schedule.num_chunks,
             "placement": schedule.placement.value, "makespan": sim.makespan,
             "bubble_rate": sim.bubble_rate, "peak_activation": sim.peak_activation,
+            "peak_rank_microbatches": max(sim.peak_activation) / schedule.num_chunks,
             "fits_memory": sim.fits_memory,
             "search_seconds": float(schedule.meta.get("search_seconds", seconds)),
         })
@@ -110,7 +111,7 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
 def format_table(rows: list[dict]) -> str:
     """Fixed-width text table; rows with ``error`` show the reason."""
     header = f"{'schedule':<12} {'chunks':>6} {'makespan':>10} {'bubble':>8} " \
-             f"{'peak mem':>9} {'fits':>5} {'seconds':>8}"
+             f"{'peak mem':>9} {'peak/rank':>9} {'fits':>5} {'seconds':>8}"
     lines = [header, "-" * len(header)]
     for row in rows:
         if "error" in row:
@@ -118,6 +119,9 @@ def format_table(rows: list[dict]) -> str:
             continue
         lines.append(f"{row['name']:<12} {row['chunks']:>6} {row['makespan']:>10.3f} "
                      f"{row['bubble_rate']:>8.2%} {max(row['peak_activation']):>9.3g} "
+                     f"{row['peak_rank_microbatches']:>9.3g} "
                      f"{'yes' if row['fits_memory'] else 'NO':>5} "
                      f"{row['search_seconds']:>8.3f}")
+    lines.append("peak mem: microbatch-chunk activations; peak/rank: the same in microbatches "
+                 "through all of a rank's layers (1F1B's peak is pp)")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ offload/reload traffic appear on a thin row under each rank.
 
 from __future__ import annotations
 
+import os
 from xml.sax.saxutils import escape
 
 from .ir import ActionKind, Schedule
@@ -109,6 +110,11 @@ def _pyplot():
     return plt
 
 
+def _make_parent_dir(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+
+
 def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
     """Gantt chart PNG at ``path`` (coloured by kind, odd chunks darker, thin row for
     transfers/offload). Returns ``path``."""
@@ -133,6 +139,7 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
         handles = [plt.Rectangle((0, 0), 1, 1, color=_COLOURS[k]) for k in _COLOURS]
         ax.legend(handles, [k.value for k in _COLOURS], loc="upper right", fontsize=7)
         fig.tight_layout()
+        _make_parent_dir(path)
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
@@ -157,6 +164,7 @@ def render_memory_png(schedule: Schedule, sim: SimResult, path: str) -> str:
         if schedule.pp <= 16:
             ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
+        _make_parent_dir(path)
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)

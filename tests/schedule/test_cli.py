@@ -107,4 +107,4 @@ def test_compare_rows_and_rejections():
     assert by_name["1f1b"]["makespan"] == pytest.approx((4 + 3) * 2.6)
     assert by_name["zb-auto"]["makespan"] <= by_name["1f1b"]["makespan"]
     table = format_table(rows)
-    assert "rejected" in table and len(table.splitlines()) == 2 + 3
+    assert "rejected" in table and len(table.splitlines()) == 2 + 3 + 1  # header, rule, rows, units note
