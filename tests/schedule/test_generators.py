@@ -303,3 +303,27 @@ def test_zb_auto_dispatches_to_search():
     validate(lower(schedule))
     with pytest.raises(ValueError, match="one model chunk"):
         generate("zb-auto", pp=3, num_microbatches=6, num_chunks=2)
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+@pytest.mark.parametrize("factor", [2, 4])
+def test_v_min_and_v_half_throughput(pp, factor):
+    """Unit times, B releasing activations (the unit of the memory bounds above). A V
+    chunk holds half a rank's layers, so a V schedule's makespan compares with twice
+    1F1B's. V-Half's bubble stays below 1F1B's; V-Min (cap ``floor(2 pp / 3) + 1``
+    V-chunks) runs within 5% of 1F1B's time from pp = 8 on; at pp = 4 its cap of 3
+    V-chunks sits below the paper's V-Min memory ((pp + 4) // 3 microbatches = 4 V-chunks)
+    and it pays a third more (1.21x at m = 8, 1.33x at m = 16)."""
+    num_microbatches = factor * pp
+    base = simulate(generate("1f1b", pp=pp, num_microbatches=num_microbatches,
+                             costs=B_RELEASES), B_RELEASES)
+    cap_min = (2 * pp) // 3 + 1
+    half = simulate(generate("v-half", pp=pp, num_microbatches=num_microbatches,
+                             costs=B_RELEASES), B_RELEASES)
+    third = simulate(generate("v-min", pp=pp, num_microbatches=num_microbatches,
+                              costs=B_RELEASES), B_RELEASES)
+    assert max(third.peak_activation) <= cap_min + 1e-9
+    assert max(half.peak_activation) <= pp + 1 + 1e-9
+    assert half.bubble_rate <= base.bubble_rate + 1e-9
+    bound = 1.05 if pp >= 8 else 1.34
+    assert third.makespan <= bound * 2 * base.makespan + 1e-9

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement, Schedule
 
-__all__ = ["EngineConfig", "EngineResult", "run_engine"]
+__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine"]
 
 _EPS = 1e-9
 
@@ -56,12 +56,30 @@ class EngineConfig:
     (a steady admission rate keeps a tight memory cap from starving the pipeline)."""
     w_after_b: bool = False
     """Run each W right after its B (1F1B-style), instead of keeping W to fill idle time."""
+    pair_gap: float | None = None
+    """Pace microbatches in pairs instead: pair ``k`` enters at ``2 k inject_interval``,
+    its second microbatch ``pair_gap`` later (a tight cap can often hold two
+    microbatches close together if the pair is then followed by a longer gap)."""
+    reserve_slot: bool = True
+    """Admission keeps one ``mem_f`` slot free for the oldest microbatch's chunk-1
+    forward (provably deadlock free, see module doc). False admits whenever the forward
+    fits the cap: more throughput under a tight cap, but a run may stall, in which case
+    ``run_engine`` raises ``EngineStalled`` and the caller drops that variant."""
 
     def __post_init__(self) -> None:
+        if self.inject_interval < 0:
+            raise ValueError(f"inject_interval must be >= 0, got {self.inject_interval}")
+        if self.pair_gap is not None and not 0 <= self.pair_gap <= 2 * self.inject_interval:
+            raise ValueError(f"pair_gap must lie in [0, 2 * inject_interval], got "
+                             f"{self.pair_gap}")
         if self.num_chunks not in (1, 2):
             raise ValueError(f"the greedy engine handles 1 or 2 chunks, got {self.num_chunks}")
         if len(self.caps) != self.pp:
             raise ValueError(f"need one memory cap per rank ({self.pp}), got {len(self.caps)}")
+
+
+class EngineStalled(ValueError):
+    """The memory caps left no rank an action it may run."""
 
 
 @dataclass
@@ -137,7 +155,9 @@ class _Engine:
             return None
         stage = self.stage[rank][chunk]
         if stage == 0:
-            return mb * self.cfg.inject_interval
+            if self.cfg.pair_gap is None:
+                return mb * self.cfg.inject_interval
+            return (mb // 2) * 2 * self.cfg.inject_interval + (mb % 2) * self.cfg.pair_gap
         end = self.f_end.get((stage - 1, mb))
         return None if end is None else end + self.f_latency[rank][chunk]
 
@@ -156,7 +176,8 @@ class _Engine:
     def _admissible(self, rank: int, chunk: int) -> bool:
         state = self.states[rank]
         cap = self.cfg.caps[rank] + _EPS
-        if chunk == 0:  # admission keeps one slot for the oldest microbatch's chunk-1 F
+        if chunk == 0 and self.cfg.reserve_slot:
+            # admission keeps one slot for the oldest microbatch's chunk-1 F
             return state.mem + self.mem_f * self.cfg.num_chunks <= cap
         return state.mem + self.mem_f <= cap
 
@@ -233,7 +254,7 @@ class _Engine:
                         if t is not None and t > now + _EPS:
                             later.append(t)
             if not later:
-                raise ValueError(self._stuck_message())
+                raise EngineStalled(self._stuck_message())
             now = min(later)
         ends = [s.free_at for s in self.states]
         return EngineResult(
@@ -249,7 +270,9 @@ class _Engine:
 
 
 def run_engine(config: EngineConfig) -> EngineResult:
-    """Play one greedy run; ValueError if the memory caps stall every rank."""
+    """Play one greedy run; ValueError if a cap is below one microbatch on every chunk,
+    ``EngineStalled`` if the caps stall every rank (only with ``reserve_slot=False`` when
+    the caps are at least that)."""
     minimum = config.num_chunks * config.costs.mem_f
     for rank, cap in enumerate(config.caps):
         if cap + _EPS < minimum:

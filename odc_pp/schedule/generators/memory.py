@@ -4,7 +4,8 @@ Each family is a per-rank activation-memory cap (in the cost model's delta units
 microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the generator
 keeps the candidate with the smallest worst per-rank bubble under the given costs among
 those whose peak fits the cap. Candidates are the greedy engine's variants (see
-``_engine``), the handcrafted ZB-V pattern where it applies, and for V placements the
+``_engine``; for V-Half and V-Min also paced runs without the admission reserve, see
+``_paced_candidates``), the handcrafted ZB-V pattern where it applies, and for V placements the
 repeating building block of ``_block`` at the shortest interval that fits.
 
 Nominal caps, with 1F1B's peak being ``pp`` microbatches of a whole rank's layers:
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from ..costs import CostModel
 from ..ir import ActionKind, Placement, Schedule
 from ._block import order_peak, v_block_orders
-from ._engine import EngineConfig, run_engine
+from ._engine import EngineConfig, EngineStalled, run_engine
 from .classic import zbv_handcrafted
 
 __all__ = ["FAMILY_CAPS", "nominal_cap", "zb_h2", "v_family"]
@@ -72,6 +73,31 @@ def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
                     inject_interval=interval))
                 # the engine's timing is the in-order timing of the order it emits
                 out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
+    return out
+
+
+def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
+                      cap: float) -> list[_Candidate]:
+    """V-placement engine runs without the admission reserve, paced in pairs.
+
+    With a cap near a third of 1F1B's, the reserved slot halves what a rank may hold
+    in flight (cap 3 admits only at memory 1), which caps throughput far below what the
+    memory allows. Admitting whenever the forward fits, while pacing the input at about
+    one microbatch per rank-work (``work``; pairs of microbatches close together and a
+    longer gap after each pair), recovers most of it. Runs that stall are dropped.
+    """
+    work = _rank_work(pp, 2, Placement.V, costs)
+    out = []
+    for period in (work, 13 * work / 12, 7 * work / 6):
+        for gap in (0.0, period / 2, 5 * period / 6, period):
+            try:
+                result = run_engine(EngineConfig(
+                    pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                    placement=Placement.V, costs=costs, caps=[cap] * pp,
+                    inject_interval=period, pair_gap=gap, reserve_slot=False))
+            except EngineStalled:
+                continue
+            out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
     return out
 
 
@@ -139,6 +165,8 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
         intervals = (0.0, 2 * work / 3, work)
     candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
                                     intervals)
+    if name in ("v-half", "v-min"):
+        candidates += _paced_candidates(pp, num_microbatches, costs, cap)
     if name == "zbv" and num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
