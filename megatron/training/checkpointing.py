@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from odc_pp.fsutil import fsync_dir, write_file_atomic
+
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_iteration", "checkpoint_dir"]
 
 LATEST = "latest"
@@ -29,24 +31,6 @@ def checkpoint_dir(save: str, iteration: int) -> str:
 
 def _rank_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank_{rank:05d}.pt")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_size: int,
@@ -71,13 +55,13 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
         missing = [r for r in range(world_size) if not os.path.isfile(_rank_file(tmp, r))]
         assert not missing, f"ranks {missing} wrote no checkpoint file"
         info = dict(meta or {}, iteration=iteration, world_size=world_size)
-        _write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
-        _fsync_dir(tmp)
+        write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
+        fsync_dir(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(save)
-        _write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
+        fsync_dir(save)
+        write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
         _remove_old(save, keep)
     barrier()
     return final

@@ -24,6 +24,7 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from ..fsutil import fsync_dir
 from .primitives import shard_range
 from .sharded_optimizer import ShardedAdamW
 
@@ -35,14 +36,6 @@ _FORMAT = "odc-pp-sharded-v1"
 
 def _shard_file(rank: int, world_size: int) -> str:
     return f"shard-{rank:05d}-of-{world_size:05d}.pt"
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unit_meta(optimizer: ShardedAdamW) -> list[dict]:
@@ -80,13 +73,13 @@ def save_checkpoint(path: str, optimizer: ShardedAdamW) -> None:
             json.dump(meta, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = path + ".old"
         if os.path.exists(path):
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
         shutil.rmtree(old, ignore_errors=True)
     dist.barrier(group=group)
 
