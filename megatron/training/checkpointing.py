@@ -53,14 +53,19 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
     barrier()
     if rank == 0:
         missing = [r for r in range(world_size) if not os.path.isfile(_rank_file(tmp, r))]
-        assert not missing, f"ranks {missing} wrote no checkpoint file"
+        if missing:
+            raise RuntimeError(f"ranks {missing} wrote no checkpoint file into {tmp}: --save "
+                               "must be a directory that every node can see (shared storage)")
         info = dict(meta or {}, iteration=iteration, world_size=world_size)
         write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
         fsync_dir(tmp)
-        if os.path.exists(final):
-            shutil.rmtree(final)
+        replaced = final + ".replaced"
+        if os.path.exists(final):  # re-saving an iteration: never leave no copy at all
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.rename(final, replaced)
         os.rename(tmp, final)
         fsync_dir(save)
+        shutil.rmtree(replaced, ignore_errors=True)
         write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
         _remove_old(save, keep)
     barrier()
