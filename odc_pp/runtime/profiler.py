@@ -8,6 +8,11 @@ entry per virtual stage, in seconds (``offload_bandwidth`` = 1 / the slowest ran
 OFFLOAD/RELOAD time when the schedule has them), and :meth:`replan` builds and lowers a schedule
 (ZB-auto by default) from it.
 
+Explicit SEND/RECV actions also cost their rank CPU time (gloo issues a send on the
+caller's thread and contends with its I/O thread): the mean blocking time per SEND (a
+batch's time shared by its sends) and per RECV post becomes ``t_send_cpu`` /
+``t_recv_cpu``, which the simulator charges to the rank.
+
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
 actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
 """
@@ -55,6 +60,7 @@ class Profiler:
         self._durations: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
         self._bytes: dict[int, list[int]] = defaultdict(list)
         self._transfers: list[float] = []
+        self._message_cpu: dict[str, list[float]] = {"send": [], "recv": []}
         self.t_comm: float | None = None
 
     def record(self, result: MinibatchResult) -> None:
@@ -67,8 +73,21 @@ class Profiler:
                 self._durations[(timing.action.kind, stage)].append(timing.busy)
             elif timing.action.kind in (ActionKind.OFFLOAD, ActionKind.RELOAD):
                 self._transfers.append(timing.busy)
+        self._record_messages(result)
         for (chunk, _), nbytes in result.activation_bytes.items():
             self._bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
+
+    def _record_messages(self, result: MinibatchResult) -> None:
+        """Per-message CPU time of SEND (a batch's busy time split over its sends) and
+        RECV actions."""
+        send_batches: dict[tuple[float, float], list] = defaultdict(list)
+        for timing in result.timings:
+            if timing.action.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+                send_batches[(timing.start, timing.end)].append(timing)
+            elif timing.action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+                self._message_cpu["recv"].append(timing.busy)
+        for batch in send_batches.values():
+            self._message_cpu["send"] += [batch[0].busy / len(batch)] * len(batch)
 
     def measure_comm(self, sample: torch.Tensor) -> float:
         """Half the round trip of ``sample`` between neighbouring ranks (collective)."""
@@ -105,7 +124,9 @@ class Profiler:
         for stage, values in self._bytes.items():
             per_stage[stage]["activation_bytes"] = statistics.fmean(values)
         transfer = statistics.fmean(self._transfers) if self._transfers else None
-        return {"stages": dict(per_stage), "t_comm": self.t_comm, "t_offload": transfer}
+        return {"stages": dict(per_stage), "t_comm": self.t_comm, "t_offload": transfer,
+                "message_cpu": {side: (sum(values), len(values))
+                                for side, values in self._message_cpu.items()}}
 
     def cost_model(self) -> CostModel:
         """Gather every rank's measurements (collective) into one CostModel."""
@@ -132,7 +153,13 @@ class Profiler:
         comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
         transfers = [part["t_offload"] for part in gathered if part["t_offload"]]
         self.stage_costs = stages
+        message_cpu = {}
+        for side in ("send", "recv"):  # mean over every rank's messages
+            total = sum(part["message_cpu"][side][0] for part in gathered)
+            count = sum(part["message_cpu"][side][1] for part in gathered)
+            message_cpu[side] = total / count if count else 0.0
         return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0,
+                         t_send_cpu=message_cpu["send"], t_recv_cpu=message_cpu["recv"],
                          offload_bandwidth=1.0 / max(transfers) if transfers else None)
 
     def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,

@@ -42,6 +42,12 @@ class CostModel:
     """Weight-gradient (W) time of one microbatch on one virtual stage."""
     t_comm: float = 0.0
     """Latency of one activation or gradient transfer between two ranks."""
+    t_send_cpu: float = 0.0
+    """Time a rank is blocked issuing one explicit SEND (e.g. gloo copies the payload into
+    the socket on the caller's thread); 0: sends are free for the sender. Part of the
+    transfer's ``t_comm``, not added to it."""
+    t_recv_cpu: float = 0.0
+    """Time a rank is blocked posting one explicit RECV; 0: free."""
     offload_bandwidth: float | None = None
     """Host-link bandwidth in microbatch-chunk activations per time unit (moving one
     microbatch-chunk's activations takes ``1 / offload_bandwidth``); None: no offload."""
@@ -60,6 +66,9 @@ class CostModel:
                 raise ValueError(f"{name} must be non-negative numbers, got {value!r}")
         if self.t_comm < 0:
             raise ValueError(f"t_comm must be >= 0, got {self.t_comm}")
+        if self.t_send_cpu < 0 or self.t_recv_cpu < 0:
+            raise ValueError("t_send_cpu and t_recv_cpu must be >= 0, got "
+                             f"{self.t_send_cpu} and {self.t_recv_cpu}")
         if self.offload_bandwidth is not None and self.offload_bandwidth <= 0:
             raise ValueError(f"offload_bandwidth must be > 0, got {self.offload_bandwidth}")
         if abs(self.mem_f + self.mem_b + self.mem_w) > 1e-9:

@@ -17,7 +17,10 @@ compute waits for the ``RECV``. ``OFFLOAD``/``RELOAD`` run in issue order on a
 per-rank host-link stream (``1 / offload_bandwidth`` each) that overlaps compute; a
 backward whose activations were offloaded waits for the ``RELOAD``. Memory drops by
 ``mem_f`` when an ``OFFLOAD`` completes and rises by ``mem_f`` when a ``RELOAD`` starts.
-``POST_VALIDATION`` is a zero-time marker.
+``POST_VALIDATION`` is a zero-time marker. With ``costs.t_send_cpu`` /
+``costs.t_recv_cpu`` > 0 an explicit SEND / RECV also blocks its rank for that long
+(CPU time to issue the message; the transfer still lands ``t_comm`` after the SEND
+starts); both default to 0 (free).
 
 Because ranks run in order, times follow from a single pass in dependency order (a
 per-rank pointer plus a work stack of unblocked ranks), so a schedule of N actions
@@ -327,6 +330,8 @@ def _run(compiled: _Compiled):
     posted_recv: dict[int, tuple[int, int, float]] = {}  # send key -> recv (rank, pos, t)
     blocked_on: dict[int, int] = {}
     t_comm = compiled.t_comm
+    t_send_cpu = float(compiled.costs.t_send_cpu)
+    t_recv_cpu = float(compiled.costs.t_recv_cpu)
     stack = list(range(pp - 1, -1, -1))
 
     def resolve(key: int, time: float) -> None:
@@ -370,6 +375,8 @@ def _run(compiled: _Compiled):
                 rank_starts[pos] = sent
                 rank_ends[pos] = sent + t_comm
                 resolve(key, sent)  # keyed by issue time; the RECV adds the latency
+                if t_send_cpu:
+                    now = sent + t_send_cpu
                 recv = posted_recv.pop(key, None)
                 if recv is not None:
                     r_rank, r_pos, r_post = recv
@@ -378,6 +385,8 @@ def _run(compiled: _Compiled):
                     resolve(plan[r_rank][r_pos][1], arrival)
             elif code == _RECV:
                 rank_starts[pos] = now
+                if t_recv_cpu:
+                    now += t_recv_cpu
                 send_key, latency = deps[0]
                 sent = end_of.get(send_key)
                 if sent is None:

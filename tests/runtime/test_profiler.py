@@ -40,6 +40,7 @@ def worker(rank, world_size, out_path):
                             pp_group=dist.group.WORLD).run_minibatch(microbatches)
     report = {
         "t_f": costs.t_f, "t_b": costs.t_b, "t_w": costs.t_w, "t_comm": costs.t_comm,
+        "t_send_cpu": costs.t_send_cpu, "t_recv_cpu": costs.t_recv_cpu,
         "activation_bytes": {str(k): v.get("activation_bytes", 0)
                              for k, v in profiler.stage_costs.items()},
         "replanned_name": replanned.name, "replanned_pp": replanned.pp,
@@ -58,6 +59,8 @@ def test_profiled_costs_and_replanned_zb_auto(tmp_path):
         report = json.loads((tmp_path / f"profile.{rank}").read_text())
         assert len(report["t_f"]) == len(report["t_b"]) == len(report["t_w"]) == 2
         assert all(value > 0 for key in ("t_f", "t_b", "t_w") for value in report[key])
+        # the lowered zb-h1 sends and receives on both ranks: their CPU cost is measured
+        assert report["t_send_cpu"] > 0 and report["t_recv_cpu"] > 0
         assert report["t_comm"] > 0
         assert all(value > 0 for value in report["activation_bytes"].values())
         assert report["replanned_pp"] == 2

@@ -111,3 +111,32 @@ def test_stage_layers_cover_the_model_once():
         covered = [layer for stage in range(num_stages)
                    for layer in stage_layers(num_layers, num_stages, stage)]
         assert covered == list(range(num_layers))
+
+
+def test_prepost_receives_needs_known_shapes():
+    with pytest.raises(ValueError, match="shapes_from_microbatch"):
+        RuntimeConfig(prepost_receives=True, shapes_from_microbatch=False)
+    RuntimeConfig(prepost_receives=False, shapes_from_microbatch=False)
+
+
+def test_simulator_charges_message_cpu_to_the_sending_rank():
+    """The profiler's per-SEND CPU time blocks the sender: rank 0's compute after its
+    first SEND starts exactly t_send_cpu later; the 0 default changes nothing."""
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.ir import ActionKind
+    from odc_pp.schedule.lowering import lower
+    from odc_pp.schedule.simulator import simulate
+
+    base = CostModel(t_f=1.0, t_b=1.0, t_w=1.0, t_comm=0.1)
+    schedule = lower(generate("1f1b", pp=2, num_microbatches=4, costs=base), base)
+    actions = schedule.ranks[0]
+    first_send = next(i for i, a in enumerate(actions) if a.kind is ActionKind.SEND_F)
+    after = next(a for a in actions[first_send:] if a.is_compute)
+    free = simulate(schedule, base)
+    charged = simulate(schedule, CostModel(t_f=1.0, t_b=1.0, t_w=1.0, t_comm=0.1,
+                                           t_send_cpu=0.25))
+    assert charged.start[after] == pytest.approx(free.start[after] + 0.25)
+    assert charged.makespan > free.makespan
+    with pytest.raises(ValueError, match="t_send_cpu"):
+        CostModel(t_send_cpu=-1.0)
