@@ -61,6 +61,7 @@ def _child(rank: int, world_size: int, port: int, config: LaunchConfig, fn: Call
                                 timeout=timedelta(seconds=config.timeout_s))
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
+        dist.barrier()  # gloo aborts a rank whose peer tears down while it still talks
     except BaseException:  # report everything, including SystemExit from a peer's failure
         results.put((rank, False, traceback.format_exc()))
     finally:

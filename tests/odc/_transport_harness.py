@@ -30,6 +30,7 @@ def _child(rank, world_size, port, fn, args, results, env):
         results.put(("error", rank, traceback.format_exc()))
         return
     try:
+        dist.barrier()  # gloo aborts a rank whose peer tears down while it still talks
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         pass

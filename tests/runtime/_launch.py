@@ -32,6 +32,8 @@ def _entry(rank, world_size, port, target, args):
     except BaseException:
         traceback.print_exc()
         raise
+    else:
+        dist.barrier()  # nobody tears down gloo while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
