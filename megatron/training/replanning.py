@@ -15,42 +15,13 @@ Re-planning changes the order of the actions, not the math: the losses stay the 
 from __future__ import annotations
 
 import hashlib
-import statistics
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
-from odc_pp.runtime.profiler import Profiler, ProfilerConfig
-from odc_pp.schedule.costs import CostModel
+from odc_pp.runtime.profiler import Profiler, ProfilerConfig, merge_measurements
 
-__all__ = ["ZbAutoReplanner", "merge_stage_costs"]
-
-
-def merge_stage_costs(gathered: list[dict], num_stages: int) -> CostModel:
-    """One CostModel from every rank's ``Profiler.local_costs()``: per virtual stage the
-    mean over the ranks that measured it (fused BW actions split evenly into B and W),
-    the slowest neighbour transfer as ``t_comm``."""
-    samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for part in gathered:
-        for stage, measured in part["stages"].items():
-            for kind, value in measured.items():
-                samples[int(stage)][kind].append(float(value))
-    missing = [stage for stage in range(num_stages) if "F" not in samples[stage]]
-    if missing:
-        raise ValueError(f"zb-auto re-planning: no forward time measured for stages {missing}")
-    t_f, t_b, t_w = [], [], []
-    for stage in range(num_stages):
-        mean = {kind: statistics.fmean(values) for kind, values in samples[stage].items()}
-        t_f.append(mean["F"])
-        if "B" in mean:
-            t_b.append(mean["B"])
-            t_w.append(mean.get("W", 0.0))
-        else:
-            t_b.append(mean["BW"] / 2)
-            t_w.append(mean["BW"] / 2)
-    comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
-    return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0)
+__all__ = ["ZbAutoReplanner"]
 
 
 class ZbAutoReplanner:
@@ -93,7 +64,7 @@ class ZbAutoReplanner:
         gathered = [None] * topo.world_size
         dist.all_gather_object(gathered, self.profiler.local_costs())
         num_stages = self.profiler.schedule.num_stages
-        measured = merge_stage_costs(gathered, num_stages)
+        measured = merge_measurements(gathered, num_stages)
         old = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=parts.costs)
         new = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,

@@ -31,7 +31,7 @@ from ..schedule.costs import CostModel
 from ..schedule.ir import ActionKind, Schedule
 from .runtime import MinibatchResult
 
-__all__ = ["ProfilerConfig", "Profiler"]
+__all__ = ["ProfilerConfig", "Profiler", "merge_measurements"]
 
 
 @dataclass(kw_only=True)
@@ -134,33 +134,10 @@ class Profiler:
             raise ValueError("record() at least one minibatch past warmup_minibatches first")
         gathered = [None] * dist.get_world_size(self.pp_group)
         dist.all_gather_object(gathered, self.local_costs(), group=self.pp_group)
-        stages: dict[int, dict[str, float]] = {}
-        for part in gathered:
-            stages.update(part["stages"])
-        num_stages = self.schedule.num_stages
-        if sorted(stages) != list(range(num_stages)):
-            raise ValueError(f"measured stages {sorted(stages)}, need 0..{num_stages - 1}")
-        t_f, t_b, t_w = [], [], []
-        for stage in range(num_stages):
-            measured = stages[stage]
-            t_f.append(measured["F"])
-            if "B" in measured:
-                t_b.append(measured["B"])
-                t_w.append(measured.get("W", 0.0))
-            else:
-                t_b.append(measured["BW"] / 2)
-                t_w.append(measured["BW"] / 2)
-        comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
-        transfers = [part["t_offload"] for part in gathered if part["t_offload"]]
-        self.stage_costs = stages
-        message_cpu = {}
-        for side in ("send", "recv"):  # mean over every rank's messages
-            total = sum(part["message_cpu"][side][0] for part in gathered)
-            count = sum(part["message_cpu"][side][1] for part in gathered)
-            message_cpu[side] = total / count if count else 0.0
-        return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0,
-                         t_send_cpu=message_cpu["send"], t_recv_cpu=message_cpu["recv"],
-                         offload_bandwidth=1.0 / max(transfers) if transfers else None)
+        costs = merge_measurements(gathered, self.schedule.num_stages)
+        self.stage_costs = {stage: measured for part in gathered
+                            for stage, measured in part["stages"].items()}
+        return costs
 
     def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,
                num_microbatches: int | None = None, memory_limit: float | None = None,
@@ -174,3 +151,40 @@ class Profiler:
                             num_microbatches=num_microbatches or self.schedule.num_microbatches,
                             costs=costs, memory_limit=memory_limit, **options)
         return lower(schedule, costs)
+
+
+def merge_measurements(gathered: list[dict], num_stages: int) -> CostModel:
+    """One CostModel from several ranks' :meth:`Profiler.local_costs`: per virtual stage
+    the mean over the ranks that measured it (data-parallel replicas of a stage), fused BW
+    split evenly into B and W; the slowest neighbour transfer as ``t_comm``; the mean
+    per-message send/receive CPU cost over every rank's messages; the slowest host-link
+    transfer as the offload bandwidth."""
+    samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for part in gathered:
+        for stage, measured in part["stages"].items():
+            for kind, value in measured.items():
+                samples[int(stage)][kind].append(float(value))
+    missing = [stage for stage in range(num_stages) if "F" not in samples[stage]]
+    if missing:
+        raise ValueError(f"no forward time measured for stages {missing} (profile at least "
+                         "one minibatch past the warm-up on every stage)")
+    t_f, t_b, t_w = [], [], []
+    for stage in range(num_stages):
+        mean = {kind: statistics.fmean(values) for kind, values in samples[stage].items()}
+        t_f.append(mean["F"])
+        if "B" in mean:
+            t_b.append(mean["B"])
+            t_w.append(mean.get("W", 0.0))
+        else:
+            t_b.append(mean["BW"] / 2)
+            t_w.append(mean["BW"] / 2)
+    comms = [part["t_comm"] for part in gathered if part["t_comm"] is not None]
+    transfers = [part["t_offload"] for part in gathered if part.get("t_offload")]
+    message_cpu = {}
+    for side in ("send", "recv"):
+        total = sum(part["message_cpu"][side][0] for part in gathered if "message_cpu" in part)
+        count = sum(part["message_cpu"][side][1] for part in gathered if "message_cpu" in part)
+        message_cpu[side] = total / count if count else 0.0
+    return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0,
+                     t_send_cpu=message_cpu["send"], t_recv_cpu=message_cpu["recv"],
+                     offload_bandwidth=1.0 / max(transfers) if transfers else None)
