@@ -110,9 +110,11 @@ def _pyplot():
     return plt
 
 
-def _make_parent_dir(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+def _save(fig, path: str) -> None:
+    """Lay out and write ``fig`` to ``path``, creating its folder."""
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
 
 
 def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
@@ -138,9 +140,7 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
                      f"makespan {sim.makespan:.2f}, bubble {sim.bubble_rate:.1%}")
         handles = [plt.Rectangle((0, 0), 1, 1, color=_COLOURS[k]) for k in _COLOURS]
         ax.legend(handles, [k.value for k in _COLOURS], loc="upper right", fontsize=7)
-        fig.tight_layout()
-        _make_parent_dir(path)
-        fig.savefig(path, dpi=100)
+        _save(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -163,9 +163,7 @@ def render_memory_png(schedule: Schedule, sim: SimResult, path: str) -> str:
         ax.set_title(f"{schedule.name}: peak {max(sim.peak_activation, default=0):g}")
         if schedule.pp <= 16:
             ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        _make_parent_dir(path)
-        fig.savefig(path, dpi=100)
+        _save(fig, path)
     finally:
         plt.close(fig)
     return path
