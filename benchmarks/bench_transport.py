@@ -1,9 +1,11 @@
 """ODC transport bandwidth vs. the local memcpy limit and gloo collectives, in one run.
 
 Two ranks on this host (gloo). For each size (bytes of the full tensor): single-thread
-memcpy GB/s (rank 0 alone, and every rank at once), ODC gather_into_tensor and scatter_accumulate (+ wait + sync)
-GB/s, and gloo all_gather_into_tensor / reduce_scatter_tensor GB/s. GB/s = full-tensor
-bytes / median seconds. Ratios are printed next to the targets of issue 3.
+libc memcpy and the transport's own copy kernel on rank 0 alone, that kernel on every
+rank at once, ODC gather_into_tensor and scatter_accumulate (+ wait + sync), and gloo
+all_gather_into_tensor / reduce_scatter_tensor. Every op runs once per round, rounds
+repeat, GB/s = full-tensor bytes / median seconds. Ratios are printed next to the targets
+of issue 3.
 
     python benchmarks/bench_transport.py [--json] [--sizes-mib 1 4 16 64 256] [--out FILE]
 """
@@ -28,64 +30,71 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-def _median_seconds(fn, iterations: int) -> float:
-    times = []
-    for _ in range(iterations):
-        dist.barrier()
-        start = time.perf_counter()
+def _timed(fn, only_rank0: bool, rank: int) -> float:
+    """Seconds of one call; the slower rank defines the op (rank 0 alone if only_rank0)."""
+    dist.barrier()
+    start = time.perf_counter()
+    if rank == 0 or not only_rank0:
         fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank defines the op
-        times.append(float(elapsed))
-    return statistics.median(times)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if only_rank0 and rank != 0:
+        elapsed.zero_()
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
+
+
+def _interleaved_medians(ops: dict, iterations: int, rank: int) -> dict[str, float]:
+    """Median seconds per op, running every op once per round so that they all see the
+    same machine (these boxes are noisy: measuring one op after another compares times)."""
+    times = {name: [] for name in ops}
+    for _ in range(iterations):
+        for name, (fn, only_rank0) in ops.items():
+            times[name].append(_timed(fn, only_rank0, rank))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
     from odc_pp import _C
-    world = group.world_size
+    world, rank = group.world_size, group.rank
     numel = nbytes // 4
     shard_size = -(-numel // world)
-    row = {"mib": nbytes / 2**20}
-    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
-    if group.rank == 0:
-        src, dst = torch.ones(numel), torch.empty(numel)
-        times = []
-        for _ in range(iterations):
-            start = time.perf_counter()
-            _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes, 1)
-            times.append(time.perf_counter() - start)
-        row["memcpy_1thread_gbps"] = gbps(statistics.median(times))
-        del src, dst
-    dist.barrier()
-    # the same copy on every rank at once: the memory-bandwidth share a rank really has
-    # while all ranks gather (the slower rank defines the time, as for the collectives)
     src, dst = torch.ones(numel), torch.zeros(numel)
-    row["memcpy_concurrent_gbps"] = gbps(_median_seconds(
-        lambda: _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes, 1), iterations))
-    del src, dst
     shard = odc.symmetric_empty(shard_size, torch.float32, group)
     shard.fill_(1.0)
     accumulator = odc.symmetric_empty(shard_size, torch.float32, group)
     accumulator.zero_()
-    output = torch.empty(numel)
-    gradient = torch.ones(numel)
+    output, gradient = torch.zeros(numel), torch.ones(numel)
+    padded_out, reduced = torch.zeros(shard_size * world), torch.zeros(shard_size)
+    padded_in = torch.ones(shard_size * world)
     odc.sync(group)
-    row["odc_gather_gbps"] = gbps(_median_seconds(
-        lambda: odc.gather_into_tensor(output, shard, group), iterations))
 
     def push():
         odc.scatter_accumulate(accumulator, gradient, group).wait()
         odc.sync(group)
 
-    row["odc_scatter_accumulate_gbps"] = gbps(_median_seconds(push, iterations))
-    padded_out = torch.empty(shard_size * world)
-    reduced = torch.empty(shard_size)
-    padded_in = torch.ones(shard_size * world)
-    row["gloo_all_gather_gbps"] = gbps(_median_seconds(
-        lambda: dist.all_gather_into_tensor(padded_out, shard.clone()), iterations))
-    row["gloo_reduce_scatter_gbps"] = gbps(_median_seconds(
-        lambda: dist.reduce_scatter_tensor(reduced, padded_in), iterations))
+    ops = {
+        # single-thread copies on rank 0 alone: libc memcpy (the reference) and the
+        # transport's copy kernel
+        "memcpy_1thread": (lambda: _C.libc_copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes),
+                           True),
+        "kernel_1thread": (lambda: _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes, 1),
+                           True),
+        # the kernel on every rank at once: the memory-bandwidth share a rank really has
+        # while all ranks gather
+        "kernel_concurrent": (lambda: _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes, 1),
+                              False),
+        "odc_gather": (lambda: odc.gather_into_tensor(output, shard, group), False),
+        "odc_scatter_accumulate": (push, False),
+        "gloo_all_gather": (lambda: dist.all_gather_into_tensor(padded_out, shard.clone()),
+                            False),
+        "gloo_reduce_scatter": (lambda: dist.reduce_scatter_tensor(reduced, padded_in), False),
+    }
+    for fn, only_rank0 in ops.values():  # warm-up: page faults, first mappings
+        _timed(fn, only_rank0, rank)
+    medians = _interleaved_medians(ops, iterations, rank)
     group.destroy()  # unmaps the peers' buffers of this size
+    row = {"mib": nbytes / 2**20}
+    row.update({f"{name}_gbps": nbytes / seconds / 1e9 for name, seconds in medians.items()})
     return row
 
 
@@ -98,7 +107,7 @@ def _worker(rank: int, world: int, port: int, sizes_mib: list[float], threads: i
     for mib in sizes_mib:
         group = odc.new_group(config=odc.TransportConfig(timeout_s=120, num_threads=threads))
         nbytes = int(mib * 2**20)
-        rows.append(_measure_size(group, nbytes, 21 if nbytes <= 16 * 2**20 else 7, odc))
+        rows.append(_measure_size(group, nbytes, 31 if nbytes <= 16 * 2**20 else 11, odc))
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -111,9 +120,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _copy_kernel() -> str:
+    from odc_pp import _C
+    return _C.copy_kernel()
+
+
 def _add_ratios(row: dict) -> dict:
     row["gather_vs_memcpy"] = row["odc_gather_gbps"] / row["memcpy_1thread_gbps"]
-    row["gather_vs_concurrent_memcpy"] = row["odc_gather_gbps"] / row["memcpy_concurrent_gbps"]
+    row["gather_vs_kernel"] = row["odc_gather_gbps"] / row["kernel_1thread_gbps"]
+    row["gather_vs_concurrent_kernel"] = row["odc_gather_gbps"] / row["kernel_concurrent_gbps"]
     row["gather_vs_gloo_all_gather"] = row["odc_gather_gbps"] / row["gloo_all_gather_gbps"]
     row["scatter_vs_gloo_reduce_scatter"] = (row["odc_scatter_accumulate_gbps"]
                                              / row["gloo_reduce_scatter_gbps"])
@@ -136,7 +151,8 @@ def main(argv=None) -> int:
     rows = [_add_ratios(row) for row in queue.get(timeout=1800)]
     processes.join()
     result = {"benchmark": "odc transport vs memcpy and gloo", "ranks": world, "num_threads": args.threads,
-              "host_cpus": os.cpu_count(), "torch": torch.__version__, "rows": rows,
+              "host_cpus": os.cpu_count(), "torch": torch.__version__,
+              "copy_kernel": _copy_kernel(), "rows": rows,
               "targets": {"gather_vs_memcpy_at_16mib_plus": 0.7,
                           "gather_vs_gloo_all_gather": 3.0,
                           "scatter_vs_gloo_reduce_scatter": 2.0}}
@@ -147,15 +163,17 @@ def main(argv=None) -> int:
     if args.json:
         print(text)
     else:
-        print(f"{'MiB':>6} {'memcpy':>8} {'gather':>8} {'scatter':>8} {'gloo_ag':>8} "
-              f"{'gloo_rs':>8} {'cc_mem':>8} {'g/mem':>6} {'g/cc':>6} {'g/ag':>6} {'s/rs':>6}"
-              "  (GB/s, ratios; cc_mem: memcpy on both ranks at once)")
+        print(f"copy kernel: {result['copy_kernel']}")
+        print(f"{'MiB':>6} {'memcpy':>8} {'kernel':>8} {'cc_kern':>8} {'gather':>8} {'scatter':>8} "
+              f"{'gloo_ag':>8} {'gloo_rs':>8} {'g/mem':>6} {'g/kern':>6} {'g/cc':>6} {'g/ag':>6} "
+              f"{'s/rs':>6}  (GB/s, ratios; cc_kern: the copy kernel on both ranks at once)")
         for row in rows:
             print(f"{row['mib']:>6.0f} {row['memcpy_1thread_gbps']:>8.2f} "
+                  f"{row['kernel_1thread_gbps']:>8.2f} {row['kernel_concurrent_gbps']:>8.2f} "
                   f"{row['odc_gather_gbps']:>8.2f} {row['odc_scatter_accumulate_gbps']:>8.2f} "
                   f"{row['gloo_all_gather_gbps']:>8.2f} {row['gloo_reduce_scatter_gbps']:>8.2f} "
-                  f"{row['memcpy_concurrent_gbps']:>8.2f} "
-                  f"{row['gather_vs_memcpy']:>6.2f} {row['gather_vs_concurrent_memcpy']:>6.2f} "
+                  f"{row['gather_vs_memcpy']:>6.2f} {row['gather_vs_kernel']:>6.2f} "
+                  f"{row['gather_vs_concurrent_kernel']:>6.2f} "
                   f"{row['gather_vs_gloo_all_gather']:>6.2f} "
                   f"{row['scatter_vs_gloo_reduce_scatter']:>6.2f}")
     return 0

@@ -52,6 +52,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("pid_alive", &odc::pid_alive, py::arg("pid"));
   m.def("copy_bytes", &odc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "libc_copy_bytes",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes) {
+        odc::libc_copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+      "Single-threaded libc memcpy (the reference the transport benchmark compares to).");
+  m.def("copy_kernel", &odc::fast_copy_kernel,
+        "Kernel copy_bytes uses for large copies on this CPU (for example 'avx512 streaming stores').");
   m.def("accumulate_local", &odc::accumulate_local, py::arg("dst"), py::arg("src"),
         py::arg("dtype"), py::arg("count"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>(),

@@ -10,9 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -23,6 +21,7 @@ namespace odc {
 namespace {
 
 constexpr size_t kMinBytesPerThread = size_t(2) << 20;
+constexpr double kLivenessPeriodS = 0.005;
 constexpr size_t kLockChunkElems = size_t(64) << 10;  // 256 KiB of fp32 per lock
 
 double now_s() {
@@ -60,65 +59,6 @@ class Backoff {
  private:
   uint64_t spins_ = 0;
 };
-
-std::array<float, 65536> make_half_table() {
-  std::array<float, 65536> table{};
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const uint32_t sign = (h >> 15) & 1, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-    float value;
-    if (exponent == 0) {
-      value = std::ldexp(static_cast<float>(mantissa), -24);
-    } else if (exponent == 31) {
-      value = mantissa ? std::nanf("") : INFINITY;
-    } else {
-      value = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
-    }
-    table[h] = sign ? -value : value;
-  }
-  return table;
-}
-
-const std::array<float, 65536>& half_table() {
-  static const std::array<float, 65536> table = make_half_table();
-  return table;
-}
-
-void add_range(float* dst, const void* src, int dtype, size_t count) {
-  switch (dtype) {
-    case kFloat32: {
-      const float* s = static_cast<const float*>(src);
-      for (size_t i = 0; i < count; ++i) dst[i] += s[i];
-      return;
-    }
-    case kBFloat16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;
-        float value;
-        std::memcpy(&value, &bits, sizeof(value));
-        dst[i] += value;
-      }
-      return;
-    }
-    case kFloat16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      const float* table = half_table().data();
-      for (size_t i = 0; i < count; ++i) dst[i] += table[s[i]];
-      return;
-    }
-    default:
-      throw std::invalid_argument("unsupported dtype code " + std::to_string(dtype));
-  }
-}
-
-size_t dtype_size(int dtype) {
-  switch (dtype) {
-    case kFloat32: return 4;
-    case kBFloat16:
-    case kFloat16: return 2;
-    default: throw std::invalid_argument("unsupported dtype code " + std::to_string(dtype));
-  }
-}
 
 int threads_for(size_t nbytes, int num_threads) {
   const size_t by_size = std::max<size_t>(1, nbytes / kMinBytesPerThread);
@@ -221,8 +161,8 @@ void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads) {
   run_parallel(workers, [&](int w) {
     const size_t begin = std::min(nbytes, per * w), end = std::min(nbytes, begin + per);
     if (end > begin)
-      std::memcpy(reinterpret_cast<void*>(dst + begin), reinterpret_cast<const void*>(src + begin),
-                  end - begin);
+      fast_copy(reinterpret_cast<void*>(dst + begin), reinterpret_cast<const void*>(src + begin),
+                end - begin);
   });
 }
 
@@ -233,7 +173,7 @@ void accumulate_local(uintptr_t dst, uintptr_t src, int dtype, size_t count, int
   run_parallel(workers, [&](int w) {
     const size_t begin = std::min(count, per * w), end = std::min(count, begin + per);
     if (end > begin)
-      add_range(reinterpret_cast<float*>(dst) + begin,
+      add_into_fp32(reinterpret_cast<float*>(dst) + begin,
                 reinterpret_cast<const void*>(src + begin * elem), dtype, end - begin);
   });
 }
@@ -250,6 +190,8 @@ HostGroup::HostGroup(int rank, std::vector<std::shared_ptr<Segment>> peers_contr
       pids_.size() != world)
     throw std::invalid_argument("HostGroup: rank/world/global_ranks/pids do not agree");
   if (!controls_[rank]) throw std::invalid_argument("HostGroup: own control segment missing");
+  next_liveness_check_ns_.reset(new std::atomic<int64_t>[world]);
+  for (size_t r = 0; r < world; ++r) next_liveness_check_ns_[r].store(0);
   for (size_t r = 0; r < world; ++r) {
     if (!controls_[r]) continue;
     if (controls_[r]->size() < sizeof(ControlBlock))
@@ -268,7 +210,12 @@ std::string HostGroup::describe(int peer) const {
 }
 
 void HostGroup::check_peer(int peer, const char* what) const {
-  if (peer != rank_ && !pid_alive(pids_[peer]))
+  if (peer == rank_) return;
+  const int64_t now_ns = static_cast<int64_t>(now_s() * 1e9);
+  std::atomic<int64_t>& next = next_liveness_check_ns_[peer];
+  if (now_ns < next.load(std::memory_order_relaxed)) return;
+  next.store(now_ns + static_cast<int64_t>(kLivenessPeriodS * 1e9), std::memory_order_relaxed);
+  if (!pid_alive(pids_[peer]))
     throw PeerError("odc transport: " + describe(peer) + " died while rank " +
                     std::to_string(rank_) + " was waiting for it (" + what + ")");
 }
@@ -327,7 +274,7 @@ void HostGroup::accumulate_into(int owner, uintptr_t dst, int64_t alloc_id, size
       const uint64_t key = static_cast<uint64_t>(alloc_id) * 0x9E3779B97F4A7C15ULL + chunk;
       const uint32_t index = static_cast<uint32_t>((key ^ (key >> 29)) % kNumLocks);
       lock_chunk(owner, index, deadline);
-      add_range(reinterpret_cast<float*>(dst) + begin,
+      add_into_fp32(reinterpret_cast<float*>(dst) + begin,
                 reinterpret_cast<const void*>(src + begin * elem), dtype, end - begin);
       unlock_chunk(owner, index);
     }

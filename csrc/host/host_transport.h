@@ -15,10 +15,9 @@
 #include <string>
 #include <vector>
 
-namespace odc {
+#include "copy_kernels.h"
 
-// dtype codes shared with odc_pp/odc/transport_host.py
-enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+namespace odc {
 
 // Raised when a peer does not answer in time or has died; the message names the peer.
 class PeerError : public std::runtime_error {
@@ -98,7 +97,9 @@ class HostGroup {
   // Deterministic mode: wait until owner's turn counter equals `value`.
   void wait_turn(int owner, uint64_t value) const;
   void set_turn(int owner, uint64_t value) const;
-  // Throws PeerError if a same-host peer's process is gone.
+  // Throws PeerError if a same-host peer's process is gone. The process table is read at
+  // most once per kLivenessPeriodS per peer (a look costs ~10 us, more than a small get);
+  // between looks a peer counts as alive.
   void check_peer(int peer, const char* what) const;
 
  private:
@@ -113,6 +114,8 @@ class HostGroup {
   std::vector<std::shared_ptr<Segment>> controls_;
   std::vector<int64_t> global_ranks_;
   std::vector<int64_t> pids_;
+  // per peer: steady-clock nanoseconds before which check_peer need not look again
+  std::unique_ptr<std::atomic<int64_t>[]> next_liveness_check_ns_;
   double timeout_s_;
   int num_threads_;
 };

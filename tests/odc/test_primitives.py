@@ -44,11 +44,32 @@ def test_accumulate_local_converts_like_torch(dtype, threads):
     assert torch.equal(target, expected)
 
 
-def test_copy_bytes_odd_sizes():
-    source = torch.randint(0, 255, (5_000_003,), dtype=torch.uint8)
-    target = torch.zeros_like(source)
-    _C.copy_bytes(target.data_ptr(), source.data_ptr(), source.numel(), 4)
-    assert torch.equal(target, source)
+STREAMING_MIN = 4 << 20  # csrc/host/copy_kernels.cpp: kStreamingMinBytes
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 255, 4097, STREAMING_MIN - 1, STREAMING_MIN,
+                                    STREAMING_MIN + 13, 2 * STREAMING_MIN + 4093])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kernel", ["transport", "libc"])
+def test_copy_kernels_copy_exactly_the_range(nbytes, threads, kernel):
+    """Every size and (mis)alignment, both sides of the streaming threshold: the bytes are
+    copied and the neighbours untouched."""
+    generator = torch.Generator().manual_seed(nbytes)
+    source = torch.randint(0, 255, (nbytes + 80,), dtype=torch.uint8, generator=generator)
+    for dst_offset, src_offset in [(0, 0), (1, 3), (17, 64), (63, 5)]:
+        target = torch.zeros(nbytes + 80, dtype=torch.uint8)
+        dst, src = target.data_ptr() + dst_offset, source.data_ptr() + src_offset
+        if kernel == "transport":
+            _C.copy_bytes(dst, src, nbytes, threads)
+        else:
+            _C.libc_copy_bytes(dst, src, nbytes)
+        assert torch.equal(target[dst_offset:dst_offset + nbytes],
+                           source[src_offset:src_offset + nbytes])
+        assert not target[:dst_offset].any() and not target[dst_offset + nbytes:].any()
+
+
+def test_copy_kernel_is_named():
+    assert _C.copy_kernel() in {"avx512 streaming stores", "sse2 streaming stores", "memcpy"}
 
 
 def test_stale_segment_of_dead_pid_is_removed_and_live_one_kept():

@@ -1,0 +1,31 @@
+// Single-threaded byte copy and fp32 accumulate kernels of the host backend.
+//
+// Contract of every function here: the ranges do not overlap, any size (0 included) and
+// any alignment are valid, and the kernel runs on the calling thread only (callers split
+// large work over threads themselves).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace odc {
+
+// dtype codes shared with odc_pp/odc/transport_host.py
+enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// dst[0, nbytes) = src[0, nbytes). Large copies on x86-64 use streaming stores (AVX-512
+// where the CPU has it, else SSE2), which do not read the destination first; small ones and
+// other architectures use libc memcpy. The stores are fenced before returning.
+void fast_copy(void* dst, const void* src, size_t nbytes);
+// dst[0, nbytes) = src[0, nbytes) with libc memcpy (the reference the benchmark compares to).
+void libc_copy(void* dst, const void* src, size_t nbytes);
+// Name of the kernel fast_copy uses for large copies on this CPU (e.g. "avx512 streaming stores").
+const char* fast_copy_kernel();
+
+// fp32 dst[i] += src[i] for i < count; src is fp32 (dtype 0), bf16 (1) or fp16 (2), every
+// conversion exact. Throws std::invalid_argument for another dtype code.
+void add_into_fp32(float* dst, const void* src, int dtype, size_t count);
+// Bytes per element of a dtype code (throws for an unknown code).
+size_t dtype_size(int dtype);
+
+}  // namespace odc
