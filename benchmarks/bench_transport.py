@@ -30,12 +30,19 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-def _timed(fn, only_rank0: bool, rank: int) -> float:
-    """Seconds of one call; the slower rank defines the op (rank 0 alone if only_rank0)."""
+def _no_device_sync() -> None:
+    pass
+
+
+def _timed(fn, only_rank0: bool, rank: int, synchronize=_no_device_sync) -> float:
+    """Seconds of one call; the slower rank defines the op (rank 0 alone if only_rank0).
+    ``synchronize`` waits for queued device work (CUDA) before and after the call."""
     dist.barrier()
+    synchronize()
     start = time.perf_counter()
     if rank == 0 or not only_rank0:
         fn()
+        synchronize()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     if only_rank0 and rank != 0:
         elapsed.zero_()
@@ -43,13 +50,17 @@ def _timed(fn, only_rank0: bool, rank: int) -> float:
     return float(elapsed)
 
 
-def _interleaved_medians(ops: dict, iterations: int, rank: int) -> dict[str, float]:
-    """Median seconds per op, running every op once per round so that they all see the
-    same machine (these boxes are noisy: measuring one op after another compares times)."""
+def _interleaved_medians(ops: dict, iterations: int, rank: int,
+                         synchronize=_no_device_sync) -> dict[str, float]:
+    """Median seconds per op ({name: (fn, only_rank0)}), after one warm-up call each,
+    running every op once per round so that they all see the same machine (these boxes are
+    noisy: measuring one op after another compares different times)."""
+    for fn, only_rank0 in ops.values():  # page faults, first mappings
+        _timed(fn, only_rank0, rank, synchronize)
     times = {name: [] for name in ops}
     for _ in range(iterations):
         for name, (fn, only_rank0) in ops.items():
-            times[name].append(_timed(fn, only_rank0, rank))
+            times[name].append(_timed(fn, only_rank0, rank, synchronize))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -89,8 +100,6 @@ def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
                             False),
         "gloo_reduce_scatter": (lambda: dist.reduce_scatter_tensor(reduced, padded_in), False),
     }
-    for fn, only_rank0 in ops.values():  # warm-up: page faults, first mappings
-        _timed(fn, only_rank0, rank)
     medians = _interleaved_medians(ops, iterations, rank)
     group.destroy()  # unmaps the peers' buffers of this size
     row = {"mib": nbytes / 2**20}
