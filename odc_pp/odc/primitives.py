@@ -491,6 +491,8 @@ def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGrou
     if group.config.backend == "collective":
         collective.gather_collective(output, shard, group.process_group)
         return
+    if output.numel() == 0:  # (torch gives empty tensors data_ptr 0: nothing to locate)
+        return
     allocation, offset = group.locate(shard, "shard")
     if output.is_cuda:
         _GroupOps.gather_cuda(group, output, allocation, offset)
@@ -520,6 +522,8 @@ def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: Od
         handle = Work(waiter=wait)
         group._pending.append(handle)
         return handle
+    if input.numel() == 0:
+        return Work()
     allocation, offset = group.locate(accumulator, "accumulator")
     if group.config.deterministic:
         _GroupOps.stage(group, allocation, offset, input)

@@ -22,7 +22,10 @@ from ._transport_harness import spawn_ranks
 
 pytestmark = pytest.mark.multiproc
 
-SIZES = [1, 4099]  # includes sizes smaller than, and not multiples of, the world
+SIZES = [0, 1, 4099]  # empty, smaller than the world, not a multiple of it
+# shards of >= 4 MiB at every world size here: threaded copies with streaming stores
+# (csrc/host/copy_kernels.cpp) and threaded, chunk-locked accumulates
+LARGE_NUMEL = 3 * 2**22 + 5
 INPUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -87,10 +90,36 @@ def _check_group(group, process_group, deterministic_expected):
             odc.sync(group)  # nobody adds any more before the buffer is reset
 
 
+def _check_large(group, process_group):
+    """One large gather and one fp32 scatter_accumulate per rank against the collectives."""
+    rank, world = group.rank, group.world_size
+    shard_size = -(-LARGE_NUMEL // world)
+    shard = odc.symmetric_empty(shard_size, torch.float32, group)
+    shard.copy_(torch.arange(shard_size, dtype=torch.float32) * (rank + 1))
+    odc.sync(group)
+    output = torch.zeros(LARGE_NUMEL)
+    odc.gather_into_tensor(output, shard, group)
+    assert torch.equal(output, _reference_gather(shard, LARGE_NUMEL, process_group))
+    odc.sync(group)
+    shard.zero_()
+    odc.sync(group)
+    contribution = _contribution(rank, 0, LARGE_NUMEL, torch.float32)
+    odc.scatter_accumulate(shard, contribution, group).wait(timeout=60)
+    odc.sync(group)
+    padded = torch.zeros(shard_size * world)
+    padded[:LARGE_NUMEL] = contribution
+    reduced = torch.empty(shard_size)
+    dist.reduce_scatter_tensor(reduced, padded, group=process_group)
+    start, end = odc.shard_range(LARGE_NUMEL, rank, world)
+    torch.testing.assert_close(shard[:end - start], reduced[:end - start], rtol=1e-6, atol=1e-6)
+    odc.sync(group)
+
+
 def _run_checks(rank, world, results, configs):
     for config in configs:
         group = odc.new_group(config=config)
         _check_group(group, dist.group.WORLD, config.deterministic)
+        _check_large(group, dist.group.WORLD)
         group.destroy()
     if world == 4:  # strided groups, as Megatron's data-parallel groups are
         evens, odds = dist.new_group([0, 2]), dist.new_group([1, 3])
@@ -139,6 +168,7 @@ def _run_cross_host(rank, world, results):
         assert group._link is not None and not any(
             group.local[p] for p in range(world) if p != rank)
         _check_group(group, dist.group.WORLD, deterministic)
+        _check_large(group, dist.group.WORLD)
         group.destroy()
     return True
 
