@@ -19,7 +19,7 @@ def _run_cuda(rank, world, results, deterministic):
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     group = odc.new_group(config=odc.TransportConfig(timeout_s=60, deterministic=deterministic))
-    for numel in (1, 4099, 1 << 20):
+    for numel in (0, 1, 4099, 1 << 20):
         shard_size = -(-numel // world)
         backing = odc.symmetric_empty(shard_size + 1, torch.float32, group, device=device)
         shard = backing[1:]
