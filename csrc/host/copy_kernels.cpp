@@ -89,9 +89,17 @@ const std::array<float, 65536>& half_table() {
 
 }  // namespace
 
-void fast_copy(void* dst, const void* src, size_t nbytes) {
+bool prefers_streaming(size_t total_bytes) {
 #if defined(__x86_64__)
-  if (nbytes >= kStreamingMinBytes) {
+  return total_bytes >= kStreamingMinBytes;
+#else
+  return false;
+#endif
+}
+
+void fast_copy(void* dst, const void* src, size_t nbytes, bool streaming) {
+#if defined(__x86_64__)
+  if (streaming) {
     auto* out = static_cast<char*>(dst);
     const auto* in = static_cast<const char*>(src);
     if (cpu_has_avx512f())

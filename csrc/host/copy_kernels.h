@@ -13,10 +13,13 @@ namespace odc {
 // dtype codes shared with odc_pp/odc/transport_host.py
 enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
-// dst[0, nbytes) = src[0, nbytes). Large copies on x86-64 use streaming stores (AVX-512
-// where the CPU has it, else SSE2), which do not read the destination first; small ones and
-// other architectures use libc memcpy. The stores are fenced before returning.
-void fast_copy(void* dst, const void* src, size_t nbytes);
+// Whether a copy of total_bytes in all (over every thread that shares it) should bypass
+// the cache: true from 4 MiB on x86-64, where streaming stores exist.
+bool prefers_streaming(size_t total_bytes);
+// dst[0, nbytes) = src[0, nbytes). streaming: with non-temporal stores (AVX-512 where the
+// CPU has it, else SSE2), which do not read the destination lines first, fenced before
+// returning; ignored where prefers_streaming is always false. Else libc memcpy.
+void fast_copy(void* dst, const void* src, size_t nbytes, bool streaming);
 // dst[0, nbytes) = src[0, nbytes) with libc memcpy (the reference the benchmark compares to).
 void libc_copy(void* dst, const void* src, size_t nbytes);
 // Name of the kernel fast_copy uses for large copies on this CPU (e.g. "avx512 streaming stores").

@@ -158,11 +158,12 @@ bool pid_alive(int64_t pid) {
 void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads) {
   const int workers = threads_for(nbytes, num_threads);
   const size_t per = (nbytes + workers - 1) / workers;
+  const bool streaming = prefers_streaming(nbytes);
   run_parallel(workers, [&](int w) {
     const size_t begin = std::min(nbytes, per * w), end = std::min(nbytes, begin + per);
     if (end > begin)
       fast_copy(reinterpret_cast<void*>(dst + begin), reinterpret_cast<const void*>(src + begin),
-                end - begin);
+                end - begin, streaming);
   });
 }
 

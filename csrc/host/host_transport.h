@@ -67,7 +67,8 @@ struct ControlBlock {
 
 bool pid_alive(int64_t pid);
 
-// Parallel memcpy (threads only for large copies).
+// Parallel copy (threads only for large copies; streaming stores for large totals, see
+// copy_kernels.h).
 void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads);
 // dst (fp32) += src (dtype), no locking: for private buffers.
 void accumulate_local(uintptr_t dst, uintptr_t src, int dtype, size_t count, int num_threads);
