@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <new>
+#include <optional>
 
 #include "host_transport.h"
 
@@ -50,8 +51,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("init_control", &init_control, py::arg("segment"), py::arg("pid"));
   m.def("pid_alive", &odc::pid_alive, py::arg("pid"));
-  m.def("copy_bytes", &odc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
-        py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "copy_bytes",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads,
+         std::optional<size_t> transfer_bytes) {
+        odc::copy_bytes(dst, src, nbytes, num_threads,
+                        odc::prefers_streaming(transfer_bytes.value_or(nbytes)));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("num_threads"),
+      py::arg("transfer_bytes") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "Copy nbytes on up to num_threads threads. transfer_bytes: size of the whole transfer "
+      "this copy is a piece of (decides streaming stores; default nbytes).");
+  m.def("prefers_streaming", &odc::prefers_streaming, py::arg("total_bytes"));
   m.def(
       "libc_copy_bytes",
       [](uintptr_t dst, uintptr_t src, size_t nbytes) {

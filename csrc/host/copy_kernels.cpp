@@ -7,6 +7,7 @@
 #include <string>
 
 #include <algorithm>
+#include <cstdlib>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -59,8 +60,13 @@ void stream_copy_sse2(char* dst, const char* src, size_t nbytes) {
   std::memcpy(dst + i, src + i, nbytes - i);
 }
 
-bool cpu_has_avx512f() {
-  static const bool value = __builtin_cpu_supports("avx512f");
+// AVX-512 when the CPU has it, unless ODC_PP_STREAMING_ISA=sse2 (tests and troubleshooting).
+bool use_avx512() {
+  static const bool value = [] {
+    const char* isa = std::getenv("ODC_PP_STREAMING_ISA");
+    if (isa != nullptr && std::strcmp(isa, "sse2") == 0) return false;
+    return static_cast<bool>(__builtin_cpu_supports("avx512f"));
+  }();
   return value;
 }
 #endif
@@ -102,7 +108,7 @@ void fast_copy(void* dst, const void* src, size_t nbytes, bool streaming) {
   if (streaming) {
     auto* out = static_cast<char*>(dst);
     const auto* in = static_cast<const char*>(src);
-    if (cpu_has_avx512f())
+    if (use_avx512())
       stream_copy_avx512(out, in, nbytes);
     else
       stream_copy_sse2(out, in, nbytes);
@@ -118,7 +124,7 @@ void libc_copy(void* dst, const void* src, size_t nbytes) {
 
 const char* fast_copy_kernel() {
 #if defined(__x86_64__)
-  return cpu_has_avx512f() ? "avx512 streaming stores" : "sse2 streaming stores";
+  return use_avx512() ? "avx512 streaming stores" : "sse2 streaming stores";
 #else
   return "memcpy";
 #endif

@@ -155,10 +155,9 @@ bool pid_alive(int64_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads) {
+void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads, bool streaming) {
   const int workers = threads_for(nbytes, num_threads);
   const size_t per = (nbytes + workers - 1) / workers;
-  const bool streaming = prefers_streaming(nbytes);
   run_parallel(workers, [&](int w) {
     const size_t begin = std::min(nbytes, per * w), end = std::min(nbytes, begin + per);
     if (end > begin)

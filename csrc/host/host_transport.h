@@ -67,9 +67,9 @@ struct ControlBlock {
 
 bool pid_alive(int64_t pid);
 
-// Parallel copy (threads only for large copies; streaming stores for large totals, see
-// copy_kernels.h).
-void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads);
+// Parallel copy (threads only for large copies). streaming: see copy_kernels.h; callers
+// copying one piece of a larger transfer pass prefers_streaming(size of the whole).
+void copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes, int num_threads, bool streaming);
 // dst (fp32) += src (dtype), no locking: for private buffers.
 void accumulate_local(uintptr_t dst, uintptr_t src, int dtype, size_t count, int num_threads);
 

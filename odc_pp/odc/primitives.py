@@ -309,7 +309,7 @@ class _GroupOps:
                 group._host.check_peer(peer, "gather")
                 _C.copy_bytes(flat.data_ptr() + start * element,
                               allocation.peer_bases[peer] + offset, (end - start) * element,
-                              group.num_threads)
+                              group.num_threads, numel * element)
 
     @staticmethod
     def scatter_host(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:

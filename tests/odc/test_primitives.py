@@ -4,6 +4,8 @@ validation, the host extension's conversions, and stale-segment cleanup."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -50,10 +52,11 @@ STREAMING_MIN = 4 << 20  # csrc/host/copy_kernels.cpp: kStreamingMinBytes
 @pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 255, 4097, STREAMING_MIN - 1, STREAMING_MIN,
                                     STREAMING_MIN + 13, 2 * STREAMING_MIN + 4093])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("kernel", ["transport", "libc"])
+@pytest.mark.parametrize("kernel", ["transport", "streaming", "cached", "libc"])
 def test_copy_kernels_copy_exactly_the_range(nbytes, threads, kernel):
-    """Every size and (mis)alignment, both sides of the streaming threshold: the bytes are
-    copied and the neighbours untouched."""
+    """Every size and (mis)alignment, both sides of the streaming threshold, and each kernel
+    forced (a piece of a large / of a small transfer): the bytes are copied and the
+    neighbours untouched."""
     generator = torch.Generator().manual_seed(nbytes)
     source = torch.randint(0, 255, (nbytes + 80,), dtype=torch.uint8, generator=generator)
     for dst_offset, src_offset in [(0, 0), (1, 3), (17, 64), (63, 5)]:
@@ -61,6 +64,9 @@ def test_copy_kernels_copy_exactly_the_range(nbytes, threads, kernel):
         dst, src = target.data_ptr() + dst_offset, source.data_ptr() + src_offset
         if kernel == "transport":
             _C.copy_bytes(dst, src, nbytes, threads)
+        elif kernel in ("streaming", "cached"):
+            transfer = 1 << 40 if kernel == "streaming" else 0
+            _C.copy_bytes(dst, src, nbytes, threads, transfer_bytes=transfer)
         else:
             _C.libc_copy_bytes(dst, src, nbytes)
         assert torch.equal(target[dst_offset:dst_offset + nbytes],
@@ -68,8 +74,29 @@ def test_copy_kernels_copy_exactly_the_range(nbytes, threads, kernel):
         assert not target[:dst_offset].any() and not target[dst_offset + nbytes:].any()
 
 
-def test_copy_kernel_is_named():
+def test_sse2_streaming_kernel_copies_exactly():
+    """The fallback for CPUs without AVX-512, forced (it is chosen once per process)."""
+    if _C.copy_kernel() == "memcpy":
+        pytest.skip("no streaming kernel on this architecture")
+    code = ("import torch; from odc_pp import _C\n"
+            "assert _C.copy_kernel() == 'sse2 streaming stores', _C.copy_kernel()\n"
+            "for n in (0, 1, 15, 16, 63, 64, 65, 4099, (4 << 20) + 7):\n"
+            "    for off in (0, 1, 9):\n"
+            "        s = torch.randint(0, 255, (n + 32,), dtype=torch.uint8)\n"
+            "        d = torch.zeros(n + 32, dtype=torch.uint8)\n"
+            "        _C.copy_bytes(d.data_ptr() + off, s.data_ptr() + 3, n, 2, transfer_bytes=1 << 40)\n"
+            "        assert torch.equal(d[off:off + n], s[3:3 + n]), (n, off)\n"
+            "        assert not d[:off].any() and not d[off + n:].any(), (n, off)\n")
+    env = dict(os.environ, ODC_PP_STREAMING_ISA="sse2")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_copy_kernel_is_named_and_streams_from_the_threshold():
     assert _C.copy_kernel() in {"avx512 streaming stores", "sse2 streaming stores", "memcpy"}
+    if _C.copy_kernel() != "memcpy":
+        assert not _C.prefers_streaming(STREAMING_MIN - 1) and _C.prefers_streaming(STREAMING_MIN)
 
 
 def test_stale_segment_of_dead_pid_is_removed_and_live_one_kept():
