@@ -16,11 +16,12 @@ accumulations; ``sync`` then only needs a barrier (through the store, naming lat
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -91,24 +92,30 @@ class CrossHostLink:
                             dtype=torch.int64)
 
     # ------------------------------------------------------------------ client
+    @contextlib.contextmanager
+    def _exchange(self, owner: int, what: str) -> Iterator[None]:
+        """Turn a failed send/receive with owner into a PeerError naming it."""
+        try:
+            yield
+        except _C.PeerError:
+            raise
+        except Exception as error:  # gloo raises at enqueue when the peer's socket closed
+            raise self._peer_error(owner, what, error) from error
+
     def get(self, owner: int, alloc_id: int, offset: int, out: torch.Tensor) -> None:
         """Read owner's bytes [offset, offset + out.numel()) of allocation alloc_id."""
-        try:
+        with self._exchange(owner, "a get"):
             tag = self._next_tag()
             reply = self._pg.recv([out], owner, tag + _KIND_GET_REPLY)
             header = self._header(_OP_GET, alloc_id, offset, out.numel(), 0, 0, tag)
             request = self._pg.send([header], owner, REQUEST_TAG)
             self._wait(request, owner, "a get request")
             self._wait(reply, owner, "a get reply")
-        except _C.PeerError:
-            raise
-        except Exception as error:  # gloo raises at enqueue when the peer's socket closed
-            raise self._peer_error(owner, "a get", error) from error
 
     def accumulate(self, owner: int, alloc_id: int, offset: int, payload: torch.Tensor,
                    dtype: int, count: int) -> None:
         """owner's fp32 memory at offset += payload (raw bytes of `count` dtype values)."""
-        try:
+        with self._exchange(owner, "an accumulate"):
             tag = self._next_tag()
             ack = torch.zeros(1, dtype=torch.int64)
             ack_work = self._pg.recv([ack], owner, tag + _KIND_ACK)
@@ -119,10 +126,6 @@ class CrossHostLink:
             self._wait(request, owner, "an accumulate request")
             self._wait(data, owner, "an accumulate payload")
             self._wait(ack_work, owner, "an accumulate acknowledgement")
-        except _C.PeerError:
-            raise
-        except Exception as error:  # gloo raises at enqueue when the peer's socket closed
-            raise self._peer_error(owner, "an accumulate", error) from error
         if int(ack.item()) != 1:
             raise _C.PeerError(f"odc transport (cross-host): {self.describe(owner)} failed "
                                f"to apply an accumulation from rank {self.rank}")
