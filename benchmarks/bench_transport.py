@@ -5,7 +5,9 @@ libc memcpy and the transport's own copy kernel on rank 0 alone, that kernel on 
 rank at once, ODC gather_into_tensor and scatter_accumulate (+ wait + sync), and gloo
 all_gather_into_tensor / reduce_scatter_tensor. Every op runs once per round, rounds
 repeat, GB/s = full-tensor bytes / median seconds. Ratios are printed next to the targets
-of issue 3.
+of issue 3. Below the streaming threshold (``_C.streaming_min_bytes()``) the kernel is libc
+memcpy, and differences between those two columns are cache state: memcpy runs first in
+a round, right after the gloo ops of the previous one.
 
     python benchmarks/bench_transport.py [--json] [--sizes-mib 1 4 16 64 256] [--out FILE]
 """

@@ -63,6 +63,8 @@ PYBIND11_MODULE(_C, m) {
       "Copy nbytes on up to num_threads threads. transfer_bytes: size of the whole transfer "
       "this copy is a piece of (decides streaming stores; default nbytes).");
   m.def("prefers_streaming", &odc::prefers_streaming, py::arg("total_bytes"));
+  m.def("streaming_min_bytes", &odc::streaming_min_bytes,
+        "Transfers of at least this many bytes use streaming stores (where available).");
   m.def(
       "libc_copy_bytes",
       [](uintptr_t dst, uintptr_t src, size_t nbytes) {

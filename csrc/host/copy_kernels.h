@@ -14,8 +14,11 @@ namespace odc {
 enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // Whether a copy of total_bytes in all (over every thread that shares it) should bypass
-// the cache: true from 4 MiB on x86-64, where streaming stores exist.
+// the cache: on x86-64 (where streaming stores exist) from streaming_min_bytes() on.
 bool prefers_streaming(size_t total_bytes);
+// 8 MiB, or ODC_PP_STREAMING_MIN_BYTES read at first use (std::invalid_argument if it is
+// not a byte count).
+size_t streaming_min_bytes();
 // dst[0, nbytes) = src[0, nbytes). streaming: with non-temporal stores (AVX-512 where the
 // CPU has it, else SSE2), which do not read the destination lines first, fenced before
 // returning; ignored where prefers_streaming is always false. Else libc memcpy.

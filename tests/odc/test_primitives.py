@@ -46,7 +46,7 @@ def test_accumulate_local_converts_like_torch(dtype, threads):
     assert torch.equal(target, expected)
 
 
-STREAMING_MIN = 4 << 20  # csrc/host/copy_kernels.cpp: kStreamingMinBytes
+STREAMING_MIN = _C.streaming_min_bytes()
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 255, 4097, STREAMING_MIN - 1, STREAMING_MIN,
@@ -97,6 +97,16 @@ def test_copy_kernel_is_named_and_streams_from_the_threshold():
     assert _C.copy_kernel() in {"avx512 streaming stores", "sse2 streaming stores", "memcpy"}
     if _C.copy_kernel() != "memcpy":
         assert not _C.prefers_streaming(STREAMING_MIN - 1) and _C.prefers_streaming(STREAMING_MIN)
+
+
+def test_streaming_threshold_from_the_environment():
+    code = "from odc_pp import _C; print(_C.streaming_min_bytes())"
+    good = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, ODC_PP_STREAMING_MIN_BYTES="12345"), timeout=60)
+    assert good.returncode == 0 and good.stdout.strip() == "12345", good.stderr
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, ODC_PP_STREAMING_MIN_BYTES="8MiB"), timeout=60)
+    assert bad.returncode != 0 and "ODC_PP_STREAMING_MIN_BYTES must be a byte count" in bad.stderr
 
 
 def test_stale_segment_of_dead_pid_is_removed_and_live_one_kept():

@@ -23,8 +23,8 @@ from ._transport_harness import spawn_ranks
 pytestmark = pytest.mark.multiproc
 
 SIZES = [0, 1, 4099]  # empty, smaller than the world, not a multiple of it
-# shards of >= 4 MiB at every world size here: threaded copies with streaming stores
-# (csrc/host/copy_kernels.cpp) and threaded, chunk-locked accumulates
+# 48 MiB: gathers with streaming stores (csrc/host/copy_kernels.cpp) and accumulates that
+# span many 256 KiB lock chunks
 LARGE_NUMEL = 3 * 2**22 + 5
 INPUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
