@@ -445,6 +445,16 @@ class _GroupOps:
         group._link.exchange_ordered(outgoing, apply)
 
 
+def _finish_device_writes(group: OdcGroup) -> None:
+    """Wait for this rank's queued CUDA work (e.g. the optimizer writing its shard, or an
+    accumulator being zeroed): the barrier that follows is on the host, and peers read and
+    add into our device memory right after it."""
+    devices = {allocation.device for allocation in group.allocations
+               if allocation.device.type == "cuda"}
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+
+
 def _check_usable(group: OdcGroup) -> None:
     if not isinstance(group, OdcGroup):
         raise ValueError(f"group must be an OdcGroup from odc_pp.odc.primitives.new_group, "
@@ -539,7 +549,8 @@ def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: Od
 
 def sync(group: OdcGroup) -> None:
     """Once-per-minibatch barrier: when it has returned on every member, every
-    scatter_accumulate any member issued before its sync has landed."""
+    scatter_accumulate any member issued before its sync has landed, and so has every
+    write a member queued on its current CUDA stream (e.g. to its shards) before it."""
     _check_usable(group)
     pending, group._pending = group._pending, []
     first_error = None
@@ -556,6 +567,7 @@ def sync(group: OdcGroup) -> None:
         return
     group._calls_since_sync = 0
     group._epoch += 1
+    _finish_device_writes(group)
     if group.config.deterministic:
         if group._link is not None:
             _GroupOps.apply_staged_ordered(group)
