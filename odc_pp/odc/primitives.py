@@ -223,7 +223,9 @@ class OdcGroup:
         from odc_pp.odc.transport_cuda import DeviceBuffer, PeerMapping
         if not all(self.local):
             raise ValueError("CUDA symmetric tensors need every member on one host (CUDA IPC); "
-                             "the cross-host path carries CPU tensors only")
+                             "the cross-host path carries CPU tensors only: make one group "
+                             "per host (ShardedDataParallel mode 'hierarchical', "
+                             "pretrain_gpt.py --dp-mode hierarchical)")
         buffer = DeviceBuffer(nbytes, device)
         handles = self._all_gather(buffer.ipc_handle())
         peers: list = [None] * self.world_size
