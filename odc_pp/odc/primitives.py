@@ -3,7 +3,8 @@
 ``gather_into_tensor`` pulls every member's shard without the owners taking part;
 ``scatter_accumulate`` pushes slices of a gradient into the owners' fp32 accumulators,
 asynchronously; ``sync`` is the once-per-minibatch wait after which every accumulation
-issued before it has landed. Paths, chosen per peer:
+issued before it has landed. ``get`` and ``put`` read and write one peer's copy of a
+symmetric tensor (the building blocks, exposed for other protocols). Paths, chosen per peer:
 
 * same host, CPU tensors: POSIX shared memory (odc_pp._C), locked fp32 adds;
 * same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on a
@@ -26,8 +27,7 @@ import os
 import socket
 import uuid
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +38,10 @@ from odc_pp.odc import transport_collective as collective
 from odc_pp.odc.transport_crosshost import CrossHostLink
 from odc_pp.odc.transport_host import (Allocation, dtype_code, remove_stale_segments,
                                        segment_name, tensor_from_segment)
+from odc_pp.odc.transport_ops import GroupOps, Work, shard_range
 
 __all__ = ["TransportConfig", "OdcGroup", "Work", "PeerError", "new_group", "symmetric_empty",
-           "shard_range", "gather_into_tensor", "scatter_accumulate", "sync",
+           "shard_range", "gather_into_tensor", "scatter_accumulate", "get", "put", "sync",
            "FORCE_CROSS_HOST_ENV"]
 
 PeerError = _C.PeerError
@@ -74,38 +75,6 @@ class TransportConfig:
 
     def cross_host_forced(self) -> bool:
         return self.force_cross_host or os.environ.get(FORCE_CROSS_HOST_ENV, "0") == "1"
-
-
-class Work:
-    """Handle of an asynchronous scatter_accumulate. Do not modify the input before wait()
-    (or sync) returns."""
-
-    def __init__(self, future: Future | None = None, waiter=None):
-        self._future = future
-        self._waiter = waiter  # callable(timeout) finishing non-thread work (CUDA, collective)
-
-    def is_completed(self) -> bool:
-        return self._waiter is None and (self._future is None or self._future.done())
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the accumulation landed; raises its error, or TimeoutError."""
-        if self._future is not None:
-            try:
-                self._future.result(timeout=timeout)
-            except FutureTimeout as error:
-                raise TimeoutError(f"scatter_accumulate not done after {timeout} s") from error
-        if self._waiter is not None:
-            waiter, self._waiter = self._waiter, None
-            waiter(timeout)
-
-
-def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[start, end) of rank's slice of numel elements; shard size ceil(numel / world)."""
-    if world_size <= 0 or not 0 <= rank < world_size or numel < 0:
-        raise ValueError(f"shard_range needs 0 <= rank < world_size and numel >= 0, got "
-                         f"numel={numel}, rank={rank}, world_size={world_size}")
-    shard_size = -(-numel // world_size)
-    return min(numel, rank * shard_size), min(numel, (rank + 1) * shard_size)
 
 
 class OdcGroup:
@@ -293,160 +262,6 @@ class OdcGroup:
         self._finalizer()
 
 
-class _GroupOps:
-    """Data movement of an OdcGroup, split out to keep each piece short."""
-
-    @staticmethod
-    def gather_host(group: OdcGroup, output, allocation, offset: int) -> None:
-        flat = output.view(-1)
-        numel, element = flat.numel(), flat.element_size()
-        for peer in range(group.world_size):
-            start, end = shard_range(numel, peer, group.world_size)
-            if end <= start:
-                continue
-            if allocation.peer_bases[peer] is None:
-                group._link.get(peer, allocation.alloc_id, offset,
-                                flat[start:end].view(torch.uint8))
-            else:
-                group._host.check_peer(peer, "gather")
-                _C.copy_bytes(flat.data_ptr() + start * element,
-                              allocation.peer_bases[peer] + offset, (end - start) * element,
-                              group.num_threads, numel * element)
-
-    @staticmethod
-    def scatter_host(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:
-        flat = input.view(-1)
-        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
-        for step in range(group.world_size):
-            peer = (group.rank + 1 + step) % group.world_size  # spread owners over senders
-            start, end = shard_range(numel, peer, group.world_size)
-            if end <= start:
-                continue
-            if allocation.peer_bases[peer] is None:
-                group._link.accumulate(peer, allocation.alloc_id, offset,
-                                       flat[start:end].view(torch.uint8), code, end - start)
-            else:
-                group._host.accumulate_into(peer, allocation.peer_bases[peer] + offset,
-                                            allocation.alloc_id, offset,
-                                            flat.data_ptr() + start * element, code, end - start)
-
-    @staticmethod
-    def stream(group: OdcGroup, device: torch.device):
-        from odc_pp.odc.transport_cuda import CudaStream
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in group._cuda_streams:
-            group._cuda_streams[index] = CudaStream(index)
-        return group._cuda_streams[index]
-
-    @staticmethod
-    def gather_cuda(group: OdcGroup, output, allocation, offset: int) -> None:
-        stream = _GroupOps.stream(group, output.device)
-        stream.after_current()
-        flat = output.view(-1)
-        numel, element = flat.numel(), flat.element_size()
-        for peer in range(group.world_size):
-            start, end = shard_range(numel, peer, group.world_size)
-            if end > start:
-                stream.copy(flat.data_ptr() + start * element,
-                            allocation.peer_bases[peer] + offset, (end - start) * element)
-        stream.current_waits()
-
-    @staticmethod
-    def cuda_waiter(group: OdcGroup, stream, keep_alive: torch.Tensor):
-        event = stream.record()
-
-        def wait(timeout):
-            limit = group.config.timeout_s if timeout is None else timeout
-            done = stream.wait_event(event, limit)
-            if not done:
-                raise PeerError(f"odc transport: CUDA work of rank {group.rank} not finished "
-                                f"after {limit} s")
-            stream.destroy_event(event)
-            del keep_alive_ref[:]
-
-        keep_alive_ref = [keep_alive]
-        return wait
-
-    @staticmethod
-    def scatter_cuda(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> Work:
-        stream = _GroupOps.stream(group, input.device)
-        stream.after_current()
-        flat = input.view(-1)
-        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
-        for peer in range(group.world_size):
-            start, end = shard_range(numel, peer, group.world_size)
-            if end > start:
-                stream.accumulate(allocation.peer_bases[peer] + offset,
-                                  flat.data_ptr() + start * element, code, end - start, True)
-        return Work(waiter=_GroupOps.cuda_waiter(group, stream, input))
-
-    @staticmethod
-    def stage(group: OdcGroup, allocation, offset: int, input: torch.Tensor) -> None:
-        flat = input.view(-1)
-        key = (allocation.alloc_id, offset, flat.numel())
-        if key not in group._staged:
-            group._staged[key] = (allocation, torch.zeros(flat.numel(), dtype=torch.float32,
-                                                          device=flat.device))
-        staging = group._staged[key][1]
-        if flat.is_cuda:
-            stream = _GroupOps.stream(group, flat.device)
-            stream.after_current()
-            stream.accumulate(staging.data_ptr(), flat.data_ptr(), dtype_code(flat.dtype),
-                              flat.numel(), False)
-            _GroupOps.cuda_waiter(group, stream, flat)(None)
-        else:
-            _C.accumulate_local(staging.data_ptr(), flat.data_ptr(), dtype_code(flat.dtype),
-                                flat.numel(), group.num_threads)
-
-    @staticmethod
-    def apply_staged_turns(group: OdcGroup) -> None:
-        """Deterministic sync, same host: at each owner, sources add in rank order."""
-        world = group.world_size
-        base = (group._epoch - 1) * world
-        items = sorted(group._staged.items(), key=lambda item: item[0])
-        for owner in range(world):
-            group._host.wait_turn(owner, base + group.rank)
-            for (alloc_id, offset, numel), (allocation, staging) in items:
-                start, end = shard_range(numel, owner, world)
-                if end <= start:
-                    continue
-                destination = allocation.peer_bases[owner] + offset
-                source = staging.data_ptr() + 4 * start
-                if staging.is_cuda:
-                    stream = _GroupOps.stream(group, staging.device)
-                    stream.accumulate(destination, source, 0, end - start, False)
-                    _GroupOps.cuda_waiter(group, stream, staging)(None)
-                else:
-                    group._host.accumulate_into(owner, destination, alloc_id, offset, source, 0,
-                                                end - start)
-            group._host.set_turn(owner, base + group.rank + 1)
-
-    @staticmethod
-    def apply_staged_ordered(group: OdcGroup) -> None:
-        """Deterministic sync over the cross-host link: owners receive in source order."""
-        world = group.world_size
-        items = sorted(group._staged.items(), key=lambda item: item[0])
-        outgoing = {}
-        for owner in range(world):
-            meta, data = [], []
-            for (alloc_id, offset, numel), (_, staging) in items:
-                start, end = shard_range(numel, owner, world)
-                if end > start:
-                    meta += [alloc_id, offset, end - start]
-                    data.append(staging[start:end])
-            outgoing[owner] = (torch.tensor(meta, dtype=torch.int64),
-                               torch.cat(data) if data else torch.zeros(0))
-
-        def apply(source, meta, data):
-            position = 0
-            for alloc_id, offset, count in meta.view(-1, 3).tolist():
-                group._accumulate_from_remote(alloc_id, offset,
-                                              data[position:position + count], 0, count)
-                position += count
-
-        group._link.exchange_ordered(outgoing, apply)
-
-
 def _finish_device_writes(group: OdcGroup) -> None:
     """Wait for this rank's queued CUDA work (e.g. the optimizer writing its shard, or an
     accumulator being zeroed): the barrier that follows is on the host, and peers read and
@@ -507,9 +322,9 @@ def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGrou
         return
     allocation, offset = group.locate(shard, "shard")
     if output.is_cuda:
-        _GroupOps.gather_cuda(group, output, allocation, offset)
+        GroupOps.gather_cuda(group, output, allocation, offset)
     else:
-        _GroupOps.gather_host(group, output, allocation, offset)
+        GroupOps.gather_host(group, output, allocation, offset)
 
 
 def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup) -> Work:
@@ -538,15 +353,63 @@ def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: Od
         return Work()
     allocation, offset = group.locate(accumulator, "accumulator")
     if group.config.deterministic:
-        _GroupOps.stage(group, allocation, offset, input)
+        GroupOps.stage(group, allocation, offset, input)
         return Work()
     if input.is_cuda:
-        handle = _GroupOps.scatter_cuda(group, allocation, offset, input)
+        handle = GroupOps.scatter_cuda(group, allocation, offset, input)
     else:
-        handle = Work(group._executor.submit(_GroupOps.scatter_host, group, allocation, offset,
+        handle = Work(group._executor.submit(GroupOps.scatter_host, group, allocation, offset,
                                              input))
     group._pending.append(handle)
     return handle
+
+
+def get(output: torch.Tensor, remote: torch.Tensor, peer: int, group: OdcGroup) -> None:
+    """output = ``peer``'s copy of ``remote``, read one-sidedly (``peer`` does not take
+    part). ``remote`` is a contiguous view of a tensor from ``symmetric_empty``; the same
+    bytes of peer's buffer are read. What peer wrote before a ``sync`` that both passed is
+    visible. On CUDA the copy is ordered on the current stream, like a collective."""
+    _check_point_to_point(output, remote, peer, group, "get", "output")
+    if output.numel() == 0:
+        return
+    allocation, offset = group.locate(remote, "remote")
+    if output.is_cuda:
+        GroupOps.get_cuda(group, peer, allocation, offset, output.view(-1))
+    else:
+        GroupOps.read_host(group, peer, allocation, offset, output.view(-1),
+                           output.numel() * output.element_size())
+
+
+def put(remote: torch.Tensor, input: torch.Tensor, peer: int, group: OdcGroup) -> Work:
+    """Write ``input`` into ``peer``'s copy of ``remote`` one-sidedly (see :func:`get` for
+    ``remote``). Once the returned work's ``wait()`` has returned the bytes are in peer's
+    memory; peer may read them after the next ``sync``. CPU puts are complete on return."""
+    _check_point_to_point(input, remote, peer, group, "put", "input")
+    if input.numel() == 0:
+        return Work()
+    allocation, offset = group.locate(remote, "remote")
+    if input.is_cuda:
+        return GroupOps.put_cuda(group, peer, allocation, offset, input.view(-1))
+    GroupOps.write_host(group, peer, allocation, offset, input.view(-1))
+    return Work()
+
+
+def _check_point_to_point(local: torch.Tensor, remote: torch.Tensor, peer: int,
+                          group: OdcGroup, op: str, name: str) -> None:
+    _check_usable(group)
+    if group.config.backend != "odc":
+        raise ValueError(f"{op} is one-sided and needs TransportConfig(backend='odc'), not "
+                         f"{group.config.backend!r}")
+    if not 0 <= peer < group.world_size:
+        raise ValueError(f"{op}: peer must be a group rank in [0, {group.world_size}), "
+                         f"got {peer}")
+    if local.dtype != remote.dtype or local.numel() != remote.numel():
+        raise ValueError(f"{op}: {name} ({local.numel()} x {local.dtype}) must match remote "
+                         f"({remote.numel()} x {remote.dtype})")
+    if not (local.is_contiguous() and remote.is_contiguous()):
+        raise ValueError(f"{op}: {name} and remote must be contiguous")
+    if local.device.type != remote.device.type:
+        raise ValueError(f"{op}: {name} is on {local.device} but remote on {remote.device}")
 
 
 def sync(group: OdcGroup) -> None:
@@ -572,9 +435,9 @@ def sync(group: OdcGroup) -> None:
     _finish_device_writes(group)
     if group.config.deterministic:
         if group._link is not None:
-            _GroupOps.apply_staged_ordered(group)
+            GroupOps.apply_staged_ordered(group)
         else:
-            _GroupOps.apply_staged_turns(group)
+            GroupOps.apply_staged_turns(group)
         for _, staging in group._staged.values():
             staging.zero_()
     if group._link is not None:

@@ -1,17 +1,18 @@
-"""Cross-host path of the ODC transport: get and accumulate over torch.distributed
+"""Cross-host path of the ODC transport: get, put and accumulate over torch.distributed
 point-to-point (a private gloo group), answered by a per-rank server thread that plays the
 parameter server for the shards this rank owns.
 
 Every rank's server thread waits for request headers from any source on ``REQUEST_TAG``.
 Each request carries a tag base unique to the requesting client (over all its threads);
 the messages of that request use ``base + kind`` with the kind of message in the low bits
-(get reply, accumulate payload, accumulate ack). Kinds keep the two directions of a pair
-apart: A -> B carries both payloads whose tags A chose and replies whose tags B chose, and
-the two counters are independent, so without the kind bits B's server could take a reply
-meant for B's client (a gloo size mismatch, or silently wrong data when sizes agree).
-Within one kind, (source, tag) names exactly one message. An accumulate is
-acknowledged after it has been added, so a client that has its acks has landed all its
-accumulations; ``sync`` then only needs a barrier (through the store, naming late peers).
+(get reply, put/accumulate payload, put/accumulate ack). Kinds keep the two directions of
+a pair apart: A -> B carries both payloads whose tags A chose and replies whose tags B
+chose, and the two counters are independent, so without the kind bits B's server could
+take a reply meant for B's client (a gloo size mismatch, or silently wrong data when
+sizes agree).
+Within one kind, (source, tag) names exactly one message. A put or accumulate is
+acknowledged after it has been applied, so a client that has its acks has landed all its
+writes; ``sync`` then only needs a barrier (through the store, naming late peers).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _FIRST_REPLY_TAG = 16
 # low bits of a request's tags: which message of the request (see the module docstring)
 _KIND_GET_REPLY, _KIND_PAYLOAD, _KIND_ACK, _KINDS = 0, 1, 2, 4
 _TAG_BASES = 1 << 28  # tags stay below 2**30 + _FIRST_REPLY_TAG (gloo takes int32)
-_OP_GET, _OP_ACCUMULATE, _OP_STOP = 1, 2, 3
+_OP_GET, _OP_ACCUMULATE, _OP_STOP, _OP_PUT = 1, 2, 3, 4
 _HEADER_LEN = 8
 
 # (alloc_id, byte_offset, nbytes) -> uint8 view of this rank's memory
@@ -115,20 +116,29 @@ class CrossHostLink:
     def accumulate(self, owner: int, alloc_id: int, offset: int, payload: torch.Tensor,
                    dtype: int, count: int) -> None:
         """owner's fp32 memory at offset += payload (raw bytes of `count` dtype values)."""
-        with self._exchange(owner, "an accumulate"):
+        self._write(_OP_ACCUMULATE, owner, alloc_id, offset, payload, dtype, count,
+                    "an accumulate")
+
+    def put(self, owner: int, alloc_id: int, offset: int, payload: torch.Tensor) -> None:
+        """owner's bytes [offset, offset + payload.numel()) of allocation alloc_id = payload."""
+        self._write(_OP_PUT, owner, alloc_id, offset, payload, 0, payload.numel(), "a put")
+
+    def _write(self, op: int, owner: int, alloc_id: int, offset: int, payload: torch.Tensor,
+               dtype: int, count: int, what: str) -> None:
+        """Send a request + payload; return once the owner acknowledged applying it."""
+        with self._exchange(owner, what):
             tag = self._next_tag()
             ack = torch.zeros(1, dtype=torch.int64)
             ack_work = self._pg.recv([ack], owner, tag + _KIND_ACK)
-            header = self._header(_OP_ACCUMULATE, alloc_id, offset, payload.numel(), dtype,
-                                  count, tag)
+            header = self._header(op, alloc_id, offset, payload.numel(), dtype, count, tag)
             request = self._pg.send([header], owner, REQUEST_TAG)
             data = self._pg.send([payload], owner, tag + _KIND_PAYLOAD)
-            self._wait(request, owner, "an accumulate request")
-            self._wait(data, owner, "an accumulate payload")
-            self._wait(ack_work, owner, "an accumulate acknowledgement")
+            self._wait(request, owner, f"{what} request")
+            self._wait(data, owner, f"{what} payload")
+            self._wait(ack_work, owner, f"{what} acknowledgement")
         if int(ack.item()) != 1:
             raise _C.PeerError(f"odc transport (cross-host): {self.describe(owner)} failed "
-                               f"to apply an accumulation from rank {self.rank}")
+                               f"to apply {what} from rank {self.rank}")
 
     def barrier(self, epoch: int) -> None:
         """Store barrier; the error names every peer that did not arrive in time."""
@@ -203,17 +213,20 @@ class CrossHostLink:
                 if op == _OP_GET:
                     data = self._resolve(alloc_id, offset, nbytes)
                     self._pg.send([data], source, tag + _KIND_GET_REPLY).wait(self._timeout)
-                elif op == _OP_ACCUMULATE:
-                    self._serve_accumulate(source, alloc_id, offset, nbytes, dtype, count, tag)
+                elif op in (_OP_ACCUMULATE, _OP_PUT):
+                    self._serve_write(op, source, alloc_id, offset, nbytes, dtype, count, tag)
             except Exception as error:  # noqa: BLE001 - one failed client must not stop us
                 self.server_error = error
 
-    def _serve_accumulate(self, source, alloc_id, offset, nbytes, dtype, count, tag) -> None:
+    def _serve_write(self, op, source, alloc_id, offset, nbytes, dtype, count, tag) -> None:
         payload = torch.empty(nbytes, dtype=torch.uint8)
         self._pg.recv([payload], source, tag + _KIND_PAYLOAD).wait(self._timeout)
         status = 1
         try:
-            self._accumulate(alloc_id, offset, payload, dtype, count)
+            if op == _OP_PUT:
+                self._resolve(alloc_id, offset, nbytes).copy_(payload)
+            else:
+                self._accumulate(alloc_id, offset, payload, dtype, count)
         except Exception as error:  # noqa: BLE001 - reported to the client through the ack
             self.server_error = error
             status = 0

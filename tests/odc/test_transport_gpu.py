@@ -49,8 +49,28 @@ def _run_cuda(rank, world, results, deterministic):
             torch.testing.assert_close(shard[:end - start].cpu(), reduced[:end - start],
                                        rtol=1e-5, atol=1e-5)
             odc.sync(group)
+    _check_put_get_cuda(group, device)
     group.destroy()
     return True
+
+
+def _check_put_get_cuda(group, device):
+    """Ring: put into the right neighbour's buffer, get the left neighbour's."""
+    rank, world = group.rank, group.world_size
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for numel in (0, 4099):
+        backing = odc.symmetric_empty(numel + 2, torch.float32, group, device=device)
+        backing.zero_()
+        remote = backing[1:1 + numel]
+        odc.sync(group)
+        odc.put(remote, torch.full((numel,), 1.0 + rank, device=device), right, group).wait(60)
+        odc.sync(group)
+        assert torch.equal(remote.cpu(), torch.full((numel,), 1.0 + left))
+        assert not backing[0].item() and not backing[-1].item()
+        fetched = torch.zeros(numel, device=device)
+        odc.get(fetched, remote, left, group)
+        assert torch.equal(fetched.cpu(), torch.full((numel,), 1.0 + (left - 1) % world))
+        odc.sync(group)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
