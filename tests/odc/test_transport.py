@@ -151,8 +151,9 @@ def test_odc_matches_collectives(world_size):
     configs = {2: [odc.TransportConfig(timeout_s=30),
                    odc.TransportConfig(timeout_s=30, deterministic=True),
                    odc.TransportConfig(backend="collective")],
-               3: [odc.TransportConfig(timeout_s=30, deterministic=True)],
-               4: [odc.TransportConfig(timeout_s=30)]}[world_size]
+               # several copy/accumulate threads per rank (the default here is 1: 2 cores)
+               3: [odc.TransportConfig(timeout_s=30, deterministic=True, num_threads=3)],
+               4: [odc.TransportConfig(timeout_s=30, num_threads=3)]}[world_size]
     pids = spawn_ranks(world_size, _run_checks, configs, timeout_s=240)
     if leftover:
         assert leftover not in list_segments(), "new_group did not remove a dead run's segment"
