@@ -2,7 +2,8 @@
 
 Two ranks on this host (gloo). For each size (bytes of the full tensor): single-thread
 libc memcpy and the transport's own copy kernel on rank 0 alone, that kernel on every
-rank at once, ODC gather_into_tensor and scatter_accumulate (+ wait + sync), and gloo
+rank at once, ODC gather_into_tensor and scatter_accumulate (+ wait + sync), ODC get and
+put of the whole tensor from / into the other rank (rank 0 alone), and gloo
 all_gather_into_tensor / reduce_scatter_tensor. Every op runs once per round, rounds
 repeat, GB/s = full-tensor bytes / median seconds. Ratios are printed next to the targets
 of issue 3. Below the streaming threshold (``_C.streaming_min_bytes()``) the kernel is libc
@@ -79,6 +80,9 @@ def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
     output, gradient = torch.zeros(numel), torch.ones(numel)
     padded_out, reduced = torch.zeros(shard_size * world), torch.zeros(shard_size)
     padded_in = torch.ones(shard_size * world)
+    window = odc.symmetric_empty(numel, torch.float32, group)  # whole tensor, for get / put
+    window.fill_(1.0)
+    peer = (rank + 1) % world
     odc.sync(group)
 
     def push():
@@ -98,6 +102,9 @@ def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
                               False),
         "odc_gather": (lambda: odc.gather_into_tensor(output, shard, group), False),
         "odc_scatter_accumulate": (push, False),
+        # rank 0 alone reads / writes the whole tensor in rank 1's memory
+        "odc_get": (lambda: odc.get(output, window, peer, group), True),
+        "odc_put": (lambda: odc.put(window, gradient, peer, group).wait(), True),
         "gloo_all_gather": (lambda: dist.all_gather_into_tensor(padded_out, shard.clone()),
                             False),
         "gloo_reduce_scatter": (lambda: dist.reduce_scatter_tensor(reduced, padded_in), False),
@@ -131,6 +138,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+_TEXT_COLUMNS = [
+    ("MiB", "mib"), ("memcpy", "memcpy_1thread_gbps"), ("kernel", "kernel_1thread_gbps"),
+    ("cc_kern", "kernel_concurrent_gbps"), ("gather", "odc_gather_gbps"),
+    ("scatter", "odc_scatter_accumulate_gbps"), ("get", "odc_get_gbps"),
+    ("put", "odc_put_gbps"), ("gloo_ag", "gloo_all_gather_gbps"),
+    ("gloo_rs", "gloo_reduce_scatter_gbps"), ("g/mem", "gather_vs_memcpy"),
+    ("g/cc", "gather_vs_concurrent_kernel"), ("g/ag", "gather_vs_gloo_all_gather"),
+    ("s/rs", "scatter_vs_gloo_reduce_scatter"), ("get/mem", "get_vs_memcpy"),
+    ("put/mem", "put_vs_memcpy"),
+]
+
+
 def _copy_kernel() -> str:
     from odc_pp import _C
     return _C.copy_kernel()
@@ -140,6 +159,8 @@ def _add_ratios(row: dict) -> dict:
     row["gather_vs_memcpy"] = row["odc_gather_gbps"] / row["memcpy_1thread_gbps"]
     row["gather_vs_kernel"] = row["odc_gather_gbps"] / row["kernel_1thread_gbps"]
     row["gather_vs_concurrent_kernel"] = row["odc_gather_gbps"] / row["kernel_concurrent_gbps"]
+    row["get_vs_memcpy"] = row["odc_get_gbps"] / row["memcpy_1thread_gbps"]
+    row["put_vs_memcpy"] = row["odc_put_gbps"] / row["memcpy_1thread_gbps"]
     row["gather_vs_gloo_all_gather"] = row["odc_gather_gbps"] / row["gloo_all_gather_gbps"]
     row["scatter_vs_gloo_reduce_scatter"] = (row["odc_scatter_accumulate_gbps"]
                                              / row["gloo_reduce_scatter_gbps"])
@@ -174,19 +195,11 @@ def main(argv=None) -> int:
     if args.json:
         print(text)
     else:
-        print(f"copy kernel: {result['copy_kernel']}")
-        print(f"{'MiB':>6} {'memcpy':>8} {'kernel':>8} {'cc_kern':>8} {'gather':>8} {'scatter':>8} "
-              f"{'gloo_ag':>8} {'gloo_rs':>8} {'g/mem':>6} {'g/kern':>6} {'g/cc':>6} {'g/ag':>6} "
-              f"{'s/rs':>6}  (GB/s, ratios; cc_kern: the copy kernel on both ranks at once)")
+        print(f"copy kernel: {result['copy_kernel']}; GB/s and ratios; cc_kern: the copy "
+              f"kernel on both ranks at once")
+        print(" ".join(f"{header:>7}" for header, _ in _TEXT_COLUMNS))
         for row in rows:
-            print(f"{row['mib']:>6.0f} {row['memcpy_1thread_gbps']:>8.2f} "
-                  f"{row['kernel_1thread_gbps']:>8.2f} {row['kernel_concurrent_gbps']:>8.2f} "
-                  f"{row['odc_gather_gbps']:>8.2f} {row['odc_scatter_accumulate_gbps']:>8.2f} "
-                  f"{row['gloo_all_gather_gbps']:>8.2f} {row['gloo_reduce_scatter_gbps']:>8.2f} "
-                  f"{row['gather_vs_memcpy']:>6.2f} {row['gather_vs_kernel']:>6.2f} "
-                  f"{row['gather_vs_concurrent_kernel']:>6.2f} "
-                  f"{row['gather_vs_gloo_all_gather']:>6.2f} "
-                  f"{row['scatter_vs_gloo_reduce_scatter']:>6.2f}")
+            print(" ".join(f"{row[key]:>7.2f}" for _, key in _TEXT_COLUMNS))
     return 0
 
 
