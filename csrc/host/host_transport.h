@@ -65,6 +65,7 @@ struct ControlBlock {
   std::atomic<uint32_t> locks[kNumLocks];  // 0 = free, else holder group rank + 1
 };
 
+// Whether process pid exists and is not a zombie (a killed, unreaped child counts as dead).
 bool pid_alive(int64_t pid);
 
 // Parallel copy (threads only for large copies). streaming: see copy_kernels.h; callers
