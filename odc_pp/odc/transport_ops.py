@@ -31,7 +31,6 @@ def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     return min(numel, rank * shard_size), min(numel, (rank + 1) * shard_size)
 
 
-
 class Work:
     """Handle of an asynchronous scatter_accumulate or put. Do not modify the input before
     wait() (or sync) returns."""
@@ -44,7 +43,7 @@ class Work:
         return self._waiter is None and (self._future is None or self._future.done())
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the accumulation landed; raises its error, or TimeoutError."""
+        """Block until the write landed; raises its error, or TimeoutError."""
         if self._future is not None:
             try:
                 self._future.result(timeout=timeout)
@@ -55,9 +54,8 @@ class Work:
             waiter(timeout)
 
 
-
 class GroupOps:
-    """Data movement of an OdcGroup, split out to keep each piece short."""
+    """The data movement of an OdcGroup per path; arguments were checked by primitives."""
 
     @staticmethod
     def read_host(group: OdcGroup, peer: int, allocation, offset: int, out: torch.Tensor,
