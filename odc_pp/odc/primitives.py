@@ -382,16 +382,19 @@ def get(output: torch.Tensor, remote: torch.Tensor, peer: int, group: OdcGroup) 
 
 def put(remote: torch.Tensor, input: torch.Tensor, peer: int, group: OdcGroup) -> Work:
     """Write ``input`` into ``peer``'s copy of ``remote`` one-sidedly (see :func:`get` for
-    ``remote``). Once the returned work's ``wait()`` has returned the bytes are in peer's
-    memory; peer may read them after the next ``sync``. CPU puts are complete on return."""
+    ``remote``). Once the returned work's ``wait()`` (or this rank's next ``sync``) has
+    returned the bytes are in peer's memory; peer may read them after that ``sync``. CPU
+    puts are complete on return."""
     _check_point_to_point(input, remote, peer, group, "put", "input")
     if input.numel() == 0:
         return Work()
     allocation, offset = group.locate(remote, "remote")
-    if input.is_cuda:
-        return GroupOps.put_cuda(group, peer, allocation, offset, input.view(-1))
-    GroupOps.write_host(group, peer, allocation, offset, input.view(-1))
-    return Work()
+    if not input.is_cuda:
+        GroupOps.write_host(group, peer, allocation, offset, input.view(-1))
+        return Work()
+    work = GroupOps.put_cuda(group, peer, allocation, offset, input.view(-1))
+    group._pending.append(work)  # sync waits for it, as for scatter_accumulate
+    return work
 
 
 def _check_point_to_point(local: torch.Tensor, remote: torch.Tensor, peer: int,
