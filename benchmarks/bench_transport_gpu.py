@@ -17,6 +17,7 @@ Needs CUDA and the odc_pp._C_cuda extension (built when nvcc is found at install
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -97,7 +98,7 @@ def _missing_cuda_backend() -> str | None:
         return ("bench_transport_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
                 "benchmarks/bench_transport.py measures the CPU path")
     try:
-        from odc_pp import _C_cuda  # noqa: F401
+        importlib.import_module("odc_pp._C_cuda")
     except ImportError as error:
         return (f"odc_pp._C_cuda is not built ({error}); reinstall with nvcc on PATH: "
                 f"pip install --no-build-isolation --no-deps -e .")

@@ -12,7 +12,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["TrainingArgs", "parse_args", "build_parser", "SCHEDULES", "V_SCHEDULES",
            "DP_MODES", "LOAD_BALANCE"]

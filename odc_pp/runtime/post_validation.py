@@ -38,7 +38,7 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist

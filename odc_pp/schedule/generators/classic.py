@@ -181,7 +181,7 @@ def dualpipev(pp: int, num_microbatches: int) -> Schedule:
         raise ValueError(f"dualpipev needs num_microbatches >= 2*pp = {2 * pp}")
     schedule = Schedule(name="dualpipev", pp=pp, num_microbatches=num_microbatches,
                         num_chunks=2, placement=Placement.V)
-    F, B, W, BW = ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW
+    F, B, BW = ActionKind.F, ActionKind.B, ActionKind.BW
     for rank in range(pp):
         writer = _RankWriter(schedule, rank)
         for _ in range(2 * (pp - rank - 1)):
