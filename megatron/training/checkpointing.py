@@ -20,7 +20,8 @@ import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_iteration", "checkpoint_dir"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_latest", "load_rank_state",
+           "latest_iteration", "checkpoint_dir"]
 
 LATEST = "latest"
 
@@ -91,18 +92,31 @@ def latest_iteration(load: str) -> int | None:
     return int(text)
 
 
-def load_checkpoint(load: str, *, rank: int, world_size: int,
-                    expect_meta: dict | None = None) -> tuple[int, dict] | None:
-    """(iteration, this rank's state) of the latest checkpoint, or None when there is none.
-
-    ``expect_meta`` entries (e.g. pp, dp) must equal the saved ones: a checkpoint of a
-    different parallel layout cannot be resumed rank by rank."""
+def read_latest(load: str) -> tuple[int, str, dict] | None:
+    """(iteration, directory, meta) of the newest complete checkpoint, or None."""
     iteration = latest_iteration(load)
     if iteration is None:
         return None
     directory = checkpoint_dir(load, iteration)
     with open(os.path.join(directory, "meta.json")) as handle:
-        meta = json.load(handle)
+        return iteration, directory, json.load(handle)
+
+
+def load_rank_state(directory: str, rank: int) -> dict:
+    """The state rank ``rank`` saved into a checkpoint directory."""
+    return torch.load(_rank_file(directory, rank), map_location="cpu", weights_only=False)
+
+
+def load_checkpoint(load: str, *, rank: int, world_size: int,
+                    expect_meta: dict | None = None) -> tuple[int, dict] | None:
+    """(iteration, this rank's state) of the latest checkpoint, or None when there is none.
+
+    ``expect_meta`` entries (e.g. pp, dp) must equal the saved ones: a checkpoint of a
+    different parallel layout cannot be resumed rank by rank (see ``resharding``)."""
+    found = read_latest(load)
+    if found is None:
+        return None
+    iteration, directory, meta = found
     wanted = dict(expect_meta or {}, world_size=world_size)
     different = {k: (meta.get(k), v) for k, v in wanted.items() if meta.get(k) != v}
     if different:
@@ -110,5 +124,4 @@ def load_checkpoint(load: str, *, rank: int, world_size: int,
         raise ValueError(f"checkpoint {directory} was saved with another layout ({detail}); "
                          "resume with the same --pipeline-model-parallel-size, world size "
                          "and schedule")
-    state = torch.load(_rank_file(directory, rank), map_location="cpu", weights_only=False)
-    return iteration, state
+    return iteration, load_rank_state(directory, rank)

@@ -23,13 +23,15 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args
-from .checkpointing import load_checkpoint, save_checkpoint
+from .checkpointing import save_checkpoint
 from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
+from .resharding import unit_layout
+from .resume import checkpoint_meta, resume
 
 __all__ = ["main", "train"]
 
@@ -49,12 +51,6 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-def _layout_meta(args: TrainingArgs, topo: Topology) -> dict:
-    return {"pp": topo.pp, "dp": topo.dp, "pipeline_schedule": args.pipeline_schedule,
-            "num_model_chunks": args.num_model_chunks, "num_layers": args.num_layers,
-            "hidden_size": args.hidden_size, "dp_mode": args.dp_mode}
 
 
 def _gather_floats(values: list[float], topo: Topology) -> list[list[float]]:
@@ -88,15 +84,10 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                              decay_iters=args.lr_decay_iters, style=args.lr_decay_style)
     start = 0
     if args.load:
-        resumed = load_checkpoint(args.load, rank=topo.rank, world_size=topo.world_size,
-                                  expect_meta=_layout_meta(args, topo))
-        if resumed is not None:
-            start, state = resumed
-            parts.optimizer.load_state_dict(state["optimizer"])
-            parts.engine.finish_step()
-            _set_rng_state(state["rng"])
-            if topo.rank == 0:
-                print(f"resumed from {args.load} at iteration {start}", file=out, flush=True)
+        start, how = resume(parts, args, topo, _set_rng_state)
+        if start and topo.rank == 0:
+            print(f"resumed from {args.load} at iteration {start} ({how})", file=out,
+                  flush=True)
     logger = TrainingLogger(train_iters=args.train_iters, log_json=args.log_json,
                             tensorboard_dir=args.tensorboard_dir,
                             progress_bar=not args.no_progress_bar, stream=out) \
@@ -146,11 +137,11 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         if args.save and ((args.save_interval and done % args.save_interval == 0)
                           or done == args.train_iters or done == args.exit_interval):
             state = {"optimizer": parts.optimizer.state_dict(), "rng": _rng_state(),
-                     "iteration": done}
+                     "iteration": done, "layout": unit_layout(parts.engine)}
             path = save_checkpoint(args.save, done, state, rank=topo.rank,
                                    world_size=topo.world_size, barrier=dist.barrier,
                                    keep=args.keep_checkpoints,
-                                   meta=_layout_meta(args, topo))
+                                   meta=checkpoint_meta(args, topo))
             if topo.rank == 0:
                 print(f"saved checkpoint {path}", file=out, flush=True)
         if args.exit_interval and done >= args.exit_interval:

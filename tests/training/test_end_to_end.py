@@ -131,6 +131,46 @@ def test_resume_reproduces_uninterrupted_losses(zbv_odc, tmp_path):
     assert resumed == uninterrupted.losses(), "resumed losses differ from the uninterrupted run"
 
 
+@pytest.mark.parametrize("layout", [
+    ["--pipeline-model-parallel-size", "1", "--pipeline-schedule", "1f1b"],  # pp 2 -> 1, dp 2
+    ["--pipeline-model-parallel-size", "4", "--pipeline-schedule", "zb-h1"],  # pp 2 -> 4, dp 1
+], ids=["pp1xdp2", "pp4xdp1"])
+def test_resume_under_another_layout_continues_the_run(zbv_odc, tmp_path, layout):
+    """Saved by pp=2 x dp=2 (ZB-V, ODC) at iteration 5, resumed by another layout: the
+    optimizer state is resharded by parameter name, and iterations 6..10 match the
+    uninterrupted run up to rounding (the layout changes summation order)."""
+    uninterrupted, _ = zbv_odc
+    ckpt = str(tmp_path / "ckpt")
+    first = launch(TINY_MODEL + PP2 + ["--pipeline-schedule", "zbv", "--dp-mode", "odc",
+                                       "--load-balance", "lb-mini", "--save", ckpt,
+                                       "--exit-interval", "5"],
+                   nproc=4, tmp_path=tmp_path, name="first")
+    assert first.returncode == 0, first.describe()
+    nproc = 2 if layout[1] == "1" else 4
+    second = launch(TINY_MODEL + layout + ["--train-iters", str(ITERS), "--dp-mode", "odc",
+                                           "--load-balance", "lb-mini", "--load", ckpt],
+                    nproc=nproc, tmp_path=tmp_path, name="second")
+    assert second.returncode == 0, second.describe()
+    assert "resharded (pp 2 -> " in second.stdout, second.stdout
+    assert [r["iteration"] for r in second.records()] == list(range(6, ITERS + 1))
+    expected = uninterrupted.losses()[5:]
+    for got, want in zip(second.losses(), expected):
+        assert abs(got - want) <= 1e-5 * abs(want), (second.losses(), expected)
+
+
+def test_resume_of_another_model_fails_naming_the_flag(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    flags = TINY_MODEL + ["--train-iters", "2", "--pipeline-schedule", "1f1b"]
+    first = launch(flags + ["--save", ckpt], nproc=1, tmp_path=tmp_path, name="first")
+    assert first.returncode == 0, first.describe()
+    wider = [("64" if flag == "32" and previous == "--hidden-size" else flag)
+             for previous, flag in zip([""] + flags, flags)]
+    second = launch(wider + ["--load", ckpt, "--train-iters", "3"], nproc=1,
+                    tmp_path=tmp_path, name="second", log=False)
+    assert second.returncode != 0
+    assert "hidden_size: saved 32 vs now 64" in second.stderr, second.describe()
+
+
 def test_killed_rank_fails_the_job_with_a_message(tmp_path):
     flags = TINY_MODEL + PP2 + ["--pipeline-schedule", "zbv", "--dp-mode", "odc",
                                 "--inject-fault-rank", "3", "--inject-fault-iter", "3"]
