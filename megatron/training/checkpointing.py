@@ -20,7 +20,7 @@ import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-__all__ = ["save_checkpoint", "load_checkpoint", "read_latest", "load_rank_state",
+__all__ = ["save_checkpoint", "load_checkpoint", "read_latest", "read_meta", "load_rank_state",
            "latest_iteration", "checkpoint_dir"]
 
 LATEST = "latest"
@@ -98,8 +98,13 @@ def read_latest(load: str) -> tuple[int, str, dict] | None:
     if iteration is None:
         return None
     directory = checkpoint_dir(load, iteration)
+    return iteration, directory, read_meta(directory)
+
+
+def read_meta(directory: str) -> dict:
+    """The meta.json of a checkpoint directory (layout, iteration, world size)."""
     with open(os.path.join(directory, "meta.json")) as handle:
-        return iteration, directory, json.load(handle)
+        return json.load(handle)
 
 
 def load_rank_state(directory: str, rank: int) -> dict:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from .launcher import ROOT, TINY_MODEL, launch
 
@@ -31,13 +32,20 @@ def _assert_same_losses(losses, reference, name, rtol=1e-5):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """pp=1 x dp=1: the single-process reference losses."""
+def reference_run(tmp_path_factory):
+    """pp=1 x dp=1: the single-process reference, checkpoint at the end."""
     tmp = tmp_path_factory.mktemp("reference")
-    run = launch(TINY_MODEL + ["--train-iters", str(ITERS), "--pipeline-schedule", "1f1b"],
+    run = launch(TINY_MODEL + ["--train-iters", str(ITERS), "--pipeline-schedule", "1f1b",
+                               "--save", str(tmp / "ckpt")],
                  nproc=1, tmp_path=tmp, name="reference")
     assert run.returncode == 0, run.describe()
-    return run.losses()
+    return run, tmp
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    """The single-process reference losses."""
+    return reference_run[0].losses()
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +164,35 @@ def test_resume_under_another_layout_continues_the_run(zbv_odc, tmp_path, layout
     expected = uninterrupted.losses()[5:]
     for got, want in zip(second.losses(), expected):
         assert abs(got - want) <= 1e-5 * abs(want), (second.losses(), expected)
+
+
+def _export(load, output):
+    script = os.path.join(ROOT, "tools", "export_checkpoint.py")
+    result = subprocess.run([sys.executable, script, "--load", str(load), "--output",
+                             str(output)], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == 0, result.stderr
+    assert f"iteration {ITERS}" in result.stdout
+    return torch.load(output)
+
+
+def test_export_gives_the_same_full_model_from_any_layout(zbv_odc, reference_run, tmp_path):
+    """tools/export_checkpoint.py on the pp=2 x dp=2 and the pp=1 x dp=1 checkpoints of the
+    same training: the same names and shapes, and weights equal up to rounding. Rounding
+    here is what 10 AdamW steps make of 1e-7 differences: where a gradient is ~0 (e.g. the
+    attention key bias, whose exact gradient is zero) Adam's normalisation amplifies them,
+    so tensors are compared by relative norm: < 5e-3 each, < 1e-4 for the whole model."""
+    sharded = _export(zbv_odc[1] / "ckpt", tmp_path / "sharded.pt")
+    single = _export(reference_run[1] / "ckpt", tmp_path / "single.pt")
+    assert sorted(sharded) == sorted(single)
+    assert any(".decoder.layers.3." in name for name in sharded)  # global layer indices
+    for name, tensor in single.items():
+        assert sharded[name].shape == tensor.shape, name
+        relative = float((sharded[name] - tensor).norm() / tensor.norm())
+        assert relative < 5e-3, (name, relative)
+    whole = torch.cat([t.reshape(-1) for _, t in sorted(single.items())])
+    other = torch.cat([t.reshape(-1) for _, t in sorted(sharded.items())])
+    assert float((other - whole).norm() / whole.norm()) < 1e-4
 
 
 def test_resume_of_another_model_fails_naming_the_flag(tmp_path):

@@ -2,11 +2,13 @@ import io
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from megatron.training.arguments import TrainingArgs, build_parser, parse_args
+from megatron.training.arguments import build_parser, parse_args
 from megatron.training.checkpointing import (checkpoint_dir, latest_iteration,
                                              load_checkpoint, save_checkpoint)
 from megatron.training.logging_utils import TrainingLogger
@@ -145,3 +147,13 @@ def test_logger_writes_json_lines(tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["iteration"] for line in lines] == [1, 2] and lines[1]["loss"] == 1.0
     assert "loss 2.0000" in stream.getvalue() and "idle/rank 10 20 ms" in stream.getvalue()
+
+
+def test_export_tool_fails_clearly_without_a_checkpoint(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "tools", "export_checkpoint.py")
+    result = subprocess.run([sys.executable, script, "--load", str(tmp_path / "none"),
+                             "--output", str(tmp_path / "out.pt")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "no checkpoint under" in result.stderr and not (tmp_path / "out.pt").exists()
