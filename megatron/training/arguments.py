@@ -127,6 +127,9 @@ class TrainingArgs:
     """Checkpoint directory."""
     load: str | None = None
     """Resume from the latest checkpoint in this directory (when there is one)."""
+    finetune: bool = False
+    """With --load: take only the model weights (saved under any layout); optimizer state,
+    RNG and iteration count start afresh (Megatron's --finetune; save elsewhere)."""
     save_interval: int | None = None
     """Save every N iterations (and at the end)."""
     keep_checkpoints: int = 2
@@ -251,6 +254,8 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--lr-warmup-iters, --clip-grad and --weight-decay must be >= 0")
     if args.save_interval is not None and (args.save_interval < 1 or not args.save):
         problems.append("--save-interval needs --save DIR and must be >= 1")
+    if args.finetune and not args.load:
+        problems.append("--finetune needs --load DIR (the checkpoint to start from)")
     if args.exit_interval is not None and args.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
     if args.dp_ranks_per_host is not None and (args.dp_ranks_per_host < 1 or

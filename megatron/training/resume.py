@@ -1,7 +1,10 @@
 """Resuming from ``--load``: exactly under the layout the checkpoint was saved with, or
-resharded (:mod:`.resharding`) under another pipeline / data-parallel layout."""
+resharded (:mod:`.resharding`) under another pipeline / data-parallel layout; with
+``--finetune`` only the weights, from iteration 0 with a fresh optimizer."""
 
 from __future__ import annotations
+
+import torch
 
 from .arguments import TrainingArgs
 from .checkpointing import load_rank_state, read_latest
@@ -27,7 +30,8 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology) -> dict:
 def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state) -> tuple[int, str]:
     """Load the newest checkpoint under ``args.load`` into ``parts`` (optimizer state and
     published parameter shards; RNG state too when the layout is unchanged). Returns
-    (iteration it was saved at, how it was resumed); (0, "") when there is none."""
+    (iteration to continue from, how it was resumed); (0, "") when there is none.
+    ``--finetune``: the weights only (any layout), from iteration 0."""
     found = read_latest(args.load)
     if found is None:
         return 0, ""
@@ -38,6 +42,8 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state) -> tuple[in
         detail = ", ".join(f"{k}: saved {s} vs now {n}" for k, (s, n) in model_changes.items())
         raise ValueError(f"checkpoint {directory} holds another model ({detail}); resume "
                          f"with the model flags it was saved with")
+    if args.finetune:
+        return 0, _load_weights_only(parts, directory, meta, iteration)
     changed = [k for k in LAYOUT_KEYS if meta.get(k) != now[k]]
     if not changed:
         state = load_rank_state(directory, topo.rank)
@@ -51,3 +57,14 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state) -> tuple[in
     parts.engine.finish_step()
     detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed)
     return iteration, f"resharded ({detail}; RNG streams restart)"
+
+
+def _load_weights_only(parts, directory: str, meta: dict, iteration: int) -> str:
+    """--finetune: the checkpoint's master weights, fresh AdamW moments and step count."""
+    _, tensors = assemble_by_name(directory, meta["world_size"])
+    state = owned_state(tensors, 0, parts.engine, unit_layout(parts.engine))
+    for key in ("exp_avg", "exp_avg_sq"):
+        state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
+    parts.optimizer.load_state_dict(state)
+    parts.engine.finish_step()
+    return f"finetuning: weights of iteration {iteration}, fresh optimizer state"

@@ -85,7 +85,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     start = 0
     if args.load:
         start, how = resume(parts, args, topo, _set_rng_state)
-        if start and topo.rank == 0:
+        if how and topo.rank == 0:
             print(f"resumed from {args.load} at iteration {start} ({how})", file=out,
                   flush=True)
     logger = TrainingLogger(train_iters=args.train_iters, log_json=args.log_json,

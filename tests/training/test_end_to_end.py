@@ -195,6 +195,27 @@ def test_export_gives_the_same_full_model_from_any_layout(zbv_odc, reference_run
     assert float((other - whole).norm() / whole.norm()) < 1e-4
 
 
+def test_finetune_starts_from_the_saved_weights_under_any_layout(zbv_odc, reference,
+                                                                 tmp_path):
+    """--load + --finetune from the pp=2 x dp=2 checkpoint (iteration 10) under pp=1 and
+    under pp=2 x dp=2: iterations restart at 1, both layouts see the same weights (equal
+    first losses), and those are the trained ones (lower than a fresh model's)."""
+    ckpt = str(zbv_odc[1] / "ckpt")
+    layouts = {"pp1": (["--pipeline-schedule", "1f1b"], 1),
+               "pp2xdp2": (PP2[:2] + ["--pipeline-schedule", "zbv", "--dp-mode", "odc"], 4)}
+    first_losses = {}
+    for name, (layout, nproc) in layouts.items():
+        run = launch(TINY_MODEL + layout + ["--train-iters", "2", "--load", ckpt,
+                                            "--finetune"],
+                     nproc=nproc, tmp_path=tmp_path, name=name)
+        assert run.returncode == 0, run.describe()
+        assert f"finetuning: weights of iteration {ITERS}" in run.stdout, run.stdout
+        assert [r["iteration"] for r in run.records()] == [1, 2]
+        first_losses[name] = run.losses()[0]
+    assert abs(first_losses["pp1"] - first_losses["pp2xdp2"]) <= 1e-5 * first_losses["pp1"]
+    assert first_losses["pp1"] < reference[0] - 0.1, (first_losses, reference[0])
+
+
 def test_resume_of_another_model_fails_naming_the_flag(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     flags = TINY_MODEL + ["--train-iters", "2", "--pipeline-schedule", "1f1b"]
