@@ -150,6 +150,24 @@ _TEXT_COLUMNS = [
 ]
 
 
+def emit_json(result: dict, args) -> bool:
+    """Write ``result`` to ``--out`` if given; print it and return True with ``--json``."""
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text + "\n")
+    if args.json:
+        print(text)
+    return args.json
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    """One line per row: the ``(header, key)`` columns, two decimals."""
+    print(" ".join(f"{header:>7}" for header, _ in columns))
+    for row in rows:
+        print(" ".join(f"{row[key]:>7.2f}" for _, key in columns))
+
+
 def _copy_kernel() -> str:
     from odc_pp import _C
     return _C.copy_kernel()
@@ -188,18 +206,10 @@ def main(argv=None) -> int:
               "targets": {"gather_vs_memcpy_at_16mib_plus": 0.7,
                           "gather_vs_gloo_all_gather": 3.0,
                           "scatter_vs_gloo_reduce_scatter": 2.0}}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
-    if args.json:
-        print(text)
-    else:
+    if not emit_json(result, args):
         print(f"copy kernel: {result['copy_kernel']}; GB/s and ratios; cc_kern: the copy "
               f"kernel on both ranks at once")
-        print(" ".join(f"{header:>7}" for header, _ in _TEXT_COLUMNS))
-        for row in rows:
-            print(" ".join(f"{row[key]:>7.2f}" for _, key in _TEXT_COLUMNS))
+        print_table(rows, _TEXT_COLUMNS)
     return 0
 
 

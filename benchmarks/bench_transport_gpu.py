@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from datetime import timedelta
@@ -28,12 +27,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_transport import ROOT, _free_port, _interleaved_medians  # noqa: E402
+from bench_transport import (ROOT, _free_port, _interleaved_medians, emit_json,  # noqa: E402
+                             print_table)
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 TARGET_GATHER_VS_D2D = 0.7
+_TEXT_COLUMNS = [
+    ("MiB", "mib"), ("d2d", "d2d_copy_gbps"), ("cc_d2d", "d2d_copy_concurrent_gbps"),
+    ("g_alone", "odc_gather_alone_gbps"), ("gather", "odc_gather_gbps"),
+    ("add", "local_add_gbps"), ("scatter", "odc_scatter_accumulate_gbps"),
+    ("ga/d2d", "gather_alone_vs_d2d"), ("g/cc", "gather_vs_concurrent_d2d"),
+    ("s/add", "scatter_vs_local_add"),
+]
 
 
 def _measure_size(group, nbytes: int, iterations: int, device: torch.device, odc) -> dict:
@@ -126,23 +133,10 @@ def main(argv=None) -> int:
                                                                        torch.cuda.device_count()),
               "torch": torch.__version__, "cuda": torch.version.cuda, "rows": rows,
               "targets": {"gather_alone_vs_d2d_at_64mib_plus": TARGET_GATHER_VS_D2D}}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
-    if args.json:
-        print(text)
-        return 0
-    print(f"{result['gpu']} ({result['gpus_used']} GPU(s) for {world} ranks)")
-    print(f"{'MiB':>6} {'d2d':>8} {'cc_d2d':>8} {'g_alone':>8} {'gather':>8} {'add':>8} "
-          f"{'scatter':>8} {'ga/d2d':>6} {'g/cc':>6} {'s/add':>6}  (GB/s, ratios; target "
-          f"ga/d2d >= {TARGET_GATHER_VS_D2D} at >= 64 MiB)")
-    for row in rows:
-        print(f"{row['mib']:>6.0f} {row['d2d_copy_gbps']:>8.1f} "
-              f"{row['d2d_copy_concurrent_gbps']:>8.1f} {row['odc_gather_alone_gbps']:>8.1f} "
-              f"{row['odc_gather_gbps']:>8.1f} {row['local_add_gbps']:>8.1f} "
-              f"{row['odc_scatter_accumulate_gbps']:>8.1f} {row['gather_alone_vs_d2d']:>6.2f} "
-              f"{row['gather_vs_concurrent_d2d']:>6.2f} {row['scatter_vs_local_add']:>6.2f}")
+    if not emit_json(result, args):
+        print(f"{result['gpu']} ({result['gpus_used']} GPU(s) for {world} ranks); GB/s and "
+              f"ratios; target ga/d2d >= {TARGET_GATHER_VS_D2D} at >= 64 MiB")
+        print_table(rows, _TEXT_COLUMNS)
     return 0
 
 
