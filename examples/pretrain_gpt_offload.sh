@@ -13,14 +13,7 @@
 # MASTER_PORT DATA_PATH TOKENIZER CKPT PP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-localhost}
-MASTER_PORT=${MASTER_PORT:-6000}
-PP=${PP:-4}
-DATA_PATH=${DATA_PATH:?set DATA_PATH to an indexed-dataset prefix or a .jsonl file}
-TOKENIZER=${TOKENIZER:?set TOKENIZER to a local Hugging Face tokenizer directory}
+source examples/_cluster_env.sh
 CKPT=${CKPT:-checkpoints/gpt_offload}
 OFFLOAD_ARGS=(--pipeline-schedule offload --cpu-offload --offload-chunks 0 --recompute-lgd)
 

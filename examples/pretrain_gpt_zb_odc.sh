@@ -18,14 +18,7 @@
 # --load-balance lb-mini gives data-parallel replicas equal work per minibatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-localhost}
-MASTER_PORT=${MASTER_PORT:-6000}
-PP=${PP:-4}
-DATA_PATH=${DATA_PATH:?set DATA_PATH to an indexed-dataset prefix or a .jsonl file}
-TOKENIZER=${TOKENIZER:?set TOKENIZER to a local Hugging Face tokenizer directory}
+source examples/_cluster_env.sh
 CKPT=${CKPT:-checkpoints/gpt_zb_odc}
 
 DISTRIBUTED_ARGS=(--nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"
