@@ -13,12 +13,9 @@ Launch like Megatron-LM, e.g. on CPU with 4 processes (pp=2 x dp=2):
 Exit status: 0 done, 2 bad flags, 1 a failure on some rank (the message names it).
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from megatron.training import pretrain  # noqa: E402
+from odc_pp.training import pretrain
 
 if __name__ == "__main__":
     sys.exit(pretrain())

@@ -1,4 +1,4 @@
-"""Build script: installs odc_pp and this repo's megatron.* namespace packages, and builds
+"""Build script: installs the odc_pp package and builds
 the one-sided transport extension ``odc_pp._C`` from csrc/ (see csrc/README.md)."""
 
 import glob
@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from setuptools import find_namespace_packages, setup
+from setuptools import find_packages, setup
 
 try:
     from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -87,8 +87,7 @@ else:  # pragma: no cover
 
 
 setup(
-    packages=find_namespace_packages(include=["odc_pp", "odc_pp.*", "megatron.training",
-                                              "megatron.training.*"]),
+    packages=find_packages(include=["odc_pp", "odc_pp.*"]),
     ext_modules=transport_extensions(),
     cmdclass=CMDCLASS,
     zip_safe=False,

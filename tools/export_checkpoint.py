@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export a pretrain_gpt.py checkpoint (any pipeline / data-parallel layout) as one full
 state dict ``{global parameter name: fp32 tensor}``: the optimizer's master weights
-reassembled by name (megatron/training/resharding.py), e.g. for evaluation or conversion.
+reassembled by name (odc_pp/training/resharding.py), e.g. for evaluation or conversion.
 
     python tools/export_checkpoint.py --load ckpt --output model.pt [--iteration 50]
 
@@ -16,13 +16,11 @@ import io
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from megatron.training.checkpointing import checkpoint_dir, read_latest, read_meta  # noqa: E402
-from megatron.training.resharding import assemble_by_name  # noqa: E402
-from odc_pp.fsutil import write_file_atomic  # noqa: E402
+from odc_pp.training.checkpointing import checkpoint_dir, read_latest, read_meta
+from odc_pp.training.resharding import assemble_by_name
+from odc_pp.fsutil import write_file_atomic
 
 
 def export(load: str, iteration: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:

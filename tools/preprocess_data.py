@@ -6,12 +6,9 @@
 then train with ``--data-path data/my_text``.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from odc_pp.data.preprocess import main  # noqa: E402
+from odc_pp.data.preprocess import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,12 +5,9 @@
         --num-attention-heads 32 --seq-length 4096 --pp 4 --num-microbatches 16
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from odc_pp.schedule.offload_tuner import main  # noqa: E402
+from odc_pp.schedule.offload_tuner import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
-from megatron.training.data_plan import DataPlanner, build_source
+from odc_pp.training.arguments import parse_args
+from odc_pp.training.data_plan import DataPlanner, build_source
 
 
 def planner(extra, *, dp, pp=1):

@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from megatron.training.arguments import build_parser, parse_args
-from megatron.training.checkpointing import (checkpoint_dir, latest_iteration,
+from odc_pp.training.arguments import build_parser, parse_args
+from odc_pp.training.checkpointing import (checkpoint_dir, latest_iteration,
                                              load_checkpoint, save_checkpoint)
-from megatron.training.logging_utils import TrainingLogger
-from megatron.training.lr_schedule import LRSchedule
+from odc_pp.training.logging_utils import TrainingLogger
+from odc_pp.training.lr_schedule import LRSchedule
 
 BASE = ["--mock-data", "--vocab-size", "64"]
 

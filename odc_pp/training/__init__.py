@@ -1,0 +1,14 @@
+"""Megatron-style training frontend for odc-pp: Megatron's flags and launch habits, run by
+``pretrain_gpt.py`` at the repository root (it lives here, not under ``megatron.training``,
+which megatron-core >= 0.17 ships itself)."""
+
+from .arguments import TrainingArgs, parse_args
+
+__all__ = ["TrainingArgs", "parse_args", "pretrain"]
+
+
+def pretrain(argv: list[str] | None = None) -> int:
+    """Parse flags and train; the exit status (see ``odc_pp.training.training.main``)."""
+    from .training import main
+
+    return main(argv)
