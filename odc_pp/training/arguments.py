@@ -11,10 +11,14 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import math
+import sys
 import textwrap
 from dataclasses import dataclass
 
-__all__ = ["TrainingArgs", "parse_args", "build_parser", "SCHEDULES", "V_SCHEDULES",
+from .megatron_flags import translate as translate_megatron_flags
+
+__all__ = ["TrainingArgs", "parse_args", "parse_args_with_notes", "build_parser", "SCHEDULES", "V_SCHEDULES",
            "DP_MODES", "LOAD_BALANCE"]
 
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
@@ -136,6 +140,12 @@ class TrainingArgs:
     """Keep the last K checkpoints."""
     log_interval: int = 1
     """Log every N iterations."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of one device, for the MFU column (default: the dense bf16 peak of a
+    known GPU, e.g. H100/H200 989; none on CPU, where MFU is not reported)."""
+    max_skipped_steps: int = 10
+    """Stop (exit 3) after this many consecutive skipped optimizer steps (inf/nan
+    gradients); a non-finite loss stops the job at once."""
     log_json: str | None = None
     """Append one JSON object per logged iteration to this file (rank 0)."""
     tensorboard_dir: str | None = None
@@ -248,8 +258,15 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--inject-nonfinite-grad-iter must be >= 1")
     if args.profile_iters < 0:
         problems.append("--profile-iters must be >= 0")
-    if not 0 <= args.min_lr <= args.lr:
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        problems.append(f"--lr {args.lr} must be finite and >= 0")
+    elif not (math.isfinite(args.min_lr) and 0 <= args.min_lr <= args.lr):
         problems.append(f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and
+                                             args.peak_tflops > 0):
+        problems.append(f"--peak-tflops {args.peak_tflops} must be finite and > 0")
+    if args.max_skipped_steps < 1:
+        problems.append(f"--max-skipped-steps must be >= 1, got {args.max_skipped_steps}")
     if args.lr_warmup_iters < 0 or args.clip_grad < 0 or args.weight_decay < 0:
         problems.append("--lr-warmup-iters, --clip-grad and --weight-decay must be >= 0")
     if args.save_interval is not None and (args.save_interval < 1 or not args.save):
@@ -304,8 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> TrainingArgs:
-    """Parse Megatron-style flags; a bad value or combination raises ``ValueError``
-    (argparse's own errors -- unknown flag, bad type -- exit with status 2)."""
+def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, list[str]]:
+    """Parse Megatron-style flags: the arguments and the notes for the log about pasted
+    Megatron-LM flags (:mod:`.megatron_flags`). A bad value or combination, or a rejected
+    pasted flag, raises ``ValueError`` (argparse's own errors -- unknown flag, bad type --
+    exit with status 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, notes = translate_megatron_flags(argv)
     namespace = build_parser().parse_args(argv)
-    return TrainingArgs(**vars(namespace))
+    args = TrainingArgs(**vars(namespace))
+    if args.lr == 0:
+        notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
+    return args, notes
+
+
+def parse_args(argv: list[str] | None = None) -> TrainingArgs:
+    """:func:`parse_args_with_notes` without the notes."""
+    return parse_args_with_notes(argv)[0]

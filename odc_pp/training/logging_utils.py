@@ -18,6 +18,10 @@ def format_record(record: dict) -> str:
     parts = [f"iter {record['iteration']:>5}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}", f"grad-norm {record['grad_norm']:.3f}",
              f"{record['tokens_per_s']:.0f} tok/s", f"step {record['step_s'] * 1000:.0f} ms"]
+    if record.get("tflops_per_device") is not None:
+        parts.append(f"{record['tflops_per_device']:.3g} TFLOP/s/dev")
+    if record.get("mfu") is not None:
+        parts.append(f"MFU {100 * record['mfu']:.1f}%")
     idle = record.get("idle_s")
     if idle:
         parts.append("idle/rank " + " ".join(f"{v * 1000:.0f}" for v in idle) + " ms")
@@ -78,8 +82,10 @@ class TrainingLogger:
             with open(self.log_json, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
         if self._writer is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_s"):
-                self._writer.add_scalar(f"train/{key}", record[key], record["iteration"])
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_s",
+                        "tflops_per_device", "mfu", "peak_memory_mb"):
+                if record.get(key) is not None:
+                    self._writer.add_scalar(f"train/{key}", record[key], record["iteration"])
             for rank, idle in enumerate(record.get("idle_s") or []):
                 self._writer.add_scalar(f"idle_s/rank{rank}", idle, record["iteration"])
             self._writer.flush()

@@ -11,6 +11,7 @@ match a single-process run up to float rounding.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .arguments import TrainingArgs, parse_args
+from .arguments import TrainingArgs, parse_args_with_notes
 from .checkpointing import save_checkpoint
 from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
@@ -32,8 +33,30 @@ from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
 from .resharding import unit_layout
 from .resume import checkpoint_meta, resume
+from .throughput import ModelShape, default_peak_tflops, flops_per_microbatch, peak_memory_mb
 
-__all__ = ["main", "train"]
+__all__ = ["main", "train", "TrainingStopped"]
+
+EXIT_STOPPED = 3
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot usefully go on (non-finite loss, too many skipped steps); every rank
+    raises it at the same iteration because it decides on globally reduced values."""
+
+
+def _check_finite(result, done: int, skipped_in_a_row: int, args: TrainingArgs) -> None:
+    if not math.isfinite(result.loss):
+        raise TrainingStopped(
+            f"iteration {done}: the loss is {result.loss}. Likely cause: the learning rate "
+            f"is too high for this model (--lr {args.lr}); lower --lr, add warmup "
+            f"(--lr-warmup-iters) or clipping (--clip-grad), or check the data")
+    if skipped_in_a_row >= args.max_skipped_steps:
+        raise TrainingStopped(
+            f"iteration {done}: {skipped_in_a_row} optimizer steps in a row were skipped "
+            f"because the gradients were inf/nan (--max-skipped-steps "
+            f"{args.max_skipped_steps}). Likely cause: diverged weights from too high a "
+            f"learning rate (--lr {args.lr}) or overflow in --bf16")
 
 
 def _seed_everything(seed: int) -> None:
@@ -93,7 +116,11 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                             progress_bar=not args.no_progress_bar, stream=out) \
         if topo.rank == 0 else None
     records: list[dict] = []
-    window_tokens, window_time = 0, 0.0
+    window_tokens, window_time, window_flops = 0, 0.0, 0.0
+    shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                       ffn_hidden_size=args.ffn_hidden_size, vocab_size=vocab)
+    peak_tflops = args.peak_tflops or default_peak_tflops(topo.device)
+    skipped_in_a_row = 0
     replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
     render_pending = bool(args.schedule_png) and topo.rank == 0
     for iteration in range(start, args.train_iters):
@@ -117,23 +144,33 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
             render_pending = bool(args.schedule_png) and topo.rank == 0
         window_tokens += plan.total_tokens
         window_time += step_s
+        # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
+        window_flops += sum(flops_per_microbatch(shape, *mb.tokens.shape)
+                            for mb in microbatches) / topo.pp
+        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
         done = iteration + 1
         if logger is not None:
             logger.progress(done)
         if done % args.log_interval == 0 or done == args.train_iters:
             stats = _gather_floats([result.busy_s, step_s - result.busy_s,
-                                    result.peak_memory_mb], topo)
+                                    result.peak_memory_mb, peak_memory_mb(topo.device),
+                                    window_flops, window_time], topo)
+            tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
             record = {"iteration": done, "loss": result.loss, "lr": lr,
                       "grad_norm": result.grad_norm,
                       "tokens_per_s": window_tokens / max(window_time, 1e-9),
+                      "tflops_per_device": tflops,
+                      "mfu": tflops / peak_tflops if peak_tflops else None,
                       "step_s": step_s, "busy_s": [s[0] for s in stats],
                       "idle_s": [s[1] for s in stats],
-                      "peak_memory_mb": max(s[2] for s in stats),
+                      "peak_activation_mb": max(s[2] for s in stats),
+                      "peak_memory_mb": max(s[3] for s in stats),
                       "skipped": result.skipped}
-            window_tokens, window_time = 0, 0.0
+            window_tokens, window_time, window_flops = 0, 0.0, 0.0
             if logger is not None:
                 logger.log(record)
                 records.append(record)
+        _check_finite(result, done, skipped_in_a_row, args)
         if args.save and ((args.save_interval and done % args.save_interval == 0)
                           or done == args.train_iters or done == args.exit_interval):
             state = {"optimizer": parts.optimizer.state_dict(), "rng": _rng_state(),
@@ -155,15 +192,19 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 1 failure."""
+    """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
+    training), 1 failure."""
     env = read_env()
     try:
-        args = parse_args(argv)
+        args, notes = parse_args_with_notes(argv)
         args.data_parallel_size(env.world_size)
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if env.rank == 0:
+        for note in notes:
+            print(note, flush=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
         device = init_distributed(env, timeout_minutes=args.distributed_timeout_minutes)
@@ -173,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
         _hard_exit(2)
+    except TrainingStopped as exc:
+        if env.rank == 0:
+            print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
+        _hard_exit(EXIT_STOPPED)
     except BaseException as exc:  # a peer died or timed out: say so and exit non-zero
         print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
               f"(a peer rank probably died or stopped responding; see the first failing "

@@ -1,0 +1,70 @@
+"""Flags pasted from Megatron-LM scripts: each is honoured (with a note), mapped to odc-pp's
+equivalent (with a note) or rejected naming the equivalent; none is silently ignored."""
+
+import pytest
+
+from odc_pp.training.arguments import build_parser, parse_args_with_notes
+from odc_pp.training.megatron_flags import PASTED_FLAGS, translate
+
+BASE = ["--mock-data", "--vocab-size", "64"]
+ISSUE_FLAGS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+               "--transformer-impl", "--recompute-granularity", "--calculate-per-token-loss",
+               "--use-flash-attn", "--untie-embeddings-and-output-weights"]
+
+
+def test_every_flag_of_the_issue_is_in_the_table_and_not_a_native_flag():
+    native = {option for action in build_parser()._actions for option in action.option_strings}
+    for flag in ISSUE_FLAGS:
+        assert flag in PASTED_FLAGS
+    assert not native & set(PASTED_FLAGS), "a pasted flag shadows a native one"
+
+
+@pytest.mark.parametrize("flag", ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                  "--overlap-param-gather", "--calculate-per-token-loss",
+                                  "--untie-embeddings-and-output-weights"])
+def test_honoured_flags_leave_a_note_and_change_nothing(flag):
+    args, notes = parse_args_with_notes(BASE + [flag])
+    plain, _ = parse_args_with_notes(BASE)
+    assert args == plain
+    assert len(notes) == 1 and notes[0].startswith(f"note: {flag}:")
+
+
+def test_value_flags_honoured_mapped_or_rejected():
+    args, notes = parse_args_with_notes(BASE + ["--transformer-impl", "local"])
+    assert notes and "local" in notes[0]
+    args, notes = parse_args_with_notes(BASE + ["--recompute-granularity=selective"])
+    assert args.recompute_lgd and "--recompute-lgd" in notes[0]
+    with pytest.raises(ValueError, match="--transformer-impl local"):
+        parse_args_with_notes(BASE + ["--transformer-impl", "transformer_engine"])
+    with pytest.raises(ValueError, match="--recompute-lgd"):
+        parse_args_with_notes(BASE + ["--recompute-granularity", "full"])
+    with pytest.raises(ValueError, match="--recompute-lgd"):
+        parse_args_with_notes(BASE + ["--recompute-method", "uniform"])
+
+
+@pytest.mark.parametrize("flag,equivalent", [("--use-flash-attn", "drop the flag"),
+                                              ("--fp16", "--bf16"),
+                                              ("--sequence-parallel", "drop it")])
+def test_rejected_flags_name_what_to_use(flag, equivalent):
+    with pytest.raises(ValueError, match=equivalent):
+        parse_args_with_notes(BASE + [flag])
+
+
+def test_translate_keeps_other_tokens_and_their_order():
+    argv = ["--num-layers", "4", "--overlap-grad-reduce", "--lr", "1e-3"]
+    out, notes = translate(argv)
+    assert out == ["--num-layers", "4", "--lr", "1e-3"] and len(notes) == 1
+    with pytest.raises(ValueError, match="--transformer-impl expects a value"):
+        translate(["--transformer-impl"])
+
+
+@pytest.mark.parametrize("lr", ["-1e-3", "inf", "nan"])
+def test_lr_must_be_finite_and_non_negative(lr):
+    with pytest.raises(ValueError, match=r"--lr \S+ must be finite and >= 0") as error:
+        parse_args_with_notes(BASE + [f"--lr={lr}"])
+    assert "--min-lr" not in str(error.value)
+
+
+def test_lr_zero_is_allowed_with_a_warning():
+    args, notes = parse_args_with_notes(BASE + ["--lr", "0"])
+    assert args.lr == 0 and any(note.startswith("warning: --lr 0") for note in notes)
