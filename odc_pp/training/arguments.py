@@ -180,13 +180,29 @@ class TrainingArgs:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.train_iters
 
-    def data_parallel_size(self, world_size: int) -> int:
-        """dp = world / pp; a ValueError naming the flags when it does not divide."""
+    def data_parallel_size(self, world_size: int, local_world_size: int | None = None) -> int:
+        """dp = world / pp, after checking every flag combination that depends on the
+        job's size (so it fails before the first step, never during training); a
+        ValueError naming the flags otherwise. ``local_world_size``: processes per host
+        (torchrun --nproc-per-node), for --dp-mode hierarchical."""
         pp = self.pipeline_model_parallel_size
         if world_size % pp:
             raise ValueError(f"world size {world_size} (torchrun --nproc-per-node x --nnodes) "
                              f"is not divisible by --pipeline-model-parallel-size {pp}")
         dp = world_size // pp
+        if dp > 1 and self.dp_mode == "collective" and self.load_balance == "lb-mini" and \
+                self.num_model_chunks > 1:
+            raise ValueError(
+                f"--dp-mode collective with --load-balance lb-mini needs equal microbatch "
+                f"counts on every replica when a pipeline rank runs several model chunks "
+                f"(--pipeline-schedule {self.pipeline_schedule}, {self.num_model_chunks} "
+                f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
+                f"one-chunk schedule")
+        if self.dp_mode == "hierarchical":
+            per_host = self.dp_ranks_per_host or max(1, (local_world_size or world_size) // pp)
+            if dp % per_host:
+                raise ValueError(f"--dp-ranks-per-host {per_host} (default: processes per host"
+                                 f" / pp) does not divide the data-parallel size {dp}")
         if self.max_tokens_per_microbatch is None and \
                 self.global_batch_size % (self.micro_batch_size * dp):
             raise ValueError(f"--global-batch-size {self.global_batch_size} must be a multiple "

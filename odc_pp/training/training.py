@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     env = read_env()
     try:
         args, notes = parse_args_with_notes(argv)
-        args.data_parallel_size(env.world_size)
+        args.data_parallel_size(env.world_size, env.local_world_size)
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)

@@ -68,3 +68,19 @@ def test_lr_must_be_finite_and_non_negative(lr):
 def test_lr_zero_is_allowed_with_a_warning():
     args, notes = parse_args_with_notes(BASE + ["--lr", "0"])
     assert args.lr == 0 and any(note.startswith("warning: --lr 0") for note in notes)
+
+
+def test_size_dependent_combinations_fail_before_training():
+    """Collective + LB-Mini with a two-chunk schedule used to train 32 iterations and crash
+    at the first plan with unequal microbatch counts."""
+    from odc_pp.training.arguments import parse_args
+
+    args = parse_args(BASE + ["--dp-mode", "collective", "--load-balance", "lb-mini",
+                              "--pipeline-schedule", "zbv", "--pipeline-model-parallel-size",
+                              "2", "--num-layers", "4"])
+    with pytest.raises(ValueError, match="--load-balance balanced or none, --dp-mode odc"):
+        args.data_parallel_size(4)
+    assert args.data_parallel_size(2) == 1  # dp=1: nothing to balance
+    hierarchical = parse_args(BASE + ["--dp-mode", "hierarchical", "--dp-ranks-per-host", "3"])
+    with pytest.raises(ValueError, match="--dp-ranks-per-host 3"):
+        hierarchical.data_parallel_size(4, 4)
