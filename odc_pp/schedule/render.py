@@ -1,7 +1,7 @@
 """Draw a simulated schedule: ASCII timeline, SVG, PNG (matplotlib Agg), memory plot.
 
-Compute actions are coloured by kind (F blue, B green, W orange, BW teal); odd chunks
-are drawn darker (ASCII: even chunks upper case, odd chunks lower case). Transfers and
+Compute actions are coloured by kind (F blue, B green, W orange, BW teal) and labelled
+with their microbatch; odd chunks are drawn darker (ASCII: even chunks upper case, odd chunks lower case). Transfers and
 offload/reload traffic appear on a thin row under each rank.
 """
 
@@ -122,7 +122,10 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
     transfers/offload). Returns ``path``."""
     plt = _pyplot()
     height = max(2.0, 0.45 * schedule.pp + 1)
-    fig, ax = plt.subplots(figsize=(min(40.0, 4 + sim.makespan * 0.12), height))
+    # wide enough that a unit-time block holds its microbatch number
+    unit = min((e - s for rank in sim.compute_intervals for s, e, _ in rank), default=1.0)
+    fig, ax = plt.subplots(figsize=(min(40.0, 5 + sim.makespan * 0.3 / max(unit, 1e-9)),
+                                    height))
     try:
         for rank in range(schedule.pp):
             y = schedule.pp - 1 - rank
@@ -130,6 +133,8 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
                 ax.broken_barh([(s, e - s)], (y + 0.2, 0.75),
                                facecolors=_colour(action.kind, action.chunk),
                                edgecolor="white", linewidth=0.3)
+                ax.text(s + (e - s) / 2, y + 0.575, str(action.microbatch), ha="center",
+                        va="center", color="white", clip_on=True, fontsize=7)
             for action, s, e in _side_intervals(sim, rank):
                 ax.broken_barh([(s, e - s)], (y + 0.02, 0.15),
                                facecolors=_SIDE_COLOURS[action.kind])
@@ -139,7 +144,12 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
         ax.set_title(f"{schedule.name}: pp={schedule.pp}, m={schedule.num_microbatches}, "
                      f"makespan {sim.makespan:.2f}, bubble {sim.bubble_rate:.1%}")
         handles = [plt.Rectangle((0, 0), 1, 1, color=_COLOURS[k]) for k in _COLOURS]
-        ax.legend(handles, [k.value for k in _COLOURS], loc="upper right", fontsize=7)
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=_DARK[ActionKind.F]))
+        labels = [k.value for k in _COLOURS] + ["odd chunk (darker)"]
+        # beside the axes, never over the blocks; numbers on blocks are microbatches
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.005, 1.0),
+                  fontsize=7, borderaxespad=0.0, title="block = microbatch",
+                  title_fontsize=7)
         _save(fig, path)
     finally:
         plt.close(fig)

@@ -165,7 +165,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                       "idle_s": [s[1] for s in stats],
                       "peak_activation_mb": max(s[2] for s in stats),
                       "peak_memory_mb": max(s[3] for s in stats),
-                      "skipped": result.skipped}
+                      "skipped": result.skipped,
+                      "microbatches_per_replica": [len(r) for r in plan.replicas]}
             window_tokens, window_time, window_flops = 0, 0.0, 0.0
             if logger is not None:
                 logger.log(record)
