@@ -160,7 +160,7 @@ class _TorchStageModule(torch.nn.Module):
         self.chunk = chunk
 
     def forward(self, x):
-        from odc_pp.megatron.cpu_compat import causal_mask
+        from odc_pp.megatron.compat import causal_mask
 
         model = self.chunk.model
         if self.chunk.is_first:
@@ -247,7 +247,7 @@ def worker(rank, args, port, out_path):
 
 
 def run_benchmark(args):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower

@@ -3,10 +3,11 @@
 * :func:`odc_pp.megatron.model.build_chunks` -> this rank's :class:`GPTChunk` list (local
   chunk order), initialised from ``(seed, global parameter name)`` so every layout gives
   the same full model; :class:`ModelConfig` describes the model.
-* :mod:`odc_pp.megatron.layers`: megatron's local layer spec with linears whose weight
-  gradient can be deferred to the schedule's W action.
-* :mod:`odc_pp.megatron.cpu_compat`: the three CUDA assumptions of megatron-core 0.16
-  and how they are avoided on CPU.
+* :mod:`odc_pp.megatron.layers`: linears whose weight gradient can be deferred to the
+  schedule's W action; :mod:`odc_pp.megatron.spec`: megatron's local layer spec with them.
+* :mod:`odc_pp.megatron.compat`: all megatron-core-version-specific code (what each piece
+  relies on, what was tested), including the three CUDA assumptions of megatron-core
+  0.16 and how they are avoided on CPU.
 * :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
   layernorm, GeLU and hidden dropout in backward; :mod:`odc_pp.megatron.activation_memory`
   has the closed form of the bytes it saves (torch-free).

@@ -1,44 +1,48 @@
-"""megatron-core layer spec whose linear layers can defer their weight-gradient GEMM.
+"""Linear layers whose weight-gradient GEMM can be deferred to the schedule's W action.
 
 ``DeferrableColumnParallelLinear`` / ``DeferrableRowParallelLinear`` subclass megatron's
-tensor-parallel linears (TP=1) and override only ``_forward_impl``, the documented hook
-both use for their matmul. Their autograd function computes the input gradient in
-backward; the weight gradient is either computed at once, or, while the bound
-:class:`~odc_pp.runtime.wgrad.WeightGradQueue` is deferring, enqueued as a closure
-(saved input, grad_output) for the schedule's W action. Biases stay in B.
+tensor-parallel linears (TP=1) and override only ``_forward_impl``, the hook both use for
+their matmul (:mod:`odc_pp.megatron.compat`). Their autograd function computes the input
+gradient in backward; the weight gradient is either computed at once, or, while the
+bound :class:`~odc_pp.runtime.wgrad.WeightGradQueue` is deferring, enqueued as a closure
+(input, grad_output) for the schedule's W action. Biases stay in B.
+
+A linear may apply an elementwise :class:`InputOp` to its input first (identity here;
+layernorm and GeLU in :mod:`odc_pp.megatron.recompute`). The autograd function then saves
+only the op's *input* and recomputes its output in backward, for the weight gradient and
+for the op's own backward -- one function for the plain and the recomputing linears.
 
 The queue is bound per module by the runtime (``wgrad_queue`` attribute), never
-through a global. :func:`deferrable_gpt_layer_spec` is megatron's local spec with the
-four linears and the core attention swapped (see :mod:`odc_pp.megatron.cpu_compat`);
-with ``recompute_lgd`` it also recomputes layernorm/GeLU/dropout (:mod:`.recompute`).
+through a global. The layer spec that plugs these in is :mod:`odc_pp.megatron.spec`.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.spec_utils import ModuleSpec
 
 __all__ = [
     "DeferrableColumnParallelLinear",
     "DeferrableRowParallelLinear",
-    "HostDotProductAttention",
-    "deferrable_gpt_layer_spec",
+    "InputOp",
     "accumulate_weight_grad",
     "weight_grad_or_defer",
 ]
 
 
+def _weight_grad(saved_input: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad_output^T @ input, flattened over all leading dimensions."""
+    return grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+        saved_input.reshape(-1, saved_input.shape[-1]))
+
+
 def accumulate_weight_grad(weight: torch.Tensor, saved_input: torch.Tensor,
                            grad_output: torch.Tensor) -> None:
     """weight.grad += grad_output^T @ input (flattened over all leading dimensions)."""
-    grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
-        saved_input.reshape(-1, saved_input.shape[-1]))
+    grad_weight = _weight_grad(saved_input, grad_output)
     if weight.grad is None:
         weight.grad = grad_weight.to(weight.dtype)
     else:
@@ -53,38 +57,73 @@ def weight_grad_or_defer(layer, weight: torch.Tensor, saved_input: torch.Tensor,
     if queue is not None and queue.is_deferring:
         queue.put(functools.partial(accumulate_weight_grad, weight, saved_input, grad_output))
         return None
-    return grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
-        saved_input.reshape(-1, saved_input.shape[-1]))
+    return _weight_grad(saved_input, grad_output)
+
+
+class InputOp:
+    """What a deferrable linear applies to its input before the matmul: the identity.
+
+    Subclasses (:mod:`odc_pp.megatron.recompute`) override all three methods; ``params``
+    are the op's own parameters (autograd inputs, saved next to the op's input)."""
+
+    def forward(self, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        """The op's output."""
+        return x
+
+    def recompute(self, x: torch.Tensor, *params: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """(the op's output, what :meth:`backward` needs besides ``x`` and ``params``)."""
+        return x, None
+
+    def backward(self, grad_output: torch.Tensor, x: torch.Tensor, recomputed: object,
+                 *params: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Gradients of ``(x, *params)`` from the gradient of the op's output."""
+        return (grad_output,)
+
+
+IDENTITY = InputOp()
 
 
 class _DeferrableLinearFunction(torch.autograd.Function):
+    """``linear(input_op(x), weight, bias)``; backward recomputes ``input_op(x)``,
+    computes or defers the weight gradient, and runs the op's backward. Called as
+    ``apply(x, weight, bias, layer)`` (identity) or
+    ``apply(x, weight, bias, layer, input_op, *op_params)``."""
+
     @staticmethod
-    def forward(ctx, saved_input, weight, bias, layer):
-        ctx.save_for_backward(saved_input, weight)
+    def forward(ctx, x, weight, bias, layer, input_op=None, *op_params):
+        ctx.save_for_backward(x, *op_params, weight)
         # the Parameter itself: saved-tensor hooks may hand back an alias, and the
         # deferred wgrad must land in this object's .grad
         ctx.weight_parameter = weight
         ctx.layer = layer
+        ctx.input_op = IDENTITY if input_op is None else input_op
+        ctx.op_given = input_op is not None
         ctx.has_bias = bias is not None
-        return F.linear(saved_input, weight, bias)
+        return F.linear(ctx.input_op.forward(x, *op_params), weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved_input, weight = ctx.saved_tensors
-        grad_input = grad_output.matmul(weight)
+        x, *op_params, weight = ctx.saved_tensors
+        op_output, recomputed = ctx.input_op.recompute(x, *op_params)
+        grad_op_output = grad_output.matmul(weight)
         grad_bias = None
         if ctx.has_bias:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
-        grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, saved_input,
+        grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, op_output,
                                            grad_output)
-        return grad_input, grad_weight, grad_bias, None
+        grad_x, *grad_params = ctx.input_op.backward(grad_op_output, x, recomputed,
+                                                     *op_params)
+        extra = (None, *grad_params) if ctx.op_given else ()
+        return (grad_x, grad_weight, grad_bias, None, *extra)
 
 
 class _DeferrableMixin:
-    """Shared checks and matmul for the two linear subclasses."""
+    """Checks, the input op and the matmul shared by the deferrable linears."""
 
+    input_op: InputOp = IDENTITY
 
-    def _check_deferrable(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         if self.tp_group is not None and self.tp_group.size() != 1:
             raise ValueError("deferrable linears support tensor-parallel size 1 only; "
                              "use the TE spec for TP > 1")
@@ -96,81 +135,21 @@ class _DeferrableMixin:
         # whose own input/weight split needs native autograd nodes
         self.native_autograd = False
 
+    def input_op_params(self) -> tuple[torch.Tensor, ...]:
+        """The parameters of :attr:`input_op` (none for the identity)."""
+        return ()
+
     def _forward_impl(self, input, weight, bias=None, *args, **kwargs):  # noqa: A002
+        params = self.input_op_params()
         if not weight.requires_grad or self.native_autograd:
-            return F.linear(input, weight, bias)
-        return _DeferrableLinearFunction.apply(input, weight, bias, self)
+            return F.linear(self.input_op.forward(input, *params), weight, bias)
+        return _DeferrableLinearFunction.apply(input, weight, bias, self, self.input_op,
+                                               *params)
 
 
 class DeferrableColumnParallelLinear(_DeferrableMixin, ColumnParallelLinear):
     """``ColumnParallelLinear`` (TP=1) whose weight gradient can be deferred to W."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._check_deferrable()
-
 
 class DeferrableRowParallelLinear(_DeferrableMixin, RowParallelLinear):
     """``RowParallelLinear`` (TP=1) whose weight gradient can be deferred to W."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._check_deferrable()
-
-
-class HostDotProductAttention(DotProductAttention):
-    """Megatron's unfused attention with its score buffer allocated on the input's device
-    (the parent takes it from a CUDA-only global buffer) and dropout on the default
-    generator. Same math: scaled QK^T, megatron's mask+softmax module, dropout, PV."""
-
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
-                attention_bias=None, packed_seq_params=None):
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("HostDotProductAttention supports neither packed sequences "
-                             "nor attention bias")
-        if attention_mask is None:
-            raise ValueError("pass an explicit attention mask (cpu_compat.causal_mask)")
-        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if groups > 1:
-            key = key.repeat_interleave(groups, dim=2)
-            value = value.repeat_interleave(groups, dim=2)
-        seq_q, batch, heads, head_dim = query.shape
-        # [s, b, n, d] -> [b*n, s, d]
-        query = query.reshape(seq_q, batch * heads, head_dim).transpose(0, 1)
-        key = key.reshape(key.shape[0], batch * heads, head_dim).transpose(0, 1)
-        value = value.reshape(value.shape[0], batch * heads, head_dim).transpose(0, 1)
-        scores = torch.bmm(query, key.transpose(1, 2)) * self.softmax_scale
-        scores = scores.view(batch, heads, seq_q, key.shape[1])
-        probs = self.scale_mask_softmax(scores, attention_mask, self.softmax_offset)
-        probs = self.attention_dropout(probs)
-        context = torch.bmm(probs.view(batch * heads, seq_q, -1), value)
-        # [b*n, s, d] -> [s, b, n*d]
-        context = context.view(batch, heads, seq_q, head_dim).permute(2, 0, 1, 3)
-        return context.reshape(seq_q, batch, self.hidden_size_per_partition)
-
-
-def deferrable_gpt_layer_spec(*, host_attention: bool = True,
-                              recompute_lgd: bool = False) -> ModuleSpec:
-    """megatron's ``get_gpt_layer_local_spec()`` with deferrable linears.
-
-    ``host_attention``: use :class:`HostDotProductAttention` (needed on CPU, harmless on
-    GPU) instead of ``DotProductAttention``. ``recompute_lgd``: layernorm, GeLU and hidden
-    dropout are recomputed in backward instead of saved (:mod:`odc_pp.megatron.recompute`;
-    the TransformerConfig needs ``use_te_activation_func=True``).
-    """
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    spec = copy.deepcopy(get_gpt_layer_local_spec())
-    attention = spec.submodules.self_attention.submodules
-    attention.linear_qkv = DeferrableColumnParallelLinear
-    attention.linear_proj = DeferrableRowParallelLinear
-    if host_attention:
-        attention.core_attention = HostDotProductAttention
-    mlp = spec.submodules.mlp.submodules
-    mlp.linear_fc1 = DeferrableColumnParallelLinear
-    mlp.linear_fc2 = DeferrableRowParallelLinear
-    if recompute_lgd:
-        from .recompute import apply_recompute_lgd
-
-        apply_recompute_lgd(spec)
-    return spec

@@ -2,7 +2,7 @@
 
 Each local chunk is its own megatron-core ``GPTModel`` holding the decoder layers of one
 virtual stage (embedding on stage 0, final norm + output layer on the last stage), built
-from :func:`odc_pp.megatron.layers.deferrable_gpt_layer_spec` with explicit singleton
+from :func:`odc_pp.megatron.spec.deferrable_gpt_layer_spec` with explicit singleton
 process groups (TP=1). Every parameter is then re-initialised from a generator seeded by
 ``(seed, global parameter name)`` where layer indices are global, so any (pp, num_chunks,
 placement, dp) gives bit-identical full models. Embeddings and output layer are untied
@@ -20,9 +20,10 @@ import torch
 
 from ..runtime.data import Microbatch
 from ..schedule.ir import Placement, Schedule
-from .cpu_compat import causal_mask, prepare_megatron_for_device, singleton_process_groups
-from .layers import deferrable_gpt_layer_spec
+from .compat import (causal_mask, new_gpt_model, prepare_megatron_for_device,
+                     singleton_process_groups)
 from .recompute import canonical_name
+from .spec import deferrable_gpt_layer_spec
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
@@ -163,11 +164,9 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     """This rank's model chunks (local chunk order), initialised from ``seed``.
 
     ``process_groups``: megatron ProcessGroupCollection with TP=CP=1 groups; default
-    :func:`~odc_pp.megatron.cpu_compat.singleton_process_groups` (collective: every rank
+    :func:`~odc_pp.megatron.compat.singleton_process_groups` (collective: every rank
     must call ``build_chunks`` at the same point). Needs ``torch.distributed``.
     """
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
     if not 0 <= pp_rank < pp_size:
         raise ValueError(f"pp_rank {pp_rank} outside 0..{pp_size - 1}")
     if num_chunks < 1:
@@ -182,12 +181,11 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     for chunk in range(num_chunks):
         stage = layout.stage_of(pp_rank, chunk)
         layers = stage_layers(config.num_layers, num_stages, stage)
-        model = GPTModel(_transformer_config(config, len(layers)), spec,
-                         vocab_size=config.vocab_size,
-                         max_sequence_length=config.max_sequence_length,
-                         pre_process=stage == 0, post_process=stage == num_stages - 1,
-                         share_embeddings_and_output_weights=False,
-                         position_embedding_type="learned_absolute", pg_collection=groups)
+        model = new_gpt_model(_transformer_config(config, len(layers)), spec,
+                              vocab_size=config.vocab_size,
+                              max_sequence_length=config.max_sequence_length,
+                              pre_process=stage == 0, post_process=stage == num_stages - 1,
+                              process_groups=groups)
         gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         initialize_parameters(gpt_chunk, config, seed)

@@ -3,7 +3,7 @@
 A tensor that feeds a matmul must be available to that matmul's backward (its weight
 gradient needs it), so the op producing it is fused into its consumer, the way
 Transformer Engine's ``LayerNormLinear`` is plugged into megatron-core, entirely through
-``ModuleSpec`` submodules (:func:`apply_recompute_lgd`):
+``ModuleSpec`` submodules (:func:`odc_pp.megatron.spec.apply_recompute_lgd`):
 
 * ``input_layernorm`` / ``pre_mlp_layernorm`` become ``IdentityOp`` and
   ``linear_qkv`` / ``linear_fc1`` become :class:`DeferrableNormColumnParallelLinear`: a
@@ -27,6 +27,9 @@ Transformer Engine's ``LayerNormLinear`` is plugged into megatron-core, entirely
   generator and produces values bitwise equal to megatron's unfused bias-dropout-add; on
   CUDA it is the same distribution but not the ``native_dropout`` stream.
 
+Both linears are the plain deferrable linears of :mod:`odc_pp.megatron.layers` with an
+:class:`~odc_pp.megatron.layers.InputOp` (:class:`LayerNormInputOp`, :class:`GeluInputOp`):
+one autograd function saves the op's input and recomputes its output in backward.
 Weight gradients go through the layer's :class:`~odc_pp.runtime.wgrad.WeightGradQueue`
 like the plain deferrable linears: during B the recomputed layernorm/GeLU output is
 handed to the deferred W closure (same size as the saved input it replaces, so keeping it
@@ -40,16 +43,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
-from megatron.core.transformer.identity_op import IdentityOp
-from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .layers import (DeferrableColumnParallelLinear, DeferrableRowParallelLinear,
-                     weight_grad_or_defer)
+from .compat import unfused_bias_dropout_add
+from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear, InputOp
 
 __all__ = ["DeferrableNormColumnParallelLinear", "DeferrableGeluRowParallelLinear",
-           "get_recomputed_bias_dropout_add", "apply_recompute_lgd", "CANONICAL_NORM_NAMES",
-           "canonical_name"]
+           "LayerNormInputOp", "GeluInputOp", "get_recomputed_bias_dropout_add",
+           "CANONICAL_NORM_NAMES", "canonical_name"]
 
 CANONICAL_NORM_NAMES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -60,37 +60,29 @@ CANONICAL_NORM_NAMES = {
 """Fused layernorm parameter -> the name it has in the stored (unfused) layer spec."""
 
 
-def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
-    return grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
-
-
 # ----- layernorm + linear --------------------------------------------------------------
-class _NormLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, norm_weight, norm_bias, weight, bias, layer):
-        normed = F.layer_norm(hidden, (hidden.shape[-1],), norm_weight, norm_bias,
-                              layer.norm_eps)
-        ctx.save_for_backward(hidden, norm_weight, norm_bias, weight)
-        ctx.weight_parameter = weight  # the Parameter itself (see layers.py)
-        ctx.layer = layer
-        ctx.has_bias = bias is not None
-        return F.linear(normed, weight, bias)
+class LayerNormInputOp(InputOp):
+    """LayerNorm over the last dimension; params ``(weight, bias)``. Backward recomputes
+    with ``native_layer_norm`` and runs ``native_layer_norm_backward``: the kernels
+    autograd would run, so gradients are bitwise those of the stored path."""
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        hidden, norm_weight, norm_bias, weight = ctx.saved_tensors
-        shape = [hidden.shape[-1]]
-        normed, mean, rstd = torch.native_layer_norm(hidden, shape, norm_weight, norm_bias,
-                                                     ctx.layer.norm_eps)
-        grad_normed = grad_output.matmul(weight)
-        grad_bias = _bias_grad(grad_output) if ctx.has_bias else None
-        grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, normed,
-                                           grad_output)
-        grad_hidden, grad_norm_weight, grad_norm_bias = \
-            torch.ops.aten.native_layer_norm_backward(
-                grad_normed, hidden, shape, mean, rstd, norm_weight, norm_bias,
-                [True, True, True])
-        return grad_hidden, grad_norm_weight, grad_norm_bias, grad_weight, grad_bias, None
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def forward(self, x, *params):
+        weight, bias = params
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
+
+    def recompute(self, x, *params):
+        weight, bias = params
+        normed, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, self.eps)
+        return normed, (mean, rstd)
+
+    def backward(self, grad_output, x, recomputed, *params):
+        weight, bias = params
+        mean, rstd = recomputed
+        return torch.ops.aten.native_layer_norm_backward(
+            grad_output, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True])
 
 
 class DeferrableNormColumnParallelLinear(DeferrableColumnParallelLinear):
@@ -104,46 +96,36 @@ class DeferrableNormColumnParallelLinear(DeferrableColumnParallelLinear):
         if config.normalization != "LayerNorm" or config.layernorm_zero_centered_gamma:
             raise ValueError("recompute_lgd supports normalization='LayerNorm' without "
                              "zero-centered gamma; turn recompute off for other norms")
-        self.norm_eps = config.layernorm_epsilon
+        self.input_op = LayerNormInputOp(config.layernorm_epsilon)
         self.layer_norm_weight = torch.nn.Parameter(
             torch.ones(self.input_size, dtype=config.params_dtype))
         self.layer_norm_bias = torch.nn.Parameter(
             torch.zeros(self.input_size, dtype=config.params_dtype))
 
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):  # noqa: A002
-        if not weight.requires_grad or self.native_autograd:
-            normed = F.layer_norm(input, (input.shape[-1],), self.layer_norm_weight,
-                                  self.layer_norm_bias, self.norm_eps)
-            return F.linear(normed, weight, bias)
-        return _NormLinearFunction.apply(input, self.layer_norm_weight, self.layer_norm_bias,
-                                         weight, bias, self)
+    def input_op_params(self) -> tuple[torch.Tensor, ...]:
+        return self.layer_norm_weight, self.layer_norm_bias
 
 
 # ----- GeLU + linear ---------------------------------------------------------------------
-class _GeluLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, pre_activation, weight, bias, layer):
-        ctx.save_for_backward(pre_activation, weight)
-        ctx.weight_parameter = weight
-        ctx.layer = layer
-        ctx.has_bias = bias is not None
-        return F.linear(F.gelu(pre_activation), weight, bias)
+class GeluInputOp(InputOp):
+    """GeLU; backward recomputes it and runs ``gelu_backward`` on the pre-activation
+    (which GeLU's own backward needs anyway)."""
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        pre_activation, weight = ctx.saved_tensors
-        activation = F.gelu(pre_activation)
-        grad_activation = grad_output.matmul(weight)
-        grad_bias = _bias_grad(grad_output) if ctx.has_bias else None
-        grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, activation,
-                                           grad_output)
-        grad_pre = torch.ops.aten.gelu_backward(grad_activation, pre_activation)
-        return grad_pre, grad_weight, grad_bias, None
+    def forward(self, x, *params):
+        return F.gelu(x)
+
+    def recompute(self, x, *params):
+        return F.gelu(x), None
+
+    def backward(self, grad_output, x, recomputed, *params):
+        return (torch.ops.aten.gelu_backward(grad_output, x),)
 
 
 class DeferrableGeluRowParallelLinear(DeferrableRowParallelLinear):
     """GeLU + ``RowParallelLinear`` (TP=1): takes the MLP's pre-activation, recomputes the
     GeLU output in backward; its weight gradient can be deferred to W."""
+
+    input_op = GeluInputOp()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -155,11 +137,6 @@ class DeferrableGeluRowParallelLinear(DeferrableRowParallelLinear):
             raise ValueError("recompute_lgd applies GeLU inside linear_fc2: set "
                              "use_te_activation_func=True so the MLP uses the spec's "
                              "IdentityOp activation instead of applying GeLU twice")
-
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):  # noqa: A002
-        if not weight.requires_grad or self.native_autograd:
-            return F.linear(F.gelu(input), weight, bias)
-        return _GeluLinearFunction.apply(input, weight, bias, self)
 
 
 # ----- bias + dropout + residual -------------------------------------------------------
@@ -215,28 +192,11 @@ def get_recomputed_bias_dropout_add(training: bool, fused: bool):
     def bias_dropout_add(x_with_bias, residual, prob):
         x, bias = x_with_bias
         if not training or not 0.0 < prob < 1.0:
-            return _bias_dropout_add_func(x_with_bias, residual, prob, training)
+            return unfused_bias_dropout_add(x_with_bias, residual, prob, training)
         residual = residual if residual.dtype == x.dtype else residual.to(x.dtype)
         return _DropoutAddFunction.apply(x, bias, residual, prob)
 
     return bias_dropout_add
-
-
-# ----- spec ----------------------------------------------------------------------------
-def apply_recompute_lgd(spec: ModuleSpec) -> ModuleSpec:
-    """Switch a deferrable local layer spec (in place) to recompute layernorm, GeLU and
-    hidden dropout. Needs ``use_te_activation_func=True`` in the TransformerConfig."""
-    layer = spec.submodules
-    layer.input_layernorm = IdentityOp
-    layer.pre_mlp_layernorm = IdentityOp
-    layer.self_attention.submodules.linear_qkv = DeferrableNormColumnParallelLinear
-    mlp = layer.mlp.submodules
-    mlp.linear_fc1 = DeferrableNormColumnParallelLinear
-    mlp.activation_func = IdentityOp
-    mlp.linear_fc2 = DeferrableGeluRowParallelLinear
-    layer.self_attn_bda = get_recomputed_bias_dropout_add
-    layer.mlp_bda = get_recomputed_bias_dropout_add
-    return spec
 
 
 def canonical_name(name: str) -> str:

@@ -3,16 +3,18 @@
 Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
 owns and nothing else. The update is elementwise and follows ``torch.optim.AdamW``
 (``foreach=False``, ``amsgrad=False``) operation by operation, so on identical gradients it
-gives identical numbers. Gradient-norm clipping matches ``torch.nn.utils.clip_grad_norm_``:
-the squared norms of the owned gradients are all-reduced over the data-parallel group.
+gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.runtime.clip` (the same
+scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
+are all-reduced over the ``norm_group`` (one group or several in turn).
 
-Composing with a post-validating optimizer (eager step, later validation, maybe rollback):
-:meth:`local_grad_norm_sq` and :meth:`local_has_nonfinite` give this rank's share of the
-global checks (sum / max them over the ``norm_group``), :meth:`snapshot` copies the
-owned state before an eager :meth:`step`, and :meth:`restore` rolls it back (then call
-``engine.finish_step()`` again so peers re-read the restored shards).
+:class:`ShardedAdamW` is itself a
+:class:`~odc_pp.runtime.post_validation.PostValidationTarget` (eager step, later
+validation, maybe rollback): :meth:`local_grad_norm_sq` is this rank's share of the global
+norm, :meth:`snapshot` copies the owned state before :meth:`step_eagerly` (an update
+that is not published), :meth:`restore` rolls it back, :meth:`redo_clipped` steps again on
+the scaled gradients, and :meth:`finish_step` publishes. The accumulated gradients stay in
+the engine until then.
 """
-
 from __future__ import annotations
 
 import math
@@ -20,8 +22,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
+from ..runtime import clip
 from .engine import ShardedDataParallel
 
 __all__ = ["AdamWConfig", "ShardedAdamW"]
@@ -59,15 +61,18 @@ class ShardedAdamW:
 
     ``norm_group``: the ranks whose owned gradients together make the whole model's
     gradient, for the global norm. Default ``"data_parallel"``: ``engine.process_group``.
-    Under pipeline parallelism pass the group of all pp x dp ranks (``None``: WORLD), as
-    each rank owns a disjoint piece: its stage's units, its shard of them.
+    Under pipeline parallelism pass the group of all pp x dp ranks (``None``: WORLD), or
+    the sequence ``[data-parallel group, pipeline group]`` (reduced in turn), as each rank
+    owns a disjoint piece: its stage's units, its shard of them. The reductions wait at
+    most the engine transport's ``timeout_s``.
     """
 
     def __init__(self, engine: ShardedDataParallel, config: AdamWConfig, *,
                  norm_group="data_parallel") -> None:
         self.engine = engine
         self.config = config
-        self.norm_group = engine.process_group if norm_group == "data_parallel" else norm_group
+        self.norm_groups = clip.group_list(
+            engine.process_group if norm_group == "data_parallel" else norm_group)
         self.step_count = 0
         self.master: list[torch.Tensor] = []
         self.exp_avg: list[torch.Tensor] = []
@@ -92,35 +97,33 @@ class ShardedAdamW:
                 mask[offset:offset + math.prod(shape)] = False
         return mask[unit.start:unit.end].to(unit.grad_acc.device)
 
-    # ----- checks over sharded gradients ----------------------------------------------
+    # ----- global norm and clipping (odc_pp.runtime.clip) -------------------------------
     def local_grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's owned gradients (fp32 scalar tensor)."""
-        total = torch.zeros((), dtype=torch.float32, device=self.master[0].device)
-        for grad in self.engine.owned_grads():
-            total += grad.pow(2).sum()
-        return total
+        return clip.local_sum_of_squares(self.engine.owned_grads(), dtype=torch.float32,
+                                         device=self.master[0].device)
 
     def local_has_nonfinite(self) -> bool:
         """True if any owned gradient element is inf or nan."""
-        return any(not bool(torch.isfinite(grad).all()) for grad in self.engine.owned_grads())
+        return clip.has_nonfinite(self.engine.owned_grads())
+
+    def grad_state(self) -> clip.GradState:
+        """Global gradient state: the owned shares reduced over the ``norm_group``."""
+        return clip.global_grad_state(self.local_grad_norm_sq(), self.norm_groups,
+                                      device=self.master[0].device,
+                                      timeout_s=self.engine.group.config.timeout_s)
 
     def grad_norm(self) -> float:
-        """Global L2 norm of the minibatch gradient (inf/nan if any element is)."""
-        total = self.local_grad_norm_sq()
-        dist.all_reduce(total, group=self.norm_group)
-        return math.sqrt(float(total))
+        """Global L2 norm of the minibatch gradient (inf if any element is inf or nan)."""
+        return self.grad_state().norm
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale the owned gradients so the global norm is at most ``max_norm``, like
-        ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping."""
-        if not max_norm > 0:
-            raise ValueError(f"max_norm must be > 0, got {max_norm}")
-        norm = self.grad_norm()
-        total = torch.tensor(norm, dtype=torch.float32)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for grad in self.engine.owned_grads():
-            grad.mul_(coef.to(grad.device))
-        return norm
+        ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping. An inf/nan
+        gradient leaves them unscaled and returns inf: skip the step then."""
+        state = self.grad_state()
+        clip.clip_(self.engine.owned_grads(), state, max_norm)
+        return state.norm
 
     # ----- update ----------------------------------------------------------------------
     @torch.no_grad()
@@ -151,7 +154,7 @@ class ShardedAdamW:
             if owned.data_ptr() != param.data_ptr():
                 owned.copy_(param)
         if finish:
-            self.engine.finish_step()
+            self.finish_step()
 
     # ----- state -----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -185,3 +188,23 @@ class ShardedAdamW:
         """Roll back to ``snapshot`` (accumulated gradients are untouched). Peers see the
         restored shards after the next ``engine.finish_step()``."""
         self.load_state_dict(snapshot)
+
+    # ----- PostValidationTarget ----------------------------------------------------------
+    def step_eagerly(self) -> None:
+        """:meth:`step` without publishing (``finish=False``)."""
+        self.step(finish=False)
+
+    @torch.no_grad()
+    def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
+        """Roll back to ``snapshot``, scale the kept gradients by ``coefficient`` and
+        step again, unpublished."""
+        self.restore(snapshot)
+        clip.scale_(self.engine.owned_grads(), coefficient)
+        self.step(finish=False)
+
+    def finish_step(self) -> None:
+        """Zero the accumulators and publish the owned shards (``engine.finish_step()``)."""
+        self.engine.finish_step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: :meth:`finish_step` zeroes the engine's accumulators."""

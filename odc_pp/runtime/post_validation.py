@@ -13,15 +13,17 @@ waits for the reduction and:
   ``max_grad_norm / (norm + eps)`` and step again (identical to synchronous clipping);
 * otherwise keep the eager step.
 
-Two kinds of optimizer compose with it, through :class:`PostValidationTarget`:
+The norm, the non-finite check, the coefficient and the scaling are those of
+:mod:`odc_pp.runtime.clip` (shared with the synchronous step), so the outcome is bit for
+bit that of a synchronous check. Optimizers compose with it through the
+:class:`PostValidationTarget` protocol:
 
-* any torch optimizer reading ``param.grad`` (AdamW included): :class:`TorchOptimizerTarget`;
-* the sharded optimizer of the ODC engine (``odc_pp.odc.ShardedAdamW``: gradients live in
-  the engine's owned accumulators, ``step(finish=False)`` updates the owned shards without
-  publishing them, ``engine.finish_step()`` publishes): :class:`ShardedOptimizerTarget`.
-  Its gradients stay in place until ``finish_step``, so validation must run before the
-  next minibatch's first forward (``PipelineRuntime`` does so when given this wrapper as
-  ``post_validator``; the training frontend validates right after the eager step).
+* ``odc_pp.odc.ShardedAdamW`` implements it itself (gradients live in the engine's owned
+  accumulators, which stay in place until its ``finish_step``, so validation must run
+  before the next minibatch's first forward: ``PipelineRuntime`` does so when given this
+  wrapper as ``post_validator``; the training frontend validates right after the step);
+* any torch optimizer reading ``param.grad`` (AdamW included) through
+  :class:`TorchOptimizerTarget`, which keeps a copy of the step's gradients.
 
 ``group`` may be one process group or a sequence of them, reduced one after the other
 (e.g. ``[data-parallel shard group, pipeline group]``: each rank's owned gradient shard
@@ -35,17 +37,15 @@ from ``step()`` to ``validate()``.
 
 from __future__ import annotations
 
-import datetime
-import math
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
+
+from . import clip
 
 __all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
-           "PostValidationTarget", "TorchOptimizerTarget", "ShardedOptimizerTarget",
-           "global_grad_norm_sq", "as_target"]
+           "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
 
 
 @dataclass(kw_only=True)
@@ -54,7 +54,7 @@ class PostValidationConfig:
 
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this value; None: never clip (inf/NaN still skip)."""
-    eps: float = 1e-6
+    eps: float = clip.DEFAULT_EPS
     """Added to the norm in the clipping coefficient (as torch's clip_grad_norm_)."""
     timeout_s: float = 300.0
     """Longest wait for the global gradient state."""
@@ -74,22 +74,32 @@ class StepOutcome:
     """"accepted", "clipped" or "skipped"."""
 
 
-def global_grad_norm_sq(params: Iterable[torch.nn.Parameter]) -> tuple[float, bool]:
-    """(sum of squared gradient entries in float64, all finite) of the local gradients."""
-    total = torch.zeros((), dtype=torch.float64)
-    for param in params:
-        if param.grad is not None:
-            total += param.grad.detach().double().pow(2).sum().cpu()
-    value = float(total)
-    return value, math.isfinite(value)
-
-
 @runtime_checkable
 class PostValidationTarget(Protocol):
-    """What :class:`PostValidatedOptimizer` needs from an optimizer."""
+    """What :class:`PostValidatedOptimizer` needs from an optimizer.
 
-    def local_grad_state(self) -> tuple[float, bool]:
-        """(this rank's share of the squared global grad norm, all its grads finite)."""
+    Contract, in the order the wrapper calls it for one minibatch:
+
+    1. :meth:`local_grad_norm_sq` -- this rank's share of the squared global gradient
+       norm, computed with :func:`odc_pp.runtime.clip.local_sum_of_squares` (an inf/NaN
+       gradient entry must make it non-finite, which that function guarantees). The
+       shares of the ranks in the wrapper's groups must partition the model's gradient.
+    2. :meth:`snapshot`, then :meth:`step_eagerly` -- the update from the current
+       gradients, not yet final: nothing outside this rank may observe it yet (a sharded
+       optimizer does not publish its shards).
+    3. After the global state arrives, exactly one of: nothing (accepted),
+       :meth:`restore` (skipped), or :meth:`redo_clipped` (clipped). Between
+       :meth:`step_eagerly` and this point the step's gradients must stay readable by
+       :meth:`redo_clipped`, even if the caller zeroes gradients or starts accumulating
+       the next minibatch meanwhile (where the optimizer allows that at all).
+    4. :meth:`finish_step` -- the step is final: publish it, and clear whatever
+       gradients :meth:`zero_grad` does not.
+
+    :meth:`zero_grad` may be called at any time after :meth:`step_eagerly`.
+    """
+
+    def local_grad_norm_sq(self) -> torch.Tensor:
+        """This rank's sum of squared gradient entries (0-dim tensor)."""
 
     def snapshot(self) -> object:
         """Everything a rollback of the next :meth:`step_eagerly` needs."""
@@ -97,13 +107,14 @@ class PostValidationTarget(Protocol):
     def step_eagerly(self) -> None:
         """Apply the update from the current gradients (not yet final)."""
 
-    def rollback(self, snapshot: object) -> None:
+    def restore(self, snapshot: object) -> None:
         """Undo the eager step: parameters and optimizer state as in ``snapshot``."""
 
     def redo_clipped(self, snapshot: object, coefficient: float) -> None:
-        """Undo the eager step and step again on that step's gradients x ``coefficient``."""
+        """Undo the eager step and step again on that step's gradients scaled by
+        ``coefficient`` (with :func:`odc_pp.runtime.clip.scale_`)."""
 
-    def finish(self) -> None:
+    def finish_step(self) -> None:
         """The step is final (after validation)."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -120,8 +131,10 @@ class TorchOptimizerTarget:
         self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
 
-    def local_grad_state(self) -> tuple[float, bool]:
-        return global_grad_norm_sq(self.params)
+    def local_grad_norm_sq(self) -> torch.Tensor:
+        return clip.local_sum_of_squares(
+            [p.grad for p in self.params if p.grad is not None], dtype=torch.float64,
+            device="cpu")
 
     def snapshot(self) -> dict:
         return {
@@ -136,7 +149,7 @@ class TorchOptimizerTarget:
         self.optimizer.step()
 
     @torch.no_grad()
-    def rollback(self, snapshot: dict) -> None:
+    def restore(self, snapshot: dict) -> None:
         for index, param in enumerate(self.params):
             param.copy_(snapshot["params"][index])
             saved_state = snapshot["state"][index]
@@ -148,66 +161,27 @@ class TorchOptimizerTarget:
     @torch.no_grad()
     def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
         current_grads = [p.grad for p in self.params]  # may already be the next step's
-        self.rollback(snapshot)
+        self.restore(snapshot)
+        clip.scale_([grad for grad in snapshot["grads"] if grad is not None], coefficient)
         for param, grad in zip(self.params, snapshot["grads"]):
-            param.grad = None if grad is None else grad.mul_(coefficient)
+            param.grad = grad
         self.optimizer.step()
         for param, grad in zip(self.params, current_grads):
             param.grad = grad
 
-    def finish(self) -> None:
+    def finish_step(self) -> None:
         pass  # torch optimizers publish nothing: parameters are updated in place
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
 
-class ShardedOptimizerTarget:
-    """``odc_pp.odc.ShardedAdamW``: gradients are the engine's owned accumulators, which
-    stay untouched until ``engine.finish_step()`` (called by :meth:`finish`); so the
-    snapshot holds only the owned master weights and moments."""
-
-    def __init__(self, optimizer) -> None:
-        self.optimizer = optimizer
-        self.engine = optimizer.engine
-
-    def local_grad_state(self) -> tuple[float, bool]:
-        # same arithmetic as a synchronous check: fp32 local sum, reduced in float64
-        norm_sq = float(self.optimizer.local_grad_norm_sq().double())
-        finite = math.isfinite(norm_sq) and not self.optimizer.local_has_nonfinite()
-        return norm_sq, finite
-
-    def snapshot(self) -> dict:
-        return self.optimizer.snapshot()
-
-    def step_eagerly(self) -> None:
-        self.optimizer.step(finish=False)
-
-    def rollback(self, snapshot: dict) -> None:
-        self.optimizer.restore(snapshot)
-
-    @torch.no_grad()
-    def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
-        self.optimizer.restore(snapshot)
-        for grad in self.engine.owned_grads():
-            grad.mul_(coefficient)
-        self.optimizer.step(finish=False)
-
-    def finish(self) -> None:
-        self.engine.finish_step()  # zero the accumulators, publish the final shards
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass  # finish() zeroes the engine's accumulators
-
-
 def as_target(optimizer) -> PostValidationTarget:
-    """The adapter for ``optimizer`` (a torch optimizer, a sharded optimizer with
-    ``engine``/``snapshot``/``restore``/``step(finish=...)``, or a target already)."""
+    """``optimizer`` as a :class:`PostValidationTarget`: a torch optimizer gets
+    :class:`TorchOptimizerTarget`; one implementing the protocol (``ShardedAdamW``) is
+    returned as it is."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return TorchOptimizerTarget(optimizer)
-    if all(hasattr(optimizer, name) for name in
-           ("engine", "snapshot", "restore", "local_grad_norm_sq", "local_has_nonfinite")):
-        return ShardedOptimizerTarget(optimizer)
     if isinstance(optimizer, PostValidationTarget):
         return optimizer
     raise ValueError(f"cannot post-validate a {type(optimizer).__name__}: pass a torch "
@@ -222,9 +196,7 @@ class PostValidatedOptimizer:
         self.config = config
         self.optimizer = optimizer
         self.target = as_target(optimizer)
-        self.groups = list(group) if isinstance(group, (list, tuple)) else [group]
-        if not self.groups:
-            raise ValueError("group: give a process group, None (WORLD) or a non-empty list")
+        self.groups = clip.group_list(group)
         self.device = torch.device(device)
         self._pending = None
         self.history: list[StepOutcome] = []
@@ -241,41 +213,31 @@ class PostValidatedOptimizer:
         """Start the global grad-state reduction, snapshot, and step eagerly."""
         if self._pending is not None:
             self.validate()
-        norm_sq, finite = self.target.local_grad_state()
-        state = torch.tensor([norm_sq if finite else 0.0, 0.0 if finite else 1.0],
-                             dtype=torch.float64, device=self.device)
-        work = dist.all_reduce(state, group=self.groups[0], async_op=True)
+        reduction = clip.GradStateReduction(self.target.local_grad_norm_sq(), self.groups,
+                                            device=self.device,
+                                            timeout_s=self.config.timeout_s)
         snapshot = self.target.snapshot()
         self.target.step_eagerly()
-        self._pending = (work, state, snapshot)
+        self._pending = (reduction, snapshot)
 
     def validate(self) -> StepOutcome | None:
         """Finish the pending step (see module docstring); None if nothing is pending."""
         if self._pending is None:
             return None
-        work, state, snapshot = self._pending
+        reduction, snapshot = self._pending
         self._pending = None
-        self._wait(work, 0)
-        for index, group in enumerate(self.groups[1:], start=1):
-            self._wait(dist.all_reduce(state, group=group, async_op=True), index)
-        norm_sq, nonfinite = state.tolist()
-        norm = math.sqrt(norm_sq)
-        coefficient = 1.0 if self.config.max_grad_norm is None else \
-            self.config.max_grad_norm / (norm + self.config.eps)
-        if nonfinite > 0 or not math.isfinite(norm_sq):
-            self.target.rollback(snapshot)
-            outcome = StepOutcome(grad_norm=math.inf, action="skipped")
-        elif coefficient < 1.0:  # torch.nn.utils.clip_grad_norm_ clamps at 1
+        state = reduction.wait()
+        max_norm = self.config.max_grad_norm
+        if not state.finite:
+            self.target.restore(snapshot)
+            outcome = StepOutcome(grad_norm=state.norm, action="skipped")
+        elif max_norm is not None and \
+                (coefficient := clip.clip_coefficient(state.norm, max_norm,
+                                                      self.config.eps)) < 1.0:
             self.target.redo_clipped(snapshot, coefficient)
-            outcome = StepOutcome(grad_norm=norm, action="clipped")
+            outcome = StepOutcome(grad_norm=state.norm, action="clipped")
         else:
-            outcome = StepOutcome(grad_norm=norm, action="accepted")
-        self.target.finish()
+            outcome = StepOutcome(grad_norm=state.norm, action="accepted")
+        self.target.finish_step()
         self.history.append(outcome)
         return outcome
-
-    def _wait(self, work, index: int) -> None:
-        if work.wait(timeout=datetime.timedelta(seconds=self.config.timeout_s)) is False:
-            raise TimeoutError(f"post-validation: the global gradient state (reduction "
-                               f"{index + 1} of {len(self.groups)}) did not arrive within "
-                               f"{self.config.timeout_s}s from the other ranks")

@@ -5,7 +5,6 @@ pipeline runtime (odc_pp.runtime) -- and runs one iteration with them."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +17,8 @@ from odc_pp.schedule.ir import Placement, Schedule
 from .arguments import V_SCHEDULES, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
-from .optimizer_step import build_post_validator, inject_nonfinite_grad, post_validated_step
+from .optimizer_step import (build_post_validator, inject_nonfinite_grad, norm_groups,
+                             post_validated_step, synchronous_step)
 
 __all__ = ["Components", "IterationResult", "build_components", "run_iteration",
            "build_schedule"]
@@ -48,8 +48,6 @@ class Components:
     runtime: object
     costs: CostModel
     """Cost model the schedules are generated for."""
-    norm_group: object
-    """torch group over which owned gradient shards partition one model copy's stage."""
     last_stage: bool
     """This rank runs the last virtual stage (reports the loss)."""
     runtimes: dict = field(default_factory=dict)
@@ -154,9 +152,10 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                                  inter_host_group=inter_host)
     optimizer = ShardedAdamW(engine, AdamWConfig(
         lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=1e-8,
-        weight_decay=args.weight_decay, no_decay=lambda name, shape: len(shape) == 1))
+        weight_decay=args.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
+        norm_group=norm_groups(topo, torch_group))
     parts = Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
-                       costs=load_cost_model(args), norm_group=torch_group,
+                       costs=load_cost_model(args),
                        last_stage=_last_stage_here(args, topo))
     if args.enable_optimizer_post_validation:
         parts.post_validator = build_post_validator(parts, args, topo)
@@ -185,24 +184,6 @@ def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
     return runtime
 
 
-def _global_grad_norm(parts: Components, topo: Topology) -> float:
-    """L2 norm of the full model's gradient: owned shards summed over the data-parallel
-    shard group and the pipeline stages."""
-    total = parts.optimizer.local_grad_norm_sq().double()
-    dist.all_reduce(total, group=parts.norm_group)
-    if topo.pp > 1:
-        dist.all_reduce(total, group=topo.pp_group)
-    return math.sqrt(float(total))
-
-
-def _clip(parts: Components, norm: float, max_norm: float) -> None:
-    """Same scaling as torch.nn.utils.clip_grad_norm_."""
-    coef = min(1.0, max_norm / (norm + 1e-6))
-    if coef < 1.0:
-        for grad in parts.engine.owned_grads():
-            grad.mul_(coef)
-
-
 def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
                   microbatches: list[Microbatch], *, plan: IterationPlan,
                   lr: float, iteration: int | None = None) -> IterationResult:
@@ -219,14 +200,7 @@ def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
     if parts.post_validator is not None:
         norm, skipped = post_validated_step(parts)
     else:
-        norm = _global_grad_norm(parts, topo)
-        skipped = not math.isfinite(norm)
-        if skipped:  # inf/nan gradient: drop this step's gradients, keep the weights
-            parts.engine.finish_step()
-        else:
-            if args.clip_grad > 0:
-                _clip(parts, norm, args.clip_grad)
-            parts.optimizer.step()
+        norm, skipped = synchronous_step(parts, args)
     loss_sum = torch.tensor([result.loss_sum or 0.0 if parts.last_stage else 0.0],
                             dtype=torch.float64)
     dist.all_reduce(loss_sum)

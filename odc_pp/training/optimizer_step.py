@@ -1,34 +1,57 @@
-"""The optimizer step with --enable-optimizer-post-validation, and the test-only
-inf injection of --inject-nonfinite-grad-iter.
+"""The optimizer step of one iteration -- synchronous, or with
+--enable-optimizer-post-validation -- and the test-only inf injection of
+--inject-nonfinite-grad-iter.
 
-Post-validation (odc_pp.runtime.post_validation) around the sharded AdamW: after the
-pipeline's last action this rank starts the reduction of its (squared owned-gradient
-norm, inf flag) over the data-parallel shard group and then the pipeline group (each
-rank owns a disjoint piece of the model's gradient, so the sum over all pp x dp ranks is
-the global norm; with hierarchical data parallelism the shard group is one host's ranks,
-one copy of the model), snapshots its owned master weights and AdamW moments and steps
-at once; the validation then rolls back (inf/nan anywhere: the step is skipped on every
-rank) or rolls back, clips with the global norm and steps again, and only then publishes
-the new shards (``engine.finish_step``). It computes the same numbers as the synchronous
-path (same reduction order, same clipping coefficient), so losses are identical.
+Both paths take the global gradient norm and the clipping from :mod:`odc_pp.runtime.clip`
+through the sharded AdamW, whose norm groups are the data-parallel shard group and then
+the pipeline group (each rank owns a disjoint piece of the model's gradient, so the sum
+over all pp x dp ranks is the global norm; with hierarchical data parallelism the shard
+group is one host's ranks, one copy of the model).
+
+Synchronous: reduce, then skip (inf/nan anywhere: every rank drops the step's gradients
+and keeps its weights) or clip and step. Post-validation
+(:mod:`odc_pp.runtime.post_validation`): start the reduction, snapshot the owned master
+weights and AdamW moments and step at once; the validation then rolls back (skip) or
+rolls back, clips with the global norm and steps again, and only then publishes the new
+shards (``finish_step``). Both compute the same numbers, so losses are identical.
 """
 
 from __future__ import annotations
 
 import math
 
+from odc_pp.runtime import clip
 from odc_pp.runtime.post_validation import PostValidatedOptimizer, PostValidationConfig
 
-__all__ = ["build_post_validator", "post_validated_step", "inject_nonfinite_grad"]
+__all__ = ["norm_groups", "build_post_validator", "synchronous_step", "post_validated_step",
+           "inject_nonfinite_grad"]
+
+
+def norm_groups(topo, dp_group) -> list:
+    """The process groups the global gradient norm is reduced over, in order: the
+    data-parallel shard group ``dp_group``, then the pipeline group if pp > 1."""
+    return [dp_group] + ([topo.pp_group] if topo.pp > 1 else [])
 
 
 def build_post_validator(parts, args, topo) -> PostValidatedOptimizer:
     """The post-validating wrapper of ``parts.optimizer`` (``--clip-grad 0``: no clip)."""
-    groups = [parts.norm_group] + ([topo.pp_group] if topo.pp > 1 else [])
     config = PostValidationConfig(max_grad_norm=args.clip_grad or None,
                                   timeout_s=args.distributed_timeout_minutes * 60)
-    return PostValidatedOptimizer(config, optimizer=parts.optimizer, group=groups,
-                                  device=topo.device)
+    return PostValidatedOptimizer(config, optimizer=parts.optimizer,
+                                  group=parts.optimizer.norm_groups, device=topo.device)
+
+
+def synchronous_step(parts, args) -> tuple[float, bool]:
+    """Global check, then skip or clip (``--clip-grad``) and step; (global grad norm
+    before clipping, step skipped)."""
+    state = parts.optimizer.grad_state()
+    if not state.finite:  # inf/nan gradient: drop this step's gradients, keep the weights
+        parts.optimizer.finish_step()
+        return state.norm, True
+    if args.clip_grad > 0:
+        clip.clip_(parts.engine.owned_grads(), state, args.clip_grad)
+    parts.optimizer.step()
+    return state.norm, False
 
 
 def post_validated_step(parts) -> tuple[float, bool]:

@@ -45,7 +45,7 @@ def layer_units(chunk) -> list[torch.nn.Module]:
 
 
 def worker(rank, world):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel

@@ -62,7 +62,7 @@ def worker(rank, world, runs):
 
 
 def train(rank, mode, schedule_name):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks, global_name
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel

@@ -38,7 +38,7 @@ def predicted_peak(actions, saved_bytes, *, use_offload):
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.schedule.costs import CostModel

@@ -53,7 +53,7 @@ def gpu_microbatches(vocab_size, *, batch=4, seq=512, seed=3):
 def gpu_worker(rank, world_size, out_path):
     import torch.distributed as dist
 
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
 

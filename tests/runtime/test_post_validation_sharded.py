@@ -100,6 +100,7 @@ def _run(rank, dtype, groups, post_validated):
     model, engine, optimizer = _build(rank, dtype, groups[0])
     wrapped = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=MAX_NORM),
                                      optimizer=optimizer, group=list(groups))
+    assert wrapped.target is optimizer  # ShardedAdamW is a PostValidationTarget itself
     params, states, actions = [], [], []
     for step in range(len(PLAN)):
         _accumulate(rank, model, engine, step, dtype)

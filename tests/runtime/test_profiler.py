@@ -12,7 +12,7 @@ from tests.runtime._parity import build_schedule, make_microbatches, model_confi
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
 

@@ -71,7 +71,7 @@ def autograd_grads(config, microbatches, groups):
 def single_worker(rank, world_size, out_path):
     from odc_pp.megatron.activation_memory import (CPU_RNG_STATE_BYTES, dropout_mask_bytes,
                                                    lgd_saved_bytes_per_layer)
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
 
     groups = singleton_process_groups()
     microbatches = make_microbatches(NUM_MICROBATCHES)
@@ -124,7 +124,7 @@ def dropout_pipeline_grads(config, schedule, microbatches, groups):
 
 
 def pipeline_worker(rank, world_size, out_path):
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from tests.runtime._parity import build_schedule
 
     groups = singleton_process_groups()

@@ -1,0 +1,64 @@
+"""The megatron-core layer spec of odc_pp's GPT chunks.
+
+:func:`deferrable_gpt_layer_spec` is megatron's local spec (``get_gpt_layer_local_spec``)
+with the four linears swapped for the deferrable linears of :mod:`odc_pp.megatron.layers`
+and the core attention for :class:`~odc_pp.megatron.compat.HostDotProductAttention`;
+:func:`apply_recompute_lgd` switches it to the recomputing layers of
+:mod:`odc_pp.megatron.recompute`. Assembling the spec here keeps the layer modules free of
+each other (recompute builds on layers; layers knows neither).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from .compat import HostDotProductAttention
+from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
+from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
+                        get_recomputed_bias_dropout_add)
+
+__all__ = ["deferrable_gpt_layer_spec", "apply_recompute_lgd"]
+
+
+def deferrable_gpt_layer_spec(*, host_attention: bool = True,
+                              recompute_lgd: bool = False) -> ModuleSpec:
+    """megatron's ``get_gpt_layer_local_spec()`` with deferrable linears.
+
+    ``host_attention``: use :class:`HostDotProductAttention` (needed on CPU, harmless on
+    GPU) instead of ``DotProductAttention``. ``recompute_lgd``: layernorm, GeLU and hidden
+    dropout are recomputed in backward instead of saved (:func:`apply_recompute_lgd`;
+    the TransformerConfig needs ``use_te_activation_func=True``).
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = copy.deepcopy(get_gpt_layer_local_spec())
+    attention = spec.submodules.self_attention.submodules
+    attention.linear_qkv = DeferrableColumnParallelLinear
+    attention.linear_proj = DeferrableRowParallelLinear
+    if host_attention:
+        attention.core_attention = HostDotProductAttention
+    mlp = spec.submodules.mlp.submodules
+    mlp.linear_fc1 = DeferrableColumnParallelLinear
+    mlp.linear_fc2 = DeferrableRowParallelLinear
+    if recompute_lgd:
+        apply_recompute_lgd(spec)
+    return spec
+
+
+def apply_recompute_lgd(spec: ModuleSpec) -> ModuleSpec:
+    """Switch a deferrable local layer spec (in place) to recompute layernorm, GeLU and
+    hidden dropout. Needs ``use_te_activation_func=True`` in the TransformerConfig."""
+    layer = spec.submodules
+    layer.input_layernorm = IdentityOp
+    layer.pre_mlp_layernorm = IdentityOp
+    layer.self_attention.submodules.linear_qkv = DeferrableNormColumnParallelLinear
+    mlp = layer.mlp.submodules
+    mlp.linear_fc1 = DeferrableNormColumnParallelLinear
+    mlp.activation_func = IdentityOp
+    mlp.linear_fc2 = DeferrableGeluRowParallelLinear
+    layer.self_attn_bda = get_recomputed_bias_dropout_add
+    layer.mlp_bda = get_recomputed_bias_dropout_add
+    return spec
