@@ -17,7 +17,7 @@ SHAPE = dict(vocab_size=96, hidden_size=32, num_layers=3, num_attention_heads=4,
 def worker(rank, world_size, out_path):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from odc_pp.megatron.cpu_compat import singleton_process_groups
+    from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime.data import Microbatch
 
