@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from odc_pp.runtime import clip
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 
 
 def _tensors(seed, dtype=torch.float32):
@@ -95,7 +95,7 @@ def _worker(rank, world_size, out_path):
 
 @pytest.mark.multiproc
 def test_reduction_over_groups_and_the_flag_reach_every_rank(tmp_path):
-    launch(_worker, 2, str(tmp_path / "clip"), timeout_s=120)
+    run_workers(_worker, 2, str(tmp_path / "clip"), config=LaunchConfig(timeout_s=120))
     want = sum(float(clip.local_sum_of_squares(_tensors(10 + rank), dtype=torch.float64,
                                                device="cpu")) for rank in range(2))
     for rank in range(2):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime._parity import make_microbatches, model_config
 
 
@@ -58,7 +58,7 @@ def worker(rank, world_size, out_path):
 @pytest.mark.multiproc
 def test_layout_independent_init_and_split_backward(tmp_path):
     out = tmp_path / "model.json"
-    launch(worker, 1, str(out), timeout_s=120)
+    run_workers(worker, 1, str(out), config=LaunchConfig(timeout_s=120))
     report = json.loads(out.read_text())
     assert report.pop("bound_layers") == 8 * 4
     assert all(report.values()), report

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime._parity import make_microbatches, model_config
 
 NUM_MICROBATCHES = 8
@@ -80,7 +80,7 @@ def worker(rank, world_size, out_path):
 
 @pytest.mark.multiproc
 def test_offload_drops_resident_bytes_as_predicted(tmp_path):
-    launch(worker, 2, str(tmp_path / "offload"), timeout_s=180)
+    run_workers(worker, 2, str(tmp_path / "offload"), config=LaunchConfig(timeout_s=180))
     total_offloads = 0
     for rank in range(2):
         report = json.loads((tmp_path / f"offload.{rank}").read_text())

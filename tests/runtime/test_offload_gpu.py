@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime.test_offload import predicted_peak
 
 NUM_MICROBATCHES = 8
@@ -88,7 +88,7 @@ def gpu_worker(rank, world_size, out_path):
 @pytest.mark.gpu
 def test_offload_lowers_cuda_peak_by_predicted_fraction(tmp_path):
     out = tmp_path / "gpu.json"
-    launch(gpu_worker, 1, str(out), timeout_s=300)
+    run_workers(gpu_worker, 1, str(out), config=LaunchConfig(timeout_s=300))
     report = json.loads(out.read_text())
     stored, offload = report["stored"], report["offload"]
     predicted = offload["predicted_peak"] / stored["predicted_peak"]

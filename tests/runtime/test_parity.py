@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime._parity import parity_worker
 
 SCHEDULES = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
@@ -36,5 +36,5 @@ def _check(report, names):
 def test_schedules_match_single_process(tmp_path, pp, extra):
     names = SCHEDULES + extra
     out = tmp_path / "parity.json"
-    launch(parity_worker, pp, names, 8, str(out), timeout_s=400)
+    run_workers(parity_worker, pp, names, 8, str(out), config=LaunchConfig(timeout_s=400))
     _check(json.loads(out.read_text()), names)

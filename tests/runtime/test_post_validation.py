@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 
 DTYPES = ["float32", "bfloat16"]
 
@@ -80,7 +80,7 @@ def worker(rank, world_size, out_path):
 @pytest.mark.multiproc
 def test_rollback_and_clipping_match_synchronous(tmp_path):
     out = tmp_path / "pv"
-    launch(worker, 2, str(out), timeout_s=120)
+    run_workers(worker, 2, str(out), config=LaunchConfig(timeout_s=120))
     for rank in range(2):
         report = json.loads((tmp_path / f"pv.{rank}").read_text())
         for dtype_name in DTYPES:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_pp.odc.launch import LaunchConfig, run_workers
+from tests.launch import LaunchConfig, run_workers
 
 PP, DP = 2, 2
 HIDDEN = 12

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime._parity import build_schedule, make_microbatches, model_config
 
 
@@ -54,7 +54,7 @@ def worker(rank, world_size, out_path):
 
 @pytest.mark.multiproc
 def test_profiled_costs_and_replanned_zb_auto(tmp_path):
-    launch(worker, 2, str(tmp_path / "profile"), timeout_s=180)
+    run_workers(worker, 2, str(tmp_path / "profile"), config=LaunchConfig(timeout_s=180))
     for rank in range(2):
         report = json.loads((tmp_path / f"profile.{rank}").read_text())
         assert len(report["t_f"]) == len(report["t_b"]) == len(report["t_w"]) == 2

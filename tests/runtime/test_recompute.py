@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.runtime._launch import launch
+from tests.launch import LaunchConfig, run_workers
 from tests.runtime._parity import (make_microbatches, max_relative_difference, model_config,
                                    pipeline_run, reference_run)
 
@@ -159,7 +159,7 @@ def pipeline_worker(rank, world_size, out_path):
 
 def test_recompute_matches_stored_and_saves_predicted_bytes(tmp_path):
     out = tmp_path / "single.json"
-    launch(single_worker, 1, str(out), timeout_s=180)
+    run_workers(single_worker, 1, str(out), config=LaunchConfig(timeout_s=180))
     report = json.loads(out.read_text())
     assert report["names_equal"]
     assert report["bitwise_vs_stored"], report
@@ -191,7 +191,7 @@ def test_offload_tuner_uses_the_runtime_factor():
 
 @pytest.mark.multiproc
 def test_recompute_pipeline_parity(tmp_path):
-    launch(pipeline_worker, 2, str(tmp_path / "pp"), timeout_s=300)
+    run_workers(pipeline_worker, 2, str(tmp_path / "pp"), config=LaunchConfig(timeout_s=300))
     reports = [json.loads((tmp_path / f"pp.{rank}").read_text()) for rank in range(2)]
     for name in ("zbv", "offload"):
         entry = reports[0][name]

@@ -8,7 +8,7 @@ import torch
 
 from odc_pp.training.throughput import (ModelShape, default_peak_tflops, flops_per_microbatch,
                                         peak_memory_mb)
-from tests.runtime._launch import launch
+from tests.launch import run_workers
 
 SHAPE = dict(vocab_size=96, hidden_size=32, num_layers=3, num_attention_heads=4,
              ffn_hidden_size=80, max_sequence_length=40)
@@ -37,7 +37,7 @@ def worker(rank, world_size, out_path):
 @pytest.mark.multiproc
 def test_flops_formula_matches_torch_flop_counter(tmp_path):
     out = tmp_path / "flops.json"
-    launch(worker, 1, str(out))
+    run_workers(worker, 1, str(out))
     counted = json.loads(out.read_text())
     shape = ModelShape(num_layers=SHAPE["num_layers"], hidden_size=SHAPE["hidden_size"],
                        ffn_hidden_size=SHAPE["ffn_hidden_size"], vocab_size=SHAPE["vocab_size"])
