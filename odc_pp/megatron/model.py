@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runtime.data import Microbatch
-from ..schedule.ir import Placement, Schedule
+from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, new_gpt_model, prepare_megatron_for_device,
                      singleton_process_groups)
 from .recompute import canonical_name
@@ -171,15 +171,14 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         raise ValueError(f"pp_rank {pp_rank} outside 0..{pp_size - 1}")
     if num_chunks < 1:
         raise ValueError("num_chunks must be >= 1")
-    layout = Schedule(name="layout", pp=pp_size, num_microbatches=1, num_chunks=num_chunks,
-                      placement=Placement(placement))
+    placement = Placement(placement)
     prepare_megatron_for_device(config.device, seed=seed)
     groups = process_groups if process_groups is not None else singleton_process_groups()
     spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd)
     num_stages = pp_size * num_chunks
     chunks = []
     for chunk in range(num_chunks):
-        stage = layout.stage_of(pp_rank, chunk)
+        stage = stage_of(placement, pp_size, pp_rank, chunk)
         layers = stage_layers(config.num_layers, num_stages, stage)
         model = new_gpt_model(_transformer_config(config, len(layers)), spec,
                               vocab_size=config.vocab_size,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from .compare import build_schedule, compare_schedules, family_names, format_table
 from .costs import CostModel
+from .lowering import lower
 from .simulator import simulate
 
 __all__ = ["main", "build_parser"]
@@ -18,13 +20,31 @@ class _UsageError(Exception):
 
 
 def _numbers(text: str) -> float | list[float]:
-    """``1.5`` or a comma-separated per-stage list ``1.5,1,1,1.5``."""
+    """``1.5`` or a comma-separated per-stage list ``1.5,1,1,1.5`` of finite times >= 0."""
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number or a comma-separated list of numbers") from None
+    bad = [v for v in values if not math.isfinite(v) or v < 0]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: times must be finite numbers >= 0, got {bad[0]}")
     return values[0] if len(values) == 1 else values
+
+
+def _finite(*, positive: bool):
+    """argparse type: a finite number, > 0 (``positive``) or >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'> 0' if positive else '>= 0'}, got {text!r}")
+        return value
+    return parse
 
 
 def _positive_int(text: str) -> int:
@@ -42,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="odc-pp schedule",
         description="Generate or search a pipeline schedule, simulate it, render it, "
                     "or compare all families (--compare).")
-    parser.add_argument("--schedule", default="zb-auto",
+    parser.add_argument("--schedule", default="zb-auto", choices=family_names(),
+                        metavar="NAME",
                         help=f"family: {', '.join(family_names())} (default zb-auto)")
     parser.add_argument("--pp", type=_positive_int, required=True, help="pipeline ranks")
     parser.add_argument("--microbatches", type=_positive_int, required=True,
@@ -53,12 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="forward time: one number or a comma list per rank/stage")
     parser.add_argument("--cost-b", type=_numbers, default=1.0, help="input-grad time")
     parser.add_argument("--cost-w", type=_numbers, default=1.0, help="weight-grad time")
-    parser.add_argument("--cost-comm", type=float, default=0.0, help="transfer latency")
-    parser.add_argument("--memory-limit", type=float, default=None,
+    parser.add_argument("--cost-comm", type=_finite(positive=False), default=0.0,
+                        help="transfer latency")
+    parser.add_argument("--memory-limit", type=_finite(positive=True), default=None,
                         help="activation limit per rank in microbatch-chunks")
-    parser.add_argument("--offload-bandwidth", type=float, default=None,
+    parser.add_argument("--offload-bandwidth", type=_finite(positive=True), default=None,
                         help="host link: microbatch-chunk activations per time unit")
-    parser.add_argument("--time-budget", type=float, default=None,
+    parser.add_argument("--time-budget", type=_finite(positive=True), default=None,
                         help="seconds for the zb-auto search (default: scaled to size)")
     parser.add_argument("--lower", action="store_true",
                         help="insert explicit SEND/RECV (and offload) before simulating")
@@ -127,10 +149,6 @@ def _run_one(args, costs: CostModel) -> int:
                               num_chunks=args.chunks, costs=costs,
                               memory_limit=args.memory_limit, time_budget_s=args.time_budget)
     if args.lower:
-        try:
-            from .lowering import lower
-        except ImportError as exc:
-            raise _UsageError(f"--lower needs odc_pp.schedule.lowering ({exc})") from exc
         schedule = lower(schedule, costs)
     sim = simulate(schedule, costs, memory_limit=args.memory_limit)
     if args.render:
@@ -153,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         costs = _costs(args)
-        if args.memory_limit is not None and args.memory_limit <= 0:
-            raise ValueError(f"--memory-limit must be > 0, got {args.memory_limit}")
         return _run_compare(args, costs) if args.compare else _run_one(args, costs)
     except (ValueError, _UsageError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -5,45 +5,29 @@ from __future__ import annotations
 import time
 
 from .costs import CostModel
+from .generators import FAMILY_NAMES, family, generate
 from .ir import Schedule
+from .lowering import lower
 from .simulator import simulate
 
-__all__ = ["build_schedule", "compare_schedules", "format_table", "family_names"]
+__all__ = ["build_schedule", "compare_schedules", "format_table", "family_names",
+           "per_chunk_costs"]
 
-_SEARCHED = "zb-auto"
 
 
 def family_names() -> list[str]:
-    """All schedule names: the generators' families (when available) plus zb-auto."""
-    try:
-        from .generators import GENERATOR_NAMES
-    except ImportError:
-        return [_SEARCHED]
-    names = list(GENERATOR_NAMES)
-    return names if _SEARCHED in names else names + [_SEARCHED]
+    """Every schedule family, in registry order."""
+    return list(FAMILY_NAMES)
 
 
 def build_schedule(name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
                    costs: CostModel | None = None, memory_limit: float | None = None,
                    time_budget_s: float | None = None) -> Schedule:
-    """One schedule by family name; ``zb-auto`` runs the search directly (so it works
-    without the generators package). Raises ValueError for settings a family rejects."""
-    if name == _SEARCHED:
-        if num_chunks not in (None, 1):
-            raise ValueError(f"zb-auto is a 1-chunk schedule; drop --chunks {num_chunks}")
-        from .search import zb_auto
-        return zb_auto(pp=pp, num_microbatches=num_microbatches, costs=costs,
-                       memory_limit=memory_limit, time_budget_s=time_budget_s)
-    try:
-        from .generators import GENERATOR_NAMES, generate
-    except ImportError as exc:
-        raise ValueError(f"schedule {name!r} needs odc_pp.schedule.generators, which "
-                         f"failed to import ({exc}); use --schedule zb-auto") from exc
-    if name not in GENERATOR_NAMES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of "
-                         f"{', '.join(family_names())}")
+    """One schedule by family name; ``time_budget_s`` bounds a searched family (zb-auto).
+    Raises ValueError for settings a family rejects."""
+    options = {"time_budget_s": time_budget_s} if family(name).searched else {}
     return generate(name, pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
-                    costs=costs, memory_limit=memory_limit)
+                    costs=costs, memory_limit=memory_limit, **options)
 
 
 def per_chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
@@ -59,13 +43,6 @@ def per_chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
     for name in ("t_f", "t_b", "t_w"):
         data[name] = split(data[name])
     return CostModel.from_dict(data)
-
-
-def _default_chunks(name: str) -> int:
-    if name == _SEARCHED:
-        return 1
-    from .generators import default_chunks
-    return default_chunks(name)
 
 
 def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = None,
@@ -86,11 +63,10 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
     for name in (family_names() if names is None else names):
         began = time.perf_counter()
         try:
-            chunk_costs = per_chunk_costs(costs, _default_chunks(name))
+            chunk_costs = per_chunk_costs(costs, family(name).default_chunks)
             schedule = build_schedule(name, pp=pp, num_microbatches=num_microbatches,
                                       costs=chunk_costs, memory_limit=memory_limit)
             if schedule.meta.get("offload_chunks"):
-                from .lowering import lower
                 schedule = lower(schedule, chunk_costs, communication=False)
             seconds = time.perf_counter() - began
             sim = simulate(schedule, chunk_costs, memory_limit=memory_limit)

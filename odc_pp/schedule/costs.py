@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -62,15 +63,19 @@ class CostModel:
         for name in ("t_f", "t_b", "t_w"):
             value = getattr(self, name)
             values = [value] if isinstance(value, (int, float)) else list(value)
-            if not values or any(v < 0 for v in values):
-                raise ValueError(f"{name} must be non-negative numbers, got {value!r}")
-        if self.t_comm < 0:
-            raise ValueError(f"t_comm must be >= 0, got {self.t_comm}")
-        if self.t_send_cpu < 0 or self.t_recv_cpu < 0:
-            raise ValueError("t_send_cpu and t_recv_cpu must be >= 0, got "
-                             f"{self.t_send_cpu} and {self.t_recv_cpu}")
-        if self.offload_bandwidth is not None and self.offload_bandwidth <= 0:
-            raise ValueError(f"offload_bandwidth must be > 0, got {self.offload_bandwidth}")
+            if not values or any(not math.isfinite(v) or v < 0 for v in values):
+                raise ValueError(f"{name} must be finite non-negative numbers, got {value!r}")
+        for name in ("t_comm", "t_send_cpu", "t_recv_cpu"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.offload_bandwidth is not None and not (
+                math.isfinite(self.offload_bandwidth) and self.offload_bandwidth > 0):
+            raise ValueError(f"offload_bandwidth must be a finite number > 0, got "
+                             f"{self.offload_bandwidth}")
+        if not all(math.isfinite(getattr(self, n)) for n in ("mem_f", "mem_b", "mem_w")):
+            raise ValueError(f"mem_f, mem_b and mem_w must be finite, got {self.mem_f}, "
+                             f"{self.mem_b} and {self.mem_w}")
         if abs(self.mem_f + self.mem_b + self.mem_w) > 1e-9:
             raise ValueError("memory deltas must sum to zero (mem_f + mem_b + mem_w == 0): "
                              "a microbatch's activations must be freed by its backward")

@@ -1,13 +1,8 @@
 """Schedule IR: a schedule is plain data, an ordered list of typed actions per pipeline rank.
 
 Virtual stages are numbered 0 .. pp*num_chunks-1 in model order. A rank holds
-``num_chunks`` model chunks; ``placement`` maps (rank, chunk) <-> stage:
-
-* ``interleaved`` (Megatron VPP): stage = chunk * pp + rank.
-* ``v`` (zig-zag, ZB-V / V-Half / V-Min / DualPipeV): even chunks run down the
-  ranks (stage = chunk * pp + rank), odd chunks run back up
-  (stage = chunk * pp + pp - 1 - rank). With 2 chunks, rank 0 holds the first
-  and the last stage.
+``num_chunks`` model chunks; ``placement`` maps (rank, chunk) <-> stage (the arithmetic
+is in ``odc_pp.schedule.placement``).
 
 Communication actions name the *local* chunk whose tensor moves: ``SEND_F``
 sends the output activation of (rank, chunk) to the rank of the next stage,
@@ -24,6 +19,9 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Iterator
+
+from . import placement as _placement
+from .placement import Placement
 
 __all__ = [
     "ActionKind",
@@ -59,11 +57,6 @@ OFFLOAD_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD})
 # torch.distributed.pipelining letters for compute actions.
 _TO_TORCH = {ActionKind.F: "F", ActionKind.B: "I", ActionKind.W: "W", ActionKind.BW: "B"}
 _FROM_TORCH = {letter: kind for kind, letter in _TO_TORCH.items()}
-
-
-class Placement(str, Enum):
-    INTERLEAVED = "interleaved"
-    V = "v"
 
 
 @dataclass(frozen=True, order=True)
@@ -129,21 +122,14 @@ class Schedule:
     # ----- placement -------------------------------------------------------------
     @property
     def num_stages(self) -> int:
-        return self.pp * self.num_chunks
+        return _placement.num_stages(self.pp, self.num_chunks)
 
     def stage_of(self, rank: int, chunk: int) -> int:
-        if self.placement is Placement.V and chunk % 2 == 1:
-            return chunk * self.pp + self.pp - 1 - rank
-        return chunk * self.pp + rank
+        return _placement.stage_of(self.placement, self.pp, rank, chunk)
 
     def locate(self, stage: int) -> tuple[int, int]:
         """(rank, chunk) that runs virtual ``stage``."""
-        if not 0 <= stage < self.num_stages:
-            raise ValueError(f"stage {stage} outside 0..{self.num_stages - 1}")
-        chunk, offset = divmod(stage, self.pp)
-        if self.placement is Placement.V and chunk % 2 == 1:
-            return self.pp - 1 - offset, chunk
-        return offset, chunk
+        return _placement.locate(self.placement, self.pp, self.num_chunks, stage)
 
     def next_stage_rank(self, rank: int, chunk: int) -> int | None:
         stage = self.stage_of(rank, chunk)

@@ -26,24 +26,38 @@ effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen
 * h200: H200-SXM-141GB, 989 TFLOP/s, 141 GB, PCIe Gen5 50 GB/s
 
 ``--measure`` instead times a matmul and a host-memory copy on this machine.
-Each candidate schedule is produced by the schedule generators and timed by the
-simulator; offload variants move the saved activations of a fraction of microbatches
-(``ratio``) of the chosen local chunks to host memory right after their forward and
-reload them one compute action before their backward.
+
+Candidates are exactly what ``pretrain_gpt.py`` can run: every deterministic schedule
+family of the registry (``odc_pp.schedule.generators.families``; zb-auto's time-budgeted
+search is left out, training would not rebuild the same order), with and without
+``--recompute-lgd``, and for a family that offloads every non-empty set of
+``--offload-chunks``. Each candidate's schedule is built by
+``odc_pp.schedule.generators.training_schedule`` -- the builder the training frontend
+calls -- from the cost model the frontend will plan with (its ``--cost-model`` file,
+passed here as ``--cost-model``; default: the frontend's default cost model), and timed
+by the simulator under the estimated costs above. The printed flags therefore select
+the very schedule whose step time is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
 
 from .costs import CostModel
-from .ir import Action, ActionKind, Schedule
+from .generators import FAMILIES, family, training_schedule
+from .ir import Schedule
+from .placement import rank_stages
+from .simulator import simulate
 
 __all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
-           "estimate_costs", "add_offload", "format_ranking", "measure_hardware", "main"]
+           "estimate_costs", "candidate_schedule", "format_ranking", "measure_hardware",
+           "main"]
 
 GB = 1e9
 
@@ -94,8 +108,11 @@ class Hardware:
     """Fraction of peak that transformer layers reach."""
 
     def __post_init__(self) -> None:
-        if self.peak_tflops <= 0 or self.memory_gb <= 0 or self.host_link_gbps <= 0:
-            raise ValueError("hardware numbers must be positive")
+        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps)
+        if not all(math.isfinite(n) and n > 0 for n in numbers):
+            raise ValueError(f"hardware numbers must be finite and positive, got peak "
+                             f"{self.peak_tflops} TFLOP/s, memory {self.memory_gb} GB, host "
+                             f"link {self.host_link_gbps} GB/s")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
 
@@ -126,13 +143,14 @@ class TunerConfig:
     """Data-parallel ranks sharing the optimizer state."""
     memory_budget_gb: float | None = None
     """Usable device memory per rank (default: the hardware's memory)."""
-    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "v-half",
-                                  "v-min")
-    """Schedules tried without offload."""
-    offload_bases: tuple[str, ...] = ("1f1b", "zb-h1", "zbv")
-    """Schedules tried with offload."""
-    offload_ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-    """Fractions of microbatches whose activations are offloaded."""
+    schedules: tuple[str, ...] = tuple(f.name for f in FAMILIES if not f.searched)
+    """Schedule families tried (registry names; an offloading family is tried with every
+    non-empty set of offload chunks)."""
+    plan_costs: CostModel = field(default_factory=CostModel)
+    """Cost model the training frontend builds schedules with: its ``--cost-model`` file
+    (default: the frontend's default, ``CostModel()``)."""
+    plan_costs_path: str | None = None
+    """Path of that ``--cost-model`` file, repeated in the printed flags (None: no file)."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.num_microbatches < 1 or self.dp < 1:
@@ -140,10 +158,15 @@ class TunerConfig:
         if self.num_microbatches < self.pp:
             raise ValueError(f"--num-microbatches {self.num_microbatches} must be >= --pp "
                              f"{self.pp}")
-        if self.memory_budget_gb is not None and self.memory_budget_gb <= 0:
-            raise ValueError("--memory-budget-gb must be > 0")
-        if any(not 0 < r <= 1 for r in self.offload_ratios):
-            raise ValueError("offload ratios must be in (0, 1]")
+        if self.memory_budget_gb is not None and not (
+                math.isfinite(self.memory_budget_gb) and self.memory_budget_gb > 0):
+            raise ValueError(f"--memory-budget-gb must be a finite number > 0, got "
+                             f"{self.memory_budget_gb}")
+        for name in self.schedules:
+            if family(name).searched:
+                raise ValueError(f"schedule {name} is searched under a time budget; training "
+                                 f"would not rebuild the simulated order, so it cannot be "
+                                 f"tuned")
 
     @property
     def budget_bytes(self) -> float:
@@ -153,29 +176,49 @@ class TunerConfig:
 @dataclass
 class Candidate:
     schedule: str
+    """Registry family."""
+    num_chunks: int
+    """Model chunks per rank."""
     offload_chunks: tuple[int, ...]
-    offload_ratio: float
+    """Local chunks whose activations go to host memory (empty: none)."""
     recompute: bool
+    """``--recompute-lgd``."""
     step_s: float
+    """Simulated step time under the estimated costs."""
     peak_memory_gb: float
+    """Largest per-rank peak (model state + activations)."""
     fits: bool
+    """The peak fits the memory budget."""
     bubble_rate: float
+    """Simulated bubble rate."""
+    flags: list[str] = field(default_factory=list)
+    """``pretrain_gpt.py`` flags that build exactly this candidate's schedule (add the
+    data flags and run on pp x dp ranks)."""
     per_rank_peak_gb: list[float] = field(default_factory=list)
-
-    def flags(self) -> str:
-        """pretrain_gpt.py flags that select this candidate."""
-        name = "offload" if self.offload_ratio > 0 else self.schedule
-        out = [f"--pipeline-schedule {name}"]
-        if self.offload_ratio > 0:
-            out.append("--cpu-offload --offload-chunks " +
-                       " ".join(str(c) for c in self.offload_chunks))
-        if self.recompute:
-            out.append("--recompute-lgd")
-        return " ".join(out)
+    """Per-rank peaks."""
 
 
-def _num_chunks(schedule: str) -> int:
-    return 2 if schedule in ("interleaved", "zbv", "v-half", "v-min", "dualpipev") else 1
+def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int, ...],
+                   recompute: bool) -> list[str]:
+    """The ``pretrain_gpt.py`` flags of one candidate: schedule, pipeline, model shape and
+    batch (``--global-batch-size`` = micro batch x microbatches x dp)."""
+    shape = config.shape
+    global_batch = shape.micro_batch_size * config.num_microbatches * config.dp
+    out = ["--pipeline-schedule", name,
+           "--num-model-chunks", str(family(name).default_chunks),
+           "--pipeline-model-parallel-size", str(config.pp),
+           "--num-layers", str(shape.num_layers), "--hidden-size", str(shape.hidden_size),
+           "--num-attention-heads", str(shape.num_attention_heads),
+           "--seq-length", str(shape.seq_length),
+           "--micro-batch-size", str(shape.micro_batch_size),
+           "--global-batch-size", str(global_batch)]
+    if offload_chunks:
+        out += ["--cpu-offload", "--offload-chunks", *map(str, offload_chunks)]
+    if recompute:
+        out.append("--recompute-lgd")
+    if config.plan_costs_path is not None:
+        out += ["--cost-model", config.plan_costs_path]
+    return out
 
 
 def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
@@ -201,7 +244,8 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
     """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
     rank) for ``schedule``."""
     shape, hw = config.shape, config.hardware
-    chunks = _num_chunks(schedule)
+    fam = family(schedule)
+    chunks = fam.default_chunks
     stages = config.pp * chunks
     if shape.num_layers % stages:
         raise ValueError(f"--num-layers {shape.num_layers} is not divisible by pp x chunks "
@@ -222,76 +266,39 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
     for rank in range(config.pp):
         params = layers * chunks * layer_params
         holds = {0, stages - 1}
-        placement_stages = [_stage(schedule, config.pp, rank, c) for c in range(chunks)]
-        params += shape.vocab_size * h * len(holds.intersection(placement_stages))
+        params += shape.vocab_size * h * len(
+            holds.intersection(rank_stages(fam.placement, config.pp, chunks, rank)))
         static.append(params * bytes_per_param)
     return costs, chunk_bytes, static
 
 
-def _stage(schedule: str, pp: int, rank: int, chunk: int) -> int:
-    if _num_chunks(schedule) == 2 and schedule != "interleaved" and chunk % 2 == 1:
-        return chunk * pp + pp - 1 - rank
-    return chunk * pp + rank
+def candidate_schedule(config: TunerConfig, name: str, *,
+                       offload_chunks: tuple[int, ...] = ()) -> Schedule:
+    """The schedule ``pretrain_gpt.py`` builds for this candidate (same builder, same
+    planning cost model)."""
+    return training_schedule(name, pp=config.pp, num_microbatches=config.num_microbatches,
+                             num_chunks=family(name).default_chunks, costs=config.plan_costs,
+                             offload_chunks=list(offload_chunks) or None)
 
 
-def add_offload(schedule: Schedule, chunks: tuple[int, ...], ratio: float) -> Schedule:
-    """A copy of ``schedule`` that offloads the activations of ``ratio`` of the
-    microbatches of local ``chunks`` right after their forward and reloads them one
-    compute action before their backward (skipped where no other compute action runs
-    between the forward and the backward: nothing to overlap with)."""
-    if not 0 < ratio <= 1:
-        raise ValueError(f"offload ratio must be in (0, 1], got {ratio}")
-    chosen = {m for m in range(schedule.num_microbatches)
-              if int((m + 1) * ratio) > int(m * ratio)}
-    ranks = []
-    for rank, actions in enumerate(schedule.ranks):
-        after: dict[int, list[Action]] = {}
-        before: dict[int, list[Action]] = {}
-        forward_at = {}
-        computes: list[int] = []
-        for position, action in enumerate(actions):
-            key = (action.chunk, action.microbatch)
-            if action.kind is ActionKind.F:
-                forward_at[key] = len(computes)
-            if action.kind in (ActionKind.B, ActionKind.BW) and key in forward_at and \
-                    action.chunk in chunks and action.microbatch in chosen:
-                f_index = forward_at[key]
-                if len(computes) - f_index >= 2:  # something runs in between
-                    after.setdefault(computes[f_index], []).append(
-                        Action(rank=rank, kind=ActionKind.OFFLOAD, chunk=key[0],
-                               microbatch=key[1]))
-                    before.setdefault(computes[-1], []).append(
-                        Action(rank=rank, kind=ActionKind.RELOAD, chunk=key[0],
-                               microbatch=key[1]))
-            if action.is_compute:
-                computes.append(position)
-        out: list[Action] = []
-        for position, action in enumerate(actions):
-            out += before.get(position, [])
-            out.append(action)
-            out += after.get(position, [])
-        ranks.append(out)
-    meta = dict(schedule.meta, offload_chunks=list(chunks), offload_ratio=ratio)
-    return schedule.copy(name=f"{schedule.name}+offload", ranks=ranks, meta=meta)
-
-
-def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...], ratio: float,
+def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
               recompute: bool) -> Candidate:
-    from .generators import generate
-    from .simulator import simulate
-
     costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
-    schedule = generate(name, pp=config.pp, num_microbatches=config.num_microbatches,
-                        num_chunks=_num_chunks(name), costs=costs)
-    if ratio > 0:
-        schedule = add_offload(schedule, chunks, ratio)
+    schedule = candidate_schedule(config, name, offload_chunks=chunks)
     result = simulate(schedule, costs)
     peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
     peak = max(peaks)
-    return Candidate(schedule=name, offload_chunks=chunks, offload_ratio=ratio,
+    return Candidate(schedule=name, num_chunks=schedule.num_chunks, offload_chunks=chunks,
                      recompute=recompute, step_s=result.makespan, peak_memory_gb=peak / GB,
                      fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
+                     flags=training_flags(config, name, offload_chunks=chunks,
+                                          recompute=recompute),
                      per_rank_peak_gb=[p / GB for p in peaks])
+
+
+def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
+    return [c for size in range(1, num_chunks + 1)
+            for c in itertools.combinations(range(num_chunks), size)]
 
 
 def tune(config: TunerConfig) -> list[Candidate]:
@@ -300,15 +307,12 @@ def tune(config: TunerConfig) -> list[Candidate]:
     candidates = []
     for recompute in (False, True):
         for name in config.schedules:
-            if config.shape.num_layers % (config.pp * _num_chunks(name)) == 0:
-                candidates.append(_evaluate(config, name, (), 0.0, recompute))
-        for name in config.offload_bases:
-            if config.shape.num_layers % (config.pp * _num_chunks(name)):
+            fam = family(name)
+            if config.shape.num_layers % (config.pp * fam.default_chunks) or \
+                    config.num_microbatches < fam.microbatches_per_rank * config.pp:
                 continue
-            chunk_sets = [(0,)] if _num_chunks(name) == 1 else [(0,), (1,), (0, 1)]
-            for chunks in chunk_sets:
-                for ratio in config.offload_ratios:
-                    candidates.append(_evaluate(config, name, chunks, ratio, recompute))
+            for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [()]:
+                candidates.append(_evaluate(config, name, chunks, recompute))
     if not candidates:
         raise ValueError(f"--num-layers {config.shape.num_layers} is not divisible by pp "
                          f"{config.pp} (or 2 x pp) for any schedule")
@@ -317,12 +321,12 @@ def tune(config: TunerConfig) -> list[Candidate]:
 
 
 def format_ranking(candidates: list[Candidate], *, budget_gb: float, top: int = 15) -> str:
-    header = (f"{'#':>3} {'schedule':<12} {'offload chunks':<14} {'ratio':>5} "
+    header = (f"{'#':>3} {'schedule':<12} {'offload chunks':<14} "
               f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
     lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
     for rank, c in enumerate(candidates[:top], 1):
-        chunks = ",".join(map(str, c.offload_chunks)) if c.offload_ratio else "-"
-        lines.append(f"{rank:>3} {c.schedule:<12} {chunks:<14} {c.offload_ratio:>5.2f} "
+        chunks = ",".join(map(str, c.offload_chunks)) or "-"
+        lines.append(f"{rank:>3} {c.schedule:<12} {chunks:<14} "
                      f"{'lgd' if c.recompute else 'no':<9} {c.step_s * 1e3:>10.2f} "
                      f"{c.peak_memory_gb:>10.2f} {c.bubble_rate:>7.3f} "
                      f"{'yes' if c.fits else 'NO'}")
@@ -356,6 +360,16 @@ def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
                     host_link_gbps=gbps, mfu=1.0)
 
 
+def _finite_positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
         "Rank schedules x offload ratio x recompute by predicted step time within a "
@@ -373,17 +387,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-microbatches", type=int, required=True)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None)
     p.add_argument("--measure", action="store_true", help="measure this machine instead")
-    p.add_argument("--memory-budget-gb", type=float, default=None,
+    p.add_argument("--memory-budget-gb", type=_finite_positive, default=None,
                    help="usable memory per rank (default: the device's)")
-    p.add_argument("--mfu", type=float, default=None, help="override the MFU factor")
+    p.add_argument("--cost-model", default=None, metavar="FILE",
+                   help="the CostModel JSON file pretrain_gpt.py will get as --cost-model "
+                        "(it plans the schedule; default: none, the frontend's default)")
+    p.add_argument("--mfu", type=_finite_positive, default=None,
+                   help="override the MFU factor")
     p.add_argument("--top", type=int, default=15, help="rows to print")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    import json
+def _plan_costs(path: str | None) -> CostModel:
+    if path is None:
+        return CostModel()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return CostModel.from_dict(json.load(handle))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise ValueError(f"--cost-model {path!r}: {exc}") from exc
 
+
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.measure == (args.preset is not None):
@@ -403,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
                            flash_attention=not args.no_flash_attention)
         config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp, dp=args.dp,
                              num_microbatches=args.num_microbatches,
-                             memory_budget_gb=args.memory_budget_gb)
+                             memory_budget_gb=args.memory_budget_gb,
+                             plan_costs=_plan_costs(args.cost_model),
+                             plan_costs_path=args.cost_model)
         ranking = tune(config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -417,14 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     best = ranking[0]
     if not best.fits:
         print(f"error: no schedule fits {budget:.1f} GB per rank; the smallest needs "
-              f"{best.peak_memory_gb:.1f} GB ({best.schedule}, offload ratio "
-              f"{best.offload_ratio}, recompute {'lgd' if best.recompute else 'off'}). "
+              f"{best.peak_memory_gb:.1f} GB ({best.schedule}, offload chunks "
+              f"{list(best.offload_chunks) or 'none'}, recompute "
+              f"{'lgd' if best.recompute else 'off'}). "
               "Raise --memory-budget-gb, --pp or --dp, or lower --micro-batch-size / "
               "--seq-length.", file=sys.stderr)
         return 2
     if not args.json:
-        print(f"\nbest: {best.flags()}  (predicted {best.step_s * 1e3:.2f} ms/step, "
-              f"peak {best.peak_memory_gb:.2f} GB)")
+        print(f"\nbest: {' '.join(best.flags)}\n  (on {config.pp * config.dp} ranks, add "
+              f"the data flags; predicted {best.step_s * 1e3:.2f} ms/step, peak "
+              f"{best.peak_memory_gb:.2f} GB)")
     return 0
 
 

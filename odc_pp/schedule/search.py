@@ -14,9 +14,10 @@ Two phases, both driven by exact simulation of the candidate orders:
    specialised O(N) evaluator ``_evaluate`` with an early abort as soon as a candidate
    can no longer beat the incumbent.
 
-ZB-H1 and 1F1B from ``odc_pp.schedule.generators`` are always simulated as extra
-candidates (fused BW split into B then W, which is never slower), so the result is
-never worse than them when they fit the memory limit.
+The orders of ZB-H1 and 1F1B (fused BW split into B then W, which is never slower; the
+same orders ``odc_pp.schedule.generators`` builds) are always simulated as extra
+candidates, so the result is never worse than them when they fit the memory limit.
+This module imports nothing from the generators (they build zb-auto through it).
 
 Default memory limit: ``2 * pp`` microbatch activations (``2 * pp * costs.mem_f``),
 twice what 1F1B needs on its first rank; this is the regime where zero bubble is
@@ -465,35 +466,14 @@ def _pattern_orders(pp: int, m: int, warmup_extra: int, w_defer_extra: int):
     return orders
 
 
-def _baseline_orders(prob: _Problem, pp: int, num_microbatches: int, costs: CostModel):
-    """1F1B and ZB-H1 patterns (own copies, so the guarantee holds without the
-    generators), a few deeper variants, and the generators' zb-h1/1f1b when importable
-    (fused BW split into B then W, never slower)."""
+def _baseline_orders(pp: int, num_microbatches: int):
+    """1F1B and ZB-H1 (their generators' orders with BW split into B then W) and a few
+    deeper variants of the same pattern."""
     found = [("1f1b", _pattern_orders(pp, num_microbatches, 0, -pp)),
              ("zb-h1", _pattern_orders(pp, num_microbatches, 0, 0))]
     for warmup_extra, defer_extra in ((0, 1), (1, 0), (pp // 2, pp // 2), (pp, pp)):
         found.append((f"pattern+{warmup_extra}/{defer_extra}",
                       _pattern_orders(pp, num_microbatches, warmup_extra, defer_extra)))
-    try:
-        from .generators import generate
-    except ImportError:
-        return found
-    for name in ("zb-h1", "1f1b"):
-        try:
-            schedule = generate(name, pp=pp, num_microbatches=num_microbatches, costs=costs)
-        except ValueError:
-            continue
-        orders = []
-        for rank in range(pp):
-            order = []
-            for action in schedule.compute_actions(rank):
-                if action.kind is ActionKind.BW:
-                    order += [(_B, action.microbatch), (_W, action.microbatch)]
-                else:
-                    order.append(({ActionKind.F: _F, ActionKind.B: _B, ActionKind.W: _W}
-                                  [action.kind], action.microbatch))
-            orders.append(order)
-        found.append((name, orders))
     return found
 
 
@@ -525,7 +505,7 @@ def zb_auto(*, pp: int, num_microbatches: int, costs: CostModel | None = None,
     deadline = began + budget
     prob = _problem(pp, num_microbatches, costs, limit)
     best = _Best()
-    for name, orders in _baseline_orders(prob, pp, num_microbatches, costs):
+    for name, orders in _baseline_orders(pp, num_microbatches):
         best.offer(_evaluate(prob, orders), orders, name)
     bound = max(_bound_terms(prob))
     caps, w_slack = _construct(prob, best, began + 0.6 * budget, bound)

@@ -16,19 +16,17 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
+
 from .megatron_flags import translate as translate_megatron_flags
 
-__all__ = ["TrainingArgs", "parse_args", "parse_args_with_notes", "build_parser", "SCHEDULES", "V_SCHEDULES",
-           "DP_MODES", "LOAD_BALANCE"]
+__all__ = ["TrainingArgs", "parse_args", "parse_args_with_notes", "build_parser", "DP_MODES",
+           "LOAD_BALANCE"]
 
-SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
-             "offload", "dualpipev")
-V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
-MULTI_CHUNK = V_SCHEDULES + ("interleaved", "offload")
 DP_MODES = ("odc", "collective", "hierarchical")
 LOAD_BALANCE = ("none", "lb-mini")
 CHOICES = {
-    "pipeline_schedule": SCHEDULES,
+    "pipeline_schedule": FAMILY_NAMES,
     "dp_mode": DP_MODES,
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
@@ -176,7 +174,7 @@ class TrainingArgs:
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
         if self.num_model_chunks is None:
-            self.num_model_chunks = 2 if self.pipeline_schedule in MULTI_CHUNK else 1
+            self.num_model_chunks = family(self.pipeline_schedule).default_chunks
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.train_iters
 
@@ -233,15 +231,17 @@ def _validate(args: TrainingArgs) -> list[str]:
     if args.hidden_size % args.num_attention_heads:
         problems.append(f"--hidden-size {args.hidden_size} must be divisible by "
                         f"--num-attention-heads {args.num_attention_heads}")
-    chunks = args.num_model_chunks
-    if schedule in V_SCHEDULES and chunks not in (None, 2):
-        problems.append(f"--pipeline-schedule {schedule} needs --num-model-chunks 2, got {chunks}")
-    if schedule in MULTI_CHUNK:
-        chunks = chunks or 2
-    elif chunks not in (None, 1):
-        problems.append(f"--pipeline-schedule {schedule} runs one model chunk per rank; "
-                        f"drop --num-model-chunks {chunks} or use interleaved/zbv/offload")
-    chunks = chunks or 1
+    fam = family(schedule)
+    chunks = args.num_model_chunks or fam.default_chunks
+    if not fam.accepts_chunks(chunks):
+        if fam.max_chunks == 1:
+            problems.append(f"--pipeline-schedule {schedule} runs one model chunk per rank; "
+                            f"drop --num-model-chunks {chunks} or use interleaved/zbv/offload")
+        else:
+            wanted = (str(fam.min_chunks) if fam.max_chunks == fam.min_chunks
+                      else f">= {fam.min_chunks}")
+            problems.append(f"--pipeline-schedule {schedule} needs --num-model-chunks "
+                            f"{wanted}, got {chunks}")
     if args.num_layers % (pp * chunks):
         problems.append(f"--num-layers {args.num_layers} must be divisible by "
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
@@ -260,16 +260,18 @@ def _validate(args: TrainingArgs) -> list[str]:
             args.max_tokens_per_microbatch < args.seq_length:
         problems.append(f"--max-tokens-per-microbatch {args.max_tokens_per_microbatch} must "
                         f"be >= --seq-length {args.seq_length} (a sample must fit)")
-    if (args.cpu_offload or args.offload_chunks) and schedule != "offload":
-        problems.append("--cpu-offload/--offload-chunks need --pipeline-schedule offload")
-    if schedule == "offload" and not args.cpu_offload:
-        problems.append("--pipeline-schedule offload needs --cpu-offload")
+    offloading = ", ".join(f.name for f in FAMILIES if f.offloads)
+    if (args.cpu_offload or args.offload_chunks) and not fam.offloads:
+        problems.append(f"--cpu-offload/--offload-chunks need --pipeline-schedule "
+                        f"{offloading}")
+    if fam.offloads and not args.cpu_offload:
+        problems.append(f"--pipeline-schedule {schedule} needs --cpu-offload")
     if args.offload_chunks and any(not 0 <= c < chunks for c in args.offload_chunks):
         problems.append(f"--offload-chunks {args.offload_chunks} must be local chunk "
                         f"indices in 0..{chunks - 1}")
-    if schedule in ("v-min", "zb-auto") and args.memory_limit is not None and \
-            args.memory_limit <= 0:
-        problems.append("--memory-limit must be > 0")
+    if args.memory_limit is not None and not (math.isfinite(args.memory_limit) and
+                                              args.memory_limit > 0):
+        problems.append(f"--memory-limit must be a finite number > 0, got {args.memory_limit}")
     if args.inject_nonfinite_grad_iter is not None and args.inject_nonfinite_grad_iter < 1:
         problems.append("--inject-nonfinite-grad-iter must be >= 1")
     if args.profile_iters < 0:

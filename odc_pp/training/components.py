@@ -12,9 +12,11 @@ import torch.distributed as dist
 
 from odc_pp.runtime.data import Microbatch
 from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
+from odc_pp.schedule.placement import last_stage_rank
 
-from .arguments import V_SCHEDULES, TrainingArgs
+from .arguments import TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
 from .optimizer_step import (build_post_validator, inject_nonfinite_grad, norm_groups,
@@ -60,7 +62,7 @@ class Components:
 
 
 def placement_of(schedule_name: str) -> Placement:
-    return Placement.V if schedule_name in V_SCHEDULES else Placement.INTERLEAVED
+    return family(schedule_name).placement
 
 
 def load_cost_model(args: TrainingArgs) -> CostModel:
@@ -75,28 +77,17 @@ def load_cost_model(args: TrainingArgs) -> CostModel:
 
 def build_schedule(args: TrainingArgs, *, pp: int, num_microbatches: int,
                    costs: CostModel) -> Schedule:
-    """The schedule for one replica's microbatch count (communication lowered)."""
-    from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.lowering import lower
-
-    name = args.pipeline_schedule
-    if name == "offload" and costs.offload_bandwidth is None:
-        # default host link: one microbatch-chunk of activations per forward time
-        costs = CostModel.from_dict(dict(costs.to_dict(), offload_bandwidth=1.0))
-    schedule = generate(name, pp=pp, num_microbatches=num_microbatches,
-                        num_chunks=args.num_model_chunks, costs=costs,
-                        memory_limit=args.memory_limit)
-    if name == "offload":
-        chunks = args.offload_chunks or list(range(args.num_model_chunks))
-        schedule = lower(schedule, costs, communication=False, offload=chunks)
-    return schedule
+    """The compute schedule (with any OFFLOAD/RELOAD) for one replica's microbatch count;
+    the runtime issues the communication itself."""
+    return training_schedule(args.pipeline_schedule, pp=pp, num_microbatches=num_microbatches,
+                             num_chunks=args.num_model_chunks, costs=costs,
+                             memory_limit=args.memory_limit,
+                             offload_chunks=args.offload_chunks)
 
 
 def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
-    layout = Schedule(name="layout", pp=topo.pp, num_microbatches=1,
-                      num_chunks=args.num_model_chunks,
-                      placement=placement_of(args.pipeline_schedule))
-    return layout.locate(layout.num_stages - 1)[0] == topo.pp_rank
+    return last_stage_rank(placement_of(args.pipeline_schedule), topo.pp,
+                           args.num_model_chunks) == topo.pp_rank
 
 
 def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):

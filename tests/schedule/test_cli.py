@@ -108,3 +108,32 @@ def test_compare_rows_and_rejections():
     assert by_name["zb-auto"]["makespan"] <= by_name["1f1b"]["makespan"]
     table = format_table(rows)
     assert "rejected" in table and len(table.splitlines()) == 2 + 3 + 1  # header, rule, rows, units note
+
+
+@pytest.mark.parametrize("flag,value", [("--cost-f", "inf"), ("--cost-f", "nan"),
+                                        ("--cost-b", "1,-1,1,1"), ("--cost-w", "-0.5"),
+                                        ("--cost-f", "1,inf,1,1")])
+def test_non_finite_or_negative_cost_is_one_error_naming_the_flag(flag, value, capsys):
+    assert main(["--pp", "4", "--microbatches", "8", "--schedule", "1f1b",
+                 flag, value]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no makespan line
+    assert f"argument {flag}: '{value}': times must be finite numbers >= 0" in captured.err
+    assert captured.err.count("error:") == 1 and "memory_limit" not in captured.err
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--cost-comm", "nan", "argument --cost-comm: must be a finite number >= 0"),
+    ("--memory-limit", "nan", "argument --memory-limit: must be a finite number > 0"),
+    ("--offload-bandwidth", "inf", "argument --offload-bandwidth: must be a finite number > 0"),
+])
+def test_non_finite_setting_is_one_error_naming_the_flag(flag, value, expected, capsys):
+    assert main(["--pp", "4", "--microbatches", "8", flag, value]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_cost_model_rejects_non_finite_values():
+    for bad in (dict(t_f=float("inf")), dict(t_b=[1, float("nan")]),
+                dict(t_comm=float("nan")), dict(offload_bandwidth=float("inf"))):
+        with pytest.raises(ValueError, match="finite"):
+            CostModel(**bad)

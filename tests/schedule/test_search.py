@@ -144,3 +144,20 @@ def test_search_output_passes_the_generators_validator_and_beats_their_baselines
     via_generate = generate("zb-auto", pp=pp, num_microbatches=m, costs=costs,
                             memory_limit=2 * pp, time_budget_s=0.3)
     assert simulate(via_generate, costs).makespan == pytest.approx(found)
+
+
+def test_baseline_patterns_are_the_generators_zb_h1_and_1f1b():
+    """zb-auto's 'never worse than ZB-H1 / 1F1B' rests on its own copies of their orders
+    (search imports nothing from the generators): they must stay the generators' orders."""
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.search import _B, _F, _W, _pattern_orders
+
+    letters = {ActionKind.F: [_F], ActionKind.B: [_B], ActionKind.W: [_W],
+               ActionKind.BW: [_B, _W]}
+    for pp in range(1, 7):
+        for m in range(1, 17):
+            for name, extra in (("zb-h1", (0, 0)), ("1f1b", (0, -pp))):
+                schedule = generate(name, pp=pp, num_microbatches=m)
+                orders = [[(k, a.microbatch) for a in schedule.compute_actions(r)
+                           for k in letters[a.kind]] for r in range(pp)]
+                assert orders == _pattern_orders(pp, m, *extra), (name, pp, m)

@@ -11,55 +11,45 @@ from __future__ import annotations
 
 from ..costs import CostModel
 from ..ir import Schedule
+from ..lowering import lower
+from ..placement import Placement
 from ..validate import peak_memory
-from . import classic, memory, offload
+from .families import FAMILIES, FAMILY_NAMES, Family, family
 
-__all__ = ["GENERATOR_NAMES", "generate", "default_chunks"]
+__all__ = ["GENERATOR_NAMES", "FAMILY_NAMES", "FAMILIES", "Family", "family", "generate",
+           "default_chunks", "training_schedule"]
 
-GENERATOR_NAMES: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto",
-                                    "zbv", "v-half", "v-min", "offload", "dualpipev")
-
-_DEFAULT_CHUNKS = {"1f1b": 1, "zb-h1": 1, "zb-h2": 1, "zb-auto": 1, "interleaved": 2,
-                   "zbv": 2, "v-half": 2, "v-min": 2, "dualpipev": 2, "offload": 2}
-_OPTIONS = {"interleaved": {"group_size"}, "offload": {"group_size"}}
-_V_FAMILIES = ("zbv", "v-half", "v-min", "dualpipev")
-_SINGLE_CHUNK = ("1f1b", "zb-h1", "zb-h2", "zb-auto")
+GENERATOR_NAMES: tuple[str, ...] = FAMILY_NAMES
 
 
 def default_chunks(name: str) -> int:
     """Model chunks per rank a family uses when ``num_chunks`` is not given."""
-    _check_name(name)
-    return _DEFAULT_CHUNKS[name]
+    return family(name).default_chunks
 
 
-def _check_name(name: str) -> None:
-    if name not in GENERATOR_NAMES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(GENERATOR_NAMES)}")
-
-
-def _check_shape(name: str, pp: int, num_microbatches: int, num_chunks: int) -> None:
+def _check_shape(fam: Family, pp: int, num_microbatches: int, num_chunks: int) -> None:
     if not isinstance(pp, int) or pp < 1:
         raise ValueError(f"pp must be an integer >= 1, got {pp!r}")
     if not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}")
     if not isinstance(num_chunks, int) or num_chunks < 1:
         raise ValueError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
-    if name in _SINGLE_CHUNK and num_chunks != 1:
-        raise ValueError(f"{name} runs one model chunk per rank, got num_chunks={num_chunks}; "
-                         f"use 'interleaved' for several chunks or a V schedule (zbv, v-half, "
-                         f"v-min) for two")
-    if name in _V_FAMILIES and num_chunks != 2:
-        raise ValueError(f"{name} uses the V placement with exactly 2 chunks per rank (each "
-                         f"holds half of the rank's layers, so the layer count must split "
-                         f"into 2 * pp chunks), got num_chunks={num_chunks}")
-    if name == "interleaved" and num_chunks < 2:
-        raise ValueError(f"interleaved needs num_chunks >= 2 (got {num_chunks}); use 1f1b for "
-                         f"one chunk")
-    if name in ("interleaved", "offload") and num_microbatches < pp:
-        raise ValueError(f"{name} needs num_microbatches >= pp ({pp}), got "
-                         f"{num_microbatches}; raise the microbatch count")
-    if name == "dualpipev" and num_microbatches < 2 * pp:
-        raise ValueError(f"dualpipev needs num_microbatches >= 2 * pp ({2 * pp}), got "
+    name = fam.name
+    if not fam.accepts_chunks(num_chunks):
+        if fam.max_chunks == 1:
+            raise ValueError(f"{name} runs one model chunk per rank, got num_chunks="
+                             f"{num_chunks}; use 'interleaved' for several chunks or a V "
+                             f"schedule (zbv, v-half, v-min) for two")
+        if fam.placement is Placement.V:
+            raise ValueError(f"{name} uses the V placement with exactly 2 chunks per rank "
+                             f"(each holds half of the rank's layers, so the layer count "
+                             f"must split into 2 * pp chunks), got num_chunks={num_chunks}")
+        raise ValueError(f"{name} needs num_chunks >= {fam.min_chunks} (got {num_chunks}); "
+                         f"use 1f1b for one chunk")
+    needed = fam.microbatches_per_rank * pp
+    if num_microbatches < needed:
+        times = "pp" if fam.microbatches_per_rank == 1 else f"{fam.microbatches_per_rank} * pp"
+        raise ValueError(f"{name} needs num_microbatches >= {times} ({needed}), got "
                          f"{num_microbatches}; raise the microbatch count")
 
 
@@ -70,13 +60,13 @@ def _check_costs(costs: CostModel) -> None:
                          f"mem_b={costs.mem_b}, mem_w={costs.mem_w}")
 
 
-def _check_options(name: str, options: dict) -> None:
-    if name == "zb-auto":
+def _check_options(fam: Family, options: dict) -> None:
+    if fam.searched:
         return
-    unknown = set(options) - _OPTIONS.get(name, set())
+    unknown = set(options) - fam.options
     if unknown:
-        allowed = ", ".join(sorted(_OPTIONS.get(name, ()))) or "none"
-        raise ValueError(f"{name} does not take option(s) {', '.join(sorted(unknown))}; "
+        allowed = ", ".join(sorted(fam.options)) or "none"
+        raise ValueError(f"{fam.name} does not take option(s) {', '.join(sorted(unknown))}; "
                          f"allowed: {allowed}")
     group_size = options.get("group_size")
     if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
@@ -87,9 +77,10 @@ def _check_fixed_memory(schedule: Schedule, costs: CostModel,
                         memory_limit: float | None) -> None:
     peak = max(peak_memory(schedule, costs))
     if memory_limit is not None and peak > memory_limit + 1e-9:
+        controlled = ", ".join(f.name for f in FAMILIES if f.memory_controlled)
         raise ValueError(f"{schedule.name} needs {peak:g} activation units per rank, above "
                          f"memory_limit {memory_limit:g}; raise memory_limit or pick a "
-                         f"memory-controlled schedule (v-half, v-min, zb-auto, offload)")
+                         f"memory-controlled schedule ({controlled})")
     schedule.meta["memory_limit"] = memory_limit if memory_limit is not None else peak
 
 
@@ -99,46 +90,58 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     """Build schedule family ``name`` (one of GENERATOR_NAMES) for the given shape.
 
     ``memory_limit`` caps each rank's activation memory (units in the module doc);
-    families with a fixed pattern (1f1b, interleaved, zb-h1, dualpipev) reject a limit
-    below their peak, memory-controlled ones build within ``min(nominal, limit)``.
+    families with a fixed pattern (``memory_controlled`` False in the registry) reject a
+    limit below their peak, memory-controlled ones build within ``min(nominal, limit)``.
     Options: ``group_size`` for interleaved/offload; zb-auto forwards options such as
     ``time_budget_s`` to ``odc_pp.schedule.search.zb_auto``.
     """
-    _check_name(name)
-    num_chunks = _DEFAULT_CHUNKS[name] if num_chunks is None else num_chunks
-    _check_shape(name, pp, num_microbatches, num_chunks)
-    _check_options(name, options)
+    fam = family(name)
+    num_chunks = fam.default_chunks if num_chunks is None else num_chunks
+    _check_shape(fam, pp, num_microbatches, num_chunks)
+    _check_options(fam, options)
     costs = CostModel() if costs is None else costs
     if not isinstance(costs, CostModel):
         raise ValueError(f"costs must be a CostModel, got {type(costs).__name__}")
     _check_costs(costs)
     if memory_limit is not None:
-        minimum = num_chunks * costs.mem_f if name in _V_FAMILIES else costs.mem_f
+        minimum = num_chunks * costs.mem_f if fam.placement is Placement.V else costs.mem_f
         if memory_limit < minimum - 1e-9:
             raise ValueError(f"memory_limit {memory_limit:g} is below {minimum:g}, the "
                              f"activations one microbatch needs on a rank of {name}; "
                              f"raise memory_limit")
-
-    if name == "zb-auto":
-        from ..search import zb_auto  # SIM's search; imported lazily (heavier)
-
-        return zb_auto(pp=pp, num_microbatches=num_microbatches, costs=costs,
-                       memory_limit=memory_limit, **options)
-    if name in ("1f1b", "interleaved", "zb-h1", "dualpipev"):
-        if name == "1f1b":
-            schedule = classic.one_f_one_b(pp, num_microbatches)
-        elif name == "interleaved":
-            schedule = classic.interleaved(pp, num_microbatches, num_chunks,
-                                           group_size=options.get("group_size"))
-        elif name == "zb-h1":
-            schedule = classic.zb_h1(pp, num_microbatches)
-        else:
-            schedule = classic.dualpipev(pp, num_microbatches)
+    limit = memory_limit
+    if fam.cap_units is not None:
+        limit = fam.nominal_cap(pp, costs, memory_limit)
+    schedule = fam.builder(pp, num_microbatches, num_chunks, costs, limit, options)
+    if not fam.memory_controlled:
         _check_fixed_memory(schedule, costs, memory_limit)
-        return schedule
-    if name == "zb-h2":
-        return memory.zb_h2(pp, num_microbatches, costs, memory_limit)
-    if name in ("zbv", "v-half", "v-min"):
-        return memory.v_family(name, pp, num_microbatches, costs, memory_limit)
-    return offload.offload_schedule(pp, num_microbatches, num_chunks, costs, memory_limit,
-                                    group_size=options.get("group_size"))
+    return schedule
+
+
+def training_schedule(name: str, *, pp: int, num_microbatches: int,
+                      num_chunks: int | None = None, costs: CostModel | None = None,
+                      memory_limit: float | None = None,
+                      offload_chunks: list[int] | None = None) -> Schedule:
+    """The compute schedule ``pretrain_gpt.py`` runs for these settings (the one owner of
+    that choice: the frontend and ``odc-pp tune-offload`` both call it).
+
+    ``generate`` plus, for a family that offloads, OFFLOAD/RELOAD actions for
+    ``offload_chunks`` (default: every local chunk). Such a family needs a host-link
+    bandwidth; when ``costs`` has none, one microbatch-chunk of activations per forward
+    time unit is assumed. ``offload_chunks`` with any other family is a ValueError.
+    """
+    fam = family(name)
+    costs = CostModel() if costs is None else costs
+    if not fam.offloads:
+        if offload_chunks:
+            raise ValueError(f"offload_chunks {offload_chunks} need an offloading schedule "
+                             f"({', '.join(f.name for f in FAMILIES if f.offloads)}), "
+                             f"not {name}")
+        return generate(name, pp=pp, num_microbatches=num_microbatches,
+                        num_chunks=num_chunks, costs=costs, memory_limit=memory_limit)
+    if costs.offload_bandwidth is None:
+        costs = CostModel.from_dict(dict(costs.to_dict(), offload_bandwidth=1.0))
+    schedule = generate(name, pp=pp, num_microbatches=num_microbatches,
+                        num_chunks=num_chunks, costs=costs, memory_limit=memory_limit)
+    chunks = list(range(schedule.num_chunks)) if not offload_chunks else list(offload_chunks)
+    return lower(schedule, costs, communication=False, offload=chunks)

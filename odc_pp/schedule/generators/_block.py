@@ -18,7 +18,8 @@ deltas, so it is kept close to its B).
 from __future__ import annotations
 
 from ..costs import CostModel
-from ..ir import Action, ActionKind, Placement, Schedule
+from ..ir import Action, ActionKind
+from ..placement import Placement, locate, num_stages
 
 __all__ = ["v_block_orders", "order_peak"]
 
@@ -33,19 +34,18 @@ def _place(used: set[int], earliest: int, interval: int) -> int:
 
 def _v_block(pp: int, interval: int) -> list[tuple[int, int, ActionKind, int]]:
     """(slot, rank, kind, chunk) of one microbatch's actions, V placement, 2 chunks."""
-    shape = Schedule(name="block", pp=pp, num_microbatches=1, num_chunks=2,
-                     placement=Placement.V)
+    stages = num_stages(pp, 2)
     used: list[set[int]] = [set() for _ in range(pp)]
     placed: list[tuple[int, int, ActionKind, int]] = []
     ready = 0
-    for stage in range(shape.num_stages):
-        rank, chunk = shape.locate(stage)
+    for stage in range(stages):
+        rank, chunk = locate(Placement.V, pp, 2, stage)
         slot = _place(used[rank], ready, interval)
         placed.append((slot, rank, ActionKind.F, chunk))
         ready = slot + 1
     backward: list[tuple[int, int, int]] = []
-    for stage in reversed(range(shape.num_stages)):
-        rank, chunk = shape.locate(stage)
+    for stage in reversed(range(stages)):
+        rank, chunk = locate(Placement.V, pp, 2, stage)
         slot = _place(used[rank], ready, interval)
         placed.append((slot, rank, ActionKind.B, chunk))
         backward.append((slot, rank, chunk))

@@ -24,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..costs import CostModel
-from ..ir import Action, ActionKind, Placement, Schedule
+from ..ir import Action, ActionKind, Placement
+from ..placement import locate, num_stages, stage_of
 
 __all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine"]
 
@@ -113,9 +114,7 @@ class _RankState:
 class _Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.cfg = config
-        self.shape = Schedule(name="engine", pp=config.pp, num_microbatches=0,
-                              num_chunks=config.num_chunks, placement=config.placement)
-        self.num_stages = self.shape.num_stages
+        self.num_stages = num_stages(config.pp, config.num_chunks)
         self.states = [_RankState(config.num_chunks) for _ in range(config.pp)]
         self.f_end: dict[tuple[int, int], float] = {}  # (stage, mb) -> end time
         self.b_end: dict[tuple[int, int], float] = {}
@@ -128,8 +127,10 @@ class _Engine:
         self.done = 0
         # lookup tables: stage of (rank, chunk); latency of its F input and B input
         chunks = range(config.num_chunks)
-        self.stage = [[self.shape.stage_of(r, c) for c in chunks] for r in range(config.pp)]
-        owner = [self.shape.locate(s)[0] for s in range(self.num_stages)]
+        self.stage = [[stage_of(config.placement, config.pp, r, c) for c in chunks]
+                      for r in range(config.pp)]
+        owner = [locate(config.placement, config.pp, config.num_chunks, s)[0]
+                 for s in range(self.num_stages)]
         t_comm = costs.t_comm
 
         def latency(rank: int, stage: int) -> float:

@@ -8,7 +8,9 @@ those whose peak fits the cap. Candidates are the greedy engine's variants (see
 ``_paced_candidates``), the handcrafted ZB-V pattern where it applies, and for V placements the
 repeating building block of ``_block`` at the shortest interval that fits.
 
-Nominal caps, with 1F1B's peak being ``pp`` microbatches of a whole rank's layers:
+The nominal caps (in ``mem_f`` units as a function of pp) are rows of the family
+registry (``families.FAMILIES``, ``Family.nominal_cap``); the builders here take the cap
+already lowered to any memory limit:
 
 * ZB-H2: ``2 pp`` microbatches (twice 1F1B), single chunk;
 * ZB-V: ``2 pp`` V-chunks, i.e. 1F1B's peak (a V chunk holds half a rank's layers);
@@ -22,27 +24,13 @@ from dataclasses import dataclass
 
 from ..costs import CostModel
 from ..ir import ActionKind, Placement, Schedule
+from ..placement import num_stages, stage_of
+from ..simulator import simulate
 from ._block import order_peak, v_block_orders
 from ._engine import EngineConfig, EngineStalled, run_engine
 from .classic import zbv_handcrafted
 
-__all__ = ["FAMILY_CAPS", "nominal_cap", "zb_h2", "v_family"]
-
-# family -> cap in units of mem_f as a function of pp
-FAMILY_CAPS = {
-    "zb-h2": lambda pp: 2 * pp,
-    "zbv": lambda pp: 2 * pp,
-    "v-half": lambda pp: pp + 1,
-    "v-min": lambda pp: (2 * pp) // 3 + 1,
-}
-
-
-def nominal_cap(family: str, pp: int, costs: CostModel, memory_limit: float | None) -> float:
-    """The family's cap (never below one microbatch on every chunk of a rank), lowered
-    to ``memory_limit`` if that is smaller."""
-    chunks = 1 if family == "zb-h2" else 2
-    cap = max(FAMILY_CAPS[family](pp), chunks) * costs.mem_f
-    return cap if memory_limit is None else min(cap, memory_limit)
+__all__ = ["zb_h2", "v_family"]
 
 
 @dataclass
@@ -53,8 +41,6 @@ class _Candidate:
 
 
 def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
-    from ..simulator import simulate  # lazy: the simulator is only needed for ranking
-
     result = simulate(schedule, costs)
     return max(s - b for s, b in zip(result.span, result.busy)), result.makespan
 
@@ -103,10 +89,9 @@ def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
 
 def _rank_work(pp: int, num_chunks: int, placement: Placement, costs: CostModel) -> float:
     """Compute time one microbatch costs the busiest rank (F, B and W of all chunks)."""
-    shape = Schedule(name="shape", pp=pp, num_microbatches=1, num_chunks=num_chunks,
-                     placement=placement)
-    return max(sum(costs.compute_time(kind, stage=shape.stage_of(rank, chunk), rank=rank,
-                                      pp=pp, num_stages=shape.num_stages)
+    stages = num_stages(pp, num_chunks)
+    return max(sum(costs.compute_time(kind, stage=stage_of(placement, pp, rank, chunk),
+                                      rank=rank, pp=pp, num_stages=stages)
                    for kind in (ActionKind.F, ActionKind.B, ActionKind.W)
                    for chunk in range(num_chunks)) for rank in range(pp))
 
@@ -119,11 +104,10 @@ def _pick(name: str, pp: int, num_microbatches: int, num_chunks: int, placement:
                     ranks=[list(r) for r in best.ranks], meta={"memory_limit": cap})
 
 
-def zb_h2(pp: int, num_microbatches: int, costs: CostModel,
-          memory_limit: float | None) -> Schedule:
-    """ZB-H2: up to twice 1F1B's activation memory; zero bubble for m >= 2 pp at equal
-    F/B/W times (the extra warm-up forwards fill the wait for the first backward)."""
-    cap = nominal_cap("zb-h2", pp, costs, memory_limit)
+def zb_h2(pp: int, num_microbatches: int, costs: CostModel, cap: float) -> Schedule:
+    """ZB-H2 under activation cap ``cap`` (nominal: twice 1F1B's activation memory; zero
+    bubble for m >= 2 pp at equal F/B/W times: the extra warm-up forwards fill the wait
+    for the first backward)."""
     candidates = _engine_candidates(pp, num_microbatches, 1, Placement.INTERLEAVED,
                                     costs, cap)
     return _pick("zb-h2", pp, num_microbatches, 1, Placement.INTERLEAVED, costs, cap,
@@ -156,9 +140,9 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
 
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
-             memory_limit: float | None) -> Schedule:
-    """ZB-V, V-Half or V-Min: V placement, 2 chunks, the family's cap (see module doc)."""
-    cap = nominal_cap(name, pp, costs, memory_limit)
+             cap: float) -> Schedule:
+    """ZB-V, V-Half or V-Min: V placement, 2 chunks, activation cap ``cap`` (the
+    family's nominal cap, see module doc, lowered to any memory limit)."""
     intervals: tuple[float, ...] = (0.0,)
     if name == "v-min":  # a tight cap starves a greedy pipeline; steady admission helps
         work = _rank_work(pp, 2, Placement.V, costs)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from ..costs import CostModel
 from ..ir import ActionKind, Schedule
+from ..lowering import insert_offload
+from ..simulator import simulate
+from ..validate import peak_memory
 from .classic import interleaved
 
 __all__ = ["offload_schedule"]
@@ -22,8 +25,6 @@ __all__ = ["offload_schedule"]
 
 def _lifespans(schedule: Schedule, costs: CostModel) -> tuple[dict[int, float], list[float]]:
     """Shortest activation lifespan per chunk, and each rank's compute time."""
-    from ..simulator import simulate
-
     timing = simulate(schedule, costs)
     forward_end: dict[tuple[int, int, int], float] = {}
     shortest: dict[int, float] = {}
@@ -40,9 +41,6 @@ def _lifespans(schedule: Schedule, costs: CostModel) -> tuple[dict[int, float], 
 
 def offload_schedule(pp: int, num_microbatches: int, num_chunks: int, costs: CostModel,
                      memory_limit: float | None, group_size: int | None = None) -> Schedule:
-    from ..lowering import insert_offload
-    from ..validate import peak_memory
-
     if costs.offload_bandwidth is None:
         raise ValueError("the offload schedule needs CostModel.offload_bandwidth "
                          "(host-link bandwidth in microbatch-chunk activations per time unit)")
