@@ -38,8 +38,8 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from odc_pp.odc.launch import LaunchConfig, run_workers  # noqa: E402
-from odc_pp.odc.load_balance import (AttentionCost, balance_minibatch,  # noqa: E402
-                                     equal_count_balance, pack_microbatches)
+from odc_pp.data.load_balance import (AttentionCost, balance_minibatch,  # noqa: E402
+                                      equal_count_balance, pack_microbatches)
 
 
 @dataclass(kw_only=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.data import Microbatch
+from ..data.microbatch import Microbatch
 from ..schedule.ir import Placement, Schedule
 from .cpu_compat import causal_mask, prepare_megatron_for_device, singleton_process_groups
 from .layers import deferrable_gpt_layer_spec

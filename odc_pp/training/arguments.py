@@ -14,6 +14,8 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from odc_pp.data.planner import LOAD_BALANCE_MODES
+
 __all__ = ["TrainingArgs", "parse_args", "build_parser", "SCHEDULES", "V_SCHEDULES",
            "DP_MODES", "LOAD_BALANCE"]
 
@@ -22,7 +24,7 @@ SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half"
 V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
 MULTI_CHUNK = V_SCHEDULES + ("interleaved", "offload")
 DP_MODES = ("odc", "collective", "hierarchical")
-LOAD_BALANCE = ("none", "lb-mini")
+LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": SCHEDULES,
     "dp_mode": DP_MODES,
@@ -84,7 +86,10 @@ class TrainingArgs:
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
     load_balance: str = "none"
-    """Assignment of samples to data-parallel ranks and microbatches."""
+    """Assignment of samples to data-parallel ranks and microbatches: none (strided
+    equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
+    replica: odc / hierarchical), balanced (replicas balanced by cost with equal microbatch
+    counts on every replica: any dp mode)."""
     cost_model: str | None = None
     """JSON file of a CostModel for schedule generation (default: measured/uniform)."""
     # ----- optimizer --------------------------------------------------------------
