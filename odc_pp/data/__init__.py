@@ -3,7 +3,7 @@
 (:func:`plan_minibatch`: ``none``, ``lb-mini`` and ``balanced``)."""
 
 from .datasets import (IndexedTokenDataset, JsonlDataset, ShuffledSource, SyntheticCorpus,
-                       encode_document, load_jsonl_documents)
+                       encode_document, encode_jsonl_file, load_jsonl_documents)
 from .load_balance import (AttentionCost, CostModel, FittedCost, TokenCost,
                            balance_equal_counts, balance_minibatch, equal_count_balance,
                            fit_cost_model, pack_microbatches, replica_costs)
@@ -18,6 +18,6 @@ __all__ = ["AttentionCost", "ByteLevelTokenizer", "CostModel", "FittedCost",
            "Microbatch", "MinibatchPlan", "Sample", "ShuffledSource", "SyntheticCorpus",
            "TOKENIZER_TYPES", "TokenCost", "balance_equal_counts", "balance_minibatch",
            "build_tokenizer", "collate", "count_tokens", "encode_document",
-           "equal_count_balance", "fit_cost_model", "global_batch_indices",
-           "load_jsonl_documents", "pack_microbatches", "plan_minibatch", "replica_costs",
-           "split_by_tokens", "split_fixed"]
+           "encode_jsonl_file", "equal_count_balance", "fit_cost_model",
+           "global_batch_indices", "load_jsonl_documents", "pack_microbatches",
+           "plan_minibatch", "replica_costs", "split_by_tokens", "split_fixed"]
