@@ -7,14 +7,21 @@ minibatches, in one run:
 * ``collective`` ShardedDataParallel, all-gather / reduce-scatter per unit (FSDP pattern)
 * ``fsdp2``      ``torch.distributed.fsdp.fully_shard`` per block
 
-each with the equal-count split collectives need (``lb=False``: every replica the same
-number of samples, one sample per microbatch) and with minibatch load balancing
-(``lb=True``: Karmarkar-Karp over an attention-aware cost, packed under a token cap;
-collective and FSDP2 pad the replica with fewer microbatches: zero-gradient replays for
-``collective``, a 1-token dummy microbatch for FSDP2). A balanced workload (all sequences
-the same length) checks the overhead. Step time is the slowest rank's, median over the
-measured steps; utilisation is a rank's compute time for its own microbatches (timed on
-an unsharded copy of the model, one rank at a time) over the step time.
+each under the three plans of :func:`odc_pp.data.plan_minibatch` (``--load-balance``):
+
+* ``none``      the strided equal-count split, one sample per microbatch,
+* ``lb-mini``   replicas balanced by an attention-aware cost, any microbatch count per
+  replica, packed under a token cap (collective and FSDP2 pad the replica with fewer
+  microbatches: zero-gradient replays for ``collective``, a 1-token dummy for FSDP2),
+* ``balanced``  the fair baseline of per-layer-collective systems (verl, slime, OpenRLHF):
+  replicas balanced by the same cost with equal microbatch counts, no padding needed.
+
+The headline is ODC + LB-Mini against collective + balanced and FSDP2 + balanced. A
+balanced workload (all sequences the same length) checks the overhead. Every
+configuration lives in one run and they take turns step by step, so the ratios are
+measured side by side. Step time is the slowest rank's, median over the measured steps;
+utilisation is a rank's compute time for its own microbatches (timed on an unsharded copy
+of the model, one rank at a time) over the step time.
 
     python benchmarks/bench_odc.py --json [--out benchmarks/results/odc_cpu.json]
 """
@@ -38,8 +45,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from odc_pp.odc.launch import LaunchConfig, run_workers  # noqa: E402
-from odc_pp.odc.load_balance import (AttentionCost, balance_minibatch,  # noqa: E402
-                                     equal_count_balance, pack_microbatches)
+from odc_pp.data import AttentionCost, plan_minibatch  # noqa: E402
 
 
 @dataclass(kw_only=True)
@@ -111,12 +117,15 @@ def workload_lengths(settings: Settings, step: int, balanced: bool) -> list[int]
     return [int(v) for v in np.minimum(lengths, settings.max_tokens)]
 
 
-def make_plan(settings: Settings, lengths: list[int], world: int, lb: bool):
-    if not lb:
-        return equal_count_balance(lengths, world, samples_per_microbatch=1)
+PLANS = ("none", "lb-mini", "balanced")
+
+
+def make_plan(settings: Settings, lengths: list[int], world: int, mode: str):
+    """[replica][microbatch] -> sample indices, from the one planner of odc_pp.data."""
     cost = AttentionCost(quadratic_coef=1.0 / (6 * settings.hidden))
-    return [pack_microbatches(indices, lengths, settings.max_tokens)
-            for indices in balance_minibatch(lengths, world, cost)]
+    return plan_minibatch(lengths, world, max_tokens=settings.max_tokens, mode=mode,
+                          cost_model=cost,
+                          samples_per_microbatch=1 if mode == "none" else None).microbatches
 
 
 def microbatch_loss(model, settings, step, lengths, indices, global_tokens) -> torch.Tensor:
@@ -184,14 +193,14 @@ def busy_seconds(settings, step, lengths, indices_per_mb) -> float:
 _PLAIN: dict = {}
 
 
-def config_key(workload: str, system: str, lb: bool) -> str:
-    return f"{workload}/{system}/{'lb' if lb else 'equal'}"
+def config_key(workload: str, system: str, mode: str) -> str:
+    return f"{workload}/{system}/{mode}"
 
 
-def measure_busy(rank, world, settings, step, workload, lb) -> float:
+def measure_busy(rank, world, settings, step, workload, mode) -> float:
     """This rank's compute time for its microbatches, one rank at a time."""
     lengths = workload_lengths(settings, step, workload == "balanced")
-    plan = make_plan(settings, lengths, world, lb)
+    plan = make_plan(settings, lengths, world, mode)
     busy = 0.0
     for turn in range(world):  # no contention between the two ranks while timing
         dist.barrier()
@@ -207,40 +216,39 @@ def worker(rank, world, settings: Settings, configs) -> dict:
     torch.set_num_threads(1)
     systems = {config_key(*c): build_system(c[1], settings) for c in configs}
     step_times = {config_key(*c): [] for c in configs}
-    busy_times = {(workload, lb): [] for workload, _, lb in configs}
+    busy_times = {(workload, mode): [] for workload, _, mode in configs}
     for step in range(settings.steps + 1):
         shift = step % len(configs)
-        for workload, system, lb in configs[shift:] + configs[:shift]:
-            key = config_key(workload, system, lb)
+        for workload, system, mode in configs[shift:] + configs[:shift]:
+            key = config_key(workload, system, mode)
             lengths = workload_lengths(settings, step, workload == "balanced")
-            plan = make_plan(settings, lengths, world, lb)
+            plan = make_plan(settings, lengths, world, mode)
             dist.barrier()
             start = time.perf_counter()
             run_step(system, *systems[key], settings, step, lengths, plan, rank)
             if step > 0:  # step 0 warms up
                 step_times[key].append(time.perf_counter() - start)
         if step > 0:
-            for workload, lb in busy_times:
-                busy_times[(workload, lb)].append(
-                    measure_busy(rank, world, settings, step, workload, lb))
+            for workload, mode in busy_times:
+                busy_times[(workload, mode)].append(
+                    measure_busy(rank, world, settings, step, workload, mode))
     for _, engine, _ in systems.values():
         if engine is not None:
             engine.destroy()
             engine.group.destroy()
-    return {config_key(workload, system, lb): {
-        "step_times": step_times[config_key(workload, system, lb)],
-        "busy_times": busy_times[(workload, lb)],
+    return {config_key(workload, system, mode): {
+        "step_times": step_times[config_key(workload, system, mode)],
+        "busy_times": busy_times[(workload, mode)],
         "microbatches": [len(r) for r in make_plan(
-            settings, workload_lengths(settings, 1, workload == "balanced"), world, lb)]}
-        for workload, system, lb in configs}
+            settings, workload_lengths(settings, 1, workload == "balanced"), world, mode)]}
+        for workload, system, mode in configs}
 
 
-CONFIGS = [
-    ("imbalanced", "odc", True), ("imbalanced", "odc", False),
-    ("imbalanced", "collective", True), ("imbalanced", "collective", False),
-    ("imbalanced", "fsdp2", True), ("imbalanced", "fsdp2", False),
-    ("balanced", "odc", False), ("balanced", "collective", False), ("balanced", "fsdp2", False),
-]
+CONFIGS = [("imbalanced", system, mode)
+           for system in ("odc", "collective", "fsdp2") for mode in PLANS] + [
+    ("balanced", "odc", "none"), ("balanced", "collective", "none"),
+    ("balanced", "fsdp2", "none")]
+HEADLINE = "imbalanced/odc/lb-mini"
 
 
 def summarize(per_rank: list[dict]) -> dict:
@@ -262,14 +270,23 @@ def speedups(summary: dict) -> dict:
     def time_of(key):
         return summary[key]["step_time_s"]
     out = {}
-    best_odc = time_of("imbalanced/odc/lb")
+    best_odc = time_of(HEADLINE)
     for key in summary:
-        if key.startswith("imbalanced/") and key != "imbalanced/odc/lb":
-            out[f"imbalanced: {key.split('/', 1)[1]} / odc+lb"] = round(time_of(key) / best_odc, 3)
+        if key.startswith("imbalanced/") and key != HEADLINE:
+            out[f"imbalanced: {key.split('/', 1)[1]} / odc+lb-mini"] = round(
+                time_of(key) / best_odc, 3)
     for other in ("collective", "fsdp2"):
         out[f"balanced: {other} / odc"] = round(
-            time_of(f"balanced/{other}/equal") / time_of("balanced/odc/equal"), 3)
+            time_of(f"balanced/{other}/none") / time_of("balanced/odc/none"), 3)
     return out
+
+
+def same_plan_ratios(summary: dict) -> dict:
+    """ODC against each baseline under the same plan: what the transport alone buys."""
+    return {f"imbalanced {mode}: {other} / odc": round(
+        summary[f"imbalanced/{other}/{mode}"]["step_time_s"]
+        / summary[f"imbalanced/odc/{mode}"]["step_time_s"], 3)
+        for mode in PLANS for other in ("collective", "fsdp2")}
 
 
 def main(argv=None) -> int:
@@ -290,7 +307,8 @@ def main(argv=None) -> int:
     summary = summarize(per_rank)
     result = {"benchmark": "bench_odc", "dp": 2, "device": "cpu (gloo, 1 thread per rank)",
               "settings": asdict(settings), "results": summary,
-              "speedup_vs_odc_lb": speedups(summary),
+              "speedup_vs_odc_lb_mini": speedups(summary),
+              "same_plan_speedup_of_odc": same_plan_ratios(summary),
               "wall_s": round(time.perf_counter() - start, 1)}
     text = json.dumps(result, indent=2)
     if args.out:
@@ -303,8 +321,9 @@ def main(argv=None) -> int:
         for key, value in summary.items():
             print(f"{key:32s} step {value['step_time_s']:.3f} s  util "
                   f"{value['utilisation_per_rank']}")
-        for key, value in result["speedup_vs_odc_lb"].items():
-            print(f"{key:40s} {value:.3f}x")
+        for key, value in {**result["speedup_vs_odc_lb_mini"],
+                           **result["same_plan_speedup_of_odc"]}.items():
+            print(f"{key:45s} {value:.3f}x")
     return 0
 
 

@@ -60,7 +60,7 @@ def parse_args(argv=None):
 
 # ----- worker -------------------------------------------------------------------------
 def make_data(args):
-    from odc_pp.runtime import Microbatch
+    from odc_pp.data import Microbatch
 
     generator = torch.Generator().manual_seed(0)
     shape = (args.batch, args.seq)

@@ -1,13 +1,23 @@
-"""Training data: tokenizers, JSONL / indexed / synthetic sample sources, microbatching."""
+"""Training data: tokenizers, JSONL / indexed / synthetic sample sources, the
+:class:`Microbatch` handed to the runtime, load balancing and the minibatch planner
+(:func:`plan_minibatch`: ``none``, ``lb-mini`` and ``balanced``)."""
 
 from .datasets import (IndexedTokenDataset, JsonlDataset, ShuffledSource, SyntheticCorpus,
-                       encode_document, load_jsonl_documents)
-from .samples import (Microbatch, Sample, collate, global_batch_indices, split_by_tokens,
-                      split_fixed)
+                       encode_document, encode_jsonl_file, load_jsonl_documents)
+from .load_balance import (AttentionCost, CostModel, FittedCost, TokenCost,
+                           balance_equal_counts, balance_minibatch, equal_count_balance,
+                           fit_cost_model, pack_microbatches, replica_costs)
+from .microbatch import Microbatch, count_tokens
+from .planner import LOAD_BALANCE_MODES, MinibatchPlan, plan_minibatch
+from .samples import Sample, collate, global_batch_indices, split_by_tokens, split_fixed
 from .tokenizers import (TOKENIZER_TYPES, ByteLevelTokenizer, HuggingFaceTokenizer,
                          build_tokenizer)
 
-__all__ = ["ByteLevelTokenizer", "HuggingFaceTokenizer", "IndexedTokenDataset", "JsonlDataset",
-           "Microbatch", "Sample", "ShuffledSource", "SyntheticCorpus", "TOKENIZER_TYPES",
-           "build_tokenizer", "collate", "encode_document", "global_batch_indices",
-           "load_jsonl_documents", "split_by_tokens", "split_fixed"]
+__all__ = ["AttentionCost", "ByteLevelTokenizer", "CostModel", "FittedCost",
+           "HuggingFaceTokenizer", "IndexedTokenDataset", "JsonlDataset", "LOAD_BALANCE_MODES",
+           "Microbatch", "MinibatchPlan", "Sample", "ShuffledSource", "SyntheticCorpus",
+           "TOKENIZER_TYPES", "TokenCost", "balance_equal_counts", "balance_minibatch",
+           "build_tokenizer", "collate", "count_tokens", "encode_document",
+           "encode_jsonl_file", "equal_count_balance", "fit_cost_model",
+           "global_batch_indices", "load_jsonl_documents", "pack_microbatches",
+           "plan_minibatch", "replica_costs", "split_by_tokens", "split_fixed"]

@@ -20,7 +20,7 @@ from .samples import Sample
 from .tokenizers import Tokenizer
 
 __all__ = ["SyntheticCorpus", "JsonlDataset", "IndexedTokenDataset", "ShuffledSource",
-           "load_jsonl_documents", "encode_document"]
+           "load_jsonl_documents", "encode_document", "encode_jsonl_file"]
 
 
 @dataclass(kw_only=True)
@@ -83,13 +83,24 @@ class SyntheticCorpus:
 def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Sample | None:
     """Tokenize one JSONL record: ``{"text": ...}`` (all tokens scored) or
     ``{"messages": [{"role", "content"}, ...]}`` (only assistant tokens scored).
-    Truncated to ``seq_length + 1`` tokens; None when it has fewer than 2 tokens."""
+    Truncated to ``seq_length + 1`` tokens; None when it has fewer than 2 tokens.
+    A malformed record raises ValueError saying what is wrong (callers add file:line)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSONL record must be a JSON object with a 'text' or 'messages' "
+                         f"key, got a JSON {_json_type(record)}")
     if "text" in record:
         tokens = tokenizer.encode(str(record["text"])) + [tokenizer.eod]
         scored = [1.0] * len(tokens)
     elif "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list):
+            raise ValueError(f"'messages' must be a list of {{\"role\", \"content\"}} objects, "
+                             f"got a JSON {_json_type(messages)}")
         tokens, scored = [], []
-        for message in record["messages"]:
+        for position, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise ValueError(f"messages[{position}] must be an object with 'role' and "
+                                 f"'content', got a JSON {_json_type(message)}")
             role = str(message.get("role", "user"))
             header = tokenizer.encode(f"<|{role}|>\n")
             body = tokenizer.encode(str(message.get("content", ""))) + [tokenizer.eod]
@@ -106,34 +117,65 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Samp
                   loss_mask=np.asarray(scored[1:], dtype=np.float32))
 
 
-def load_jsonl_documents(path: str) -> list[dict]:
+def _json_type(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _has_assistant_turn(record: dict) -> bool:
+    return any(isinstance(m, dict) and str(m.get("role", "user")) == "assistant"
+               for m in record.get("messages", []))
+
+
+def load_jsonl_documents(path: str) -> list[tuple[int, dict]]:
+    """``(line number, record)`` of every non-blank line of a JSONL file; errors name
+    ``path:line``."""
     if not os.path.isfile(path):
         raise ValueError(f"--data-path {path!r}: no such JSONL file")
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{line_number}: not UTF-8 text ({exc.reason} at "
+                                 f"byte {exc.start})") from exc
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append((line_number, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from exc
     return records
 
 
+def encode_jsonl_file(path: str, tokenizer: Tokenizer,
+                      seq_length: int) -> list[tuple[int, dict, Sample | None]]:
+    """``(line number, record, sample or None)`` of every record of a JSONL file
+    (:func:`encode_document`); a malformed record raises ValueError naming ``path:line``."""
+    out = []
+    for line_number, record in load_jsonl_documents(path):
+        try:
+            out.append((line_number, record, encode_document(record, tokenizer, seq_length)))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line_number}: {exc}") from exc
+    return out
+
+
 class JsonlDataset:
-    """Documents of JSONL files, tokenized once at construction."""
+    """Documents of JSONL files, tokenized once at construction. Every file must give at
+    least one sample with scored tokens; errors name the file (and line)."""
 
     def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_length: int) -> None:
         self.pad_id = tokenizer.pad
         self.samples: list[Sample] = []
         for path in paths:
-            for record in load_jsonl_documents(path):
-                sample = encode_document(record, tokenizer, seq_length)
-                if sample is not None and sample.num_loss_tokens > 0:
-                    self.samples.append(sample)
-        if not self.samples:
-            raise ValueError(f"--data-path {list(paths)}: no usable documents")
+            encoded = encode_jsonl_file(path, tokenizer, seq_length)
+            usable = [s for _, _, s in encoded if s is not None and s.num_loss_tokens > 0]
+            if not usable:
+                raise ValueError(_why_unusable(path, encoded, seq_length))
+            self.samples += usable
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -143,6 +185,18 @@ class JsonlDataset:
 
     def __getitem__(self, index: int) -> Sample:
         return self.samples[index]
+
+
+def _why_unusable(path: str, encoded: list, seq_length: int) -> str:
+    """Why a JSONL file gave no sample with scored tokens (the file named)."""
+    if not encoded:
+        return f"--data-path {path}: no records (the file is empty)"
+    if not any("text" in record or _has_assistant_turn(record) for _, record, _ in encoded):
+        return (f"--data-path {path}: no record has an assistant turn (only assistant "
+                f"replies are scored in 'messages' records); add assistant messages or use "
+                f"'text' records")
+    return (f"--data-path {path}: no usable documents (every record has fewer than 2 "
+            f"tokens, or its scored tokens lie beyond --seq-length {seq_length})")
 
 
 class IndexedTokenDataset:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 
-from .datasets import encode_document, load_jsonl_documents
+from .datasets import encode_jsonl_file
 from .tokenizers import TOKENIZER_TYPES, build_tokenizer
 
 __all__ = ["preprocess_jsonl", "main"]
@@ -30,8 +30,7 @@ def preprocess_jsonl(input_paths: list[str], output_prefix: str, *, tokenizer_ty
                                     dtype=DType.optimal_dtype(tokenizer.vocab_size))
     documents = 0
     for path in input_paths:
-        for record in load_jsonl_documents(path):
-            sample = encode_document(record, tokenizer, max_length)
+        for _, _, sample in encode_jsonl_file(path, tokenizer, max_length):
             if sample is None:
                 continue
             builder.add_item(torch.from_numpy(np.asarray(sample.tokens)))

@@ -14,9 +14,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..runtime.data import Microbatch
+from .microbatch import Microbatch
 
-__all__ = ["Sample", "Microbatch", "collate", "split_fixed", "split_by_tokens",
+__all__ = ["Sample", "collate", "split_fixed", "split_by_tokens",
            "global_batch_indices"]
 
 

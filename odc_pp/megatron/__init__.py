@@ -15,7 +15,8 @@
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
 
     from odc_pp.megatron import ModelConfig, build_chunks
-    from odc_pp.runtime import PipelineRuntime, RuntimeConfig, Microbatch
+    from odc_pp.data import Microbatch
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.data import Microbatch
+from ..data.microbatch import Microbatch
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, new_gpt_model, prepare_megatron_for_device,
                      singleton_process_groups)

@@ -9,16 +9,12 @@ Public API (engine, optimizer and checkpoints are imported lazily, on first acce
   master weights on the owned shards, sharded grad-norm clipping, snapshot/restore.
 * :func:`save_checkpoint`, :func:`load_checkpoint` (``checkpoint``): atomic sharded
   checkpoints, resharding to another data-parallel size.
-* Load balancing (``load_balance``): cost models, :func:`balance_minibatch`,
-  :func:`pack_microbatches`, :func:`equal_count_balance`, :func:`plan_minibatch`.
 * :func:`run_workers` (``launch``): run a function on N local gloo processes.
+
+Load balancing and the minibatch planner live in :mod:`odc_pp.data`.
 """
 
 from importlib import import_module
-
-from .load_balance import (AttentionCost, FittedCost, MinibatchPlan, TokenCost,
-                           balance_minibatch, equal_count_balance, fit_cost_model,
-                           pack_microbatches, plan_minibatch, replica_costs)
 
 _LAZY = {
     "OdcConfig": "engine",
@@ -31,11 +27,7 @@ _LAZY = {
     "run_workers": "launch",
 }
 
-__all__ = [
-    "AttentionCost", "FittedCost", "MinibatchPlan", "TokenCost", "balance_minibatch",
-    "equal_count_balance", "fit_cost_model", "pack_microbatches", "plan_minibatch",
-    "replica_costs", *_LAZY,
-]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str):

@@ -1,12 +1,11 @@
 """odc_pp.runtime: execute a lowered Schedule on model chunks.
 
 Public API: :class:`PipelineRuntime` / :class:`RuntimeConfig` / :class:`MinibatchResult`,
-:class:`Microbatch`, :class:`WeightGradQueue`, :class:`PostValidatedOptimizer`,
+:class:`WeightGradQueue`, :class:`PostValidatedOptimizer`,
 :class:`Profiler`, :class:`ActivationStore`. The data-parallel contract is in
-:mod:`odc_pp.runtime.hooks`.
+:mod:`odc_pp.runtime.hooks`; microbatches are :class:`odc_pp.data.Microbatch`.
 """
 
-from .data import Microbatch, count_tokens
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
 from .profiler import Profiler, ProfilerConfig
@@ -15,7 +14,7 @@ from .runtime import ActionTiming, MinibatchResult, PipelineRuntime, RuntimeConf
 from .wgrad import WeightGradQueue
 
 __all__ = [
-    "Microbatch", "count_tokens", "NoDataParallel", "StageDataParallel", "ActivationStore",
+    "NoDataParallel", "StageDataParallel", "ActivationStore",
     "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "ActionTiming",
     "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue", "Profiler",
     "ProfilerConfig",

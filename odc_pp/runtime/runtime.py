@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedule.ir import Action, ActionKind, COMM_KINDS, Schedule
-from .data import Microbatch, count_tokens
+from ..data.microbatch import Microbatch, count_tokens
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
 from .p2p import PeerTransport

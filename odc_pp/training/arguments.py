@@ -16,6 +16,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+from odc_pp.data.planner import LOAD_BALANCE_MODES
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate as translate_megatron_flags
@@ -24,7 +25,7 @@ __all__ = ["TrainingArgs", "parse_args", "parse_args_with_notes", "build_parser"
            "LOAD_BALANCE"]
 
 DP_MODES = ("odc", "collective", "hierarchical")
-LOAD_BALANCE = ("none", "lb-mini")
+LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": FAMILY_NAMES,
     "dp_mode": DP_MODES,
@@ -86,7 +87,10 @@ class TrainingArgs:
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
     load_balance: str = "none"
-    """Assignment of samples to data-parallel ranks and microbatches."""
+    """Assignment of samples to data-parallel ranks and microbatches: none (strided
+    equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
+    replica: odc / hierarchical), balanced (replicas balanced by cost with equal microbatch
+    counts on every replica: any dp mode)."""
     cost_model: str | None = None
     """JSON file of a CostModel for schedule generation (default: measured/uniform)."""
     # ----- optimizer --------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from odc_pp.runtime.data import Microbatch
+from odc_pp.data import Microbatch
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from odc_pp.data import (IndexedTokenDataset, JsonlDataset, ShuffledSource, SyntheticCorpus,
-                         build_tokenizer, collate, global_batch_indices, split_by_tokens,
-                         split_fixed)
-from odc_pp.runtime.data import Microbatch
+from odc_pp.data import (IndexedTokenDataset, JsonlDataset, Microbatch, ShuffledSource,
+                         SyntheticCorpus, build_tokenizer, collate, global_batch_indices,
+                         plan_minibatch)
 
 from .arguments import TrainingArgs
 
@@ -57,7 +56,8 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
 
 
 class DataPlanner:
-    """Global batch -> per-replica microbatches (equal count, or LB-Mini balanced)."""
+    """Global batch -> per-replica microbatches: the frontend's flags mapped onto
+    :func:`odc_pp.data.plan_minibatch` (``--load-balance`` none, lb-mini or balanced)."""
 
     def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int) -> None:
         self.args = args
@@ -69,51 +69,17 @@ class DataPlanner:
     def plan(self, iteration: int) -> IterationPlan:
         sample_ids = global_batch_indices(iteration, self.args.global_batch_size)
         lengths = [self.source.length(i) for i in sample_ids]
-        if self.args.load_balance == "lb-mini":
-            replicas = self._balanced(sample_ids, lengths)
-        else:
-            replicas = self._equal_count(sample_ids, lengths)
+        by_count = None if self.args.max_tokens_per_microbatch else self.args.micro_batch_size
+        plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,
+                              mode=self.args.load_balance, samples_per_microbatch=by_count,
+                              min_microbatches=self.pp)
+        replicas = [[[sample_ids[p] for p in group] for group in replica]
+                    for replica in plan.microbatches]
         samples = [self.source[i] for i in sample_ids]
         return IterationPlan(replicas=replicas,
                              total_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
                              total_tokens=int(sum(lengths)))
 
-    def _equal_count(self, sample_ids, lengths) -> list[list[list[int]]]:
-        replicas = []
-        for replica in range(self.dp):
-            mine = sample_ids[replica::self.dp]
-            if self.args.max_tokens_per_microbatch:
-                mine_lengths = lengths[replica::self.dp]
-                replicas.append(split_by_tokens(mine, mine_lengths, self.token_cap))
-            else:
-                replicas.append(split_fixed(mine, self.args.micro_batch_size))
-        return replicas
-
-    def _balanced(self, sample_ids, lengths) -> list[list[list[int]]]:
-        from odc_pp.odc.load_balance import balance_minibatch, pack_microbatches
-
-        replicas = []
-        for positions in balance_minibatch(lengths, self.dp):
-            groups = pack_microbatches(positions, lengths, self.token_cap)
-            groups = _split_until(groups, self.pp, lengths)
-            replicas.append([[sample_ids[p] for p in sorted(group)] for group in groups])
-        return replicas
-
     def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
         return [collate([self.source[i] for i in group], pad_id=self.source.pad_id)
                 for group in groups]
-
-
-def _split_until(groups: list[list[int]], minimum: int, lengths) -> list[list[int]]:
-    """Split multi-sample microbatches (largest first) until there are ``minimum``
-    microbatches or every microbatch holds one sample: a pipeline needs at least pp."""
-    groups = [list(g) for g in groups]
-    while len(groups) < minimum:
-        splittable = [g for g in groups if len(g) > 1]
-        if not splittable:
-            break
-        largest = max(splittable, key=lambda g: sum(lengths[i] for i in g))
-        groups.remove(largest)
-        half = len(largest) // 2
-        groups += [largest[:half], largest[half:]]
-    return groups

@@ -126,3 +126,51 @@ def test_shuffled_source_epochs_are_permutations():
     second = [source[i] for i in range(5, 10)]
     assert sorted(first) == sorted(second) == list(range(5))
     assert [ShuffledSource(Tiny(), seed=3)[i] for i in range(10)] == first + second
+
+
+@pytest.mark.parametrize("line, message", [
+    ('[1, 2]', "bad.jsonl:2: a JSONL record must be a JSON object"),
+    ('"just a string"', "bad.jsonl:2: a JSONL record must be a JSON object"),
+    ('{"prompt": "x"}', "bad.jsonl:2: JSONL record needs a 'text' or 'messages' key"),
+    ('{"messages": "hello"}', r"bad.jsonl:2: 'messages' must be a list .* got a JSON string"),
+    ('{"messages": ["hello"]}', r"bad.jsonl:2: messages\[0\] must be an object"),
+    ('{"messages": [{"role": "assistant", "content": "a"}, 3]}',
+     r"bad.jsonl:2: messages\[1\] must be an object .* got a JSON number"),
+], ids=["array", "string", "no-key", "messages-not-list", "message-not-object",
+        "second-message-number"])
+def test_bad_jsonl_record_names_file_and_line(tmp_path, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        JsonlDataset([str(bad)], ByteLevelTokenizer(), seq_length=16)
+    with pytest.raises(ValueError, match=message):  # preprocessing reads it the same way
+        preprocess_jsonl([str(bad)], str(tmp_path / "out"), tokenizer_type="ByteLevelTokenizer")
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n\n{"text": "\xff"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:3: not UTF-8"):
+        JsonlDataset([str(bad)], ByteLevelTokenizer(), seq_length=16)
+
+
+def test_file_without_assistant_turns_says_so_naming_the_file(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": "scored"}) + "\n")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                       {"role": "system", "content": "s"}]})
+                              for _ in range(3)) + "\n")
+    for paths in ([chat], [good, chat]):
+        with pytest.raises(ValueError, match=r"chat.jsonl: no record has an assistant turn"):
+            JsonlDataset([str(p) for p in paths], ByteLevelTokenizer(), seq_length=64)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no records"):
+        JsonlDataset([str(empty)], ByteLevelTokenizer(), seq_length=64)
+    # an assistant reply beyond --seq-length: the file has a turn, none of it is scored
+    late = tmp_path / "late.jsonl"
+    late.write_text(json.dumps({"messages": [{"role": "user", "content": "x" * 100},
+                                             {"role": "assistant", "content": "y"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"late.jsonl: no usable documents .*--seq-length 16"):
+        JsonlDataset([str(late)], ByteLevelTokenizer(), seq_length=16)

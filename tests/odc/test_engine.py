@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from odc_pp.odc.launch import LaunchConfig, run_workers
-from odc_pp.odc.load_balance import AttentionCost, balance_minibatch, pack_microbatches
+from odc_pp.data.load_balance import AttentionCost, balance_minibatch, pack_microbatches
 
 HIDDEN, HEADS, OUT, LAYERS = 16, 2, 8, 2
 MAX_TOKENS = 64

@@ -29,7 +29,7 @@ def sample_lengths(step: int) -> list[int]:
 
 
 def make_sample(step: int, index: int, length: int):
-    from odc_pp.runtime.data import Microbatch
+    from odc_pp.data import Microbatch
 
     generator = torch.Generator().manual_seed(1000 * step + index)
     tokens = torch.randint(0, MODEL["vocab_size"], (1, length), generator=generator)
@@ -38,7 +38,7 @@ def make_sample(step: int, index: int, length: int):
 
 
 def replica_plan(step: int) -> list[list[int]]:
-    from odc_pp.odc.load_balance import AttentionCost, balance_minibatch
+    from odc_pp.data.load_balance import AttentionCost, balance_minibatch
 
     return balance_minibatch(sample_lengths(step), DP, AttentionCost(quadratic_coef=0.05))
 

@@ -17,7 +17,7 @@ CLIP_NORM = 0.05  # small enough that every step of the tiny model clips
 
 def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
                       equal_lengths: bool = False):
-    from odc_pp.runtime.data import Microbatch
+    from odc_pp.data import Microbatch
 
     generator = torch.Generator().manual_seed(seed)
     microbatches = []
@@ -39,7 +39,7 @@ def model_config(**changes):
 def reference_run(config, microbatches, groups, *, steps=STEPS, max_grad_norm=None):
     """Single-process training: same model, same data, plain autograd."""
     from odc_pp.megatron.model import build_chunks
-    from odc_pp.runtime.data import count_tokens
+    from odc_pp.data import count_tokens
 
     (model,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)

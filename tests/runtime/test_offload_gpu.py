@@ -42,7 +42,7 @@ def offload_schedule(num_microbatches, *, offload):
 
 
 def gpu_microbatches(vocab_size, *, batch=4, seq=512, seed=3):
-    from odc_pp.runtime.data import Microbatch
+    from odc_pp.data import Microbatch
 
     generator = torch.Generator().manual_seed(seed)
     return [Microbatch(tokens=torch.randint(0, vocab_size, (batch, seq), generator=generator),

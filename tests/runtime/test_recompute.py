@@ -56,7 +56,7 @@ def runtime_grads(config, microbatches, groups):
 def autograd_grads(config, microbatches, groups):
     """Plain autograd on the stored model, forwards in the runtime's order."""
     from odc_pp.megatron.model import build_chunks
-    from odc_pp.runtime.data import count_tokens
+    from odc_pp.data import count_tokens
 
     (model,) = build_chunks(config, pp_rank=0, pp_size=1, seed=SEED, process_groups=groups)
     tokens = count_tokens(microbatches)

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from odc_pp.runtime import ActivationStore, Microbatch, RuntimeConfig, WeightGradQueue
+from odc_pp.data import Microbatch
+from odc_pp.runtime import ActivationStore, RuntimeConfig, WeightGradQueue
 from odc_pp.runtime.p2p import _decode_header, _encode_header
 
 

@@ -15,7 +15,11 @@ def planner(extra, *, dp, pp=1):
 
 @pytest.mark.parametrize("extra", [[], ["--load-balance", "lb-mini"],
                                    ["--max-tokens-per-microbatch", "128"],
-                                   ["--micro-batch-size", "2"]])
+                                   ["--micro-batch-size", "2"],
+                                   ["--load-balance", "balanced"],
+                                   ["--load-balance", "balanced", "--micro-batch-size", "2"],
+                                   ["--load-balance", "balanced",
+                                    "--max-tokens-per-microbatch", "128"]])
 def test_every_sample_runs_once_and_tokens_add_up(extra):
     one = planner(extra, dp=1).plan(3)
     two = planner(extra, dp=2, pp=2).plan(3)
@@ -49,3 +53,20 @@ def test_microbatches_have_variable_lengths():
     plan = p.plan(0)
     shapes = {tuple(mb.tokens.shape) for mb in p.microbatches(plan.replicas[0])}
     assert len(shapes) > 2 and all(s[1] <= 64 for s in shapes)
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-tokens-per-microbatch", "128"]])
+def test_balanced_has_equal_microbatch_counts_and_beats_strided(extra):
+    better = 0
+    for iteration in range(20):
+        for dp in (2, 4):
+            p = planner(["--load-balance", "balanced"] + extra, dp=dp, pp=2)
+            plan = p.plan(iteration)
+            assert len({len(replica) for replica in plan.replicas}) == 1
+            assert plan.max_microbatches >= 2
+            strided = planner(extra, dp=dp, pp=2).plan(iteration)
+            loads = [[sum(p.source.length(i) for mb in r for i in mb) for r in x.replicas]
+                     for x in (plan, strided)]
+            assert max(loads[0]) <= max(loads[1])
+            better += max(loads[0]) < max(loads[1])
+    assert better > 20

@@ -76,6 +76,7 @@ PV = ["--enable-optimizer-post-validation"]
     ("zb-h1", "collective", "none", PV),
     ("zb-h1", "hierarchical", "lb-mini", []),
     ("zbv", "hierarchical", "lb-mini", []),
+    ("zbv", "collective", "balanced", []),  # the fair baseline: equal counts, cost-balanced
 ])
 def test_schedules_and_dp_modes_match_single_process(schedule, dp_mode, balance, extra,
                                                      reference, tmp_path):

@@ -19,7 +19,7 @@ def worker(rank, world_size, out_path):
 
     from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
-    from odc_pp.runtime.data import Microbatch
+    from odc_pp.data.microbatch import Microbatch
 
     (model,) = build_chunks(ModelConfig(**SHAPE), pp_rank=0, pp_size=1, seed=3,
                             process_groups=singleton_process_groups())

@@ -1,21 +1,17 @@
-"""Minibatch-level load balancing for data-parallel replicas.
+"""Load balancing of a global minibatch over data-parallel replicas and microbatches.
 
-With ODC, data-parallel replicas wait for each other once per minibatch, so a replica may
-run any number of microbatches: what matters is that every replica's *total* cost is about
-the same. This module
+The building blocks of :mod:`odc_pp.data.planner`:
 
-1. estimates a sample's cost from its sequence length (:class:`TokenCost`,
-   :class:`AttentionCost`, or a :class:`FittedCost` from :func:`fit_cost_model`),
-2. splits a global minibatch across replicas so the largest replica cost is small
-   (:func:`balance_minibatch`: Karmarkar-Karp largest differencing, also greedy LPT, each
-   refined by pairwise moves and swaps; the better one wins),
-3. packs each replica's samples into microbatches under a token cap
-   (:func:`pack_microbatches`, first-fit decreasing), and
-4. offers the equal-count split that per-layer collectives (FSDP) need as the baseline
-   (:func:`equal_count_balance`).
-
-Under pipeline parallelism every stage of one pipeline shares its data-parallel rank's data:
-use the same replica plan on all stages of a pipeline (:meth:`MinibatchPlan.for_replica`).
+1. a sample's cost from its sequence length (:class:`TokenCost`, :class:`AttentionCost`,
+   or a :class:`FittedCost` from :func:`fit_cost_model`),
+2. :func:`balance_minibatch`: split samples over replicas so the largest replica cost is
+   small, with any sample count per replica (Karmarkar-Karp largest differencing and
+   greedy LPT, each refined by pairwise moves and swaps; the better one wins),
+3. :func:`balance_equal_counts`: the same goal with a fixed sample count per part
+   (count-constrained LPT and the strided split, refined by swaps only),
+4. :func:`pack_microbatches`: a replica's samples into microbatches under a token cap
+   (first-fit decreasing), and
+5. :func:`equal_count_balance`: the strided equal-count split (``DistributedSampler``-like).
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -35,11 +31,11 @@ __all__ = [
     "FittedCost",
     "fit_cost_model",
     "balance_minibatch",
+    "balance_equal_counts",
     "pack_microbatches",
     "equal_count_balance",
-    "MinibatchPlan",
-    "plan_minibatch",
     "replica_costs",
+    "check_lengths",
 ]
 
 
@@ -160,8 +156,10 @@ def _longest_processing_time(costs: np.ndarray, num_replicas: int) -> list[list[
     return subsets
 
 
-def _refine(subsets: list[list[int]], costs: np.ndarray, max_rounds: int = 1000) -> None:
-    """Pairwise moves and swaps, each strictly lowering the larger load of the pair.
+def _refine(subsets: list[list[int]], costs: np.ndarray, max_rounds: int = 1000, *,
+            moves: bool = True) -> None:
+    """Pairwise moves and swaps (swaps only with ``moves=False``, which keeps every part's
+    sample count), each strictly lowering the larger load of the pair.
 
     Every accepted step makes the descending-sorted load vector lexicographically smaller,
     so this terminates; ``max_rounds`` only bounds the work on large inputs.
@@ -170,25 +168,25 @@ def _refine(subsets: list[list[int]], costs: np.ndarray, max_rounds: int = 1000)
     tolerance = 1e-12 * max(1.0, float(costs.sum()))
     for _ in range(max_rounds):
         order = sorted(range(len(subsets)), key=lambda r: -loads[r])
-        if not _improve_any(subsets, loads, costs, order, tolerance):
+        if not _improve_any(subsets, loads, costs, order, tolerance, moves):
             return
 
 
-def _improve_any(subsets, loads, costs, order, tolerance) -> bool:
+def _improve_any(subsets, loads, costs, order, tolerance, moves) -> bool:
     for position, high in enumerate(order):
         for low in reversed(order[position + 1:]):
             gap = loads[high] - loads[low]
             if gap <= tolerance:
                 continue
-            if _best_exchange(subsets, loads, costs, high, low, gap, tolerance):
+            if _best_exchange(subsets, loads, costs, high, low, gap, tolerance, moves):
                 return True
     return False
 
 
-def _best_exchange(subsets, loads, costs, high, low, gap, tolerance) -> bool:
+def _best_exchange(subsets, loads, costs, high, low, gap, tolerance, moves) -> bool:
     """Apply the move/swap between ``high`` and ``low`` whose transfer is closest to gap/2."""
     best_delta, best_pair = 0.0, None
-    low_items = [None] + subsets[low]
+    low_items = ([None] if moves else []) + subsets[low]
     for out_item in subsets[high]:
         for in_item in low_items:
             delta = float(costs[out_item]) - (0.0 if in_item is None else float(costs[in_item]))
@@ -208,7 +206,8 @@ def _best_exchange(subsets, loads, costs, high, low, gap, tolerance) -> bool:
     return True
 
 
-def _check_lengths(lengths: Sequence[int]) -> np.ndarray:
+def check_lengths(lengths: Sequence[int]) -> np.ndarray:
+    """``lengths`` as an int64 array; ValueError unless a 1-D sequence of positive ints."""
     array = np.asarray(lengths)
     if array.ndim != 1:
         raise ValueError("lengths must be a 1-D sequence of sequence lengths")
@@ -227,7 +226,7 @@ def balance_minibatch(lengths: Sequence[int], num_replicas: int,
     moves and swaps, and returns the one with the smaller maximum (then smaller spread).
     Each replica's indices are sorted ascending. Replicas may get different sample counts.
     """
-    array = _check_lengths(lengths)
+    array = check_lengths(lengths)
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     costs = (cost_model or TokenCost())(array).astype(np.float64)
@@ -245,12 +244,64 @@ def balance_minibatch(lengths: Sequence[int], num_replicas: int,
     return [sorted(subset) for subset in best]
 
 
+def _count_constrained_lpt(costs: np.ndarray, counts: Sequence[int]) -> list[list[int]]:
+    """Greedy LPT where part ``p`` takes exactly ``counts[p]`` samples: each sample, largest
+    first, to the least loaded part that still has room (ties: lower part index)."""
+    loads = [0.0] * len(counts)
+    subsets: list[list[int]] = [[] for _ in counts]
+    for index in np.argsort(-costs, kind="stable"):
+        part = min((p for p in range(len(counts)) if len(subsets[p]) < counts[p]),
+                   key=lambda p: (loads[p], p))
+        subsets[part].append(int(index))
+        loads[part] += float(costs[index])
+    return subsets
+
+
+def balance_equal_counts(lengths: Sequence[int], num_parts: int,
+                         cost_model: CostModel | None = None, *,
+                         counts: Sequence[int] | None = None) -> list[list[int]]:
+    """Split sample indices ``0..len(lengths)-1`` into ``num_parts`` parts of fixed sizes
+    (``counts``; default as equal as possible, the first ``n % num_parts`` parts one larger)
+    so the largest part cost is small.
+
+    Candidates: count-constrained greedy LPT and the strided split (part ``p`` takes
+    ``p, p + k, ...``, only when ``counts`` is the default), each refined by pairwise swaps;
+    the one with the smaller maximum (then smaller spread, then the LPT one) wins, so the
+    result is never worse than the strided split. Each part's indices are sorted ascending.
+    Deterministic: the same input gives the same parts on every rank.
+    """
+    array = check_lengths(lengths)
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    n = int(array.size)
+    default = [n // num_parts + (1 if p < n % num_parts else 0) for p in range(num_parts)]
+    if counts is None:
+        counts = default
+    counts = [int(c) for c in counts]
+    if len(counts) != num_parts or min(counts) < 0 or sum(counts) != n:
+        raise ValueError(f"counts {counts} must be {num_parts} non-negative sizes adding up "
+                         f"to the {n} samples")
+    costs = (cost_model or TokenCost())(array).astype(np.float64)
+    candidates = [_count_constrained_lpt(costs, counts)]
+    if counts == default:
+        candidates.append([list(range(p, n, num_parts)) for p in range(num_parts)])
+    for subsets in candidates:
+        _refine(subsets, costs, moves=False)
+
+    def score(subsets: list[list[int]]) -> tuple[float, float]:
+        loads = [float(costs[s].sum()) if s else 0.0 for s in subsets]
+        return max(loads), max(loads) - min(loads)
+
+    best = min(candidates, key=score)
+    return [sorted(subset) for subset in best]
+
+
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
                       max_tokens: int) -> list[list[int]]:
     """Pack samples into microbatches of at most ``max_tokens`` tokens (sequences packed
     back to back, no padding), first-fit decreasing. Returns lists of sample indices,
     largest microbatch first; an empty input gives no microbatches."""
-    array = _check_lengths(lengths)
+    array = check_lengths(lengths)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     indices = [int(i) for i in sample_indices]
@@ -279,7 +330,7 @@ def equal_count_balance(lengths: Sequence[int], num_replicas: int,
     samples (replica r takes samples r, r+R, r+2R, ... like ``DistributedSampler``) cut into
     microbatches of ``samples_per_microbatch`` samples, so every replica runs the same number
     of microbatches regardless of their lengths. Returns [replica][microbatch] -> indices."""
-    array = _check_lengths(lengths)
+    array = check_lengths(lengths)
     if num_replicas < 1 or samples_per_microbatch < 1:
         raise ValueError("num_replicas and samples_per_microbatch must be >= 1")
     if array.size % num_replicas:
@@ -293,58 +344,8 @@ def equal_count_balance(lengths: Sequence[int], num_replicas: int,
     return plan
 
 
-@dataclass(kw_only=True)
-class MinibatchPlan:
-    """Which samples each data-parallel replica runs, microbatch by microbatch."""
-
-    microbatches: list[list[list[int]]]
-    """[replica][microbatch] -> sample indices into the global minibatch."""
-    costs: list[float] = field(default_factory=list)
-    """Total estimated cost per replica."""
-
-    @property
-    def num_replicas(self) -> int:
-        return len(self.microbatches)
-
-    @property
-    def max_microbatches(self) -> int:
-        return max((len(mbs) for mbs in self.microbatches), default=0)
-
-    def for_replica(self, replica: int) -> list[list[int]]:
-        """Microbatches of data-parallel rank ``replica`` (same on every pipeline stage)."""
-        return self.microbatches[replica]
-
-    @property
-    def imbalance(self) -> float:
-        """max / mean replica cost (1.0 is perfect)."""
-        mean = sum(self.costs) / len(self.costs) if self.costs else 0.0
-        return max(self.costs) / mean if mean > 0 else 1.0
-
-
 def replica_costs(microbatches: list[list[list[int]]], lengths: Sequence[int],
                   cost_model: CostModel | None = None) -> list[float]:
     """Total estimated cost of each replica's samples."""
-    costs = (cost_model or TokenCost())(_check_lengths(lengths))
+    costs = (cost_model or TokenCost())(check_lengths(lengths))
     return [float(sum(costs[i] for mb in replica for i in mb)) for replica in microbatches]
-
-
-def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int,
-                   cost_model: CostModel | None = None, balance: bool = True,
-                   samples_per_microbatch: int = 1) -> MinibatchPlan:
-    """Balanced plan (``balance=True``: :func:`balance_minibatch` then
-    :func:`pack_microbatches` per replica) or the equal-count baseline
-    (:func:`equal_count_balance` with ``samples_per_microbatch``)."""
-    if balance:
-        replicas = balance_minibatch(lengths, num_replicas, cost_model)
-        microbatches = [pack_microbatches(indices, lengths, max_tokens) for indices in replicas]
-    else:
-        microbatches = equal_count_balance(lengths, num_replicas, samples_per_microbatch)
-        array = _check_lengths(lengths)
-        for replica in microbatches:
-            for mb in replica:
-                if int(array[mb].sum()) > max_tokens:
-                    raise ValueError(f"equal-count microbatch {mb} has {int(array[mb].sum())} "
-                                     f"tokens > max_tokens={max_tokens}; lower "
-                                     f"samples_per_microbatch or raise max_tokens")
-    return MinibatchPlan(microbatches=microbatches,
-                         costs=replica_costs(microbatches, lengths, cost_model))

@@ -1,4 +1,4 @@
-"""Microbatch container handed to the runtime (one per microbatch, on every rank)."""
+"""Microbatch container handed to the pipeline runtime (one per microbatch, on every rank)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from odc_pp.odc.load_balance import (AttentionCost, FittedCost, TokenCost, balance_minibatch,
-                                     equal_count_balance, fit_cost_model, pack_microbatches,
-                                     plan_minibatch, replica_costs)
+from odc_pp.data.load_balance import (AttentionCost, FittedCost, TokenCost, balance_minibatch,
+                                      equal_count_balance, fit_cost_model, pack_microbatches,
+                                      replica_costs)
+from odc_pp.data.planner import plan_minibatch
 
 
 def _max_load(subsets, costs):
@@ -142,7 +143,7 @@ def test_plan_minibatch_balanced_beats_equal_count_on_long_tail():
     rng = np.random.default_rng(3)
     lengths = np.minimum(rng.lognormal(5.5, 1.0, size=32).astype(int) + 16, 4096)
     balanced = plan_minibatch(lengths, 2, max_tokens=4096)
-    baseline = plan_minibatch(lengths, 2, max_tokens=4096 * 4, balance=False,
+    baseline = plan_minibatch(lengths, 2, max_tokens=4096 * 4, mode="none",
                               samples_per_microbatch=4)
     assert balanced.imbalance <= baseline.imbalance
     assert balanced.imbalance < 1.01
