@@ -197,10 +197,10 @@ class GroupOps:
     def apply_staged_turns(group: OdcGroup) -> None:
         """Deterministic sync, same host: at each owner, sources add in rank order."""
         world = group.world_size
-        base = (group._epoch - 1) * world
         items = sorted(group._staged.items(), key=lambda item: item[0])
+        group._host.open_turns(group._epoch)  # our own writes are done: peers may add
         for owner in range(world):
-            group._host.wait_turn(owner, base + group.rank)
+            group._host.take_turn(owner, group._epoch)
             for (alloc_id, offset, numel), (allocation, staging) in items:
                 start, end = shard_range(numel, owner, world)
                 if end <= start:
@@ -214,7 +214,7 @@ class GroupOps:
                 else:
                     group._host.accumulate_into(owner, destination, alloc_id, offset, source, 0,
                                                 end - start)
-            group._host.set_turn(owner, base + group.rank + 1)
+            group._host.pass_turn(owner, group._epoch)
 
     @staticmethod
     def apply_staged_ordered(group: OdcGroup) -> None:
