@@ -21,7 +21,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
 
@@ -87,5 +86,16 @@ def test_staged_adds_land_after_the_owners_write_before_sync(force_cross_host):
             assert ok, (f"rank {rank}, owner {owner}: accumulator {sample} after sync; a "
                         f"peer's staged add landed before the owner's write "
                         f"(seen before the owner entered sync: {seen_early})")
+            if rank == owner:
+                assert not seen_early, f"owner {owner} saw a peer's add before entering sync"
+
+
+@pytest.mark.gpu
+def test_staged_adds_land_after_the_owners_write_before_sync_cuda():
+    """The same on the CUDA IPC path (the owner's write is queued on its current stream)."""
+    values = spawn_ranks(2, _owner_write_then_sync, True, "cuda", False, timeout_s=180)
+    for rank, outcomes in values.items():
+        for owner, seen_early, ok, sample in outcomes:
+            assert ok, f"rank {rank}, owner {owner}: accumulator {sample} after sync"
             if rank == owner:
                 assert not seen_early, f"owner {owner} saw a peer's add before entering sync"
