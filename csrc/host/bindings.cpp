@@ -91,8 +91,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("count"), py::call_guard<py::gil_scoped_release>())
       .def("barrier", &HostGroup::barrier, py::arg("epoch"),
            py::call_guard<py::gil_scoped_release>())
-      .def("wait_turn", &HostGroup::wait_turn, py::arg("owner"), py::arg("value"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("set_turn", &HostGroup::set_turn, py::arg("owner"), py::arg("value"))
+      .def("open_turns", &HostGroup::open_turns, py::arg("epoch"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Deterministic sync `epoch`: this rank's own writes are done; sources may add.")
+      .def("take_turn", &HostGroup::take_turn, py::arg("owner"), py::arg("epoch"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Wait until owner opened `epoch` and every lower source rank passed.")
+      .def("pass_turn", &HostGroup::pass_turn, py::arg("owner"), py::arg("epoch"))
       .def("check_peer", &HostGroup::check_peer, py::arg("peer"), py::arg("what"));
 }

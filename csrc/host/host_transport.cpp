@@ -308,8 +308,17 @@ void HostGroup::barrier(uint64_t epoch) const {
   }
 }
 
-void HostGroup::wait_turn(int owner, uint64_t value) const {
+uint64_t HostGroup::turn_base(uint64_t epoch) const {
+  if (epoch == 0) throw std::invalid_argument("deterministic turns: epochs start at 1");
+  return (epoch - 1) * (static_cast<uint64_t>(world_size()) + 1);
+}
+
+void HostGroup::wait_turn(int owner, uint64_t value, const char* waiting_for) const {
+  if (owner < 0 || owner >= world_size() || !controls_[owner])
+    throw std::invalid_argument("deterministic turns: owner " + std::to_string(owner) +
+                                " is not on this host");
   std::atomic<uint64_t>& turn = control(owner)->turn;
+  const uint64_t steps = static_cast<uint64_t>(world_size()) + 1;
   const double deadline = now_s() + timeout_s_;
   Backoff backoff;
   double next_check = now_s() + 0.01;
@@ -323,17 +332,34 @@ void HostGroup::wait_turn(int owner, uint64_t value) const {
     const double now = now_s();
     if (now < next_check) continue;
     next_check = now + 0.01;
-    const int holder = static_cast<int>(seen % static_cast<uint64_t>(world_size()));
-    check_peer(holder, "deterministic accumulate turn");
+    // step 0 of an epoch waits for the owner to open it, step 1 + r for source r
+    const uint64_t step = seen % steps;
+    const int holder = step == 0 ? owner : static_cast<int>(step - 1);
+    check_peer(holder, waiting_for);
     if (now > deadline)
       throw PeerError("odc transport: rank " + std::to_string(rank_) + " timed out after " +
-                      std::to_string(timeout_s_) + " s waiting for its accumulate turn at owner " +
-                      std::to_string(owner) + "; the turn is held by " + describe(holder));
+                      std::to_string(timeout_s_) + " s waiting for " + waiting_for +
+                      " at owner " + std::to_string(owner) + "; the turn is held by " +
+                      describe(holder) +
+                      (step == 0 ? " (it has not entered this sync)" : ""));
   }
 }
 
-void HostGroup::set_turn(int owner, uint64_t value) const {
-  control(owner)->turn.store(value, std::memory_order_release);
+void HostGroup::open_turns(uint64_t epoch) const {
+  const uint64_t base = turn_base(epoch);
+  wait_turn(rank_, base, "the previous sync's accumulate turns");
+  // release: the owner's writes before this point happen-before every source's adds
+  control(rank_)->turn.store(base + 1, std::memory_order_release);
+}
+
+void HostGroup::take_turn(int owner, uint64_t epoch) const {
+  wait_turn(owner, turn_base(epoch) + 1 + static_cast<uint64_t>(rank_),
+            "its deterministic accumulate turn");
+}
+
+void HostGroup::pass_turn(int owner, uint64_t epoch) const {
+  control(owner)->turn.store(turn_base(epoch) + 2 + static_cast<uint64_t>(rank_),
+                             std::memory_order_release);
 }
 
 }  // namespace odc

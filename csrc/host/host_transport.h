@@ -96,9 +96,21 @@ class HostGroup {
                        uintptr_t src, int dtype, size_t count) const;
   // Arrive at barrier `epoch` and wait for every same-host peer to arrive too.
   void barrier(uint64_t epoch) const;
-  // Deterministic mode: wait until owner's turn counter equals `value`.
-  void wait_turn(int owner, uint64_t value) const;
-  void set_turn(int owner, uint64_t value) const;
+  // Deterministic mode, the staged adds of sync `epoch` (1, 2, ...). Owner o's turn
+  // counter walks world + 1 steps per epoch, from (epoch - 1) * (world + 1):
+  //   step 0 -> 1: o itself opens it (open_turns), once every write o made before
+  //                entering sync `epoch` is complete;
+  //   step 1 + r -> 2 + r: source rank r adds its staged contribution into o
+  //                (take_turn ... pass_turn).
+  // So the adds reach o in source rank order and only after o's own writes (zeroing,
+  // clipping, the optimizer step): a source never read-modify-writes o's accumulator
+  // while o itself may still write it.
+  // open_turns waits until every source finished epoch - 1 at this rank, then opens.
+  void open_turns(uint64_t epoch) const;
+  // Wait until it is this rank's turn at owner in `epoch` (owner opened, lower ranks done).
+  void take_turn(int owner, uint64_t epoch) const;
+  // This rank's adds into owner for `epoch` are complete: hand the turn to the next rank.
+  void pass_turn(int owner, uint64_t epoch) const;
   // Throws PeerError if a same-host peer's process is gone. The process table is read at
   // most once per kLivenessPeriodS per peer (a look costs ~10 us, more than a small get);
   // between looks a peer counts as alive.
@@ -109,6 +121,9 @@ class HostGroup {
     return reinterpret_cast<ControlBlock*>(controls_[r]->address());
   }
   std::string describe(int peer) const;
+  uint64_t turn_base(uint64_t epoch) const;
+  // Wait until owner's turn counter equals value; `waiting_for` names the step.
+  void wait_turn(int owner, uint64_t value, const char* waiting_for) const;
   void lock_chunk(int owner, uint32_t index, double deadline) const;
   void unlock_chunk(int owner, uint32_t index) const;
 

@@ -13,6 +13,9 @@ sizes agree).
 Within one kind, (source, tag) names exactly one message. A put or accumulate is
 acknowledged after it has been applied, so a client that has its acks has landed all its
 writes; ``sync`` then only needs a barrier (through the store, naming late peers).
+
+:class:`CrossHostPath` is the transport path over this link (see the contract in
+:mod:`odc_pp.odc.transport_path`); its ``peers`` are the members on other hosts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Callable, Iterator
 
@@ -28,8 +32,10 @@ import torch
 import torch.distributed as dist
 
 from odc_pp import _C
+from odc_pp.odc.transport_host import Locator, dtype_code, wait_all
+from odc_pp.odc.transport_path import Work, shard_range
 
-__all__ = ["CrossHostLink"]
+__all__ = ["CrossHostLink", "CrossHostPath"]
 
 REQUEST_TAG = 1
 DETERMINISTIC_TAG = 2  # uses tags 2, 3, 4
@@ -232,3 +238,86 @@ class CrossHostLink:
             status = 0
         self._pg.send([torch.tensor([status], dtype=torch.int64)], source,
                       tag + _KIND_ACK).wait(self._timeout)
+
+
+class CrossHostPath:
+    """Members on other hosts (CPU tensors) through a :class:`CrossHostLink`: reads are
+    requests answered by the owner's server thread, adds and writes are acknowledged once
+    the owner applied them (adds run on one helper thread), the barrier goes through the
+    store. Deterministic syncs use :meth:`exchange_ordered` (the owner applies what it
+    receives, in source rank order, inside its own sync)."""
+
+    def __init__(self, *, rank: int, world_size: int, global_ranks: list[int], uid: str,
+                 timeout_s: float, local: list[bool], locate: Locator, resolve: Resolver,
+                 accumulate: Accumulator):
+        self.rank = rank
+        self.world_size = world_size
+        self.peers = [peer for peer in range(world_size) if not local[peer]]
+        self.link = CrossHostLink(rank=rank, world_size=world_size, global_ranks=global_ranks,
+                                  uid=uid, timeout_s=timeout_s, resolve=resolve,
+                                  accumulate=accumulate)
+        self._locate = locate
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"odcpp-xacc-{rank}")
+        self._pending: list[Work] = []
+        self._closed = False
+
+    def gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+        allocation, offset = self._locate(shard, "shard")
+        flat = output.view(-1)
+        for peer in self.peers:
+            start, end = shard_range(flat.numel(), peer, self.world_size)
+            if end > start:
+                self.link.get(peer, allocation.alloc_id, offset, flat[start:end].view(torch.uint8))
+
+    def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
+        allocation, offset = self._locate(remote, "remote")
+        self.link.get(peer, allocation.alloc_id, offset, output.view(-1).view(torch.uint8))
+
+    def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
+        """Complete on return (acknowledged by the owner)."""
+        allocation, offset = self._locate(remote, "remote")
+        self.link.put(peer, allocation.alloc_id, offset, input.view(-1).view(torch.uint8))
+        return Work()
+
+    def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
+        allocation, offset = self._locate(accumulator, "accumulator")
+        work = Work(self._executor.submit(self._scatter_now, allocation.alloc_id, offset,
+                                          input))
+        self._pending.append(work)
+        return work
+
+    def _scatter_now(self, alloc_id: int, offset: int, input: torch.Tensor) -> None:
+        flat = input.view(-1)
+        code = dtype_code(flat.dtype)
+        for step in range(self.world_size):
+            peer = (self.rank + 1 + step) % self.world_size  # spread owners over senders
+            start, end = shard_range(flat.numel(), peer, self.world_size)
+            if end > start and peer in self.peers:
+                self.link.accumulate(peer, alloc_id, offset, flat[start:end].view(torch.uint8),
+                                     code, end - start)
+
+    def exchange_ordered(self, outgoing: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                         apply: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+        """See :meth:`CrossHostLink.exchange_ordered` (every member, local ones too)."""
+        self.link.exchange_ordered(outgoing, apply)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        wait_all(pending)
+
+    def barrier(self, epoch: int) -> None:
+        self.link.barrier(epoch)
+
+    def close(self) -> None:
+        """Collective (stops the server threads)."""
+        if self._closed:
+            return
+        self._closed = True
+        pending, self._pending = self._pending, []
+        for work in pending:
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
+                pass
+        self._executor.shutdown(wait=True)
+        self.link.close()

@@ -1,6 +1,8 @@
 """CUDA side of the ODC transport: symmetric buffers allocated with cudaMalloc and shared
 through cudaIpc memory handles, peer copies and an accumulate kernel on a dedicated stream,
-events for completion. Uses odc_pp._C_cuda, which is built only where nvcc is found.
+events for completion, and :class:`CudaIpcPath`, the path to same-host peers' GPU memory
+(see the contract in :mod:`odc_pp.odc.transport_path`). Uses odc_pp._C_cuda, which is
+built only where nvcc is found.
 
 Ordering with torch: every operation first makes the dedicated stream wait for the
 caller's current stream (so inputs written there are ready); a gather then makes the
@@ -13,7 +15,11 @@ import importlib
 
 import torch
 
-__all__ = ["cuda_backend", "DeviceBuffer", "CudaStream"]
+from odc_pp import _C
+from odc_pp.odc.transport_host import Allocation, Locator, dtype_code, wait_all
+from odc_pp.odc.transport_path import Work, shard_range
+
+__all__ = ["cuda_backend", "DeviceBuffer", "PeerMapping", "CudaStream", "CudaIpcPath"]
 
 
 def cuda_backend():
@@ -105,3 +111,127 @@ class CudaStream:
 
     def accumulate(self, dst: int, src: int, dtype: int, count: int, atomic: bool) -> None:
         self._C.accumulate_async(dst, src, dtype, count, atomic, self.stream, self.device_index)
+
+
+class CudaIpcPath:
+    """Same-host peers' GPU memory through cudaIpc mappings (every member must be on this
+    host). Copies and adds run on a dedicated stream per device that first waits for the
+    caller's current stream; a gather or get makes the current stream wait for its copies;
+    adds use atomicAdd (several sources into one owner). The barrier is the host's."""
+
+    def __init__(self, *, host, locate: Locator, timeout_s: float):
+        self.host = host
+        self.rank = host.rank
+        self.world_size = host.world_size
+        self.peers = list(range(self.world_size))
+        self.timeout_s = timeout_s
+        self.devices: set[int] = set()
+        """Devices holding this rank's symmetric buffers (their streams are flushed)."""
+        self._locate = locate
+        self._streams: dict[int, CudaStream] = {}
+        self._pending: list[Work] = []
+
+    def stream(self, device: torch.device) -> CudaStream:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            self._streams[index] = CudaStream(index)
+        return self._streams[index]
+
+    def _waiter(self, stream: CudaStream, keep_alive: torch.Tensor):
+        event = stream.record()
+        keep_alive_ref = [keep_alive]
+
+        def wait(timeout):
+            limit = self.timeout_s if timeout is None else timeout
+            if not stream.wait_event(event, limit):
+                raise _C.PeerError(f"odc transport: CUDA work of rank {self.rank} not "
+                                   f"finished after {limit} s")
+            stream.destroy_event(event)
+            del keep_alive_ref[:]
+
+        return wait
+
+    def gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+        allocation, offset = self._locate(shard, "shard")
+        stream = self.stream(output.device)
+        stream.after_current()
+        flat = output.view(-1)
+        numel, element = flat.numel(), flat.element_size()
+        for peer in self.peers:
+            start, end = shard_range(numel, peer, self.world_size)
+            if end > start:
+                stream.copy(flat.data_ptr() + start * element,
+                            allocation.peer_bases[peer] + offset, (end - start) * element)
+        stream.current_waits()
+
+    def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
+        allocation, offset = self._locate(remote, "remote")
+        stream = self.stream(output.device)
+        stream.after_current()
+        stream.copy(output.data_ptr(), allocation.peer_bases[peer] + offset,
+                    output.numel() * output.element_size())
+        stream.current_waits()
+
+    def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
+        allocation, offset = self._locate(remote, "remote")
+        stream = self.stream(input.device)
+        stream.after_current()
+        stream.copy(allocation.peer_bases[peer] + offset, input.data_ptr(),
+                    input.numel() * input.element_size())
+        work = Work(waiter=self._waiter(stream, input))
+        self._pending.append(work)  # flush (sync) waits for it
+        return work
+
+    def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
+        allocation, offset = self._locate(accumulator, "accumulator")
+        stream = self.stream(input.device)
+        stream.after_current()
+        flat = input.view(-1)
+        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
+        for peer in self.peers:
+            start, end = shard_range(numel, peer, self.world_size)
+            if end > start:
+                stream.accumulate(allocation.peer_bases[peer] + offset,
+                                  flat.data_ptr() + start * element, code, end - start, True)
+        work = Work(waiter=self._waiter(stream, input))
+        self._pending.append(work)
+        return work
+
+    def add_local(self, staging: torch.Tensor, input: torch.Tensor) -> None:
+        """Private fp32 staging += input (deterministic mode); returns once done."""
+        stream = self.stream(input.device)
+        stream.after_current()
+        stream.accumulate(staging.data_ptr(), input.data_ptr(), dtype_code(input.dtype),
+                          input.numel(), False)
+        self._waiter(stream, input)(None)
+
+    def add_now(self, owner: int, allocation: Allocation, offset: int,
+                source: torch.Tensor) -> None:
+        """owner's fp32 memory at offset += source (fp32; deterministic sync, in turn);
+        returns once it landed."""
+        stream = self.stream(source.device)
+        stream.accumulate(allocation.peer_bases[owner] + offset, source.data_ptr(), 0,
+                          source.numel(), False)
+        self._waiter(stream, source)(None)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            wait_all(pending)
+        finally:
+            # own writes queued on the current streams (the optimizer writing a shard, an
+            # accumulator being zeroed) finish before the host-side barrier / turn that
+            # lets peers read and add into our memory
+            for index in sorted(self.devices):
+                torch.cuda.current_stream(index).synchronize()
+
+    def barrier(self, epoch: int) -> None:
+        self.host.barrier(epoch)
+
+    def close(self) -> None:
+        pending, self._pending = self._pending, []
+        for work in pending:
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
+                pass

@@ -1,5 +1,6 @@
 """Host (shared-memory) side of the ODC transport: segment names, stale-segment cleanup,
-dtype codes and the mapping from tensors to (allocation, byte offset).
+dtype codes, symmetric allocations, and :class:`HostPath`, the path to same-host peers'
+CPU memory (see the contract in :mod:`odc_pp.odc.transport_path`).
 
 Segment names are ``odcpp.<creator pid>.<group uid>.<what>``: the pid lets a later run
 find segments whose creator died (killed run) and remove them; the uid (chosen by group
@@ -9,14 +10,19 @@ rank 0 at ``new_group``) keeps concurrent runs on one host apart.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from odc_pp import _C
+from odc_pp.odc.transport_path import Work, shard_range
 
-__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "DTYPE_CODES", "Allocation", "segment_name",
-           "remove_stale_segments", "list_segments", "dtype_code", "tensor_from_segment"]
+__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "DTYPE_CODES", "Allocation", "SymmetricMemory",
+           "HostPath", "Locator",
+           "segment_name", "remove_stale_segments", "list_segments", "dtype_code",
+           "tensor_from_segment", "wait_all"]
 
 SEGMENT_PREFIX = "odcpp."
 SHM_DIR = "/dev/shm"
@@ -85,3 +91,157 @@ class Allocation:
 
     def contains(self, address: int, nbytes: int) -> bool:
         return self.base <= address and address + nbytes <= self.base + self.nbytes
+
+
+class SymmetricMemory:
+    """This rank's symmetric allocations, in allocation order (equal on every member), and
+    the operations the paths need on them. Holds no reference to the group, so paths that
+    keep its methods do not keep the group alive."""
+
+    def __init__(self, *, rank: int, host=None):
+        self.rank = rank
+        self.host = host
+        """The ``odc_pp._C.HostGroup`` whose chunk locks guard this rank's memory."""
+        self.allocations: list[Allocation] = []
+
+    def locate(self, tensor: torch.Tensor, what: str) -> tuple[Allocation, int]:
+        """(allocation, byte offset) of a contiguous view of a symmetric tensor."""
+        if not tensor.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        address, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        for allocation in self.allocations:
+            if allocation.contains(address, nbytes):
+                return allocation, address - allocation.base
+        raise ValueError(f"{what} must be a view of a tensor from symmetric_empty on this group")
+
+    def local_bytes(self, alloc_id: int, offset: int, nbytes: int) -> torch.Tensor:
+        """This rank's bytes [offset, offset + nbytes) of a CPU allocation (uint8 view);
+        what the cross-host server reads and writes."""
+        if not 0 <= alloc_id < len(self.allocations):
+            raise ValueError(f"cross-host request for unknown allocation {alloc_id}")
+        allocation = self.allocations[alloc_id]
+        if offset < 0 or offset + nbytes > allocation.nbytes or allocation.local_bytes is None:
+            raise ValueError("cross-host request outside a CPU allocation")
+        return allocation.local_bytes[offset:offset + nbytes]
+
+    def accumulate_own(self, alloc_id: int, offset: int, payload: torch.Tensor, dtype: int,
+                       count: int) -> None:
+        """This rank's fp32 memory at offset += payload (``count`` values of dtype code
+        ``dtype``), under its own chunk locks (same-host peers may add concurrently)."""
+        if not 0 <= alloc_id < len(self.allocations):
+            raise ValueError(f"cross-host accumulate into unknown allocation {alloc_id}")
+        allocation = self.allocations[alloc_id]
+        if offset < 0 or offset + 4 * count > allocation.nbytes:
+            raise ValueError("cross-host accumulate outside the allocation")
+        self.host.accumulate_into(self.rank, allocation.base + offset, alloc_id, offset,
+                                  payload.data_ptr(), dtype, count)
+
+    def close(self) -> None:
+        """Unmap the peers' buffers (own tensors stay valid while referenced)."""
+        for allocation in self.allocations:
+            for kept in allocation.keep:
+                if hasattr(kept, "close"):
+                    kept.close()
+            allocation.keep.clear()
+
+
+# (tensor, what) -> (allocation, byte offset) of a contiguous view of a symmetric tensor
+Locator = Callable[[torch.Tensor, str], "tuple[Allocation, int]"]
+
+
+def wait_all(works: list[Work]) -> None:
+    """Wait for every work; raise the first failure after all finished."""
+    first_error = None
+    for work in works:
+        try:
+            work.wait()
+        except Exception as error:  # noqa: BLE001 - finish the others, raise the first
+            first_error = first_error or error
+    if first_error is not None:
+        raise first_error
+
+
+class HostPath:
+    """Same-host peers' CPU memory through their shared-memory mappings: reads and writes
+    are parallel copies, adds take the owner's chunk locks (``odc_pp._C.HostGroup``) and
+    run on one helper thread, barriers use the control blocks."""
+
+    def __init__(self, *, host, locate: Locator, local: list[bool], num_threads: int):
+        self.host = host
+        self.rank = host.rank
+        self.world_size = host.world_size
+        self.peers = [peer for peer in range(self.world_size) if local[peer]]
+        self.num_threads = num_threads
+        self._locate = locate
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"odcpp-acc-{self.rank}")
+        self._pending: list[Work] = []
+
+    def _read(self, peer: int, allocation: Allocation, offset: int, out: torch.Tensor,
+              transfer_bytes: int) -> None:
+        self.host.check_peer(peer, "get")
+        _C.copy_bytes(out.data_ptr(), allocation.peer_bases[peer] + offset,
+                      out.numel() * out.element_size(), self.num_threads, transfer_bytes)
+
+    def gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+        allocation, offset = self._locate(shard, "shard")
+        flat = output.view(-1)
+        numel = flat.numel()
+        for peer in self.peers:
+            start, end = shard_range(numel, peer, self.world_size)
+            if end > start:
+                self._read(peer, allocation, offset, flat[start:end], numel * flat.element_size())
+
+    def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
+        allocation, offset = self._locate(remote, "remote")
+        out = output.view(-1)
+        self._read(peer, allocation, offset, out, out.numel() * out.element_size())
+
+    def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
+        """Complete on return (a CPU copy)."""
+        allocation, offset = self._locate(remote, "remote")
+        self.host.check_peer(peer, "put")
+        data = input.view(-1)
+        _C.copy_bytes(allocation.peer_bases[peer] + offset, data.data_ptr(),
+                      data.numel() * data.element_size(), self.num_threads)
+        return Work()
+
+    def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
+        allocation, offset = self._locate(accumulator, "accumulator")
+        work = Work(self._executor.submit(self._scatter_now, allocation, offset, input))
+        self._pending.append(work)
+        return work
+
+    def _scatter_now(self, allocation: Allocation, offset: int, input: torch.Tensor) -> None:
+        flat = input.view(-1)
+        numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
+        for step in range(self.world_size):
+            peer = (self.rank + 1 + step) % self.world_size  # spread owners over senders
+            start, end = shard_range(numel, peer, self.world_size)
+            if end > start and peer in self.peers:
+                self.host.accumulate_into(peer, allocation.peer_bases[peer] + offset,
+                                          allocation.alloc_id, offset,
+                                          flat.data_ptr() + start * element, code, end - start)
+
+    def add_now(self, owner: int, allocation: Allocation, offset: int,
+                source: torch.Tensor) -> None:
+        """owner's fp32 memory at offset += source (fp32, contiguous), under the owner's
+        chunk locks; returns once it landed (deterministic sync, in turn)."""
+        self.host.accumulate_into(owner, allocation.peer_bases[owner] + offset,
+                                  allocation.alloc_id, offset, source.data_ptr(), 0,
+                                  source.numel())
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        wait_all(pending)
+
+    def barrier(self, epoch: int) -> None:
+        self.host.barrier(epoch)
+
+    def close(self) -> None:
+        pending, self._pending = self._pending, []
+        for work in pending:
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
+                pass
+        self._executor.shutdown(wait=True)

@@ -22,7 +22,7 @@ def run_cross_host(rank, world, *, keep, clip):
 
     group = prim.new_group(config=prim.TransportConfig(backend="odc", force_cross_host=True,
                                                        timeout_s=60.0))
-    assert group._link is not None, "the cross-host path was not taken"
+    assert group.cross_host is not None, "the cross-host path was not taken"
     model = make_model()
     engine = ShardedDataParallel(model.units(), OdcConfig(
         mode="odc", keep_params_through_backward=keep), group)

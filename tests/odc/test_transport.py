@@ -166,7 +166,7 @@ def _run_cross_host(rank, world, results):
     for deterministic in (False, True):
         group = odc.new_group(config=odc.TransportConfig(timeout_s=30,
                                                          deterministic=deterministic))
-        assert group._link is not None and not any(
+        assert group.cross_host is not None and not any(
             group.local[p] for p in range(world) if p != rank)
         _check_group(group, dist.group.WORLD, deterministic)
         _check_large(group, dist.group.WORLD)

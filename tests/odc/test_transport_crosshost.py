@@ -48,7 +48,7 @@ def _scatter_rounds(group, accumulators, rank, errors) -> None:
 
 def _run_concurrent(rank, world, results):
     group = odc.new_group(config=odc.TransportConfig(timeout_s=30, force_cross_host=True))
-    assert group._link is not None
+    assert group.cross_host is not None
     shard_sizes = [-(-numel // world) for numel in NUMELS]
     # interleave parameter and accumulator allocations, as an engine's buckets do
     shards, accumulators = [], []

@@ -1,0 +1,131 @@
+"""Deterministic accumulation of an ODC group: ``scatter_accumulate`` adds the contribution
+into a private fp32 staging buffer (one per accumulator view); ``sync`` applies the staged
+buffers at every owner in source rank order, so sums are bitwise reproducible.
+
+Ordering (the contract in :mod:`odc_pp.odc.transport_path`): the adds of sync k reach an
+owner only after the owner entered sync k, so its own writes before that sync (zeroing
+its accumulator after the optimizer step, in-place clipping) are never lost to a source's
+read-modify-write.
+
+* Every member on this host: turn-taking on the owners' control-block counters
+  (``HostGroup.open_turns`` / ``take_turn`` / ``pass_turn``): an owner opens its counter
+  for sync k once its own writes are complete, then sources 0, 1, ... add in turn.
+* Some member on another host: every source sends each owner its staged slices over the
+  cross-host link and each owner applies what it receives itself, in source rank order,
+  inside its own sync.
+
+Buffers that received nothing since the previous sync are not applied (nothing to add);
+every member still takes its turns, so the counters stay in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from odc_pp import _C
+from odc_pp.odc.transport_host import Allocation, HostPath, Locator, dtype_code
+from odc_pp.odc.transport_path import shard_range
+
+__all__ = ["StagedAccumulation"]
+
+
+@dataclass(kw_only=True)
+class _Staging:
+    allocation: Allocation
+    """The symmetric allocation the accumulator view belongs to."""
+    buffer: torch.Tensor
+    """fp32, the size of the full input; sum of this rank's contributions since sync."""
+    dirty: bool = False
+    """Whether anything was staged since the previous sync."""
+
+
+class StagedAccumulation:
+    """Staged contributions of one rank and their ordered application at sync.
+
+    ``host`` is the group's ``odc_pp._C.HostGroup`` (turn counters), ``host_path`` adds CPU
+    buffers, ``cuda_path`` (a callable returning the CUDA path, made on first use) adds
+    and stages GPU buffers, ``cross_host`` (a CrossHostPath or None) carries the ordered
+    exchange, ``apply_own(alloc_id, offset, data)`` adds fp32 data into this rank's memory.
+    """
+
+    def __init__(self, *, rank: int, world_size: int, locate: Locator, host,
+                 host_path: HostPath, cuda_path, cross_host, apply_own, num_threads: int):
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.host_path = host_path
+        self.cuda_path = cuda_path
+        self.cross_host = cross_host
+        self.apply_own = apply_own
+        self.num_threads = num_threads
+        self._locate = locate
+        self._staged: dict[tuple[int, int, int], _Staging] = {}
+
+    def stage(self, accumulator: torch.Tensor, input: torch.Tensor) -> None:
+        """staging(accumulator view) += input; complete on return."""
+        allocation, offset = self._locate(accumulator, "accumulator")
+        flat = input.view(-1)
+        key = (allocation.alloc_id, offset, flat.numel())
+        if key not in self._staged:
+            self._staged[key] = _Staging(allocation=allocation, buffer=torch.zeros(
+                flat.numel(), dtype=torch.float32, device=flat.device))
+        staging = self._staged[key]
+        staging.dirty = True
+        if flat.is_cuda:
+            self.cuda_path().add_local(staging.buffer, flat)
+        else:
+            _C.accumulate_local(staging.buffer.data_ptr(), flat.data_ptr(),
+                                dtype_code(flat.dtype), flat.numel(), self.num_threads)
+
+    def _dirty(self) -> list[tuple[tuple[int, int, int], _Staging]]:
+        return sorted(((key, staging) for key, staging in self._staged.items()
+                       if staging.dirty), key=lambda item: item[0])
+
+    def apply(self, epoch: int) -> None:
+        """Sync ``epoch``: land every staged contribution of every member (call after this
+        rank's own writes are complete, i.e. after the paths' flush)."""
+        items = self._dirty()
+        if self.cross_host is not None:
+            self._apply_ordered(items)
+        else:
+            self._apply_turns(epoch, items)
+        for _, staging in items:
+            staging.buffer.zero_()
+            staging.dirty = False
+
+    def _apply_turns(self, epoch: int, items) -> None:
+        self.host.open_turns(epoch)  # our own writes are complete: sources may add
+        for owner in range(self.world_size):
+            self.host.take_turn(owner, epoch)
+            for (_, offset, numel), staging in items:
+                start, end = shard_range(numel, owner, self.world_size)
+                if end <= start:
+                    continue
+                source = staging.buffer[start:end]
+                if source.is_cuda:
+                    self.cuda_path().add_now(owner, staging.allocation, offset, source)
+                else:
+                    self.host_path.add_now(owner, staging.allocation, offset, source)
+            self.host.pass_turn(owner, epoch)
+
+    def _apply_ordered(self, items) -> None:
+        outgoing = {}
+        for owner in range(self.world_size):
+            meta, data = [], []
+            for (alloc_id, offset, numel), staging in items:
+                start, end = shard_range(numel, owner, self.world_size)
+                if end > start:
+                    meta += [alloc_id, offset, end - start]
+                    data.append(staging.buffer[start:end])
+            outgoing[owner] = (torch.tensor(meta, dtype=torch.int64),
+                               torch.cat(data) if data else torch.zeros(0))
+
+        def apply(source, meta, data):
+            position = 0
+            for alloc_id, offset, count in meta.view(-1, 3).tolist():
+                self.apply_own(alloc_id, offset, data[position:position + count])
+                position += count
+
+        self.cross_host.exchange_ordered(outgoing, apply)
