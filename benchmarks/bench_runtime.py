@@ -20,22 +20,20 @@ sequence length here because torch.distributed.pipelining requires static shapes
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
 
 OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
         "offload", "dualpipev"]
@@ -232,18 +230,10 @@ def check_same_gradients(runners):
         theirs.row["grad_max_rel_diff_vs_" + ours_name] = float(worst_tensor)
 
 
-def worker(rank, args, port, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def worker(rank, world_size, args):
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=args.pp,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        rows = run_benchmark(args)
-        if rank == 0:
-            with open(out_path, "w") as handle:
-                json.dump(rows, handle)
-    finally:
-        dist.destroy_process_group()
+    rows = run_benchmark(args)
+    return rows if rank == 0 else None
 
 
 def run_benchmark(args):
@@ -290,20 +280,11 @@ def run_benchmark(args):
 
 
 # ----- driver -------------------------------------------------------------------------
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(argv=None):
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "rows.json")
-        mp.start_processes(worker, args=(args, free_port(), out_path), nprocs=args.pp,
-                           join=True, start_method="spawn")
-        with open(out_path) as handle:
-            rows = json.load(handle)
+    rows = run_workers(worker, args.pp, args,
+                       config=LaunchConfig(timeout_s=3600, process_group_timeout_s=300,
+                                           threads_per_rank=args.threads))[0]
     by_name = {row["schedule"]: row for row in rows}
     summary = {}
     for ours, theirs in (("zbv", "torch-ZBVZeroBubble"),

@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
 
 
 def _no_device_sync() -> None:
@@ -116,26 +115,14 @@ def _measure_size(group, nbytes: int, iterations: int, odc) -> dict:
     return row
 
 
-def _worker(rank: int, world: int, port: int, sizes_mib: list[float], threads: int,
-            queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+def _worker(rank: int, world: int, sizes_mib: list[float], threads: int) -> list | None:
     from odc_pp.odc import primitives as odc
     rows = []
     for mib in sizes_mib:
         group = odc.new_group(config=odc.TransportConfig(timeout_s=120, num_threads=threads))
         nbytes = int(mib * 2**20)
         rows.append(_measure_size(group, nbytes, 31 if nbytes <= 16 * 2**20 else 11, odc))
-    if rank == 0:
-        queue.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return rows if rank == 0 else None
 
 
 _TEXT_COLUMNS = [
@@ -194,12 +181,9 @@ def main(argv=None) -> int:
                         help="TransportConfig.num_threads (0 = auto)")
     args = parser.parse_args(argv)
     world = 2
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    processes = mp.start_processes(_worker, args=(world, _free_port(), args.sizes_mib, args.threads, queue),
-                                   nprocs=world, join=False, start_method="spawn")
-    rows = [_add_ratios(row) for row in queue.get(timeout=1800)]
-    processes.join()
+    rows = run_workers(_worker, world, args.sizes_mib, args.threads,
+                       config=LaunchConfig(timeout_s=1800, process_group_timeout_s=300))[0]
+    rows = [_add_ratios(row) for row in rows]
     result = {"benchmark": "odc transport vs memcpy and gloo", "ranks": world, "num_threads": args.threads,
               "host_cpus": os.cpu_count(), "torch": torch.__version__,
               "copy_kernel": _copy_kernel(), "rows": rows,

@@ -20,15 +20,12 @@ import argparse
 import importlib
 import os
 import sys
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_transport import (ROOT, _free_port, _interleaved_medians, emit_json,  # noqa: E402
-                             print_table)
+from bench_transport import (ROOT, LaunchConfig, _interleaved_medians, emit_json,  # noqa: E402
+                             print_table, run_workers)
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -81,9 +78,7 @@ def _measure_size(group, nbytes: int, iterations: int, device: torch.device, odc
     return row
 
 
-def _worker(rank: int, world: int, port: int, sizes_mib: list[float], queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+def _worker(rank: int, world: int, sizes_mib: list[float]) -> list | None:
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     from odc_pp.odc import primitives as odc
@@ -93,10 +88,7 @@ def _worker(rank: int, world: int, port: int, sizes_mib: list[float], queue) -> 
         nbytes = int(mib * 2**20)
         rows.append(_measure_size(group, nbytes, 21 if nbytes <= 256 * 2**20 else 11,
                                   device, odc))
-    if rank == 0:
-        queue.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
+    return rows if rank == 0 else None
 
 
 def _missing_cuda_backend() -> str | None:
@@ -123,11 +115,8 @@ def main(argv=None) -> int:
         print(problem, file=sys.stderr)
         return 2
     world = 2
-    queue = mp.get_context("spawn").Queue()
-    processes = mp.start_processes(_worker, args=(world, _free_port(), args.sizes_mib, queue),
-                                   nprocs=world, join=False, start_method="spawn")
-    rows = queue.get(timeout=1800)
-    processes.join()
+    rows = run_workers(_worker, world, args.sizes_mib,
+                       config=LaunchConfig(timeout_s=1800, process_group_timeout_s=300))[0]
     result = {"benchmark": "odc transport (CUDA IPC) vs device-to-device copy", "ranks": world,
               "gpu": torch.cuda.get_device_name(0), "gpus_used": min(world,
                                                                        torch.cuda.device_count()),

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from odc_pp.odc.launch import LaunchConfig, run_workers
+from tests.launch import LaunchConfig, run_workers
 from odc_pp.data.load_balance import AttentionCost, balance_minibatch, pack_microbatches
 
 HIDDEN, HEADS, OUT, LAYERS = 16, 2, 8, 2

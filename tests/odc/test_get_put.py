@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
 
-from ._transport_harness import spawn_ranks
+from tests.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 
@@ -63,8 +63,9 @@ def _run(rank, world, results, force_cross_host):
                          [(2, False), (3, False), (2, True)],
                          ids=["shm-2", "shm-3", "cross-host-2"])
 def test_put_and_get_move_the_exact_bytes(world_size, force_cross_host):
-    values = spawn_ranks(world_size, _run, force_cross_host, timeout_s=240)
-    assert values == {rank: True for rank in range(world_size)}
+    values = run_workers(_run, world_size, force_cross_host,
+                         config=LaunchConfig(pass_queue=True, timeout_s=240))
+    assert values == [True] * world_size
 
 
 def _run_bad_arguments(rank, world, results):
@@ -93,7 +94,8 @@ def _run_bad_arguments(rank, world, results):
 
 
 def test_bad_arguments_raise_value_errors_that_say_what_to_change():
-    errors = spawn_ranks(2, _run_bad_arguments, timeout_s=120)[0]
+    errors = run_workers(_run_bad_arguments, 2,
+                         config=LaunchConfig(pass_queue=True, timeout_s=120))[0]
     assert "peer must be a group rank in [0, 2)" in errors[0]
     assert "must match remote" in errors[1] and "must match remote" in errors[2]
     assert "view of a tensor from symmetric_empty" in errors[3]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from odc_pp.odc import primitives as odc
 from odc_pp.odc.transport_host import list_segments
 
-from ._transport_harness import spawn_ranks
+from tests.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 
@@ -154,11 +154,12 @@ def test_odc_matches_collectives(world_size):
                # several copy/accumulate threads per rank (the default here is 1: 2 cores)
                3: [odc.TransportConfig(timeout_s=30, deterministic=True, num_threads=3)],
                4: [odc.TransportConfig(timeout_s=30, num_threads=3)]}[world_size]
-    pids = spawn_ranks(world_size, _run_checks, configs, timeout_s=240)
+    pids = run_workers(_run_checks, world_size, configs,
+                       config=LaunchConfig(pass_queue=True, timeout_s=240))
     if leftover:
         assert leftover not in list_segments(), "new_group did not remove a dead run's segment"
     left = [name for name in list_segments()
-            if any(name.startswith(f"odcpp.{pid}.") for pid in pids.values())]
+            if any(name.startswith(f"odcpp.{pid}.") for pid in pids)]
     assert left == [], f"segments left after a normal exit: {left}"
 
 
@@ -175,9 +176,11 @@ def _run_cross_host(rank, world, results):
 
 
 def test_cross_host_path_forced():
-    values = spawn_ranks(3, _run_cross_host, env={odc.FORCE_CROSS_HOST_ENV: "1"},
-                         timeout_s=240)
-    assert values == {0: True, 1: True, 2: True}
+    values = run_workers(_run_cross_host, 3,
+                         config=LaunchConfig(pass_queue=True,
+                                             env={odc.FORCE_CROSS_HOST_ENV: "1"},
+                                             timeout_s=240))
+    assert values == [True, True, True]
 
 
 def _run_until_killed(rank, world, results, victim, timeout_s):
@@ -204,8 +207,9 @@ def _run_until_killed(rank, world, results, victim, timeout_s):
 def test_killed_rank_raises_naming_it(cross_host):
     world, victim, timeout_s = 3, 2, 5.0
     env = {odc.FORCE_CROSS_HOST_ENV: "1"} if cross_host else {}
-    values = spawn_ranks(world, _run_until_killed, victim, timeout_s, env=env, expect=[0, 1],
-                         timeout_s=120)
+    values = run_workers(_run_until_killed, world, victim, timeout_s,
+                         config=LaunchConfig(pass_queue=True, env=env, expect=(0, 1),
+                                             timeout_s=120))
     for rank in (0, 1):
         message, elapsed = values[rank]
         assert f"group rank {victim}" in message, message

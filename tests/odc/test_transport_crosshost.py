@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
 
-from ._transport_harness import spawn_ranks
+from tests.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 
@@ -95,5 +95,6 @@ def _run_concurrent(rank, world, results):
 
 @pytest.mark.parametrize("world_size", [3])
 def test_cross_host_concurrent_gather_and_scatter(world_size):
-    values = spawn_ranks(world_size, _run_concurrent, timeout_s=120)
+    values = run_workers(_run_concurrent, world_size,
+                         config=LaunchConfig(pass_queue=True, timeout_s=120))
     assert all(values[rank] for rank in range(world_size))

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
 
-from ._transport_harness import spawn_ranks
+from tests.launch import LaunchConfig, run_workers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
 
@@ -75,4 +75,5 @@ def _check_put_get_cuda(group, device):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_cuda_ipc_matches_collectives(deterministic):
-    assert spawn_ranks(2, _run_cuda, deterministic, timeout_s=300) == {0: True, 1: True}
+    assert run_workers(_run_cuda, 2, deterministic,
+                       config=LaunchConfig(pass_queue=True, timeout_s=300)) == [True, True]

@@ -24,7 +24,7 @@ import torch
 
 from odc_pp.odc import primitives as odc
 
-from ._transport_harness import spawn_ranks
+from tests.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 
@@ -79,9 +79,9 @@ def _owner_write_then_sync(rank, world, results, deterministic, device_kind, env
 @pytest.mark.parametrize("force_cross_host", [False, True], ids=["shm", "cross-host"])
 def test_staged_adds_land_after_the_owners_write_before_sync(force_cross_host):
     """Deterministic mode: owner writes before sync k precede the adds applied in sync k."""
-    values = spawn_ranks(2, _owner_write_then_sync, True, "cpu", force_cross_host,
-                         timeout_s=180)
-    for rank, outcomes in values.items():
+    values = run_workers(_owner_write_then_sync, 2, True, "cpu", force_cross_host,
+                         config=LaunchConfig(pass_queue=True, timeout_s=180))
+    for rank, outcomes in enumerate(values):
         for owner, seen_early, ok, sample in outcomes:
             assert ok, (f"rank {rank}, owner {owner}: accumulator {sample} after sync; a "
                         f"peer's staged add landed before the owner's write "
@@ -93,8 +93,9 @@ def test_staged_adds_land_after_the_owners_write_before_sync(force_cross_host):
 @pytest.mark.gpu
 def test_staged_adds_land_after_the_owners_write_before_sync_cuda():
     """The same on the CUDA IPC path (the owner's write is queued on its current stream)."""
-    values = spawn_ranks(2, _owner_write_then_sync, True, "cuda", False, timeout_s=180)
-    for rank, outcomes in values.items():
+    values = run_workers(_owner_write_then_sync, 2, True, "cuda", False,
+                         config=LaunchConfig(pass_queue=True, timeout_s=180))
+    for rank, outcomes in enumerate(values):
         for owner, seen_early, ok, sample in outcomes:
             assert ok, f"rank {rank}, owner {owner}: accumulator {sample} after sync"
             if rank == owner:
