@@ -1,14 +1,16 @@
 """odc_pp.odc: ODC sharded data parallelism.
 
-Public API (engine, optimizer and checkpoints are imported lazily, on first access):
+Public API (engine and optimizer are imported lazily, on first access):
 
 * :class:`OdcConfig`, :class:`ShardedDataParallel` (``engine``): shard a list of modules
   over a data-parallel ``OdcGroup``; gather on demand, scatter-accumulate gradients, one
   sync per minibatch; module hooks for plain training or the pipeline runtime's hooks.
 * :class:`AdamWConfig`, :class:`ShardedAdamW` (``sharded_optimizer``): AdamW with fp32
   master weights on the owned shards, sharded grad-norm clipping, snapshot/restore.
-* :func:`save_checkpoint`, :func:`load_checkpoint` (``checkpoint``): atomic sharded
-  checkpoints, resharding to another data-parallel size.
+* Checkpoints of an engine + optimizer: :mod:`odc_pp.training.checkpointing` (atomic,
+  checksummed) with :func:`odc_pp.training.resharding.sharded_state` /
+  :func:`~odc_pp.training.resharding.restore_optimizer` (exact, or resharded to another
+  data-parallel size through :meth:`ShardedDataParallel.layout`).
 * Load balancing (``load_balance``): cost models, :func:`balance_minibatch`,
   :func:`pack_microbatches`, :func:`equal_count_balance`, :func:`plan_minibatch`.
 * :func:`run_workers` (``launch``): run a function on N local gloo processes.
@@ -25,8 +27,7 @@ _LAZY = {
     "ShardedDataParallel": "engine",
     "AdamWConfig": "sharded_optimizer",
     "ShardedAdamW": "sharded_optimizer",
-    "save_checkpoint": "checkpoint",
-    "load_checkpoint": "checkpoint",
+    "UnitLayout": "engine",
     "LaunchConfig": "launch",
     "run_workers": "launch",
 }

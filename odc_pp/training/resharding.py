@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .checkpointing import load_rank_state, rank_file
+from .checkpointing import load_rank_state, rank_file, read_meta
 
 __all__ = ["STATE_NAMES", "unit_layout", "assemble_by_name", "owned_state",
            "read_optimizer_state", "restore_optimizer", "sharded_state"]
@@ -141,11 +141,13 @@ def read_optimizer_state(directory: str, engine, *, rank: int, saved_world_size:
     return owned_state(tensors, step, layout, device), None
 
 
-def restore_optimizer(directory: str, engine, optimizer, *, rank: int,
-                      saved_world_size: int) -> int:
-    """Load a checkpoint directory into ``optimizer`` and publish the shards (collective
-    over the engine's group: ``finish_step``). Exact when the data-parallel size is the
-    saved one, resharded by parameter name otherwise. Returns the optimizer step."""
+def restore_optimizer(directory: str, engine, optimizer, *, rank: int) -> int:
+    """Load a checkpoint directory (saved with :func:`sharded_state` as the rank files'
+    state) into ``optimizer`` and publish the shards (collective over the engine's group:
+    ``finish_step``). ``rank``: this rank's index among the ranks that saved, when the
+    data-parallel size is the saved one (exact, bit for bit); at another size the state is
+    resharded by parameter name. Returns the optimizer step."""
+    saved_world_size = int(read_meta(directory)["world_size"])
     exact = saved_world_size == engine.group.world_size
     state, _ = read_optimizer_state(directory, engine, rank=rank,
                                     saved_world_size=saved_world_size, exact=exact)
