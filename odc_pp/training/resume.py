@@ -114,8 +114,14 @@ def refuse_newer_checkpoints(args: TrainingArgs, topo: Topology, start: int) -> 
                               for it in newer[-3:])
             problem = (f"--save {args.save} already holds checkpoints newer than iteration "
                        f"{start}, where this run starts ({names}); refusing to overwrite or "
-                       f"prune them. Resume from them with --load {args.save}, or give a new "
-                       f"--save directory")
+                       f"prune them. ")
+            if _same_dir(args.load, args.save) and not args.finetune:
+                problem += (f"{os.path.join(args.save, LATEST)} names iteration {start}: "
+                            f"write the iteration to resume from into it, or give a new "
+                            f"--save directory")
+            else:
+                problem += (f"Resume from them with --load {args.save}, or give a new --save "
+                            f"directory")
     problem = _from_rank0(problem, topo)
     if problem:
         raise ValueError(problem)

@@ -35,10 +35,8 @@ def _second_rank_writer(save: str, iteration: int):
 def test_checkpoint_atomic_keep_and_resume(tmp_path):
     save = str(tmp_path / "ckpt")
     assert latest_iteration(save) is None
-    savers = {}
+    saver = CheckpointSaver(save, keep=2, rank=0, world_size=2, barrier=lambda: None)
     for iteration in (2, 4, 6):
-        saver = savers.setdefault("run", CheckpointSaver(save, keep=2, rank=0, world_size=2,
-                                                         barrier=lambda: None))
         saver.barrier = _second_rank_writer(save, iteration)
         saver.save(iteration, {"value": torch.tensor([iteration, 0])}, meta={"pp": 2})
     assert sorted(os.listdir(save)) == ["iter_0000004", "iter_0000006", "latest"]
