@@ -102,9 +102,9 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
             saved = tensors.get(name)
             if saved is None or saved["shape"] != list(shape):
                 found = "missing" if saved is None else f"shape {saved['shape']}"
-                raise ValueError(f"checkpoint parameter {name!r} is {found}, the model "
-                                 f"needs shape {list(shape)}: resume with the model flags "
-                                 f"it was saved with")
+                raise ValueError(f"checkpoint holds a different model: parameter {name!r} "
+                                 f"is {found}, the model needs shape {list(shape)}: resume "
+                                 f"with the model flags it was saved with")
             low, high = max(unit["start"], offset), min(unit["end"], offset + numel)
             if high > low:
                 for key in STATE_NAMES:
@@ -120,23 +120,21 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
 def read_optimizer_state(directory: str, engine, *, rank: int, saved_world_size: int,
                          exact: bool) -> tuple[dict, dict | None]:
     """(state for ``ShardedAdamW.load_state_dict`` on the engine's device, this rank's saved
-    file or None). ``exact``: the checkpoint was saved under this very layout, and rank
-    ``rank``'s own file is used as it is (bit-exact resume; ValueError if its recorded
-    layout differs from ``engine``'s); otherwise every file is read and the state is
-    resharded by parameter name. Reads files only: nothing is applied, no peer is waited
-    for (the caller applies the state and calls ``engine.finish_step()``)."""
+    file or None). ``exact``: the checkpoint was saved under this parallel layout, so rank
+    ``rank``'s own file is used as it is (bit-exact resume) when the units' layout it
+    records equals ``engine``'s; otherwise (and without ``exact``) every file is read and
+    the state is resharded by parameter name (the saved file is then None). Reads files
+    only: nothing is applied, no peer is waited for (the caller applies the state and
+    calls ``engine.finish_step()``)."""
     layout = unit_layout(engine)
     device = engine.owned_params()[0].device
     if exact:
         saved = load_rank_state(directory, rank)
-        if saved.get("layout") != layout:
-            raise ValueError(f"{rank_file(directory, rank)} holds a different model or "
-                             f"layout: its units' parameter names, shapes or owned ranges "
-                             f"differ from the engine's")
-        state = dict(saved["optimizer"])
-        for key in STATE_NAMES:
-            state[key] = [tensor.to(device) for tensor in state[key]]
-        return state, saved
+        if saved.get("layout") == layout:
+            state = dict(saved["optimizer"])
+            for key in STATE_NAMES:
+                state[key] = [tensor.to(device) for tensor in state[key]]
+            return state, saved
     step, tensors = assemble_by_name(directory, saved_world_size)
     return owned_state(tensors, step, layout, device), None
 

@@ -170,9 +170,10 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
         state, saved = read_optimizer_state(directory, parts.engine, rank=topo.rank,
                                             saved_world_size=meta["world_size"],
                                             exact=not changed)
-        if not changed:
+        if saved is not None:
             return "ok", "exact", (state, saved)
-        detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed)
+        detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed) or \
+            "the units' parameter layout differs"
         return "ok", f"resharded ({detail}; RNG streams restart)", (state, None)
     except (CorruptCheckpointError, OSError) as exc:  # unreadable: try an older one
         return "corrupt", str(exc), None
