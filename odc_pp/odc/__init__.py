@@ -1,15 +1,16 @@
 """odc_pp.odc: ODC sharded data parallelism.
 
-Public API (engine, optimizer and checkpoints are imported lazily, on first access):
+Public API (engine and optimizer are imported lazily, on first access):
 
 * :class:`OdcConfig`, :class:`ShardedDataParallel` (``engine``): shard a list of modules
   over a data-parallel ``OdcGroup``; gather on demand, scatter-accumulate gradients, one
   sync per minibatch; module hooks for plain training or the pipeline runtime's hooks.
 * :class:`AdamWConfig`, :class:`ShardedAdamW` (``sharded_optimizer``): AdamW with fp32
   master weights on the owned shards, sharded grad-norm clipping, snapshot/restore.
-* :func:`save_checkpoint`, :func:`load_checkpoint` (``checkpoint``): atomic sharded
-  checkpoints, resharding to another data-parallel size.
-* :func:`run_workers` (``launch``): run a function on N local gloo processes.
+* Checkpoints of an engine + optimizer: :mod:`odc_pp.training.checkpointing` (atomic,
+  checksummed) with :func:`odc_pp.training.resharding.sharded_state` /
+  :func:`~odc_pp.training.resharding.restore_optimizer` (exact, or resharded to another
+  data-parallel size through :meth:`ShardedDataParallel.layout`).
 
 Load balancing and the minibatch planner live in :mod:`odc_pp.data`.
 """
@@ -21,10 +22,7 @@ _LAZY = {
     "ShardedDataParallel": "engine",
     "AdamWConfig": "sharded_optimizer",
     "ShardedAdamW": "sharded_optimizer",
-    "save_checkpoint": "checkpoint",
-    "load_checkpoint": "checkpoint",
-    "LaunchConfig": "launch",
-    "run_workers": "launch",
+    "UnitLayout": "engine",
 }
 
 __all__ = [*_LAZY]

@@ -70,7 +70,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import primitives as prim
 
-__all__ = ["OdcConfig", "ShardedDataParallel"]
+__all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,6 +119,37 @@ class OdcConfig:
     @property
     def torch_param_dtype(self) -> torch.dtype:
         return _DTYPES[self.param_dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitLayout:
+    """Where one unit's trainable parameters live in its flat buffer, and which part of
+    that buffer this rank owns (:meth:`ShardedDataParallel.layout`). Checkpoints record it
+    so that optimizer shards can be reassembled under another layout."""
+
+    index: int
+    """Position of the unit in the module list given to the engine."""
+    module: nn.Module
+    """The unit's module."""
+    names: tuple[str, ...]
+    """Trainable parameter names, as ``module.named_parameters()`` gives them, in flat order."""
+    shapes: tuple[tuple[int, ...], ...]
+    """Shape of each parameter."""
+    offsets: tuple[int, ...]
+    """Offset of each parameter in the flat buffer."""
+    numel: int
+    """Elements of the flat buffer."""
+    start: int
+    """First flat element this rank owns."""
+    end: int
+    """One past the last flat element this rank owns (``end - start`` may be 0)."""
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.shapes) == len(self.offsets):
+            raise ValueError("names, shapes and offsets must have one entry per parameter")
+        if not 0 <= self.start <= self.end <= self.numel:
+            raise ValueError(f"owned range [{self.start}, {self.end}) is not inside "
+                             f"[0, {self.numel}]")
 
 
 class _Unit:
@@ -494,6 +525,14 @@ class ShardedDataParallel:
         prim.sync(self.group)
 
     # ----- access ----------------------------------------------------------------------
+    def layout(self) -> list[UnitLayout]:
+        """Per unit: parameter names, shapes and offsets in the flat buffer, and this rank's
+        owned range (the order of :meth:`owned_params` and of the optimizer's state)."""
+        return [UnitLayout(index=unit.index, module=unit.module, names=tuple(unit.names),
+                           shapes=tuple(unit.shapes), offsets=tuple(unit.offsets),
+                           numel=unit.numel, start=unit.start, end=unit.end)
+                for unit in self.units]
+
     def owned_grads(self) -> list[torch.Tensor]:
         """Per unit, the fp32 accumulated gradient of the owned elements (a view)."""
         return [unit.grad_acc[:unit.owned_numel] for unit in self.units]

@@ -132,14 +132,19 @@ class TrainingArgs:
     save: str | None = None
     """Checkpoint directory."""
     load: str | None = None
-    """Resume from the latest checkpoint in this directory (when there is one)."""
+    """Resume from the latest checkpoint in this directory (the newest one that verifies).
+    A directory without a checkpoint is an error, unless --load-optional is given or it is
+    also --save (resume when there is one)."""
+    load_optional: bool = False
+    """With --load: a missing directory or one without a checkpoint means training from
+    scratch instead of an error."""
     finetune: bool = False
     """With --load: take only the model weights (saved under any layout); optimizer state,
     RNG and iteration count start afresh (Megatron's --finetune; save elsewhere)."""
     save_interval: int | None = None
     """Save every N iterations (and at the end)."""
     keep_checkpoints: int = 2
-    """Keep the last K checkpoints."""
+    """Keep the last K checkpoints this run saved (other runs' are never deleted)."""
     log_interval: int = 1
     """Log every N iterations."""
     peak_tflops: float | None = None
@@ -293,6 +298,8 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--lr-warmup-iters, --clip-grad and --weight-decay must be >= 0")
     if args.save_interval is not None and (args.save_interval < 1 or not args.save):
         problems.append("--save-interval needs --save DIR and must be >= 1")
+    if args.load_optional and not args.load:
+        problems.append("--load-optional needs --load DIR")
     if args.finetune and not args.load:
         problems.append("--finetune needs --load DIR (the checkpoint to start from)")
     if args.exit_interval is not None and args.exit_interval < 1:

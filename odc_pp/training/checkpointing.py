@@ -1,18 +1,34 @@
-"""Atomic checkpoint directories.
+"""Atomic, checksummed checkpoint directories -- the one checkpoint format of odc-pp.
 
-Layout: ``SAVE/iter_0000010/rank_00003.pt`` (one file per rank: its model chunks,
-optimizer shard, RNG states), ``SAVE/iter_0000010/meta.json`` and ``SAVE/latest``
-(the newest complete iteration). Every rank writes and fsyncs its file inside
-``SAVE/.tmp_iter_0000010``; after a barrier, rank 0 fsyncs the directory, renames it to
-``iter_0000010`` (atomic on one file system), rewrites ``latest`` atomically and deletes
-all but the newest ``keep`` checkpoints. A crash at any point leaves either the previous
-complete checkpoint or the new one, never a partial one under its final name.
+Layout: ``SAVE/iter_0000010/rank_00003.pt`` (one file per rank: its optimizer shard with
+the units' parameter layout, RNG states, ...), ``SAVE/iter_0000010/meta.json`` and
+``SAVE/latest`` (the newest complete iteration).
+
+Rank files. Each starts with a fixed-size header -- format tag, SHA-256 and length of the
+payload (a ``torch.save`` stream) -- checked by :func:`load_rank_state`: a truncated,
+overwritten or missing file raises :class:`CorruptCheckpointError` naming the file.
+
+Saving (:func:`save_checkpoint`, collective). Every rank writes and fsyncs its file
+inside ``SAVE/.tmp_iter_0000010``; after a barrier rank 0 writes ``meta.json``, fsyncs the
+directory, renames it to ``iter_0000010`` (atomic on one file system) and rewrites
+``latest`` atomically. A crash leaves the previous complete checkpoint or the new one,
+never a partial one under a final name. An existing ``iter_*`` directory is never
+overwritten.
+
+Retention (:class:`CheckpointSaver`). Only checkpoints this run wrote are pruned (never the
+one just saved, never the one ``latest`` names); a pruned directory is first renamed to
+``.prune_iter_*`` and then deleted, so an interrupted prune leaves no partial directory
+under a final name. Leftover ``.tmp_iter_*`` / ``.prune_iter_*`` directories are removed by
+:func:`remove_leftovers`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import re
 import shutil
 from typing import Callable
 
@@ -20,80 +36,216 @@ import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-__all__ = ["save_checkpoint", "load_checkpoint", "read_latest", "read_meta", "load_rank_state",
-           "latest_iteration", "checkpoint_dir"]
+__all__ = ["LATEST", "CorruptCheckpointError", "CheckpointSaver", "checkpoint_dir",
+           "rank_file", "list_iterations", "write_rank_file", "load_rank_state", "read_meta",
+           "save_checkpoint", "prune_checkpoint", "remove_leftovers", "latest_iteration",
+           "read_latest", "save_dir_problem", "free_space_problem"]
 
 LATEST = "latest"
+_ITER = re.compile(r"^iter_(\d{7,})$")
+_LEFTOVER = re.compile(r"^\.(tmp|prune)_iter_\d{7,}$")
+_TAG = b"odc-pp rank file v1"
+# tag, sha256 (64 hex), payload length (20 digits): a fixed-size first line
+_HEADER = len(_TAG) + 1 + 64 + 1 + 20 + 1
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file is missing, truncated or fails its checksum (the message names it)."""
 
 
 def checkpoint_dir(save: str, iteration: int) -> str:
     return os.path.join(save, f"iter_{iteration:07d}")
 
 
-def _rank_file(directory: str, rank: int) -> str:
+def rank_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank_{rank:05d}.pt")
 
 
+def list_iterations(save: str) -> list[int]:
+    """Iterations of the complete-named ``iter_*`` directories under ``save``, ascending."""
+    if not os.path.isdir(save):
+        return []
+    return sorted(int(match.group(1)) for match in map(_ITER.match, os.listdir(save))
+                  if match and os.path.isdir(os.path.join(save, match.group(0))))
+
+
+# ----- rank files ---------------------------------------------------------------------------
+def write_rank_file(path: str, state: dict) -> None:
+    """``torch.save(state)`` behind a checksum header; flushed and fsynced."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getbuffer()
+    header = b"%s %s %020d\n" % (_TAG, hashlib.sha256(payload).hexdigest().encode(),
+                                 len(payload))
+    with open(path, "wb") as handle:
+        handle.write(header)
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read_verified(path: str) -> bytes:
+    """The payload of a rank file after checking its length and checksum."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(_HEADER)
+            payload = handle.read()
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"checkpoint file {path} is missing") from None
+    if len(header) < _HEADER:
+        if _TAG.startswith(header[:len(_TAG)]):
+            raise CorruptCheckpointError(f"checkpoint file {path} is truncated "
+                                         f"({len(header)} bytes, not even a header)")
+        raise CorruptCheckpointError(f"{path} is not an odc-pp rank file (no checksum header)")
+    fields = header.split()
+    if (len(fields) != len(_TAG.split()) + 2 or header[:len(_TAG)] != _TAG
+            or not fields[-1].isdigit()):
+        raise CorruptCheckpointError(f"{path} is not an odc-pp rank file (no valid checksum "
+                                     f"header; written by another program or damaged)")
+    digest, size = fields[-2].decode(), int(fields[-1])
+    if len(payload) < size:
+        raise CorruptCheckpointError(f"checkpoint file {path} is truncated: {len(payload)} of "
+                                     f"{size} payload bytes")
+    if len(payload) > size:
+        raise CorruptCheckpointError(f"checkpoint file {path} has {len(payload) - size} bytes "
+                                     f"more than its header says")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CorruptCheckpointError(f"checkpoint file {path} fails its SHA-256 checksum (the "
+                                     f"content was changed or damaged after it was saved)")
+    return payload
+
+
+def load_rank_state(directory: str, rank: int) -> dict:
+    """The state rank ``rank`` saved into a checkpoint directory, verified against its
+    checksum (:class:`CorruptCheckpointError` names a bad file)."""
+    path = rank_file(directory, rank)
+    payload = _read_verified(path)
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as exc:  # checksum matched: written this way, not damaged later
+        raise CorruptCheckpointError(f"checkpoint file {path} cannot be unpickled: "
+                                     f"{exc}") from exc
+
+
+def read_meta(directory: str) -> dict:
+    """The meta.json of a checkpoint directory (model, layout, iteration, world size)."""
+    path = os.path.join(directory, "meta.json")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{directory} is not a complete odc-pp checkpoint (no meta.json)")
+    if not os.path.isfile(path):  # rank 0 writes it before the directory gets its name
+        raise CorruptCheckpointError(f"{directory} is not a complete odc-pp checkpoint (no "
+                                     f"meta.json: {path} was removed)")
+    try:
+        with open(path) as handle:
+            meta = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpointError(f"checkpoint file {path} is unreadable: {exc}") from exc
+    if not isinstance(meta, dict) or "world_size" not in meta:
+        raise CorruptCheckpointError(f"checkpoint file {path} lacks the world size")
+    return meta
+
+
+# ----- saving and retention -----------------------------------------------------------------
 def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_size: int,
-                    barrier: Callable[[], None], keep: int = 2, meta: dict | None = None) -> str:
-    """Collective over all ranks (each passes its own ``state``); returns the final path."""
-    if keep < 1:
-        raise ValueError("keep must be >= 1 (--keep-checkpoints)")
+                    barrier: Callable[[], None], meta: dict | None = None) -> str:
+    """Collective over all ranks (each passes its own ``state``); returns the final path.
+    Refuses (RuntimeError) to replace an existing ``iter_*`` directory."""
     final = checkpoint_dir(save, iteration)
     tmp = os.path.join(save, f".tmp_iter_{iteration:07d}")
     if rank == 0:
+        if os.path.exists(final):
+            raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
+                               f"(resume with --load {save}, or give a new --save directory)")
         os.makedirs(save, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     barrier()
-    path = _rank_file(tmp, rank)
-    with open(path, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_rank_file(rank_file(tmp, rank), state)
     barrier()
     if rank == 0:
-        missing = [r for r in range(world_size) if not os.path.isfile(_rank_file(tmp, r))]
+        missing = [r for r in range(world_size) if not os.path.isfile(rank_file(tmp, r))]
         if missing:
             raise RuntimeError(f"ranks {missing} wrote no checkpoint file into {tmp}: --save "
                                "must be a directory that every node can see (shared storage)")
         info = dict(meta or {}, iteration=iteration, world_size=world_size)
         write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
         fsync_dir(tmp)
-        replaced = final + ".replaced"
-        if os.path.exists(final):  # re-saving an iteration: never leave no copy at all
-            shutil.rmtree(replaced, ignore_errors=True)
-            os.rename(final, replaced)
         os.rename(tmp, final)
         fsync_dir(save)
-        shutil.rmtree(replaced, ignore_errors=True)
         write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
-        _remove_old(save, keep)
     barrier()
     return final
 
 
-def _remove_old(save: str, keep: int) -> None:
-    iterations = sorted(int(name[5:]) for name in os.listdir(save)
-                        if name.startswith("iter_") and name[5:].isdigit())
-    for old in iterations[:-keep]:
-        shutil.rmtree(checkpoint_dir(save, old), ignore_errors=True)
+def prune_checkpoint(save: str, iteration: int) -> None:
+    """Delete one checkpoint atomically: rename it out of the ``iter_*`` namespace, then
+    delete the renamed directory (an interrupted delete leaves only a ``.prune_*`` name)."""
+    doomed = os.path.join(save, f".prune_iter_{iteration:07d}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(checkpoint_dir(save, iteration), doomed)
+    fsync_dir(save)
+    shutil.rmtree(doomed)
 
 
+def remove_leftovers(save: str) -> list[str]:
+    """Delete ``.tmp_iter_*`` (a crashed save) and ``.prune_iter_*`` (an interrupted prune)
+    directories under ``save``; returns their names. Never touches ``iter_*``."""
+    if not os.path.isdir(save):
+        return []
+    names = sorted(name for name in os.listdir(save) if _LEFTOVER.match(name))
+    for name in names:
+        shutil.rmtree(os.path.join(save, name))
+    return names
+
+
+class CheckpointSaver:
+    """Saves one run's checkpoints into ``save`` and keeps the newest ``keep`` of *them*:
+    checkpoints this run did not write (resumed from, or of an earlier run) are never
+    pruned, nor is the one just saved or the one ``latest`` names."""
+
+    def __init__(self, save: str, *, keep: int, rank: int, world_size: int,
+                 barrier: Callable[[], None]) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1 (--keep-checkpoints)")
+        self.save_dir = save
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.barrier = barrier
+        self.written: list[int] = []
+        """Iterations this run saved and has not pruned, oldest first."""
+
+    def save(self, iteration: int, state: dict, meta: dict | None = None) -> str:
+        """Collective: save, then (rank 0) prune this run's older checkpoints."""
+        path = save_checkpoint(self.save_dir, iteration, state, rank=self.rank,
+                               world_size=self.world_size, barrier=self.barrier, meta=meta)
+        self.written.append(iteration)
+        if len(self.written) > self.keep:
+            protected = {iteration, latest_iteration(self.save_dir)}
+            doomed = [it for it in self.written[:-self.keep] if it not in protected]
+            if self.rank == 0:  # no other rank reads or writes these directories
+                for old in doomed:
+                    prune_checkpoint(self.save_dir, old)
+            self.written = [it for it in self.written if it not in doomed]
+        return path
+
+
+# ----- finding checkpoints ------------------------------------------------------------------
 def latest_iteration(load: str) -> int | None:
-    """The newest complete checkpoint's iteration, or None when there is none."""
+    """The iteration ``latest`` names, or None when there is no ``latest`` file."""
     path = os.path.join(load, LATEST)
     if not os.path.isfile(path):
         return None
     with open(path) as handle:
         text = handle.read().strip()
     if not text.isdigit() or not os.path.isdir(checkpoint_dir(load, int(text))):
-        raise ValueError(f"{path} names no checkpoint ({text!r}); remove it or fix --load")
+        raise ValueError(f"{path} names no checkpoint ({text!r}); write the iteration of an "
+                         f"existing iter_* directory into it, or fix --load")
     return int(text)
 
 
 def read_latest(load: str) -> tuple[int, str, dict] | None:
-    """(iteration, directory, meta) of the newest complete checkpoint, or None."""
+    """(iteration, directory, meta) of the checkpoint ``latest`` names, or None."""
     iteration = latest_iteration(load)
     if iteration is None:
         return None
@@ -101,32 +253,24 @@ def read_latest(load: str) -> tuple[int, str, dict] | None:
     return iteration, directory, read_meta(directory)
 
 
-def read_meta(directory: str) -> dict:
-    """The meta.json of a checkpoint directory (layout, iteration, world size)."""
-    with open(os.path.join(directory, "meta.json")) as handle:
-        return json.load(handle)
+# ----- start-up checks of --save ------------------------------------------------------------
+def save_dir_problem(save: str, rank: int) -> str | None:
+    """Why this rank cannot write checkpoints into ``save`` (creates it), or None."""
+    probe = os.path.join(save, f".probe_rank_{rank:05d}")
+    try:
+        os.makedirs(save, exist_ok=True)
+        with open(probe, "wb") as handle:
+            handle.write(b"odc-pp")
+        os.remove(probe)
+    except OSError as exc:
+        return f"--save {save} is not writable by rank {rank}: {exc.strerror or exc}"
+    return None
 
 
-def load_rank_state(directory: str, rank: int) -> dict:
-    """The state rank ``rank`` saved into a checkpoint directory."""
-    return torch.load(_rank_file(directory, rank), map_location="cpu", weights_only=False)
-
-
-def load_checkpoint(load: str, *, rank: int, world_size: int,
-                    expect_meta: dict | None = None) -> tuple[int, dict] | None:
-    """(iteration, this rank's state) of the latest checkpoint, or None when there is none.
-
-    ``expect_meta`` entries (e.g. pp, dp) must equal the saved ones: a checkpoint of a
-    different parallel layout cannot be resumed rank by rank (see ``resharding``)."""
-    found = read_latest(load)
-    if found is None:
+def free_space_problem(save: str, needed_bytes: int) -> str | None:
+    """Why ``save`` lacks room for one more checkpoint of ``needed_bytes``, or None."""
+    free = shutil.disk_usage(save).free
+    if free >= needed_bytes:
         return None
-    iteration, directory, meta = found
-    wanted = dict(expect_meta or {}, world_size=world_size)
-    different = {k: (meta.get(k), v) for k, v in wanted.items() if meta.get(k) != v}
-    if different:
-        detail = ", ".join(f"{k}: saved {s} vs now {n}" for k, (s, n) in different.items())
-        raise ValueError(f"checkpoint {directory} was saved with another layout ({detail}); "
-                         "resume with the same --pipeline-model-parallel-size, world size "
-                         "and schedule")
-    return iteration, load_rank_state(directory, rank)
+    return (f"--save {save} has {free / 2 ** 20:.1f} MiB free, one checkpoint needs about "
+            f"{needed_bytes / 2 ** 20:.1f} MiB; free space or give another --save directory")

@@ -17,22 +17,28 @@ Every rank holds the whole model's fp32 state (three copies) in host memory whil
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-__all__ = ["STATE_NAMES", "unit_layout", "assemble_by_name", "owned_state"]
+from .checkpointing import load_rank_state, rank_file, read_meta
+
+__all__ = ["STATE_NAMES", "unit_layout", "assemble_by_name", "owned_state",
+           "read_optimizer_state", "restore_optimizer", "sharded_state"]
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq")
 
 
 def unit_layout(engine) -> list[dict]:
-    """Per unit of ``engine`` (GPT chunks): global parameter names, offsets, sizes, shapes
-    and this rank's owned range [start, end) of the flat buffer."""
+    """Per unit of ``engine`` (:meth:`ShardedDataParallel.layout`): global parameter names,
+    offsets, sizes, shapes and this rank's owned range [start, end) of the flat buffer.
+    Units with ``global_named_parameters()`` (GPT chunks) give layout-independent names;
+    other modules are named ``<unit index>.<parameter name>``."""
     layout = []
-    for unit in engine.units:
-        local_to_global = {local: canonical for (local, _), (canonical, _) in zip(
-            unit.module.named_parameters(), unit.module.global_named_parameters())}
+    for unit in engine.layout():
+        if hasattr(unit.module, "global_named_parameters"):
+            local_to_global = {local: canonical for (local, _), (canonical, _) in zip(
+                unit.module.named_parameters(), unit.module.global_named_parameters())}
+        else:
+            local_to_global = {name: f"{unit.index}.{name}" for name in unit.names}
         layout.append({"names": [local_to_global[name] for name in unit.names],
                        "offsets": list(unit.offsets),
                        "numels": [int(torch.Size(shape).numel()) for shape in unit.shapes],
@@ -43,16 +49,16 @@ def unit_layout(engine) -> list[dict]:
 
 def assemble_by_name(directory: str, saved_world_size: int) -> tuple[int, dict[str, dict]]:
     """(optimizer step, {global name: {"shape", "master", "exp_avg", "exp_avg_sq"}}) from
-    every rank file of a checkpoint directory. Raises ValueError if a file has no layout
+    every rank file of a checkpoint directory (each verified, see
+    :func:`~.checkpointing.load_rank_state`). Raises ValueError if a file has no layout
     (saved before layouts were recorded) or an element is covered by no file."""
     step, tensors, filled = None, {}, {}
     for rank in range(saved_world_size):
-        path = os.path.join(directory, f"rank_{rank:05d}.pt")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_rank_state(directory, rank)
         if "layout" not in state:
-            raise ValueError(f"{path} records no parameter layout, so it cannot be resumed "
-                             f"under another parallel layout; resume with the layout it was "
-                             f"saved with")
+            raise ValueError(f"{rank_file(directory, rank)} records no parameter layout, so "
+                             f"it cannot be resumed under another parallel layout; resume "
+                             f"with the layout it was saved with")
         optimizer = state["optimizer"]
         step = int(optimizer["step"]) if step is None else step
         for index, unit in enumerate(state["layout"]):
@@ -82,10 +88,11 @@ def _scatter_unit(unit: dict, pieces: dict, tensors: dict, filled: dict) -> None
         filled[name][low - offset:high - offset] = True
 
 
-def owned_state(tensors: dict[str, dict], step: int, engine, layout: list[dict]) -> dict:
-    """This rank's optimizer state (``ShardedAdamW.state_dict`` format) cut out of the
-    assembled tensors. Raises ValueError naming a parameter the checkpoint lacks or holds
-    with another shape (another model)."""
+def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
+                device: torch.device | str = "cpu") -> dict:
+    """This rank's optimizer state (``ShardedAdamW.state_dict`` format, on ``device``) cut
+    out of the assembled tensors for ``layout`` (:func:`unit_layout`). Raises ValueError
+    naming a parameter the checkpoint lacks or holds with another shape (another model)."""
     state = {"step": step, **{key: [] for key in STATE_NAMES}}
     for unit in layout:
         size = unit["end"] - unit["start"]
@@ -95,9 +102,9 @@ def owned_state(tensors: dict[str, dict], step: int, engine, layout: list[dict])
             saved = tensors.get(name)
             if saved is None or saved["shape"] != list(shape):
                 found = "missing" if saved is None else f"shape {saved['shape']}"
-                raise ValueError(f"checkpoint parameter {name!r} is {found}, the model "
-                                 f"needs shape {list(shape)}: resume with the model flags "
-                                 f"it was saved with")
+                raise ValueError(f"checkpoint holds a different model: parameter {name!r} "
+                                 f"is {found}, the model needs shape {list(shape)}: resume "
+                                 f"with the model flags it was saved with")
             low, high = max(unit["start"], offset), min(unit["end"], offset + numel)
             if high > low:
                 for key in STATE_NAMES:
@@ -105,7 +112,49 @@ def owned_state(tensors: dict[str, dict], step: int, engine, layout: list[dict])
                         saved[key][low - offset:high - offset]
         for key in STATE_NAMES:
             state[key].append(owned[key])
-    device = engine.units[0].grad_acc.device if engine.units else torch.device("cpu")
     for key in STATE_NAMES:
         state[key] = [tensor.to(device) for tensor in state[key]]
     return state
+
+
+def read_optimizer_state(directory: str, engine, *, rank: int, saved_world_size: int,
+                         exact: bool) -> tuple[dict, dict | None]:
+    """(state for ``ShardedAdamW.load_state_dict`` on the engine's device, this rank's saved
+    file or None). ``exact``: the checkpoint was saved under this parallel layout, so rank
+    ``rank``'s own file is used as it is (bit-exact resume) when the units' layout it
+    records equals ``engine``'s; otherwise (and without ``exact``) every file is read and
+    the state is resharded by parameter name (the saved file is then None). Reads files
+    only: nothing is applied, no peer is waited for (the caller applies the state and
+    calls ``engine.finish_step()``)."""
+    layout = unit_layout(engine)
+    device = engine.owned_params()[0].device
+    if exact:
+        saved = load_rank_state(directory, rank)
+        if saved.get("layout") == layout:
+            state = dict(saved["optimizer"])
+            for key in STATE_NAMES:
+                state[key] = [tensor.to(device) for tensor in state[key]]
+            return state, saved
+    step, tensors = assemble_by_name(directory, saved_world_size)
+    return owned_state(tensors, step, layout, device), None
+
+
+def restore_optimizer(directory: str, engine, optimizer, *, rank: int) -> int:
+    """Load a checkpoint directory (saved with :func:`sharded_state` as the rank files'
+    state) into ``optimizer`` and publish the shards (collective over the engine's group:
+    ``finish_step``). ``rank``: this rank's index among the ranks that saved, when the
+    data-parallel size is the saved one (exact, bit for bit); at another size the state is
+    resharded by parameter name. Returns the optimizer step."""
+    saved_world_size = int(read_meta(directory)["world_size"])
+    exact = saved_world_size == engine.group.world_size
+    state, _ = read_optimizer_state(directory, engine, rank=rank,
+                                    saved_world_size=saved_world_size, exact=exact)
+    optimizer.load_state_dict(state)
+    engine.finish_step()
+    return int(state["step"])
+
+
+def sharded_state(engine, optimizer) -> dict:
+    """What a rank file holds for ``engine`` + ``optimizer``: the optimizer's owned state
+    and the units' layout (read back by :func:`read_optimizer_state`)."""
+    return {"optimizer": optimizer.state_dict(), "layout": unit_layout(engine)}

@@ -1,70 +1,253 @@
-"""Resuming from ``--load``: exactly under the layout the checkpoint was saved with, or
-resharded (:mod:`.resharding`) under another pipeline / data-parallel layout; with
-``--finetune`` only the weights, from iteration 0 with a fresh optimizer."""
+"""Checkpoints at the start of a run: the checks of ``--save`` and resuming from ``--load``.
+
+Resume: exactly under the layout the checkpoint was saved with, or resharded
+(:mod:`.resharding`) under another pipeline / data-parallel layout; with ``--finetune``
+only the weights, from iteration 0 with a fresh optimizer. The saved model configuration
+must equal this run's (a difference names the flag). Every file read is verified against
+its checksum; when the checkpoint ``latest`` names does not verify, the newest older one
+that does is loaded instead, with a warning naming the bad file (all ranks agree on it).
+
+Every decision ranks must share is made from values gathered from every rank or broadcast
+from rank 0, never from each rank's own view alone.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
+import torch.distributed as dist
+
+from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 from .arguments import TrainingArgs
-from .checkpointing import load_rank_state, read_latest
+from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
+                            latest_iteration, list_iterations, read_meta, remove_leftovers,
+                            save_dir_problem)
 from .distributed import Topology
-from .resharding import assemble_by_name, owned_state, unit_layout
+from .resharding import STATE_NAMES, assemble_by_name, owned_state, read_optimizer_state, \
+    unit_layout
 
-__all__ = ["MODEL_KEYS", "LAYOUT_KEYS", "checkpoint_meta", "resume"]
+__all__ = ["MODEL_FLAGS", "MODEL_KEYS", "LAYOUT_KEYS", "checkpoint_meta", "model_differences",
+           "check_save_dir", "resume", "refuse_newer_checkpoints"]
 
-# must equal the saved values (another model cannot be resumed)
-MODEL_KEYS = ("num_layers", "hidden_size")
+# the model configuration: must equal the saved values (another model cannot be resumed)
+MODEL_FLAGS = {
+    "num_layers": "--num-layers",
+    "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads",
+    "ffn_hidden_size": "--ffn-hidden-size",
+    "max_position_embeddings": "--max-position-embeddings",
+    "vocab_size": "--vocab-size (or the tokenizer and --make-vocab-size-divisible-by)",
+}
+MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size")
+_STATE_OVERHEAD = 1 << 20  # RNG states and layout of a rank file, generously
 
 
-def checkpoint_meta(args: TrainingArgs, topo: Topology) -> dict:
+def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> dict:
     """What a checkpoint records about the model and the layout that saved it."""
     return {"pp": topo.pp, "dp": topo.dp, "pipeline_schedule": args.pipeline_schedule,
             "num_model_chunks": args.num_model_chunks, "num_layers": args.num_layers,
-            "hidden_size": args.hidden_size, "dp_mode": args.dp_mode,
-            "world_size": topo.world_size}
+            "hidden_size": args.hidden_size, "num_attention_heads": args.num_attention_heads,
+            "ffn_hidden_size": args.ffn_hidden_size,
+            "max_position_embeddings": args.max_position_embeddings,
+            "vocab_size": vocab_size, "dp_mode": args.dp_mode, "world_size": topo.world_size}
 
 
-def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state) -> tuple[int, str]:
-    """Load the newest checkpoint under ``args.load`` into ``parts`` (optimizer state and
-    published parameter shards; RNG state too when the layout is unchanged). Returns
-    (iteration to continue from, how it was resumed); (0, "") when there is none.
-    ``--finetune``: the weights only (any layout), from iteration 0."""
-    found = read_latest(args.load)
-    if found is None:
+def model_differences(saved: dict, now: dict) -> list[str]:
+    """One entry per model setting that differs: ``"key: saved A vs now B (--flag)"``."""
+    return [f"{key}: saved {saved.get(key)} vs now {now[key]} ({flag})"
+            for key, flag in MODEL_FLAGS.items() if saved.get(key) != now[key]]
+
+
+# ----- collectives (default group) ------------------------------------------------------------
+def _from_rank0(value, topo: Topology):
+    box = [value if topo.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather(value, topo: Topology) -> list:
+    values = [None] * topo.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _same_dir(a: str | None, b: str | None) -> bool:
+    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+# ----- --save -----------------------------------------------------------------------------------
+def check_save_dir(parts, args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> None:
+    """Collective, before the first step: every rank can write into ``--save`` and it has
+    room for one more checkpoint; leftovers of crashed saves / prunes are removed."""
+    problem = save_dir_problem(args.save, topo.rank)
+    own_bytes = sum(tensor.numel() * tensor.element_size()
+                    for name in STATE_NAMES for tensor in getattr(parts.optimizer, name))
+    gathered = _gather((problem, own_bytes + _STATE_OVERHEAD), topo)
+    problems = [p for p, _ in gathered if p]  # the same list on every rank
+    if problems:
+        raise ValueError("; ".join(problems[:4]))
+    space = None
+    if topo.rank == 0:
+        removed = remove_leftovers(args.save)
+        if removed:
+            print(f"removed leftovers of an interrupted save or prune in {args.save}: "
+                  f"{', '.join(removed)}", file=out, flush=True)
+        space = free_space_problem(args.save, sum(size for _, size in gathered))
+    space = _from_rank0(space, topo)
+    if space:
+        raise ValueError(space)
+
+
+def refuse_newer_checkpoints(args: TrainingArgs, topo: Topology, start: int) -> None:
+    """Collective: ValueError when ``--save`` holds checkpoints newer than ``start`` (this
+    run would overwrite or prune them) -- a fresh run pointed at an old directory."""
+    problem = None
+    if topo.rank == 0:
+        newer = [it for it in list_iterations(args.save) if it > start]
+        if newer:
+            names = ", ".join(os.path.basename(checkpoint_dir(args.save, it))
+                              for it in newer[-3:])
+            problem = (f"--save {args.save} already holds checkpoints newer than iteration "
+                       f"{start}, where this run starts ({names}); refusing to overwrite or "
+                       f"prune them. ")
+            if _same_dir(args.load, args.save) and not args.finetune:
+                problem += (f"{os.path.join(args.save, LATEST)} names iteration {start}: "
+                            f"write the iteration to resume from into it, or give a new "
+                            f"--save directory")
+            else:
+                problem += (f"Resume from them with --load {args.save}, or give a new --save "
+                            f"directory")
+    problem = _from_rank0(problem, topo)
+    if problem:
+        raise ValueError(problem)
+
+
+# ----- --load -----------------------------------------------------------------------------------
+def _candidates(load: str) -> tuple[str, object]:
+    """("found", iterations newest first) | ("none", why) | ("error", message)."""
+    if not os.path.isdir(load):
+        return "none", f"--load {load} does not exist"
+    iterations = list_iterations(load)
+    try:
+        latest = latest_iteration(load)
+    except ValueError as exc:
+        return "error", str(exc)
+    if latest is None:
+        if iterations:
+            names = ", ".join(os.path.basename(checkpoint_dir(load, it))
+                              for it in iterations[-3:])
+            return "error", (f"--load {load} holds checkpoints ({names}) but no '{LATEST}' "
+                             f"file, so which one to resume is unknown: write the iteration "
+                             f"to resume from into {os.path.join(load, LATEST)}, or give a "
+                             f"new --save directory for a fresh run")
+        return "none", f"--load {load} holds no checkpoint"
+    return "found", [it for it in reversed(iterations) if it <= latest]
+
+
+def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
+    """This rank's reading of one checkpoint: ("ok", how, (state, saved file or None)),
+    ("corrupt", message, None) or ("fatal", message, None). Local: waits for no peer."""
+    try:
+        meta = read_meta(directory)
+        differences = model_differences(meta, now)
+        if differences:
+            return "fatal", (f"checkpoint {directory} holds another model "
+                             f"({'; '.join(differences)}); resume with the model flags it "
+                             f"was saved with"), None
+        if args.finetune:
+            _, tensors = assemble_by_name(directory, meta["world_size"])
+            state = owned_state(tensors, 0, unit_layout(parts.engine),
+                                parts.engine.owned_params()[0].device)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
+            return "ok", "finetune", (state, None)
+        changed = [k for k in LAYOUT_KEYS if meta.get(k) != now[k]]
+        state, saved = read_optimizer_state(directory, parts.engine, rank=topo.rank,
+                                            saved_world_size=meta["world_size"],
+                                            exact=not changed)
+        if saved is not None:
+            return "ok", "exact", (state, saved)
+        detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed) or \
+            "the units' parameter layout differs"
+        return "ok", f"resharded ({detail}; RNG streams restart)", (state, None)
+    except (CorruptCheckpointError, OSError) as exc:  # unreadable: try an older one
+        return "corrupt", str(exc), None
+    except ValueError as exc:
+        return "fatal", str(exc), None
+
+
+def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_size: int,
+           out=sys.stdout) -> tuple[int, str]:
+    """Collective: load the newest verifying checkpoint under ``args.load`` into ``parts``
+    (optimizer state and published parameter shards; RNG state too when the layout is
+    unchanged). Returns (iteration to continue from, how it was resumed); (0, "") when
+    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0."""
+    kind, found = _from_rank0(_candidates(args.load) if topo.rank == 0 else None, topo)
+    if kind == "error":
+        raise ValueError(found)
+    if kind == "none":
+        if args.finetune:
+            raise ValueError(f"{found}: --finetune needs a checkpoint to start from")
+        if not (args.load_optional or _same_dir(args.load, args.save)):
+            raise ValueError(f"{found}; fix --load, or pass --load-optional to train from "
+                             f"scratch when it holds no checkpoint")
+        if topo.rank == 0:
+            print(f"{found}: training from scratch", file=out, flush=True)
         return 0, ""
-    iteration, directory, meta = found
-    now = checkpoint_meta(args, topo)
-    model_changes = {k: (meta.get(k), now[k]) for k in MODEL_KEYS if meta.get(k) != now[k]}
-    if model_changes:
-        detail = ", ".join(f"{k}: saved {s} vs now {n}" for k, (s, n) in model_changes.items())
-        raise ValueError(f"checkpoint {directory} holds another model ({detail}); resume "
-                         f"with the model flags it was saved with")
-    if args.finetune:
-        return 0, _load_weights_only(parts, directory, meta, iteration)
-    changed = [k for k in LAYOUT_KEYS if meta.get(k) != now[k]]
-    if not changed:
-        state = load_rank_state(directory, topo.rank)
-        parts.optimizer.load_state_dict(state["optimizer"])
+    now = checkpoint_meta(args, topo, vocab_size=vocab_size)
+    skipped: list[tuple[int, list[str]]] = []
+    for iteration in found:
+        directory = checkpoint_dir(args.load, iteration)
+        status, message, payload = _read(parts, args, topo, directory, now)
+        verdicts = _gather((status, message), topo)
+        fatal = [m for s, m in verdicts if s == "fatal"]
+        if fatal:
+            raise ValueError(fatal[0])
+        corrupt = list(dict.fromkeys(m for s, m in verdicts if s == "corrupt"))
+        if corrupt:
+            skipped.append((iteration, corrupt))
+            continue
+        state, saved = payload
+        parts.optimizer.load_state_dict(state)
         parts.engine.finish_step()
-        set_rng_state(state["rng"])
-        return iteration, "exact"
-    step, tensors = assemble_by_name(directory, meta["world_size"])
-    parts.optimizer.load_state_dict(owned_state(tensors, step, parts.engine,
-                                                unit_layout(parts.engine)))
-    parts.engine.finish_step()
-    detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed)
-    return iteration, f"resharded ({detail}; RNG streams restart)"
+        if message == "exact":
+            set_rng_state(saved["rng"])
+        if skipped:
+            _report_fallback(args, topo, iteration, skipped)
+        if message == "finetune":
+            return 0, f"finetuning: weights of iteration {iteration}, fresh optimizer state"
+        return iteration, message
+    problems = "; ".join(m for _, messages in skipped for m in messages)
+    raise ValueError(f"no checkpoint under --load {args.load} verifies: {problems}")
 
 
-def _load_weights_only(parts, directory: str, meta: dict, iteration: int) -> str:
-    """--finetune: the checkpoint's master weights, fresh AdamW moments and step count."""
-    _, tensors = assemble_by_name(directory, meta["world_size"])
-    state = owned_state(tensors, 0, parts.engine, unit_layout(parts.engine))
-    for key in ("exp_avg", "exp_avg_sq"):
-        state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
-    parts.optimizer.load_state_dict(state)
-    parts.engine.finish_step()
-    return f"finetuning: weights of iteration {iteration}, fresh optimizer state"
+def _report_fallback(args: TrainingArgs, topo: Topology, iteration: int,
+                     skipped: list[tuple[int, list[str]]]) -> None:
+    """Warn about the checkpoints that failed verification; when --load is also --save,
+    move them aside (``iter_N.corrupt``, kept for inspection) and point ``latest`` at the
+    loaded one, so that this run may write those iterations again."""
+    if topo.rank == 0:
+        for bad, messages in skipped:
+            for message in messages:
+                print(f"warning: checkpoint iteration {bad} is unusable: {message}",
+                      file=sys.stderr, flush=True)
+        print(f"warning: falling back to iteration {iteration} "
+              f"({checkpoint_dir(args.load, iteration)}), the newest checkpoint under --load "
+              f"that verifies", file=sys.stderr, flush=True)
+        if _same_dir(args.load, args.save):
+            for bad, _ in skipped:
+                source = checkpoint_dir(args.load, bad)
+                target, suffix = source + ".corrupt", 1
+                while os.path.exists(target):
+                    target, suffix = f"{source}.corrupt.{suffix}", suffix + 1
+                os.rename(source, target)
+                print(f"warning: moved {source} aside to {target}", file=sys.stderr,
+                      flush=True)
+            fsync_dir(args.load)
+            write_file_atomic(os.path.join(args.load, LATEST), f"{iteration}\n".encode())
+    dist.barrier()

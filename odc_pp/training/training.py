@@ -24,15 +24,15 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
-from .checkpointing import save_checkpoint
+from .checkpointing import CheckpointSaver
 from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
-from .resharding import unit_layout
-from .resume import checkpoint_meta, resume
+from .resharding import sharded_state
+from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
 from .throughput import ModelShape, default_peak_tflops, flops_per_microbatch, peak_memory_mb
 
 __all__ = ["main", "train", "TrainingStopped"]
@@ -106,11 +106,18 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     schedule_lr = LRSchedule(lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
                              decay_iters=args.lr_decay_iters, style=args.lr_decay_style)
     start = 0
+    if args.save:  # before the first step: fail now, not at the first save
+        check_save_dir(parts, args, topo, out=out)
     if args.load:
-        start, how = resume(parts, args, topo, _set_rng_state)
+        start, how = resume(parts, args, topo, _set_rng_state, vocab_size=vocab, out=out)
         if how and topo.rank == 0:
             print(f"resumed from {args.load} at iteration {start} ({how})", file=out,
                   flush=True)
+    saver = None
+    if args.save:
+        refuse_newer_checkpoints(args, topo, start)
+        saver = CheckpointSaver(args.save, keep=args.keep_checkpoints, rank=topo.rank,
+                                world_size=topo.world_size, barrier=dist.barrier)
     logger = TrainingLogger(train_iters=args.train_iters, log_json=args.log_json,
                             tensorboard_dir=args.tensorboard_dir,
                             progress_bar=not args.no_progress_bar, stream=out) \
@@ -172,14 +179,11 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                 logger.log(record)
                 records.append(record)
         _check_finite(result, done, skipped_in_a_row, args)
-        if args.save and ((args.save_interval and done % args.save_interval == 0)
-                          or done == args.train_iters or done == args.exit_interval):
-            state = {"optimizer": parts.optimizer.state_dict(), "rng": _rng_state(),
-                     "iteration": done, "layout": unit_layout(parts.engine)}
-            path = save_checkpoint(args.save, done, state, rank=topo.rank,
-                                   world_size=topo.world_size, barrier=dist.barrier,
-                                   keep=args.keep_checkpoints,
-                                   meta=checkpoint_meta(args, topo))
+        if saver is not None and ((args.save_interval and done % args.save_interval == 0)
+                                  or done == args.train_iters or done == args.exit_interval):
+            state = dict(sharded_state(parts.engine, parts.optimizer), rng=_rng_state(),
+                         iteration=done)
+            path = saver.save(done, state, meta=checkpoint_meta(args, topo, vocab_size=vocab))
             if topo.rank == 0:
                 print(f"saved checkpoint {path}", file=out, flush=True)
         if args.exit_interval and done >= args.exit_interval:

@@ -1,9 +1,7 @@
 import json
-import math
 
 import numpy as np
 import pytest
-import torch
 
 from odc_pp.data import (ByteLevelTokenizer, IndexedTokenDataset, JsonlDataset, Sample,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,

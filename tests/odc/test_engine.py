@@ -4,7 +4,6 @@ torch.optim.AdamW reference that sees the same global minibatch."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -214,15 +213,17 @@ def worker_dp2(rank, world, ckpt_dir):
     results["det_a"] = run_scenario(rank, world, "odc", {"deterministic": True})
     results["det_b"] = run_scenario(rank, world, "odc", {"deterministic": True})
     # Checkpoint: 3 steps, save, fresh engine, load, 2 more steps == 5 uninterrupted.
-    from odc_pp.odc.checkpoint import load_checkpoint, save_checkpoint
+    from odc_pp.training.checkpointing import checkpoint_dir, save_checkpoint
+    from odc_pp.training.resharding import restore_optimizer, sharded_state
     model, engine, optimizer = build("odc", deterministic=True)
     train_steps(model, engine, optimizer, 3, dp_rank=rank, dp_size=world)
-    save_checkpoint(ckpt_dir, optimizer)
+    save_checkpoint(ckpt_dir, 3, sharded_state(engine, optimizer), rank=rank, world_size=world,
+                    barrier=dist.barrier)
     engine.destroy()
     engine.group.destroy()
     torch.manual_seed(rank + 99)  # the fresh model's init must not matter
     model, engine, optimizer = build("odc", deterministic=True)
-    step = load_checkpoint(ckpt_dir, optimizer)
+    step = restore_optimizer(checkpoint_dir(ckpt_dir, 3), engine, optimizer, rank=rank)
     train_steps(model, engine, optimizer, 2, dp_rank=rank, dp_size=world, first_step=step)
     results["resumed"] = {"params": params_of(engine), "step": step}
     engine.destroy()
@@ -234,16 +235,18 @@ def worker_dp3(rank, world, ckpt_dir):
     results = {"odc": run_scenario(rank, world, "odc", {}),
                "collective": run_scenario(rank, world, "collective", {})}
     # Resharding: 3 steps at dp=3, save, load at dp=2 (ranks 0 and 1), 2 more steps.
-    from odc_pp.odc.checkpoint import load_checkpoint, save_checkpoint
+    from odc_pp.training.checkpointing import checkpoint_dir, save_checkpoint
+    from odc_pp.training.resharding import restore_optimizer, sharded_state
     model, engine, optimizer = build("odc")
     train_steps(model, engine, optimizer, 3, dp_rank=rank, dp_size=world)
-    save_checkpoint(ckpt_dir, optimizer)
+    save_checkpoint(ckpt_dir, 3, sharded_state(engine, optimizer), rank=rank, world_size=world,
+                    barrier=dist.barrier)
     engine.destroy()
     engine.group.destroy()
     pair = dist.new_group([0, 1])
     if rank < 2:
         model, engine, optimizer = build("odc", process_group=pair)
-        step = load_checkpoint(ckpt_dir, optimizer)
+        step = restore_optimizer(checkpoint_dir(ckpt_dir, 3), engine, optimizer, rank=rank)
         # Continue the dp=3 plan's data on dp=2: the global minibatch is what matters.
         train_steps(model, engine, optimizer, 2, dp_rank=rank, dp_size=2, first_step=step)
         results["resharded"] = params_of(engine)

@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from odc_pp.training.arguments import parse_args
 from odc_pp.training.data_plan import DataPlanner, build_source

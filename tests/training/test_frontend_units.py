@@ -6,11 +6,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from odc_pp.training.arguments import build_parser, parse_args
-from odc_pp.training.checkpointing import (checkpoint_dir, latest_iteration,
-                                             load_checkpoint, save_checkpoint)
 from odc_pp.training.logging_utils import TrainingLogger
 from odc_pp.training.lr_schedule import LRSchedule
 
@@ -101,37 +98,6 @@ def test_lr_schedule_closed_form():
     assert LRSchedule(lr=0.3, style="constant", decay_iters=3).lr_at(100) == 0.3
     with pytest.raises(ValueError, match="min-lr"):
         LRSchedule(lr=0.1, min_lr=0.2)
-
-
-def test_checkpoint_atomic_keep_and_resume(tmp_path):
-    save = str(tmp_path / "ckpt")
-    assert load_checkpoint(save, rank=0, world_size=2) is None
-    for iteration in (2, 4, 6):
-        # single-process emulation of two ranks: "rank 1" writes its file at the first barrier
-        calls = []
-
-        def barrier(iteration=iteration):
-            calls.append(1)
-            if len(calls) == 1:
-                tmp = os.path.join(save, f".tmp_iter_{iteration:07d}")
-                torch.save({"value": torch.tensor([iteration, 1])},
-                           os.path.join(tmp, "rank_00001.pt"))
-
-        save_checkpoint(save, iteration, {"value": torch.tensor([iteration, 0])}, rank=0,
-                        world_size=2, barrier=barrier, keep=2, meta={"pp": 2})
-    assert sorted(os.listdir(save)) == ["iter_0000004", "iter_0000006", "latest"]
-    assert latest_iteration(save) == 6
-    iteration, state = load_checkpoint(save, rank=1, world_size=2, expect_meta={"pp": 2})
-    assert iteration == 6 and state["value"].tolist() == [6, 1]
-    with pytest.raises(ValueError, match="pp: saved 2 vs now 1"):
-        load_checkpoint(save, rank=0, world_size=2, expect_meta={"pp": 1})
-
-
-def test_checkpoint_missing_rank_file_fails(tmp_path):
-    with pytest.raises(RuntimeError, match="ranks \\[1\\].*shared storage"):
-        save_checkpoint(str(tmp_path), 1, {}, rank=0, world_size=2, barrier=lambda: None)
-    assert latest_iteration(str(tmp_path)) is None
-    assert not os.path.exists(checkpoint_dir(str(tmp_path), 1))
 
 
 def test_logger_writes_json_lines(tmp_path):
