@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from odc_pp.odc.transport_host import wait_all
+from odc_pp.odc.transport_host import drain, wait_all
 from odc_pp.odc.transport_path import Work, shard_range
 
 __all__ = ["gather_collective", "reduce_scatter_accumulate", "check_call_counts",
@@ -115,8 +115,4 @@ class CollectivePath:
 
     def close(self) -> None:
         pending, self._pending = self._pending, []
-        for work in pending:
-            try:
-                work.wait()
-            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
-                pass
+        drain(pending)

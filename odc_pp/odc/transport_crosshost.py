@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp import _C
-from odc_pp.odc.transport_host import Locator, dtype_code, wait_all
+from odc_pp.odc.transport_host import Locator, drain, dtype_code, wait_all
 from odc_pp.odc.transport_path import Work, shard_range
 
 __all__ = ["CrossHostLink", "CrossHostPath"]
@@ -314,10 +314,6 @@ class CrossHostPath:
             return
         self._closed = True
         pending, self._pending = self._pending, []
-        for work in pending:
-            try:
-                work.wait()
-            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
-                pass
+        drain(pending)
         self._executor.shutdown(wait=True)
         self.link.close()

@@ -16,7 +16,7 @@ import importlib
 import torch
 
 from odc_pp import _C
-from odc_pp.odc.transport_host import Allocation, Locator, dtype_code, wait_all
+from odc_pp.odc.transport_host import Allocation, Locator, drain, dtype_code, wait_all
 from odc_pp.odc.transport_path import Work, shard_range
 
 __all__ = ["cuda_backend", "DeviceBuffer", "PeerMapping", "CudaStream", "CudaIpcPath"]
@@ -230,8 +230,4 @@ class CudaIpcPath:
 
     def close(self) -> None:
         pending, self._pending = self._pending, []
-        for work in pending:
-            try:
-                work.wait()
-            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
-                pass
+        drain(pending)

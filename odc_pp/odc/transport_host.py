@@ -22,7 +22,7 @@ from odc_pp.odc.transport_path import Work, shard_range
 __all__ = ["SEGMENT_PREFIX", "SHM_DIR", "DTYPE_CODES", "Allocation", "SymmetricMemory",
            "HostPath", "Locator",
            "segment_name", "remove_stale_segments", "list_segments", "dtype_code",
-           "tensor_from_segment", "wait_all"]
+           "tensor_from_segment", "wait_all", "drain"]
 
 SEGMENT_PREFIX = "odcpp."
 SHM_DIR = "/dev/shm"
@@ -161,6 +161,15 @@ def wait_all(works: list[Work]) -> None:
         raise first_error
 
 
+def drain(works: list[Work]) -> None:
+    """Wait for every work and drop failures (closing must not raise for earlier ones,
+    which were reported by the wait that saw them)."""
+    try:
+        wait_all(works)
+    except Exception:  # noqa: BLE001 - see docstring
+        pass
+
+
 class HostPath:
     """Same-host peers' CPU memory through their shared-memory mappings: reads and writes
     are parallel copies, adds take the owner's chunk locks (``odc_pp._C.HostGroup``) and
@@ -239,9 +248,5 @@ class HostPath:
 
     def close(self) -> None:
         pending, self._pending = self._pending, []
-        for work in pending:
-            try:
-                work.wait()
-            except Exception:  # noqa: BLE001 - closing must not raise for earlier failures
-                pass
+        drain(pending)
         self._executor.shutdown(wait=True)
