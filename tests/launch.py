@@ -14,9 +14,10 @@ Contract:
   a rank once it reports ``"ready"``);
 * ``LaunchConfig.expect``: the ranks whose results are awaited (default: all); the others'
   entries in the returned list are None;
-* a child leaves with ``os._exit`` once its result is sent and every rank passed a final
-  barrier: torch 2.13's CPU build sometimes aborts during interpreter teardown after gloo
-  use, which would fail a run that has succeeded.
+* a child leaves with ``os._exit`` once its result is flushed into the queue's pipe and
+  every rank passed a final barrier: torch 2.13's CPU build sometimes aborts during
+  interpreter teardown after gloo use, which would fail a run that has succeeded. (Exiting
+  before the flush can cut a message in half and block the parent's read for good.)
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def _child(rank: int, world_size: int, port: int, config: LaunchConfig, fn: Call
             dist.barrier()
         except Exception:  # noqa: BLE001 - a peer that was meant to die (expect) is gone
             pass
+    results.close()
+    results.join_thread()  # the message is in the pipe before the process ends
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

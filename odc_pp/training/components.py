@@ -16,7 +16,7 @@ from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
 from odc_pp.schedule.placement import last_stage_rank
 
-from .arguments import TrainingArgs
+from .arguments import ScheduleArgs, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
 from .optimizer_step import (build_post_validator, inject_nonfinite_grad, norm_groups,
@@ -65,37 +65,39 @@ def placement_of(schedule_name: str) -> Placement:
     return family(schedule_name).placement
 
 
-def load_cost_model(args: TrainingArgs) -> CostModel:
-    if not args.cost_model:
+def load_cost_model(schedule: ScheduleArgs) -> CostModel:
+    """The CostModel of --cost-model (uniform costs without one)."""
+    if not schedule.cost_model:
         return CostModel()
     try:
-        with open(args.cost_model) as handle:
+        with open(schedule.cost_model) as handle:
             return CostModel.from_dict(json.load(handle))
     except (OSError, json.JSONDecodeError, TypeError) as exc:
-        raise ValueError(f"--cost-model {args.cost_model!r}: {exc}") from exc
+        raise ValueError(f"--cost-model {schedule.cost_model!r}: {exc}") from exc
 
 
-def build_schedule(args: TrainingArgs, *, pp: int, num_microbatches: int,
+def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
                    costs: CostModel) -> Schedule:
     """The compute schedule (with any OFFLOAD/RELOAD) for one replica's microbatch count;
     the runtime issues the communication itself."""
-    return training_schedule(args.pipeline_schedule, pp=pp, num_microbatches=num_microbatches,
-                             num_chunks=args.num_model_chunks, costs=costs,
-                             memory_limit=args.memory_limit,
-                             offload_chunks=args.offload_chunks)
+    return training_schedule(schedule.pipeline_schedule, pp=pp,
+                             num_microbatches=num_microbatches,
+                             num_chunks=schedule.num_model_chunks, costs=costs,
+                             memory_limit=schedule.memory_limit,
+                             offload_chunks=schedule.offload_chunks)
 
 
 def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
-    return last_stage_rank(placement_of(args.pipeline_schedule), topo.pp,
-                           args.num_model_chunks) == topo.pp_rank
+    return last_stage_rank(placement_of(args.schedule.pipeline_schedule), topo.pp,
+                           args.schedule.num_model_chunks) == topo.pp_rank
 
 
 def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
     """(ODC group ranks' torch group, inter-host torch group or None). Collective:
     every rank creates every group in the same order."""
-    if args.dp_mode != "hierarchical":
+    if args.parallel.dp_mode != "hierarchical":
         return topo.dp_group, None
-    per_host = args.dp_ranks_per_host or max(1, env_local_world // topo.pp)
+    per_host = args.parallel.dp_ranks_per_host or max(1, env_local_world // topo.pp)
     if topo.dp % per_host:
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
@@ -120,35 +122,35 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
 
-    dtype = "bfloat16" if args.bf16 else "float32"
-    model = ModelConfig(vocab_size=vocab_size, hidden_size=args.hidden_size,
-                        num_layers=args.num_layers,
-                        num_attention_heads=args.num_attention_heads,
-                        ffn_hidden_size=args.ffn_hidden_size,
-                        max_sequence_length=args.max_position_embeddings,
+    dtype = "bfloat16" if args.model.bf16 else "float32"
+    model = ModelConfig(vocab_size=vocab_size, hidden_size=args.model.hidden_size,
+                        num_layers=args.model.num_layers,
+                        num_attention_heads=args.model.num_attention_heads,
+                        ffn_hidden_size=args.model.ffn_hidden_size,
+                        max_sequence_length=args.model.max_position_embeddings,
                         params_dtype=dtype, device=str(topo.device),
-                        recompute_lgd=args.recompute_lgd)
+                        recompute_lgd=args.model.recompute_lgd)
     chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
-                          num_chunks=args.num_model_chunks,
-                          placement=placement_of(args.pipeline_schedule), seed=args.seed)
+                          num_chunks=args.schedule.num_model_chunks,
+                          placement=placement_of(args.schedule.pipeline_schedule), seed=args.run.seed)
     torch_group, inter_host = _dp_groups(args, topo, local_world_size)
-    timeout_s = args.distributed_timeout_minutes * 60
+    timeout_s = args.parallel.distributed_timeout_minutes * 60
     transport = prim.TransportConfig(
-        backend="collective" if args.dp_mode == "collective" else "odc",
-        timeout_s=timeout_s, deterministic=not args.nondeterministic_dp)
+        backend="collective" if args.parallel.dp_mode == "collective" else "odc",
+        timeout_s=timeout_s, deterministic=not args.parallel.nondeterministic_dp)
     odc_group = prim.new_group(torch_group, config=transport)
-    engine = ShardedDataParallel(chunks, OdcConfig(mode=args.dp_mode, unit_driver="pipeline",
+    engine = ShardedDataParallel(chunks, OdcConfig(mode=args.parallel.dp_mode, unit_driver="pipeline",
                                                    param_dtype=dtype),
                                  odc_group, process_group=torch_group,
                                  inter_host_group=inter_host)
     optimizer = ShardedAdamW(engine, AdamWConfig(
-        lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=1e-8,
-        weight_decay=args.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
+        lr=args.optimizer.lr, betas=(args.optimizer.adam_beta1, args.optimizer.adam_beta2), eps=1e-8,
+        weight_decay=args.optimizer.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
         norm_group=norm_groups(topo, torch_group))
     parts = Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
-                       costs=load_cost_model(args),
+                       costs=load_cost_model(args.schedule),
                        last_stage=_last_stage_here(args, topo))
-    if args.enable_optimizer_post_validation:
+    if args.schedule.enable_optimizer_post_validation:
         parts.post_validator = build_post_validator(parts, args, topo)
     return parts
 
@@ -162,10 +164,10 @@ def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
         if num_microbatches < 1:
             raise ValueError(f"data-parallel rank {topo.dp_rank} got no microbatch; raise "
                              "--global-batch-size")
-        schedule = build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+        schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=parts.costs)
         config = RuntimeConfig(device=str(topo.device),
-                               comm_timeout_s=args.distributed_timeout_minutes * 60)
+                               comm_timeout_s=args.parallel.distributed_timeout_minutes * 60)
         runtime = PipelineRuntime(config, chunks=parts.chunks, schedule=schedule,
                                   pp_group=topo.pp_group, dp_hooks=parts.engine)
         parts.runtimes[num_microbatches] = runtime
@@ -185,7 +187,7 @@ def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
                                  num_microbatches=len(microbatches))
     result = runtime.run_minibatch(microbatches,
                                    global_num_tokens=int(round(plan.total_loss_tokens)))
-    if args.inject_nonfinite_grad_iter == iteration and topo.rank == topo.world_size - 1:
+    if args.run.inject_nonfinite_grad_iter == iteration and topo.rank == topo.world_size - 1:
         inject_nonfinite_grad(parts)
     parts.optimizer.config.lr = lr
     if parts.post_validator is not None:

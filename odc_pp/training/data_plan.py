@@ -38,21 +38,21 @@ def padded_vocab_size(size: int, multiple: int) -> int:
 
 def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
     """(sample source, model vocabulary size) for the data flags."""
-    if args.mock_data:
-        corpus = SyntheticCorpus(vocab_size=args.vocab_size, seq_length=args.seq_length,
-                                 seed=args.seed)
-        return ShuffledSource(corpus, seed=args.seed), args.vocab_size
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    jsonl = [p for p in args.data_path if p.endswith((".jsonl", ".json"))]
-    if jsonl and len(jsonl) != len(args.data_path):
+    if args.data.mock_data:
+        corpus = SyntheticCorpus(vocab_size=args.model.vocab_size, seq_length=args.model.seq_length,
+                                 seed=args.run.seed)
+        return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
+    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+    jsonl = [p for p in args.data.data_path if p.endswith((".jsonl", ".json"))]
+    if jsonl and len(jsonl) != len(args.data.data_path):
         raise ValueError("--data-path mixes JSONL files and indexed-dataset prefixes; "
                          "preprocess the JSONL with tools/preprocess_data.py")
     if jsonl:
-        dataset = JsonlDataset(jsonl, tokenizer, args.seq_length)
+        dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length)
     else:
-        dataset = IndexedTokenDataset(args.data_path, args.seq_length, tokenizer.pad)
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by)
-    return ShuffledSource(dataset, seed=args.seed), vocab
+        dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
+    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by)
+    return ShuffledSource(dataset, seed=args.run.seed), vocab
 
 
 class DataPlanner:
@@ -64,14 +64,14 @@ class DataPlanner:
         self.source = source
         self.dp = dp
         self.pp = pp
-        self.token_cap = args.max_tokens_per_microbatch or args.micro_batch_size * args.seq_length
+        self.token_cap = args.data.max_tokens_per_microbatch or args.data.micro_batch_size * args.model.seq_length
 
     def plan(self, iteration: int) -> IterationPlan:
-        sample_ids = global_batch_indices(iteration, self.args.global_batch_size)
+        sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
         lengths = [self.source.length(i) for i in sample_ids]
-        by_count = None if self.args.max_tokens_per_microbatch else self.args.micro_batch_size
+        by_count = None if self.args.data.max_tokens_per_microbatch else self.args.data.micro_batch_size
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,
-                              mode=self.args.load_balance, samples_per_microbatch=by_count,
+                              mode=self.args.data.load_balance, samples_per_microbatch=by_count,
                               min_microbatches=self.pp)
         replicas = [[[sample_ids[p] for p in group] for group in replica]
                     for replica in plan.microbatches]

@@ -35,8 +35,8 @@ def norm_groups(topo, dp_group) -> list:
 
 def build_post_validator(parts, args, topo) -> PostValidatedOptimizer:
     """The post-validating wrapper of ``parts.optimizer`` (``--clip-grad 0``: no clip)."""
-    config = PostValidationConfig(max_grad_norm=args.clip_grad or None,
-                                  timeout_s=args.distributed_timeout_minutes * 60)
+    config = PostValidationConfig(max_grad_norm=args.optimizer.clip_grad or None,
+                                  timeout_s=args.parallel.distributed_timeout_minutes * 60)
     return PostValidatedOptimizer(config, optimizer=parts.optimizer,
                                   group=parts.optimizer.norm_groups, device=topo.device)
 
@@ -48,8 +48,8 @@ def synchronous_step(parts, args) -> tuple[float, bool]:
     if not state.finite:  # inf/nan gradient: drop this step's gradients, keep the weights
         parts.optimizer.finish_step()
         return state.norm, True
-    if args.clip_grad > 0:
-        clip.clip_(parts.engine.owned_grads(), state, args.clip_grad)
+    if args.optimizer.clip_grad > 0:
+        clip.clip_(parts.engine.owned_grads(), state, args.optimizer.clip_grad)
     parts.optimizer.step()
     return state.norm, False
 

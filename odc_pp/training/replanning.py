@@ -32,7 +32,7 @@ class ZbAutoReplanner:
         self.topo = topo
         self.build_schedule = build_schedule
         self.profiler: Profiler | None = None
-        self.done = args.pipeline_schedule != "zb-auto" or args.profile_iters == 0
+        self.done = args.schedule.pipeline_schedule != "zb-auto" or args.schedule.profile_iters == 0
         self.recorded = 0
 
     def observe(self, parts, result, *, max_microbatches: int, out=None) -> bool:
@@ -41,13 +41,13 @@ class ZbAutoReplanner:
         if self.done:
             return False
         if self.profiler is None:
-            warmup = 1 if self.args.profile_iters > 1 else 0
+            warmup = 1 if self.args.schedule.profile_iters > 1 else 0
             schedule = next(iter(parts.runtimes.values())).schedule  # stage layout only
             self.profiler = Profiler(ProfilerConfig(warmup_minibatches=warmup),
                                      schedule=schedule, pp_group=self.topo.pp_group)
         self.profiler.record(result.minibatch)
         self.recorded += 1
-        if self.recorded < self.args.profile_iters:
+        if self.recorded < self.args.schedule.profile_iters:
             return False
         self.done = True
         self._replan(parts, max_microbatches, out)
@@ -57,17 +57,17 @@ class ZbAutoReplanner:
         from odc_pp.schedule.simulator import simulate
 
         args, topo = self.args, self.topo
-        dtype = torch.bfloat16 if args.bf16 else torch.float32
-        sample = torch.zeros(args.seq_length, args.micro_batch_size, args.hidden_size,
+        dtype = torch.bfloat16 if args.model.bf16 else torch.float32
+        sample = torch.zeros(args.model.seq_length, args.data.micro_batch_size, args.model.hidden_size,
                              dtype=dtype, device=topo.device)
         self.profiler.measure_comm(sample)
         gathered = [None] * topo.world_size
         dist.all_gather_object(gathered, self.profiler.local_costs())
         num_stages = self.profiler.schedule.num_stages
         measured = merge_measurements(gathered, num_stages)
-        old = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+        old = self.build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=parts.costs)
-        new = self.build_schedule(args, pp=topo.pp, num_microbatches=num_microbatches,
+        new = self.build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=measured)
         self._check_same_plan_everywhere(new)
         parts.costs = measured

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-from .arguments import TrainingArgs
+from .arguments import CheckpointArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
                             latest_iteration, list_iterations, read_meta, remove_leftovers,
                             save_dir_problem)
@@ -49,12 +49,12 @@ _STATE_OVERHEAD = 1 << 20  # RNG states and layout of a rank file, generously
 
 def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> dict:
     """What a checkpoint records about the model and the layout that saved it."""
-    return {"pp": topo.pp, "dp": topo.dp, "pipeline_schedule": args.pipeline_schedule,
-            "num_model_chunks": args.num_model_chunks, "num_layers": args.num_layers,
-            "hidden_size": args.hidden_size, "num_attention_heads": args.num_attention_heads,
-            "ffn_hidden_size": args.ffn_hidden_size,
-            "max_position_embeddings": args.max_position_embeddings,
-            "vocab_size": vocab_size, "dp_mode": args.dp_mode, "world_size": topo.world_size}
+    return {"pp": topo.pp, "dp": topo.dp, "pipeline_schedule": args.schedule.pipeline_schedule,
+            "num_model_chunks": args.schedule.num_model_chunks, "num_layers": args.model.num_layers,
+            "hidden_size": args.model.hidden_size, "num_attention_heads": args.model.num_attention_heads,
+            "ffn_hidden_size": args.model.ffn_hidden_size,
+            "max_position_embeddings": args.model.max_position_embeddings,
+            "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size}
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:
@@ -81,10 +81,11 @@ def _same_dir(a: str | None, b: str | None) -> bool:
 
 
 # ----- --save -----------------------------------------------------------------------------------
-def check_save_dir(parts, args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> None:
+def check_save_dir(parts, checkpoint: CheckpointArgs, topo: Topology, *,
+                   out=sys.stdout) -> None:
     """Collective, before the first step: every rank can write into ``--save`` and it has
     room for one more checkpoint; leftovers of crashed saves / prunes are removed."""
-    problem = save_dir_problem(args.save, topo.rank)
+    problem = save_dir_problem(checkpoint.save, topo.rank)
     own_bytes = sum(tensor.numel() * tensor.element_size()
                     for name in STATE_NAMES for tensor in getattr(parts.optimizer, name))
     gathered = _gather((problem, own_bytes + _STATE_OVERHEAD), topo)
@@ -93,34 +94,34 @@ def check_save_dir(parts, args: TrainingArgs, topo: Topology, *, out=sys.stdout)
         raise ValueError("; ".join(problems[:4]))
     space = None
     if topo.rank == 0:
-        removed = remove_leftovers(args.save)
+        removed = remove_leftovers(checkpoint.save)
         if removed:
-            print(f"removed leftovers of an interrupted save or prune in {args.save}: "
+            print(f"removed leftovers of an interrupted save or prune in {checkpoint.save}: "
                   f"{', '.join(removed)}", file=out, flush=True)
-        space = free_space_problem(args.save, sum(size for _, size in gathered))
+        space = free_space_problem(checkpoint.save, sum(size for _, size in gathered))
     space = _from_rank0(space, topo)
     if space:
         raise ValueError(space)
 
 
-def refuse_newer_checkpoints(args: TrainingArgs, topo: Topology, start: int) -> None:
+def refuse_newer_checkpoints(checkpoint: CheckpointArgs, topo: Topology, start: int) -> None:
     """Collective: ValueError when ``--save`` holds checkpoints newer than ``start`` (this
     run would overwrite or prune them) -- a fresh run pointed at an old directory."""
     problem = None
     if topo.rank == 0:
-        newer = [it for it in list_iterations(args.save) if it > start]
+        newer = [it for it in list_iterations(checkpoint.save) if it > start]
         if newer:
-            names = ", ".join(os.path.basename(checkpoint_dir(args.save, it))
+            names = ", ".join(os.path.basename(checkpoint_dir(checkpoint.save, it))
                               for it in newer[-3:])
-            problem = (f"--save {args.save} already holds checkpoints newer than iteration "
+            problem = (f"--save {checkpoint.save} already holds checkpoints newer than iteration "
                        f"{start}, where this run starts ({names}); refusing to overwrite or "
                        f"prune them. ")
-            if _same_dir(args.load, args.save) and not args.finetune:
-                problem += (f"{os.path.join(args.save, LATEST)} names iteration {start}: "
+            if _same_dir(checkpoint.load, checkpoint.save) and not checkpoint.finetune:
+                problem += (f"{os.path.join(checkpoint.save, LATEST)} names iteration {start}: "
                             f"write the iteration to resume from into it, or give a new "
                             f"--save directory")
             else:
-                problem += (f"Resume from them with --load {args.save}, or give a new --save "
+                problem += (f"Resume from them with --load {checkpoint.save}, or give a new --save "
                             f"directory")
     problem = _from_rank0(problem, topo)
     if problem:
@@ -159,7 +160,7 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
             return "fatal", (f"checkpoint {directory} holds another model "
                              f"({'; '.join(differences)}); resume with the model flags it "
                              f"was saved with"), None
-        if args.finetune:
+        if args.checkpoint.finetune:
             _, tensors = assemble_by_name(directory, meta["world_size"])
             state = owned_state(tensors, 0, unit_layout(parts.engine),
                                 parts.engine.owned_params()[0].device)
@@ -183,17 +184,17 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
 
 def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_size: int,
            out=sys.stdout) -> tuple[int, str]:
-    """Collective: load the newest verifying checkpoint under ``args.load`` into ``parts``
+    """Collective: load the newest verifying checkpoint under ``args.checkpoint.load`` into ``parts``
     (optimizer state and published parameter shards; RNG state too when the layout is
     unchanged). Returns (iteration to continue from, how it was resumed); (0, "") when
     there is none and that is allowed. ``--finetune``: the weights only, from iteration 0."""
-    kind, found = _from_rank0(_candidates(args.load) if topo.rank == 0 else None, topo)
+    kind, found = _from_rank0(_candidates(args.checkpoint.load) if topo.rank == 0 else None, topo)
     if kind == "error":
         raise ValueError(found)
     if kind == "none":
-        if args.finetune:
+        if args.checkpoint.finetune:
             raise ValueError(f"{found}: --finetune needs a checkpoint to start from")
-        if not (args.load_optional or _same_dir(args.load, args.save)):
+        if not (args.checkpoint.load_optional or _same_dir(args.checkpoint.load, args.checkpoint.save)):
             raise ValueError(f"{found}; fix --load, or pass --load-optional to train from "
                              f"scratch when it holds no checkpoint")
         if topo.rank == 0:
@@ -202,7 +203,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
     now = checkpoint_meta(args, topo, vocab_size=vocab_size)
     skipped: list[tuple[int, list[str]]] = []
     for iteration in found:
-        directory = checkpoint_dir(args.load, iteration)
+        directory = checkpoint_dir(args.checkpoint.load, iteration)
         status, message, payload = _read(parts, args, topo, directory, now)
         verdicts = _gather((status, message), topo)
         fatal = [m for s, m in verdicts if s == "fatal"]
@@ -223,7 +224,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
             return 0, f"finetuning: weights of iteration {iteration}, fresh optimizer state"
         return iteration, message
     problems = "; ".join(m for _, messages in skipped for m in messages)
-    raise ValueError(f"no checkpoint under --load {args.load} verifies: {problems}")
+    raise ValueError(f"no checkpoint under --load {args.checkpoint.load} verifies: {problems}")
 
 
 def _report_fallback(args: TrainingArgs, topo: Topology, iteration: int,
@@ -237,17 +238,17 @@ def _report_fallback(args: TrainingArgs, topo: Topology, iteration: int,
                 print(f"warning: checkpoint iteration {bad} is unusable: {message}",
                       file=sys.stderr, flush=True)
         print(f"warning: falling back to iteration {iteration} "
-              f"({checkpoint_dir(args.load, iteration)}), the newest checkpoint under --load "
+              f"({checkpoint_dir(args.checkpoint.load, iteration)}), the newest checkpoint under --load "
               f"that verifies", file=sys.stderr, flush=True)
-        if _same_dir(args.load, args.save):
+        if _same_dir(args.checkpoint.load, args.checkpoint.save):
             for bad, _ in skipped:
-                source = checkpoint_dir(args.load, bad)
+                source = checkpoint_dir(args.checkpoint.load, bad)
                 target, suffix = source + ".corrupt", 1
                 while os.path.exists(target):
                     target, suffix = f"{source}.corrupt.{suffix}", suffix + 1
                 os.rename(source, target)
                 print(f"warning: moved {source} aside to {target}", file=sys.stderr,
                       flush=True)
-            fsync_dir(args.load)
-            write_file_atomic(os.path.join(args.load, LATEST), f"{iteration}\n".encode())
+            fsync_dir(args.checkpoint.load)
+            write_file_atomic(os.path.join(args.checkpoint.load, LATEST), f"{iteration}\n".encode())
     dist.barrier()

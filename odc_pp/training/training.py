@@ -49,14 +49,14 @@ def _check_finite(result, done: int, skipped_in_a_row: int, args: TrainingArgs) 
     if not math.isfinite(result.loss):
         raise TrainingStopped(
             f"iteration {done}: the loss is {result.loss}. Likely cause: the learning rate "
-            f"is too high for this model (--lr {args.lr}); lower --lr, add warmup "
+            f"is too high for this model (--lr {args.optimizer.lr}); lower --lr, add warmup "
             f"(--lr-warmup-iters) or clipping (--clip-grad), or check the data")
-    if skipped_in_a_row >= args.max_skipped_steps:
+    if skipped_in_a_row >= args.optimizer.max_skipped_steps:
         raise TrainingStopped(
             f"iteration {done}: {skipped_in_a_row} optimizer steps in a row were skipped "
             f"because the gradients were inf/nan (--max-skipped-steps "
-            f"{args.max_skipped_steps}). Likely cause: diverged weights from too high a "
-            f"learning rate (--lr {args.lr}) or overflow in --bf16")
+            f"{args.optimizer.max_skipped_steps}). Likely cause: diverged weights from too high a "
+            f"learning rate (--lr {args.optimizer.lr}) or overflow in --bf16")
 
 
 def _seed_everything(seed: int) -> None:
@@ -98,40 +98,40 @@ def _render_schedule(path: str, schedule, costs, out) -> None:
 
 def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     """Train; returns the logged records (rank 0; other ranks: [])."""
-    _seed_everything(args.seed)
+    _seed_everything(args.run.seed)
     source, vocab = build_source(args)
     planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp)
     parts: Components = build_components(args, topo, vocab_size=vocab,
                                          local_world_size=read_env().local_world_size)
-    schedule_lr = LRSchedule(lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
-                             decay_iters=args.lr_decay_iters, style=args.lr_decay_style)
+    schedule_lr = LRSchedule(lr=args.optimizer.lr, min_lr=args.optimizer.min_lr, warmup_iters=args.optimizer.lr_warmup_iters,
+                             decay_iters=args.optimizer.lr_decay_iters, style=args.optimizer.lr_decay_style)
     start = 0
-    if args.save:  # before the first step: fail now, not at the first save
-        check_save_dir(parts, args, topo, out=out)
-    if args.load:
+    if args.checkpoint.save:  # before the first step: fail now, not at the first save
+        check_save_dir(parts, args.checkpoint, topo, out=out)
+    if args.checkpoint.load:
         start, how = resume(parts, args, topo, _set_rng_state, vocab_size=vocab, out=out)
         if how and topo.rank == 0:
-            print(f"resumed from {args.load} at iteration {start} ({how})", file=out,
+            print(f"resumed from {args.checkpoint.load} at iteration {start} ({how})", file=out,
                   flush=True)
     saver = None
-    if args.save:
-        refuse_newer_checkpoints(args, topo, start)
-        saver = CheckpointSaver(args.save, keep=args.keep_checkpoints, rank=topo.rank,
+    if args.checkpoint.save:
+        refuse_newer_checkpoints(args.checkpoint, topo, start)
+        saver = CheckpointSaver(args.checkpoint.save, keep=args.checkpoint.keep_checkpoints, rank=topo.rank,
                                 world_size=topo.world_size, barrier=dist.barrier)
-    logger = TrainingLogger(train_iters=args.train_iters, log_json=args.log_json,
-                            tensorboard_dir=args.tensorboard_dir,
-                            progress_bar=not args.no_progress_bar, stream=out) \
+    logger = TrainingLogger(train_iters=args.run.train_iters, log_json=args.logging.log_json,
+                            tensorboard_dir=args.logging.tensorboard_dir,
+                            progress_bar=not args.logging.no_progress_bar, stream=out) \
         if topo.rank == 0 else None
     records: list[dict] = []
     window_tokens, window_time, window_flops = 0, 0.0, 0.0
-    shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                       ffn_hidden_size=args.ffn_hidden_size, vocab_size=vocab)
-    peak_tflops = args.peak_tflops or default_peak_tflops(topo.device)
+    shape = ModelShape(num_layers=args.model.num_layers, hidden_size=args.model.hidden_size,
+                       ffn_hidden_size=args.model.ffn_hidden_size, vocab_size=vocab)
+    peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
     skipped_in_a_row = 0
     replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
-    render_pending = bool(args.schedule_png) and topo.rank == 0
-    for iteration in range(start, args.train_iters):
-        if args.inject_fault_rank == topo.rank and iteration + 1 == args.inject_fault_iter:
+    render_pending = bool(args.logging.schedule_png) and topo.rank == 0
+    for iteration in range(start, args.run.train_iters):
+        if args.run.inject_fault_rank == topo.rank and iteration + 1 == args.run.inject_fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} (SIGKILL)",
                   file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -143,12 +143,12 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                                iteration=iteration + 1)
         step_s = time.perf_counter() - began
         if render_pending:  # the schedule rank 0's pipeline just ran
-            _render_schedule(args.schedule_png, parts.runtimes[len(microbatches)].schedule,
+            _render_schedule(args.logging.schedule_png, parts.runtimes[len(microbatches)].schedule,
                              parts.costs, out)
             render_pending = False
         if replanner.observe(parts, result, max_microbatches=plan.max_microbatches,
                              out=out if topo.rank == 0 else None):
-            render_pending = bool(args.schedule_png) and topo.rank == 0
+            render_pending = bool(args.logging.schedule_png) and topo.rank == 0
         window_tokens += plan.total_tokens
         window_time += step_s
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
@@ -158,7 +158,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         done = iteration + 1
         if logger is not None:
             logger.progress(done)
-        if done % args.log_interval == 0 or done == args.train_iters:
+        if done % args.logging.log_interval == 0 or done == args.run.train_iters:
             stats = _gather_floats([result.busy_s, step_s - result.busy_s,
                                     result.peak_memory_mb, peak_memory_mb(topo.device),
                                     window_flops, window_time], topo)
@@ -179,16 +179,16 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                 logger.log(record)
                 records.append(record)
         _check_finite(result, done, skipped_in_a_row, args)
-        if saver is not None and ((args.save_interval and done % args.save_interval == 0)
-                                  or done == args.train_iters or done == args.exit_interval):
+        if saver is not None and ((args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
+                                  or done == args.run.train_iters or done == args.run.exit_interval):
             state = dict(sharded_state(parts.engine, parts.optimizer), rng=_rng_state(),
                          iteration=done)
             path = saver.save(done, state, meta=checkpoint_meta(args, topo, vocab_size=vocab))
             if topo.rank == 0:
                 print(f"saved checkpoint {path}", file=out, flush=True)
-        if args.exit_interval and done >= args.exit_interval:
+        if args.run.exit_interval and done >= args.run.exit_interval:
             if topo.rank == 0:
-                print(f"exit interval {args.exit_interval} reached", file=out, flush=True)
+                print(f"exit interval {args.run.exit_interval} reached", file=out, flush=True)
             break
     if logger is not None:
         logger.close()
@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             print(note, flush=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
-        device = init_distributed(env, timeout_minutes=args.distributed_timeout_minutes)
-        topo = build_topology(env, args.pipeline_model_parallel_size, device)
+        device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
+        topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device)
         train(args, topo)
         dist.barrier()
     except ValueError as exc:

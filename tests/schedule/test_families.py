@@ -49,7 +49,7 @@ def test_rows_match_what_generate_and_the_frontend_build(name):
              "--num-layers", str(6 * row.default_chunks), "--pipeline-model-parallel-size",
              "3"] + (["--cpu-offload"] if row.offloads else [])
     args = parse_args(flags)
-    assert args.num_model_chunks == row.default_chunks
+    assert args.schedule.num_model_chunks == row.default_chunks
     assert placement_of(name) is row.placement
     if row.max_chunks is not None:
         with pytest.raises(ValueError, match="--num-model-chunks"):

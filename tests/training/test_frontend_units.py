@@ -25,21 +25,21 @@ def test_every_megatron_flag_parses():
         "--train-iters", "20", "--save", "/tmp/x", "--load", "/tmp/x", "--save-interval", "5",
         "--log-interval", "2", "--tokenizer-type", "ByteLevelTokenizer", "--seed", "9",
         "--pipeline-schedule", "zbv", "--num-model-chunks", "2", "--memory-limit", "4",
-        "--dp-mode", "collective",
+        "--dp-mode", "odc",
         "--load-balance", "lb-mini", "--log-json", "/tmp/x.jsonl",
         "--max-tokens-per-microbatch", "128"])
-    assert args.num_layers == 8 and args.ffn_hidden_size == 64 and args.bf16
-    assert args.pipeline_schedule == "zbv" and args.num_model_chunks == 2
-    assert args.lr_decay_iters == 20 and args.load_balance == "lb-mini"
+    assert args.model.num_layers == 8 and args.model.ffn_hidden_size == 64 and args.model.bf16
+    assert args.schedule.pipeline_schedule == "zbv" and args.schedule.num_model_chunks == 2
+    assert args.optimizer.lr_decay_iters == 20 and args.data.load_balance == "lb-mini"
     assert args.data_parallel_size(4) == 2
 
 
 def test_defaults_fill_in():
     args = parse_args(BASE + ["--hidden-size", "32", "--pipeline-schedule", "zbv",
                               "--pipeline-model-parallel-size", "2"])
-    assert args.ffn_hidden_size == 128 and args.max_position_embeddings == args.seq_length
-    assert args.num_model_chunks == 2
-    assert parse_args(BASE).num_model_chunks == 1
+    assert args.model.ffn_hidden_size == 128 and args.model.max_position_embeddings == args.model.seq_length
+    assert args.schedule.num_model_chunks == 2
+    assert parse_args(BASE).schedule.num_model_chunks == 1
 
 
 @pytest.mark.parametrize("extra, flags", [

@@ -33,7 +33,7 @@ def test_value_flags_honoured_mapped_or_rejected():
     args, notes = parse_args_with_notes(BASE + ["--transformer-impl", "local"])
     assert notes and "local" in notes[0]
     args, notes = parse_args_with_notes(BASE + ["--recompute-granularity=selective"])
-    assert args.recompute_lgd and "--recompute-lgd" in notes[0]
+    assert args.model.recompute_lgd and "--recompute-lgd" in notes[0]
     with pytest.raises(ValueError, match="--transformer-impl local"):
         parse_args_with_notes(BASE + ["--transformer-impl", "transformer_engine"])
     with pytest.raises(ValueError, match="--recompute-lgd"):
@@ -67,7 +67,7 @@ def test_lr_must_be_finite_and_non_negative(lr):
 
 def test_lr_zero_is_allowed_with_a_warning():
     args, notes = parse_args_with_notes(BASE + ["--lr", "0"])
-    assert args.lr == 0 and any(note.startswith("warning: --lr 0") for note in notes)
+    assert args.optimizer.lr == 0 and any(note.startswith("warning: --lr 0") for note in notes)
 
 
 def test_size_dependent_combinations_fail_before_training():

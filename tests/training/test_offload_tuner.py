@@ -30,11 +30,11 @@ def _frontend(flags: list[str], *, dp: int):
     from odc_pp.training.components import build_schedule, load_cost_model
 
     args = parse_args(flags + ["--mock-data", "--vocab-size", "32000"])
-    pp = args.pipeline_model_parallel_size
+    pp = args.parallel.pipeline_model_parallel_size
     replicas = args.data_parallel_size(pp * dp)
-    num_microbatches = args.global_batch_size // (args.micro_batch_size * replicas)
-    schedule = build_schedule(args, pp=pp, num_microbatches=num_microbatches,
-                              costs=load_cost_model(args))
+    num_microbatches = args.data.global_batch_size // (args.data.micro_batch_size * replicas)
+    schedule = build_schedule(args.schedule, pp=pp, num_microbatches=num_microbatches,
+                              costs=load_cost_model(args.schedule))
     return args, num_microbatches, schedule
 
 
@@ -69,9 +69,9 @@ def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_cos
     assert any(r["schedule"] in ("v-half", "v-min", "zbv") for r in rows)
     for row in rows:
         args, num_microbatches, built = _frontend(row["flags"], dp=config.dp)
-        assert (args.pipeline_schedule, args.num_model_chunks, args.recompute_lgd) == (
+        assert (args.schedule.pipeline_schedule, args.schedule.num_model_chunks, args.model.recompute_lgd) == (
             row["schedule"], row["num_chunks"], row["recompute"])
-        assert tuple(args.offload_chunks or ()) == tuple(row["offload_chunks"])
+        assert tuple(args.schedule.offload_chunks or ()) == tuple(row["offload_chunks"])
         assert num_microbatches == config.num_microbatches
         simulated = candidate_schedule(config, row["schedule"],
                                        offload_chunks=tuple(row["offload_chunks"]))
@@ -104,8 +104,8 @@ def test_presets_print_a_ranked_table_whose_top_choice_fits(preset, capsys):
     assert [c.step_s for c in fitting] == sorted(c.step_s for c in fitting)
     # re-check the top choice independently: the frontend's schedule in the simulator
     args, _, schedule = _frontend(best.flags, dp=1)
-    costs, chunk_bytes, static = estimate_costs(config, args.pipeline_schedule,
-                                                recompute=args.recompute_lgd)
+    costs, chunk_bytes, static = estimate_costs(config, args.schedule.pipeline_schedule,
+                                                recompute=args.model.recompute_lgd)
     sim = simulate(schedule, costs)
     peak = max(s + p * chunk_bytes for s, p in zip(static, sim.peak_activation))
     assert peak <= 60e9 and sim.makespan == pytest.approx(best.step_s)
