@@ -16,6 +16,8 @@ import os
 import pytest
 import torch
 
+from odc_pp.training.checkpointing import load_rank_state, rank_file
+
 from .launcher import TINY_MODEL, launch
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -56,7 +58,9 @@ def _checkpoint_digests(save_dir) -> dict[str, str]:
     for name in sorted(os.listdir(directory)):
         if not name.startswith("rank_"):
             continue
-        state = torch.load(directory / name, map_location="cpu", weights_only=False)
+        rank = int(name.split("_")[1].split(".")[0])
+        assert rank_file(str(directory), rank).endswith(name), name
+        state = load_rank_state(str(directory), rank)  # checksum-verified
         hasher = hashlib.sha256()
         _digest(state["optimizer"], hasher)
         digests[name] = hasher.hexdigest()
