@@ -54,8 +54,8 @@ SETUPS = {
     "conventional": ("1f1b", "collective", "balanced"),
 }
 """The composed system and the conventional setup it is compared with (same model, data,
-seed, pp=2 x dp=2, 32 samples per global batch: 4 or more microbatches per pipeline, a
-steady-state pipeline)."""
+seed, pp=2 x dp=2, 32 samples per global batch packed under a 256-token cap: 5-8
+microbatches per pipeline, a steady-state pipeline, m >= 2 pp)."""
 
 
 def training_command(out_dir: str, iterations: int, setup: str) -> list[str]:
@@ -64,7 +64,8 @@ def training_command(out_dir: str, iterations: int, setup: str) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "4", os.path.join(ROOT, "pretrain_gpt.py"),
                "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-               "--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", "32",
+               "--seq-length", "256", "--max-tokens-per-microbatch", "256",
+               "--global-batch-size", "32",
                "--pipeline-model-parallel-size", "2", "--pipeline-schedule", schedule,
                "--dp-mode", dp_mode, "--load-balance", balance,
                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
