@@ -23,7 +23,7 @@ import torch.distributed as dist
 from odc_pp import _C
 from odc_pp.odc.transport_collective import CollectivePath
 from odc_pp.odc.transport_crosshost import CrossHostPath
-from odc_pp.odc.transport_host import (Allocation, HostPath, SymmetricMemory,
+from odc_pp.odc.transport_host import (Allocation, HostPath, SymmetricMemory, call_all,
                                        remove_stale_segments, segment_name,
                                        tensor_from_segment)
 from odc_pp.odc.transport_path import TransportPath, Work, join_works
@@ -271,14 +271,7 @@ class OdcGroup:
     def sync(self) -> None:
         """Flush every path, land the staged contributions (deterministic), then the
         barrier of the path that reaches every member (see the paths' contract)."""
-        first_error = None
-        for path in list(self.paths):
-            try:
-                path.flush()
-            except Exception as error:  # noqa: BLE001 - flush the others, raise the first
-                first_error = first_error or error
-        if first_error is not None:
-            raise first_error
+        call_all(path.flush for path in list(self.paths))
         self.epoch += 1
         if self.staged is not None:
             self.staged.apply(self.epoch)

@@ -22,7 +22,7 @@ from odc_pp.odc.transport_path import Work, shard_range
 __all__ = ["SEGMENT_PREFIX", "SHM_DIR", "DTYPE_CODES", "Allocation", "SymmetricMemory",
            "HostPath", "Locator",
            "segment_name", "remove_stale_segments", "list_segments", "dtype_code",
-           "tensor_from_segment", "wait_all", "drain"]
+           "tensor_from_segment", "call_all", "wait_all", "drain"]
 
 SEGMENT_PREFIX = "odcpp."
 SHM_DIR = "/dev/shm"
@@ -149,16 +149,21 @@ class SymmetricMemory:
 Locator = Callable[[torch.Tensor, str], "tuple[Allocation, int]"]
 
 
-def wait_all(works: list[Work]) -> None:
-    """Wait for every work; raise the first failure after all finished."""
+def call_all(calls) -> None:
+    """Call every function of ``calls``; raise the first failure after all ran."""
     first_error = None
-    for work in works:
+    for call in calls:
         try:
-            work.wait()
+            call()
         except Exception as error:  # noqa: BLE001 - finish the others, raise the first
             first_error = first_error or error
     if first_error is not None:
         raise first_error
+
+
+def wait_all(works: list[Work]) -> None:
+    """Wait for every work; raise the first failure after all finished."""
+    call_all(work.wait for work in works)
 
 
 def drain(works: list[Work]) -> None:

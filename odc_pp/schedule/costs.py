@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .ir import ActionKind
 
-__all__ = ["CostModel"]
+__all__ = ["transformer_layer_flops", "CostModel"]
 
 Number = float | int
 
@@ -112,3 +112,17 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(**data)
+
+
+def transformer_layer_flops(batch: int, seq: int, hidden: int,
+                            ffn_hidden: int) -> tuple[float, float, float]:
+    """Forward, input-gradient (B) and weight-gradient (W) FLOPs of one transformer layer
+    on one ``[batch, seq]`` microbatch (multiply-add = 2 FLOPs). Weight matmuls (qkv and
+    projection ``4 h^2``, MLP ``2 h f``) cost ``2 b s (4 h^2 + 2 h f)`` in F, again in B and
+    in W; attention scores and values cost ``4 b s^2 h`` in F and twice that in B (no
+    causal halving, as in Megatron-LM and torchtitan). The one FLOPs formula of the
+    project: the offload tuner's cost estimate and the training log's TFLOP/s use it."""
+    dense = 2 * batch * seq * (4 * hidden * hidden + 2 * hidden * ffn_hidden)
+    attention = 4 * batch * seq * seq * hidden
+    return float(dense + attention), float(dense + 2 * attention), float(dense)
+

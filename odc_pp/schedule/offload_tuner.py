@@ -49,7 +49,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .costs import CostModel
+from .costs import CostModel, transformer_layer_flops
 from .generators import FAMILIES, family, training_schedule
 from .ir import Schedule
 from .placement import rank_stages
@@ -222,10 +222,10 @@ def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int,
 
 
 def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
-    """Forward, input-gradient and weight-gradient FLOPs of one layer, one microbatch."""
-    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
-    dense = 24 * b * s * h * h
-    return dense + 4 * b * s * s * h, dense + 8 * b * s * s * h, float(dense)
+    """Forward, input-gradient and weight-gradient FLOPs of one layer, one microbatch
+    (MLP width 4h)."""
+    h = shape.hidden_size
+    return transformer_layer_flops(shape.micro_batch_size, shape.seq_length, h, 4 * h)
 
 
 def layer_activation_bytes(shape: ModelShape, *, recompute: bool) -> float:

@@ -23,17 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ModelShape", "flops_per_microbatch", "default_peak_tflops", "peak_memory_mb",
-           "PEAK_TFLOPS"]
+from odc_pp.schedule.costs import transformer_layer_flops
+from odc_pp.schedule.offload_tuner import PRESETS
 
-PEAK_TFLOPS: dict[str, float] = {
-    # Dense bf16 tensor-core peaks from the vendors' data sheets (SXM parts).
-    "H200": 989.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "A10G": 70.0,
-}
+__all__ = ["ModelShape", "flops_per_microbatch", "default_peak_tflops", "peak_memory_mb"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,28 +42,27 @@ class ModelShape:
     vocab_size: int
     """Padded vocabulary V (the output layer's rows)."""
 
-    @property
-    def matmul_params(self) -> int:
-        """Weights that multiply activations (per-token FLOPs are 6x this)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
-        return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h
-
 
 def flops_per_microbatch(shape: ModelShape, batch: int, seq: int) -> float:
-    """Forward + backward model FLOPs of one ``[batch, seq]`` microbatch."""
-    tokens = batch * seq
-    attention = 12 * shape.num_layers * shape.hidden_size * batch * seq * seq
-    return 6.0 * tokens * shape.matmul_params + float(attention)
+    """Forward + backward model FLOPs of one ``[batch, seq]`` microbatch: every layer's
+    F + B + W (:func:`odc_pp.schedule.costs.transformer_layer_flops`) and the output
+    layer's ``6 b s V h``."""
+    per_layer = sum(transformer_layer_flops(batch, seq, shape.hidden_size,
+                                            shape.ffn_hidden_size))
+    return shape.num_layers * per_layer + 6.0 * batch * seq * shape.vocab_size * \
+        shape.hidden_size
 
 
 def default_peak_tflops(device: torch.device) -> float | None:
-    """The dense bf16 peak of a known GPU; None on CPU or an unknown device."""
+    """The dense 16-bit peak of a GPU the offload tuner has a preset for
+    (:data:`odc_pp.schedule.offload_tuner.PRESETS`: A100, H100, H200); None on CPU or
+    another device (pass --peak-tflops)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device).upper()
-    for key, value in PEAK_TFLOPS.items():
-        if key in name:
-            return value
+    for key, hardware in PRESETS.items():
+        if key.upper() in name:
+            return hardware.peak_tflops
     return None
 
 
