@@ -23,11 +23,19 @@ class Microbatch:
     """Target ids ``[batch, seq]``; needed where the last stage runs."""
     loss_mask: torch.Tensor | None = None
     """``[batch, seq]`` 0/1 weights of token losses; None: every token counts."""
+    position_ids: torch.Tensor | None = None
+    """``[batch, seq]`` int64 positions for rotary/learned embeddings; None: ``0..seq-1`` in
+    every row. With packing, each packed sample restarts at 0."""
+    segment_ids: torch.Tensor | None = None
+    """``[batch, seq]`` int64 id of the packed sample each position belongs to (0, 1, 2, ...
+    within a row; padding is -1). None: one sample per row. Attention is causal *within* a
+    segment only: query i sees key j iff ``segment_ids[b, i] == segment_ids[b, j] >= 0`` and
+    ``j <= i``. (The contract between ``odc_pp.data`` packing and the model's attention.)"""
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq], got shape {tuple(self.tokens.shape)}")
-        for name in ("labels", "loss_mask"):
+        for name in ("labels", "loss_mask", "position_ids", "segment_ids"):
             value = getattr(self, name)
             if value is not None and value.shape != self.tokens.shape:
                 raise ValueError(f"{name} shape {tuple(value.shape)} != tokens shape "
@@ -43,7 +51,8 @@ class Microbatch:
     def to(self, device: torch.device | str) -> "Microbatch":
         move = (lambda t: None if t is None else t.to(device))
         return Microbatch(tokens=move(self.tokens), labels=move(self.labels),
-                          loss_mask=move(self.loss_mask))
+                          loss_mask=move(self.loss_mask), position_ids=move(self.position_ids),
+                          segment_ids=move(self.segment_ids))
 
 
 def count_tokens(microbatches: list[Microbatch]) -> int:
