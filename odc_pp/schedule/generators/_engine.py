@@ -1,40 +1,104 @@
-"""Greedy list scheduler shared by the memory-controlled families (ZB-H1/H2, ZB-V, V-Half, V-Min).
+"""The one list scheduler: every searched or memory-controlled order is built here.
 
-The engine plays the pipeline forward in time under a cost model: whenever a rank is
-free it picks one ready compute action by a fixed priority and records it. The per-rank
-order it records is the schedule; because the order was produced by a feasible timed run,
-it can never deadlock, and its timing under the same cost model is the simulated one.
+The scheduler plays the pipeline forward in time under a cost model: whenever a rank is
+free it asks a *priority* (a pluggable policy, see :class:`Decision` and
+:func:`default_priority`) for one ready compute action, runs it and records it. The
+per-rank order it records is the schedule; because the order was produced by a feasible
+timed run it never deadlocks. The scheduler keeps its own clock only to decide what is
+ready; the timing of a schedule is defined by ``odc_pp.schedule.simulator`` alone
+(callers score the emitted orders there; the engine's clock is the same in-order timing
+with implicit communication).
 
-Memory control (the part that makes families differ) is a per-rank cap on the running
-sum of activation deltas. A microbatch is *admitted* on a rank by the F of its chunk 0;
-with two chunks, admission always leaves one ``mem_f`` slot free, so the chunk-1 forward
-of the oldest admitted microbatch can always run (later microbatches cannot take their
-chunk-1 forward before it). Together with "run a pending W when a ready F is blocked by
+The run is event driven: a heap of (time, rank) wake-ups, a rank is woken when it
+becomes free, when a neighbour produces the input it waits for (at the arrival time),
+or at a known future ready time (paced injection, a W-slack wait). One run of N actions
+costs O(N log N) plus the priority's work per decision.
+
+Memory control is a per-rank cap on the running sum of activation deltas. A microbatch
+is *admitted* on a rank by the F of its chunk 0; with two chunks, admission always leaves
+one ``mem_f`` slot free (``reserve_slot``), so the chunk-1 forward of the oldest admitted
+microbatch can always run. Together with "run a pending W when a ready F is blocked by
 memory" and backward passes never needing memory (``mem_b <= 0``), any cap of at least
-``num_chunks * mem_f`` is deadlock free: the oldest unfinished microbatch always
-progresses.
-
-Weight-gradient passes (W) are what the zero-bubble families use to fill idle time: a
-rank runs W when nothing else is ready, or to free memory for a blocked forward.
+``num_chunks * mem_f`` is deadlock free. ``inflight`` additionally bounds how many
+microbatches a rank holds between its chunk-0 F and chunk-0 B (the warm-up depth the
+ZB-auto search tunes per rank).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement
 from ..placement import locate, num_stages, stage_of
 
-__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine"]
+__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine", "Decision",
+           "Priority", "default_priority"]
 
 _EPS = 1e-9
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a free rank may do now; a priority picks one of these or nothing.
+
+    Items are ``(microbatch, -stage, chunk)`` tuples, so ``min`` gives the oldest
+    microbatch, deepest stage first.
+    """
+
+    rank: int
+    now: float
+    backward: list
+    """Ready backward passes (B, or BW without ``split_backward``)."""
+    forward: list
+    """Ready forward passes that the memory cap and ``inflight`` admit."""
+    blocked_forward: bool
+    """A forward is ready but memory or ``inflight`` holds it back."""
+    w_queue: deque
+    """Pending weight-gradient passes (chunk, microbatch), oldest first."""
+    next_input: float
+    """Earliest time a B or admissible F could become ready (``inf``: unknown, i.e. no
+    earlier than a neighbour's next action)."""
+    t_w: float
+    """Duration of the oldest pending W (0 when none)."""
+    config: "EngineConfig"
+
+
+Choice = tuple  # ("B" | "F" | "W" | "idle", item or wake time)
+Priority = Callable[[Decision], "Choice | None"]
+"""``priority(decision)`` returns ``("B", item)``, ``("F", item)``, ``("W", None)``,
+``("idle", until)`` (wait until ``until`` or a neighbour's next output) or None (idle
+until a neighbour's next output)."""
+
+
+def default_priority(decision: Decision) -> Choice | None:
+    """The switches of :class:`EngineConfig`: ``w_after_b`` runs each W right after its
+    B; ``backward_first`` prefers a ready B to a ready F; a W fills any idle time, or
+    with ``w_slack`` only when it ends before the next input arrives plus ``w_slack``
+    times its duration (otherwise the rank waits for that input)."""
+    cfg = decision.config
+    if cfg.w_after_b and decision.w_queue:
+        return ("W", None)
+    if decision.backward and (cfg.backward_first or not decision.forward):
+        return ("B", min(decision.backward))
+    if decision.forward:
+        return ("F", min(decision.forward))
+    if not decision.w_queue:
+        return None
+    if cfg.w_slack is None or decision.blocked_forward:
+        return ("W", None)  # fills idle time, or frees memory for a blocked forward
+    if decision.now + decision.t_w <= decision.next_input + cfg.w_slack * decision.t_w:
+        return ("W", None)
+    return ("idle", decision.next_input)
 
 
 @dataclass(kw_only=True)
 class EngineConfig:
-    """One greedy run: shape, placement, costs, memory caps and priority switches."""
+    """One list-scheduler run: shape, placement, costs, memory caps and priority."""
 
     pp: int
     """Pipeline ranks."""
@@ -66,6 +130,14 @@ class EngineConfig:
     forward (provably deadlock free, see module doc). False admits whenever the forward
     fits the cap: more throughput under a tight cap, but a run may stall, in which case
     ``run_engine`` raises ``EngineStalled`` and the caller drops that variant."""
+    inflight: list[int] | None = None
+    """Per rank, most microbatches between their chunk-0 F and chunk-0 B (None: only the
+    memory cap limits admission)."""
+    w_slack: float | None = None
+    """None: a W fills any idle moment. A number: a W runs only if it ends before the
+    next input can arrive plus this many W durations (else the rank waits)."""
+    priority: Priority | None = None
+    """Policy choosing among the ready actions (None: :func:`default_priority`)."""
 
     def __post_init__(self) -> None:
         if self.inject_interval < 0:
@@ -74,9 +146,16 @@ class EngineConfig:
             raise ValueError(f"pair_gap must lie in [0, 2 * inject_interval], got "
                              f"{self.pair_gap}")
         if self.num_chunks not in (1, 2):
-            raise ValueError(f"the greedy engine handles 1 or 2 chunks, got {self.num_chunks}")
+            raise ValueError(f"the list scheduler handles 1 or 2 chunks, got "
+                             f"{self.num_chunks}")
         if len(self.caps) != self.pp:
             raise ValueError(f"need one memory cap per rank ({self.pp}), got {len(self.caps)}")
+        if self.inflight is not None and (len(self.inflight) != self.pp or
+                                          min(self.inflight) < 1):
+            raise ValueError(f"inflight needs one integer >= 1 per rank ({self.pp}), got "
+                             f"{self.inflight}")
+        if self.w_slack is not None and self.w_slack < 0:
+            raise ValueError(f"w_slack must be >= 0, got {self.w_slack}")
 
 
 class EngineStalled(ValueError):
@@ -114,6 +193,7 @@ class _RankState:
 class _Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.cfg = config
+        self.priority = config.priority or default_priority
         self.num_stages = num_stages(config.pp, config.num_chunks)
         self.states = [_RankState(config.num_chunks) for _ in range(config.pp)]
         self.f_end: dict[tuple[int, int], float] = {}  # (stage, mb) -> end time
@@ -125,16 +205,16 @@ class _Engine:
         self.total = config.pp * config.num_chunks * config.num_microbatches * (
             3 if config.split_backward else 2)
         self.done = 0
-        # lookup tables: stage of (rank, chunk); latency of its F input and B input
         chunks = range(config.num_chunks)
         self.stage = [[stage_of(config.placement, config.pp, r, c) for c in chunks]
                       for r in range(config.pp)]
-        owner = [locate(config.placement, config.pp, config.num_chunks, s)[0]
-                 for s in range(self.num_stages)]
+        self.owner = [locate(config.placement, config.pp, config.num_chunks, s)
+                      for s in range(self.num_stages)]
         t_comm = costs.t_comm
 
         def latency(rank: int, stage: int) -> float:
-            return t_comm if 0 <= stage < self.num_stages and owner[stage] != rank else 0.0
+            return (t_comm if 0 <= stage < self.num_stages and self.owner[stage][0] != rank
+                    else 0.0)
 
         self.f_latency = [[latency(r, self.stage[r][c] - 1) for c in chunks]
                           for r in range(config.pp)]
@@ -145,11 +225,10 @@ class _Engine:
                                              pp=config.pp, num_stages=self.num_stages)
             for kind in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW)
             for r in range(config.pp) for c in chunks}
+        self.heap: list[tuple[float, int]] = []
+        self.scheduled = [_INF] * config.pp
 
     # ----- readiness --------------------------------------------------------------
-    def _duration(self, kind: ActionKind, rank: int, chunk: int) -> float:
-        return self.durations[(kind, rank, chunk)]
-
     def _forward_ready(self, rank: int, chunk: int) -> float | None:
         mb = self.states[rank].f_next[chunk]
         if mb >= self.cfg.num_microbatches:
@@ -175,53 +254,69 @@ class _Engine:
         return None if end is None else max(own, end + self.b_latency[rank][chunk])
 
     def _admissible(self, rank: int, chunk: int) -> bool:
-        state = self.states[rank]
-        cap = self.cfg.caps[rank] + _EPS
-        if chunk == 0 and self.cfg.reserve_slot:
+        state, cfg = self.states[rank], self.cfg
+        if chunk == 0 and cfg.inflight is not None and \
+                state.f_next[0] - state.b_next[0] >= cfg.inflight[rank]:
+            return False
+        cap = cfg.caps[rank] + _EPS
+        if chunk == 0 and cfg.reserve_slot:
             # admission keeps one slot for the oldest microbatch's chunk-1 F
-            return state.mem + self.mem_f * self.cfg.num_chunks <= cap
+            return state.mem + self.mem_f * cfg.num_chunks <= cap
         return state.mem + self.mem_f <= cap
 
     # ----- choosing -----------------------------------------------------------------
-    def _choose(self, rank: int, now: float) -> tuple[ActionKind, int, int] | None:
-        cfg, state = self.cfg, self.states[rank]
-        chunks = range(cfg.num_chunks)
-        stages = self.stage[rank]
-        backward = [(state.b_next[c], -stages[c], c) for c in chunks
-                    if (t := self._backward_ready(rank, c)) is not None and t <= now + _EPS]
-        forward = [(state.f_next[c], -stages[c], c) for c in chunks
-                   if (t := self._forward_ready(rank, c)) is not None and t <= now + _EPS]
-        admissible = [f for f in forward if self._admissible(rank, f[2])]
-        bkind = ActionKind.B if cfg.split_backward else ActionKind.BW
-        if cfg.w_after_b and state.w_queue:
-            chunk, mb = state.w_queue[0]
-            return ActionKind.W, chunk, mb
-        if backward and (cfg.backward_first or not admissible):
-            mb, _, chunk = min(backward)
-            return bkind, chunk, mb
-        if admissible:
-            mb, _, chunk = min(admissible)
-            return ActionKind.F, chunk, mb
-        if state.w_queue:  # fills idle time, or frees memory for a blocked forward
-            chunk, mb = state.w_queue[0]
-            return ActionKind.W, chunk, mb
-        return None
-
-    def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> None:
+    def _decision(self, rank: int, now: float) -> Decision:
         state = self.states[rank]
-        duration = self._duration(kind, rank, chunk)
+        stages = self.stage[rank]
+        backward, forward, blocked = [], [], False
+        next_input = _INF
+        for c in range(self.cfg.num_chunks):
+            t = self._backward_ready(rank, c)
+            if t is not None:
+                if t <= now + _EPS:
+                    backward.append((state.b_next[c], -stages[c], c))
+                elif t < next_input:
+                    next_input = t
+            t = self._forward_ready(rank, c)
+            if t is not None:
+                admissible = self._admissible(rank, c)
+                if t <= now + _EPS:
+                    if admissible:
+                        forward.append((state.f_next[c], -stages[c], c))
+                    else:
+                        blocked = True
+                elif admissible and t < next_input:
+                    next_input = t
+        t_w = 0.0
+        if state.w_queue:
+            t_w = self.durations[(ActionKind.W, rank, state.w_queue[0][0])]
+        return Decision(rank=rank, now=now, backward=backward, forward=forward,
+                        blocked_forward=blocked, w_queue=state.w_queue,
+                        next_input=next_input, t_w=t_w, config=self.cfg)
+
+    def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
+        state = self.states[rank]
+        duration = self.durations[(kind, rank, chunk)]
         end = now + duration
         stage = self.stage[rank][chunk]
         if kind is ActionKind.F:
             state.f_next[chunk] += 1
             self.f_end[(stage, mb)] = end
             state.mem += self.mem_f
+            if stage + 1 < self.num_stages:
+                consumer = self.owner[stage + 1][0]
+                self._wake(consumer, end + (self.cfg.costs.t_comm if consumer != rank
+                                            else 0.0))
         elif kind in (ActionKind.B, ActionKind.BW):
             state.b_next[chunk] += 1
             self.b_end[(stage, mb)] = end
             state.mem += self.mem_b
             if kind is ActionKind.B:
                 state.w_queue.append((chunk, mb))
+            if stage > 0:
+                consumer = self.owner[stage - 1][0]
+                self._wake(consumer, end + (self.cfg.costs.t_comm if consumer != rank
+                                            else 0.0))
         else:
             state.w_queue.popleft()
             state.mem += self.mem_w
@@ -232,31 +327,50 @@ class _Engine:
         state.free_at = end
         state.order.append(Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb))
         self.done += 1
+        return end
+
+    def _wake(self, rank: int, at: float) -> None:
+        at = max(at, self.states[rank].free_at)
+        if at < self.scheduled[rank]:
+            self.scheduled[rank] = at
+            heapq.heappush(self.heap, (at, rank))
 
     # ----- main loop --------------------------------------------------------------
     def run(self) -> EngineResult:
-        now = 0.0
-        while self.done < self.total:
-            progressed = True
-            while progressed:
-                progressed = False
-                for rank, state in enumerate(self.states):
-                    if state.free_at <= now + _EPS:
-                        choice = self._choose(rank, now)
-                        if choice is not None:
-                            self._execute(rank, now, *choice)
-                            progressed = True
-            if self.done >= self.total:
-                break
-            later = [s.free_at for s in self.states if s.free_at > now + _EPS]
-            for rank in range(self.cfg.pp):
-                for chunk in range(self.cfg.num_chunks):
-                    for t in (self._forward_ready(rank, chunk), self._backward_ready(rank, chunk)):
-                        if t is not None and t > now + _EPS:
-                            later.append(t)
-            if not later:
-                raise EngineStalled(self._stuck_message())
-            now = min(later)
+        bkind = ActionKind.B if self.cfg.split_backward else ActionKind.BW
+        for rank in range(self.cfg.pp):
+            self._wake(rank, 0.0)
+        heap = self.heap
+        while heap:
+            now, rank = heapq.heappop(heap)
+            if now != self.scheduled[rank]:
+                continue  # superseded by an earlier wake-up
+            self.scheduled[rank] = _INF
+            state = self.states[rank]
+            if state.free_at > now + _EPS:
+                self._wake(rank, state.free_at)
+                continue
+            decision = self._decision(rank, now)
+            choice = self.priority(decision)
+            if choice is None or choice[0] == "idle":
+                wake = decision.next_input if choice is None else choice[1]
+                if wake < _INF:
+                    self._wake(rank, max(wake, now))
+                continue
+            what, item = choice
+            if what == "W":
+                if not state.w_queue:
+                    raise ValueError(f"priority chose W on rank {rank} with none pending")
+                chunk, mb = state.w_queue[0]
+                end = self._execute(rank, now, ActionKind.W, chunk, mb)
+            else:
+                mb, _, chunk = item
+                end = self._execute(rank, now, bkind if what == "B" else ActionKind.F,
+                                    chunk, mb)
+            if self.done < self.total:
+                self._wake(rank, end)
+        if self.done < self.total:
+            raise EngineStalled(self._stuck_message())
         ends = [s.free_at for s in self.states]
         return EngineResult(
             ranks=[s.order for s in self.states],
@@ -271,9 +385,9 @@ class _Engine:
 
 
 def run_engine(config: EngineConfig) -> EngineResult:
-    """Play one greedy run; ValueError if a cap is below one microbatch on every chunk,
-    ``EngineStalled`` if the caps stall every rank (only with ``reserve_slot=False`` when
-    the caps are at least that)."""
+    """Play one list-scheduler run; ValueError if a cap is below one microbatch on every
+    chunk, ``EngineStalled`` if the caps stall every rank (only with
+    ``reserve_slot=False`` or ``inflight`` when the caps are at least that)."""
     minimum = config.num_chunks * config.costs.mem_f
     for rank, cap in enumerate(config.caps):
         if cap + _EPS < minimum:
