@@ -70,7 +70,8 @@ class Action:
     peer: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", ActionKind(self.kind))
+        if type(self.kind) is not ActionKind:
+            object.__setattr__(self, "kind", ActionKind(self.kind))
 
     @property
     def is_compute(self) -> bool:

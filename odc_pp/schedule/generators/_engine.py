@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement
@@ -42,12 +42,11 @@ _EPS = 1e-9
 _INF = float("inf")
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """What a free rank may do now; a priority picks one of these or nothing.
 
     Items are ``(microbatch, -stage, chunk)`` tuples, so ``min`` gives the oldest
-    microbatch, deepest stage first.
+    microbatch, deepest stage first. (A named tuple: one is built per decision.)
     """
 
     rank: int
@@ -290,9 +289,8 @@ class _Engine:
         t_w = 0.0
         if state.w_queue:
             t_w = self.durations[(ActionKind.W, rank, state.w_queue[0][0])]
-        return Decision(rank=rank, now=now, backward=backward, forward=forward,
-                        blocked_forward=blocked, w_queue=state.w_queue,
-                        next_input=next_input, t_w=t_w, config=self.cfg)
+        return Decision(rank, now, backward, forward, blocked, state.w_queue, next_input,
+                        t_w, self.cfg)
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]
