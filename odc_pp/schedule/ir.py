@@ -14,6 +14,7 @@ receives the output gradient of (rank, chunk). ``peer`` is the other rank.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "COMPUTE_KINDS",
     "COMM_KINDS",
     "OFFLOAD_KINDS",
+    "REPORT_ONLY_META",
 ]
 
 
@@ -53,6 +55,10 @@ COMM_KINDS = frozenset(
     {ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B}
 )
 OFFLOAD_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD})
+
+REPORT_ONLY_META = frozenset({"search_seconds"})
+"""``Schedule.meta`` keys that describe how a schedule was made (timings), not what
+runs; ``Schedule.digest`` leaves them out."""
 
 # torch.distributed.pipelining letters for compute actions.
 _TO_TORCH = {ActionKind.F: "F", ActionKind.B: "I", ActionKind.W: "W", ActionKind.BW: "B"}
@@ -184,6 +190,15 @@ class Schedule:
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
         return cls.from_dict(json.loads(text))
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON (sorted keys, no whitespace) of everything ranks
+        must agree on: shape, placement, every rank's actions and ``meta`` except the
+        report-only keys in ``REPORT_ONLY_META`` (e.g. how long a search took)."""
+        data = self.to_dict()
+        data["meta"] = {k: v for k, v in data["meta"].items() if k not in REPORT_ONLY_META}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     # ----- torch.distributed.pipelining CSV ---------------------------------------
     def to_pipelining_csv(self) -> str:

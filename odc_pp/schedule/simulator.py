@@ -37,7 +37,14 @@ from functools import cached_property
 from .costs import CostModel
 from .ir import COMPUTE_KINDS, Action, ActionKind, Schedule
 
-__all__ = ["simulate", "SimResult", "DeadlockError", "DependencyError"]
+__all__ = ["simulate", "score", "SimResult", "DeadlockError", "DependencyError",
+           "OBJECTIVES"]
+
+OBJECTIVES = ("span", "makespan")
+"""What a schedule search minimises: ``span`` = the longest per-rank compute span (first
+compute start to last compute end on a rank; the steady-state iteration time when
+optimizer post-validation lets iterations overlap), ``makespan`` = first start to last
+end over all ranks (runs that synchronise before the optimizer step)."""
 
 # operation codes of compiled actions
 _COMPUTE, _SEND, _RECV, _OFFLOAD, _RELOAD, _MARK = range(6)
@@ -74,6 +81,9 @@ class SimResult:
 
     makespan: float
     """First action's start to last action's end over all ranks, transfers included."""
+    max_stage_span: float
+    """Longest per-rank compute span (``max(span)``): the steady-state iteration time
+    when iterations overlap (optimizer post-validation)."""
     bubble_rate: float
     """(C - busy_max) / C, C = longest per-rank compute span, busy_max = compute time of
     the busiest rank (the zero-bubble paper's definition)."""
@@ -128,7 +138,8 @@ class SimResult:
 
     def to_dict(self, *, include_actions: bool = False) -> dict:
         out = {
-            "makespan": self.makespan, "bubble_rate": self.bubble_rate,
+            "makespan": self.makespan, "max_stage_span": self.max_stage_span,
+            "bubble_rate": self.bubble_rate,
             "per_rank_bubble": self.per_rank_bubble, "busy": self.busy, "span": self.span,
             "peak_activation": self.peak_activation, "comm_overlap": self.comm_overlap,
             "offload_overlap": self.offload_overlap, "memory_limit": self.memory_limit,
@@ -157,6 +168,59 @@ def simulate(schedule: Schedule, costs: CostModel, *,
     compiled = _Compiled(schedule, costs)
     starts, ends, end_of = _run(compiled)
     return _summarise(compiled, starts, ends, end_of, memory_limit)
+
+
+def score(schedule: Schedule, costs: CostModel, *, objective: str = "span",
+          memory_limit: float | None = None, cutoff: float = float("inf")) -> float | None:
+    """The ``objective`` (see ``OBJECTIVES``) of ``schedule`` under ``costs``, by the
+    same rules as :func:`simulate`, or None when a rank's activation memory exceeds
+    ``memory_limit`` or the value reaches ``cutoff`` (the run stops as soon as that is
+    certain). Searches compare candidates with this; DeadlockError as in ``simulate``."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
+                         f"{objective!r}")
+    if not isinstance(costs, CostModel):
+        raise ValueError(f"costs must be a CostModel, got {type(costs).__name__}")
+    compiled = _Compiled(schedule, costs)
+    if memory_limit is not None and not _fits_in_order(compiled, memory_limit):
+        return None
+    try:
+        starts, ends, _ = _run(compiled, cutoff=cutoff, objective=objective)
+    except _CutOff:
+        return None
+    value = 0.0
+    if objective == "makespan":
+        if any(starts):
+            first = min(min(r) for r in starts if r)
+            value = max(max(r) for r in ends if r) - first
+    else:
+        for ops, rank_starts, rank_ends in zip(compiled.ops, starts, ends):
+            times = [(s, e) for (code, *_), s, e in zip(ops, rank_starts, rank_ends)
+                     if code == _COMPUTE]
+            if times:
+                value = max(value, times[-1][1] - times[0][0])
+    return value if value < cutoff else None
+
+
+class _CutOff(Exception):
+    """Internal: the objective reached the cutoff."""
+
+
+def _fits_in_order(compiled: "_Compiled", limit: float) -> bool:
+    """Compute-only memory check in list order (a rank runs one action at a time, so the
+    in-order running sum is the timed one); OFFLOAD/RELOAD schedules use ``simulate``."""
+    costs = compiled.costs
+    for ops in compiled.ops:
+        memory = 0.0
+        for code, _, _, _, delta in ops:
+            if code == _OFFLOAD:
+                delta = -costs.mem_f
+            elif code == _RELOAD:
+                delta = costs.mem_f
+            memory += delta
+            if memory > limit + 1e-9:
+                return False
+    return True
 
 
 # ----- compilation ------------------------------------------------------------------
@@ -317,8 +381,11 @@ class _Compiled:
 
 
 # ----- execution --------------------------------------------------------------------
-def _run(compiled: _Compiled):
+def _run(compiled: _Compiled, *, cutoff: float = float("inf"), objective: str = "span"):
     plan = compiled.ops
+    checking = cutoff < float("inf")
+    span_objective = objective == "span"
+    first_compute = [None] * compiled.pp  # per rank, for the span cutoff
     pp = compiled.pp
     pointer = [0] * pp
     free = [0.0] * pp
@@ -368,6 +435,14 @@ def _run(compiled: _Compiled):
                 now = ready + duration
                 rank_ends[pos] = now
                 end_of[key] = now
+                if checking:
+                    if span_objective:
+                        if first_compute[rank] is None:
+                            first_compute[rank] = ready
+                        if now - first_compute[rank] >= cutoff:
+                            raise _CutOff
+                    elif now >= cutoff:  # a stage-0 F starts at 0: makespan >= now
+                        raise _CutOff
                 if key in waiters:
                     resolve(key, now)
             elif code == _SEND:
@@ -487,6 +562,7 @@ def _summarise(compiled: _Compiled, starts, ends, end_of, memory_limit) -> SimRe
         compute = [[(s, e) for (code, *_), s, e in zip(ops, starts[r], ends[r])
                     if code == _COMPUTE] for r, ops in enumerate(compiled.ops)]
     return SimResult(makespan=makespan, bubble_rate=bubble,
+                     max_stage_span=longest,
                      per_rank_bubble=per_rank_bubble, busy=busy, span=span,
                      peak_activation=peaks, memory_timeline=timelines,
                      comm_overlap=_overlap(transfers, compute),

@@ -1,4 +1,5 @@
-"""ZB-auto search: validity, memory limit, never worse than 1F1B/ZB-H1, lower bound."""
+"""ZB-auto search: validity, memory limit, never worse than 1F1B/ZB-H1, lower bounds,
+objectives, determinism."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import random
 import pytest
 
 from odc_pp.schedule import ActionKind, CostModel
-from odc_pp.schedule.search import (bubble_lower_bound, default_memory_limit,
-                                    makespan_lower_bound, zb_auto)
+from odc_pp.schedule.generators.search import (bubble_lower_bound, default_memory_limit,
+                                               makespan_lower_bound, stage_span_lower_bound,
+                                               zb_auto)
 from odc_pp.schedule.simulator import simulate
 
 
@@ -50,25 +52,28 @@ def test_search_beats_1f1b_and_zbh1_on_random_heterogeneous_costs(seed, one_f_on
     m = rng.choice([pp, 2 * pp, 3 * pp])
     costs = _random_costs(rng, pp, comm=rng.choice([0.0, 0.1]))
     limit = float(pp)  # the 1F1B budget: both baselines fit
-    schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=limit,
-                       time_budget_s=0.3)
-    result = simulate(schedule, costs, memory_limit=limit)
-    assert result.fits_memory, result.peak_activation
-    for baseline in (one_f_one_b(pp, m), _zb_h1_by_hand(pp, m)):
-        base = simulate(baseline, costs, memory_limit=limit)
-        assert base.fits_memory
-        assert result.makespan <= base.makespan + 1e-9, baseline.name
-    bound = makespan_lower_bound(pp, m, costs, memory_limit=limit)
-    assert schedule.meta["lower_bound"] == pytest.approx(bound)
-    assert bound <= result.makespan + 1e-9
-    assert schedule.meta["makespan"] == pytest.approx(result.makespan)
+    for objective, value in (("makespan", lambda r: r.makespan),
+                             ("span", lambda r: r.max_stage_span)):
+        schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=limit,
+                           objective=objective, max_evaluations=150)
+        result = simulate(schedule, costs, memory_limit=limit)
+        assert result.fits_memory, result.peak_activation
+        for baseline in (one_f_one_b(pp, m), _zb_h1_by_hand(pp, m)):
+            base = simulate(baseline, costs, memory_limit=limit)
+            assert base.fits_memory
+            assert value(result) <= value(base) + 1e-9, (baseline.name, objective)
+        bound = (makespan_lower_bound if objective == "makespan" else
+                 stage_span_lower_bound)(pp, m, costs, memory_limit=limit)
+        assert schedule.meta["lower_bound"] == pytest.approx(bound)
+        assert bound <= value(result) + 1e-9
+        assert schedule.meta["value"] == pytest.approx(value(result))
 
 
 @pytest.mark.parametrize("pp,m,limit", [(4, 16, 4), (4, 16, 6), (6, 12, 3), (3, 9, 1)])
 def test_search_respects_memory_limit_and_produces_a_complete_schedule(pp, m, limit):
     costs = CostModel(t_f=1, t_b=1, t_w=0.6)
     schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=limit,
-                       time_budget_s=0.3)
+                       max_evaluations=100)
     result = simulate(schedule, costs, memory_limit=limit)
     assert result.fits_memory and max(result.peak_activation) <= limit
     assert schedule.name == "zb-auto" and schedule.num_chunks == 1
@@ -85,9 +90,10 @@ def test_uniform_costs_reach_the_bound_with_twice_1f1b_memory():
     costs = CostModel(t_f=1, t_b=1, t_w=0.6)
     bound = makespan_lower_bound(pp, m, costs, memory_limit=2 * pp)
     assert bound == pytest.approx(m * 2.6 + (pp - 1))
-    schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=2 * pp)
+    schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=2 * pp,
+                       objective="makespan")
     assert simulate(schedule, costs).makespan == pytest.approx(bound)
-    assert bubble_lower_bound(pp, m, costs, 2 * pp) == pytest.approx(
+    assert bubble_lower_bound(pp, m, costs, 2 * pp, objective="makespan") == pytest.approx(
         (pp - 1) / (m * 2.6 + pp - 1))
 
 
@@ -116,7 +122,8 @@ def test_lower_bound_is_below_exhaustive_optimum_for_a_tiny_case():
                 continue
     bound = makespan_lower_bound(2, 2, costs)
     assert bound <= best + 1e-9
-    found = simulate(zb_auto(pp=2, num_microbatches=2, costs=costs, memory_limit=4), costs)
+    found = simulate(zb_auto(pp=2, num_microbatches=2, costs=costs, memory_limit=4,
+                             objective="makespan"), costs)
     assert found.makespan == pytest.approx(best)
 
 
@@ -135,29 +142,112 @@ def test_search_output_passes_the_generators_validator_and_beats_their_baselines
     costs = CostModel(t_f=[1.5, 1, 1, 1.5], t_b=[1.5, 1, 1, 1.5], t_w=[0.9, 0.6, 0.6, 0.9],
                       t_comm=0.05)
     schedule = zb_auto(pp=pp, num_microbatches=m, costs=costs, memory_limit=2 * pp,
-                       time_budget_s=0.3)
+                       max_evaluations=100)
     validate(schedule, costs, memory_limit=2 * pp)
-    found = simulate(schedule, costs).makespan
-    for name in ("zb-h1", "1f1b"):
+    found = simulate(schedule, costs).max_stage_span
+    for name in ("zb-h1", "1f1b", "zb-h2"):
         base = generate(name, pp=pp, num_microbatches=m, costs=costs)
-        assert found <= simulate(base, costs).makespan + 1e-9, name
+        assert found <= simulate(base, costs).max_stage_span + 1e-9, name
     via_generate = generate("zb-auto", pp=pp, num_microbatches=m, costs=costs,
-                            memory_limit=2 * pp, time_budget_s=0.3)
-    assert simulate(via_generate, costs).makespan == pytest.approx(found)
+                            memory_limit=2 * pp, max_evaluations=100)
+    assert via_generate.digest() == schedule.digest()
 
 
-def test_baseline_patterns_are_the_generators_zb_h1_and_1f1b():
-    """zb-auto's 'never worse than ZB-H1 / 1F1B' rests on its own copies of their orders
-    (search imports nothing from the generators): they must stay the generators' orders."""
-    from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.search import _B, _F, _W, _pattern_orders
+def _exhaustive_best_span(pp, m, costs, limit):
+    """Smallest longest per-rank span over every dependency-respecting pair of orders."""
+    import itertools
+    from odc_pp.schedule import Action, Schedule
+    from odc_pp.schedule.simulator import DeadlockError
+    ops = [(k, i) for k in (ActionKind.F, ActionKind.B, ActionKind.W) for i in range(m)]
 
-    letters = {ActionKind.F: [_F], ActionKind.B: [_B], ActionKind.W: [_W],
-               ActionKind.BW: [_B, _W]}
-    for pp in range(1, 7):
-        for m in range(1, 17):
-            for name, extra in (("zb-h1", (0, 0)), ("1f1b", (0, -pp))):
-                schedule = generate(name, pp=pp, num_microbatches=m)
-                orders = [[(k, a.microbatch) for a in schedule.compute_actions(r)
-                           for k in letters[a.kind]] for r in range(pp)]
-                assert orders == _pattern_orders(pp, m, *extra), (name, pp, m)
+    def valid(order):
+        pos = {op: n for n, op in enumerate(order)}
+        return all(pos[(ActionKind.F, i)] < pos[(ActionKind.B, i)] < pos[(ActionKind.W, i)]
+                   for i in range(m))
+    orders = [o for o in itertools.permutations(ops) if valid(o)]
+    best = float("inf")
+    for first in orders:
+        for second in orders:
+            schedule = Schedule(name="x", pp=pp, num_microbatches=m)
+            for rank, order in enumerate((first, second)):
+                schedule.extend(Action(rank=rank, kind=k, microbatch=i) for k, i in order)
+            try:
+                result = simulate(schedule, costs, memory_limit=limit)
+            except DeadlockError:
+                continue
+            if result.fits_memory:
+                best = min(best, result.max_stage_span)
+    return best
+
+
+@pytest.mark.parametrize("costs,limit", [
+    (CostModel(t_f=[1, 2], t_b=[1.5, 1], t_w=[0.5, 1]), None),
+    (CostModel(t_f=1, t_b=1, t_w=0.4, t_comm=0.3), 1.0),
+    (CostModel(t_f=1, t_b=1, t_w=0.4, t_comm=0.3, mem_b=-0.6, mem_w=-0.4), 1.5),
+])
+def test_span_bound_is_below_the_exhaustive_optimum_and_the_search_reaches_it(costs, limit):
+    best = _exhaustive_best_span(2, 2, costs, limit)
+    assert stage_span_lower_bound(2, 2, costs, memory_limit=limit) <= best + 1e-9
+    found = zb_auto(pp=2, num_microbatches=2, costs=costs,
+                    memory_limit=4 if limit is None else limit)
+    assert simulate(found, costs).max_stage_span == pytest.approx(best)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 11), (6, 12), (8, 16)])
+def test_equal_costs_2p_limit_give_zero_bubble_for_m_at_least_2p(pp, m):
+    """The span objective's headline: ZB-auto at its default 2p limit has no bubble at
+    equal costs (the makespan objective stops at ZB-H1's bubble here)."""
+    costs = CostModel()
+    assert stage_span_lower_bound(pp, m, costs, 2 * pp) == pytest.approx(3 * m)
+    result = simulate(zb_auto(pp=pp, num_microbatches=m, costs=costs), costs)
+    assert result.bubble_rate == pytest.approx(0.0, abs=1e-12)
+    assert max(result.peak_activation) <= 2 * pp
+
+
+def test_span_bound_tracks_memory_and_latency():
+    costs = CostModel(t_comm=0.5)
+    tight = stage_span_lower_bound(4, 16, costs, memory_limit=4)
+    loose = stage_span_lower_bound(4, 16, costs, memory_limit=8)
+    assert tight > loose >= 48
+    # 1F1B budget at equal costs: the head idles (p - 1) (B + 2c) - ... at least p - 1
+    assert stage_span_lower_bound(4, 16, CostModel(), memory_limit=4) == pytest.approx(48 + 3)
+    with pytest.raises(ValueError, match="objective"):
+        zb_auto(pp=2, num_microbatches=4, objective="latency")
+    with pytest.raises(ValueError, match="max_evaluations"):
+        zb_auto(pp=2, num_microbatches=4, max_evaluations=0)
+
+
+def test_search_is_deterministic_under_cpu_load_and_thread_timing():
+    """Every rank searches on its own: the schedule may depend only on the input, never
+    on how fast the machine runs (a digest mismatch would stop training)."""
+    import subprocess
+    import sys
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(7)
+    costs = _random_costs(rng, 4, comm=0.05)
+
+    def search() -> str:
+        return zb_auto(pp=4, num_microbatches=10, costs=costs, max_evaluations=60).digest()
+
+    quiet = search()
+    stop = threading.Event()
+
+    def spin() -> None:  # competes for the GIL: other threads' timing changes
+        while not stop.is_set():
+            sum(i * i for i in range(2000))
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    try:
+        for thread in spinners:
+            thread.start()
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            loaded = list(pool.map(lambda _: search(), range(3)))
+    finally:
+        stop.set()
+        burner.kill()
+        burner.wait(timeout=10)
+        for thread in spinners:
+            thread.join(timeout=10)
+    assert loaded == [quiet] * 3

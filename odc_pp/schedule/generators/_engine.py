@@ -65,6 +65,10 @@ class Decision(NamedTuple):
     t_w: float
     """Duration of the oldest pending W (0 when none)."""
     config: "EngineConfig"
+    next_backward: float = _INF
+    """Earliest known future arrival of a backward input (``inf``: none known)."""
+    t_f: float = 0.0
+    """Duration of the oldest admissible ready forward (0 when none)."""
 
 
 Choice = tuple  # ("B" | "F" | "W" | "idle", item or wake time)
@@ -85,6 +89,9 @@ def default_priority(decision: Decision) -> Choice | None:
     if decision.backward and (cfg.backward_first or not decision.forward):
         return ("B", min(decision.backward))
     if decision.forward:
+        if cfg.forward_yields is not None and cfg.forward_yields[decision.rank] and \
+                decision.now + decision.t_f > decision.next_backward + _EPS:
+            return ("idle", decision.next_backward)  # the F would delay a coming B
         return ("F", min(decision.forward))
     if not decision.w_queue:
         return None
@@ -135,6 +142,9 @@ class EngineConfig:
     w_slack: float | None = None
     """None: a W fills any idle moment. A number: a W runs only if it ends before the
     next input can arrive plus this many W durations (else the rank waits)."""
+    forward_yields: list[bool] | None = None
+    """Per rank: a ready F waits instead when a B input arrives before the F would end
+    (keeps the backward chain fast at the cost of that rank's idle time)."""
     priority: Priority | None = None
     """Policy choosing among the ready actions (None: :func:`default_priority`)."""
 
@@ -153,6 +163,8 @@ class EngineConfig:
                                           min(self.inflight) < 1):
             raise ValueError(f"inflight needs one integer >= 1 per rank ({self.pp}), got "
                              f"{self.inflight}")
+        if self.forward_yields is not None and len(self.forward_yields) != self.pp:
+            raise ValueError(f"forward_yields needs one flag per rank ({self.pp})")
         if self.w_slack is not None and self.w_slack < 0:
             raise ValueError(f"w_slack must be >= 0, got {self.w_slack}")
 
@@ -268,7 +280,7 @@ class _Engine:
         state = self.states[rank]
         stages = self.stage[rank]
         backward, forward, blocked = [], [], False
-        next_input = _INF
+        next_input = next_backward = _INF
         for c in range(self.cfg.num_chunks):
             t = self._backward_ready(rank, c)
             if t is not None:
@@ -276,6 +288,8 @@ class _Engine:
                     backward.append((state.b_next[c], -stages[c], c))
                 elif t < next_input:
                     next_input = t
+                if now + _EPS < t < next_backward:
+                    next_backward = t
             t = self._forward_ready(rank, c)
             if t is not None:
                 admissible = self._admissible(rank, c)
@@ -289,8 +303,9 @@ class _Engine:
         t_w = 0.0
         if state.w_queue:
             t_w = self.durations[(ActionKind.W, rank, state.w_queue[0][0])]
+        t_f = self.durations[(ActionKind.F, rank, min(forward)[2])] if forward else 0.0
         return Decision(rank, now, backward, forward, blocked, state.w_queue, next_input,
-                        t_w, self.cfg)
+                        t_w, self.cfg, next_backward, t_f)
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]

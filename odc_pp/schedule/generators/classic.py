@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..ir import Action, ActionKind, Placement, Schedule
 
-__all__ = ["one_f_one_b", "interleaved", "zb_h1", "zbv_handcrafted", "dualpipev",
+__all__ = ["one_f_one_b", "interleaved", "zb_h1", "zb_h2", "zbv_handcrafted", "dualpipev",
            "interleaved_order", "microbatch_groups"]
 
 
@@ -132,6 +132,41 @@ def zb_h1(pp: int, num_microbatches: int) -> Schedule:
                 writer.add(ActionKind.W)  # cool-down: W fills the wait for the next B
         while writer.next_mb(ActionKind.W, 0) < num_microbatches:
             writer.add(ActionKind.W)
+    return schedule
+
+
+def zb_h2(pp: int, num_microbatches: int, inflight: int | None = None) -> Schedule:
+    """ZB-H2, the zero-bubble paper's handcrafted order (its Figure 3, bottom).
+
+    Rank r warms up with ``2 (pp - r) - 1`` forwards, so the extra forwards fill the wait
+    for its first B; then, for every B, it runs the B followed by the next forward (a W
+    first when ``inflight`` microbatches are between their F and their W), and once the
+    forwards are done, one W after each B; the remaining W passes close the rank. At most
+    ``inflight`` (default ``2 pp - 1``) microbatches are held between F and W on any rank.
+    At equal F/B/W times and no transfer latency every rank runs without idle time from
+    its first to its last action when ``num_microbatches >= 2 pp``; in general the bubble
+    is ``(pp - 1) (T_F + T_B + 2 T_comm - 2 T_W)`` when that is positive (the paper's
+    closed form).
+    """
+    limit = 2 * pp - 1 if inflight is None else inflight
+    if limit < 1:
+        raise ValueError(f"zb-h2 needs inflight >= 1, got {inflight}")
+    schedule = Schedule(name="zb-h2", pp=pp, num_microbatches=num_microbatches)
+    F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
+    for rank in range(pp):
+        writer = _RankWriter(schedule, rank)
+        for _ in range(min(num_microbatches, 2 * (pp - rank) - 1, limit)):
+            writer.add(F)
+        for _ in range(num_microbatches):
+            writer.add(B)
+            if writer.next_mb(F, 0) < num_microbatches:
+                if writer.next_mb(F, 0) - writer.next_mb(W, 0) >= limit:
+                    writer.add_w()
+                writer.add(F)
+            else:
+                writer.add_w()
+        while writer.w_queue:
+            writer.add_w()
     return schedule
 
 

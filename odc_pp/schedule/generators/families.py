@@ -19,8 +19,8 @@ from typing import Callable
 from ..costs import CostModel
 from ..ir import Schedule
 from ..placement import Placement
-from ..search import zb_auto
 from . import classic, memory, offload
+from .search import zb_auto
 
 __all__ = ["Family", "FAMILIES", "FAMILY_NAMES", "family"]
 
@@ -57,7 +57,8 @@ class Family:
     offloads: bool = False
     """Moves saved activations to host memory (needs ``--cpu-offload`` in training)."""
     searched: bool = False
-    """Found by a time-budgeted search: the result may differ between runs."""
+    """Found by a search (bounded by evaluations, deterministic); takes the search's
+    options (``objective``, ``max_evaluations``)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_chunks <= self.default_chunks:
@@ -107,7 +108,8 @@ FAMILIES: tuple[Family, ...] = (
            builder=lambda pp, m, v, costs, limit, opts: classic.zb_h1(pp, m)),
     Family(name="zb-h2", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
            max_chunks=1, memory_controlled=True, cap_units=lambda pp: 2 * pp,
-           builder=lambda pp, m, v, costs, cap, opts: memory.zb_h2(pp, m, costs, cap)),
+           builder=lambda pp, m, v, costs, cap, opts: classic.zb_h2(
+               pp, m, inflight=max(1, min(2 * pp - 1, int(cap / costs.mem_f + 1e-9))))),
     Family(name="zb-auto", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
            max_chunks=1, memory_controlled=True, searched=True, builder=_zb_auto),
     Family(name="zbv", placement=Placement.V, default_chunks=2, min_chunks=2, max_chunks=2,
