@@ -10,7 +10,7 @@ import sys
 from .compare import build_schedule, compare_schedules, family_names, format_table
 from .costs import CostModel
 from .lowering import lower
-from .simulator import simulate
+from .simulator import OBJECTIVES, simulate
 
 __all__ = ["main", "build_parser"]
 
@@ -47,6 +47,17 @@ def _finite(*, positive: bool):
     return parse
 
 
+def _finite_signed(text: str) -> float:
+    """argparse type: any finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -80,8 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="activation limit per rank in microbatch-chunks")
     parser.add_argument("--offload-bandwidth", type=_finite(positive=True), default=None,
                         help="host link: microbatch-chunk activations per time unit")
-    parser.add_argument("--time-budget", type=_finite(positive=True), default=None,
-                        help="seconds for the zb-auto search (default: scaled to size)")
+    parser.add_argument("--mem-f", type=_finite_signed, default=1.0,
+                        help="activation delta of F in microbatch-chunk units (default 1)")
+    parser.add_argument("--mem-b", type=_finite_signed, default=0.0,
+                        help="activation delta of B (default 0; the zero-bubble paper's "
+                             "model: -(1 - r), B frees what W does not need)")
+    parser.add_argument("--mem-w", type=_finite_signed, default=-1.0,
+                        help="activation delta of W (default -1; the paper's: -r); "
+                             "the three must sum to 0")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="span",
+                        help="what zb-auto minimises: span = longest per-stage span, the "
+                             "iteration time when post-validation overlaps iterations "
+                             "(default); makespan = for runs that synchronise before the "
+                             "optimizer step")
+    parser.add_argument("--max-evaluations", type=_positive_int, default=None,
+                        help="candidates zb-auto scores (default: scaled to pp x "
+                             "microbatches); the result depends only on the inputs")
     parser.add_argument("--lower", action="store_true",
                         help="insert explicit SEND/RECV (and offload) before simulating")
     parser.add_argument("--compare", action="store_true",
@@ -97,12 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _costs(args) -> CostModel:
     return CostModel(t_f=args.cost_f, t_b=args.cost_b, t_w=args.cost_w,
-                     t_comm=args.cost_comm, offload_bandwidth=args.offload_bandwidth)
+                     t_comm=args.cost_comm, offload_bandwidth=args.offload_bandwidth,
+                     mem_f=args.mem_f, mem_b=args.mem_b, mem_w=args.mem_w)
 
 
 def _run_compare(args, costs: CostModel) -> int:
     rows = compare_schedules(args.pp, args.microbatches, costs,
-                             memory_limit=args.memory_limit)
+                             memory_limit=args.memory_limit, objective=args.objective,
+                             max_evaluations=args.max_evaluations)
     if args.json:
         print(json.dumps({"pp": args.pp, "microbatches": args.microbatches,
                           "memory_limit": args.memory_limit, "rows": rows}))
@@ -134,12 +161,17 @@ def _report(args, schedule, sim) -> dict:
         "schedule": schedule.name, "pp": schedule.pp,
         "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
         "placement": schedule.placement.value, "makespan": sim.makespan,
+        "max_stage_span": sim.max_stage_span, "span": sim.span,
         "bubble_rate": sim.bubble_rate, "per_rank_bubble": sim.per_rank_bubble,
         "peak_activation": sim.peak_activation, "memory_limit": args.memory_limit,
         "fits_memory": sim.fits_memory, "comm_overlap": sim.comm_overlap,
         "offload_overlap": sim.offload_overlap,
         "search_seconds": float(schedule.meta.get("search_seconds", 0.0)),
+        "objective": schedule.meta.get("objective"),
+        "evaluations": schedule.meta.get("evaluations"),
         "lower_bound": schedule.meta.get("lower_bound"), "lowered": bool(args.lower),
+        "memory_deltas": {"F": args.mem_f, "B": args.mem_b, "W": args.mem_w},
+        "digest": schedule.digest(),
         "actions": [a.to_dict() for a in schedule.actions()],
     }
 
@@ -147,7 +179,8 @@ def _report(args, schedule, sim) -> dict:
 def _run_one(args, costs: CostModel) -> int:
     schedule = build_schedule(args.schedule, pp=args.pp, num_microbatches=args.microbatches,
                               num_chunks=args.chunks, costs=costs,
-                              memory_limit=args.memory_limit, time_budget_s=args.time_budget)
+                              memory_limit=args.memory_limit, objective=args.objective,
+                              max_evaluations=args.max_evaluations)
     if args.lower:
         schedule = lower(schedule, costs)
     sim = simulate(schedule, costs, memory_limit=args.memory_limit)
@@ -158,7 +191,8 @@ def _run_one(args, costs: CostModel) -> int:
     elif not args.render or args.output:
         print(f"{schedule.name}: pp={schedule.pp} microbatches={schedule.num_microbatches} "
               f"chunks={schedule.num_chunks} makespan={sim.makespan:.4f} "
-              f"bubble={sim.bubble_rate:.2%} peak_activation={sim.peak_activation}")
+              f"max_stage_span={sim.max_stage_span:.4f} bubble={sim.bubble_rate:.4%} "
+              f"peak_activation={sim.peak_activation}")
     return 0
 
 

@@ -22,10 +22,12 @@ def family_names() -> list[str]:
 
 def build_schedule(name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
                    costs: CostModel | None = None, memory_limit: float | None = None,
-                   time_budget_s: float | None = None) -> Schedule:
-    """One schedule by family name; ``time_budget_s`` bounds a searched family (zb-auto).
+                   objective: str = "span", max_evaluations: int | None = None) -> Schedule:
+    """One schedule by family name; ``objective`` and ``max_evaluations`` steer a searched
+    family (zb-auto, see ``generators.search.zb_auto``) and are ignored by the others.
     Raises ValueError for settings a family rejects."""
-    options = {"time_budget_s": time_budget_s} if family(name).searched else {}
+    options = ({"objective": objective, "max_evaluations": max_evaluations}
+               if family(name).searched else {})
     return generate(name, pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
                     costs=costs, memory_limit=memory_limit, **options)
 
@@ -47,8 +49,10 @@ def per_chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
 
 def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = None,
                       memory_limit: float | None = None,
-                      names: list[str] | None = None) -> list[dict]:
-    """One row per family: name, chunks, makespan, bubble_rate, peak_activation (per
+                      names: list[str] | None = None, *, objective: str = "span",
+                      max_evaluations: int | None = None) -> list[dict]:
+    """One row per family: name, chunks, makespan, max_stage_span, bubble_rate,
+    peak_activation (per
     rank), search_seconds (generation time, or the search's own record), fits_memory.
     A family that rejects the setting gets a row with ``error`` (its reason) instead.
 
@@ -65,7 +69,8 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
         try:
             chunk_costs = per_chunk_costs(costs, family(name).default_chunks)
             schedule = build_schedule(name, pp=pp, num_microbatches=num_microbatches,
-                                      costs=chunk_costs, memory_limit=memory_limit)
+                                      costs=chunk_costs, memory_limit=memory_limit,
+                                      objective=objective, max_evaluations=max_evaluations)
             if schedule.meta.get("offload_chunks"):
                 schedule = lower(schedule, chunk_costs, communication=False)
             seconds = time.perf_counter() - began
@@ -76,6 +81,7 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
         rows.append({
             "name": name, "chunks": schedule.num_chunks,
             "placement": schedule.placement.value, "makespan": sim.makespan,
+            "max_stage_span": sim.max_stage_span,
             "bubble_rate": sim.bubble_rate, "peak_activation": sim.peak_activation,
             "peak_rank_microbatches": max(sim.peak_activation) / schedule.num_chunks,
             "fits_memory": sim.fits_memory,

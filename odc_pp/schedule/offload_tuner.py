@@ -28,8 +28,8 @@ effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen
 ``--measure`` instead times a matmul and a host-memory copy on this machine.
 
 Candidates are exactly what ``pretrain_gpt.py`` can run: every deterministic schedule
-family of the registry (``odc_pp.schedule.generators.families``; zb-auto's time-budgeted
-search is left out, training would not rebuild the same order), with and without
+family of the registry (``odc_pp.schedule.generators.families``; zb-auto is left out:
+training re-plans it from measured costs, so the simulated order is not what runs), with and without
 ``--recompute-lgd``, and for a family that offloads every non-empty set of
 ``--offload-chunks``. Each candidate's schedule is built by
 ``odc_pp.schedule.generators.training_schedule`` -- the builder the training frontend
@@ -164,9 +164,9 @@ class TunerConfig:
                              f"{self.memory_budget_gb}")
         for name in self.schedules:
             if family(name).searched:
-                raise ValueError(f"schedule {name} is searched under a time budget; training "
-                                 f"would not rebuild the simulated order, so it cannot be "
-                                 f"tuned")
+                raise ValueError(f"schedule {name} is re-planned from measured costs during "
+                                 f"training, so the simulated order is not what runs; it "
+                                 f"cannot be tuned")
 
     @property
     def budget_bytes(self) -> float:

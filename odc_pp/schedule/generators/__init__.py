@@ -92,8 +92,8 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     ``memory_limit`` caps each rank's activation memory (units in the module doc);
     families with a fixed pattern (``memory_controlled`` False in the registry) reject a
     limit below their peak, memory-controlled ones build within ``min(nominal, limit)``.
-    Options: ``group_size`` for interleaved/offload; zb-auto forwards options such as
-    ``time_budget_s`` to ``odc_pp.schedule.search.zb_auto``.
+    Options: ``group_size`` for interleaved/offload; zb-auto forwards ``objective`` and
+    ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``.
     """
     fam = family(name)
     num_chunks = fam.default_chunks if num_chunks is None else num_chunks

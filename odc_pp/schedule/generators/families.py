@@ -86,6 +86,14 @@ def _zb_auto(pp, num_microbatches, num_chunks, costs, memory_limit, options):
                    memory_limit=memory_limit, **options)
 
 
+def _zb_h2(pp, num_microbatches, costs, cap):
+    """The paper's ZB-H2 order, its in-flight limit (2 pp - 1) lowered to the cap."""
+    schedule = classic.zb_h2(pp, num_microbatches,
+                             inflight=max(1, min(2 * pp - 1, int(cap / costs.mem_f + 1e-9))))
+    schedule.meta["memory_limit"] = cap
+    return schedule
+
+
 def _v_builder(name: str) -> Builder:
     def build(pp, num_microbatches, num_chunks, costs, cap, options):
         return memory.v_family(name, pp, num_microbatches, costs, cap)
@@ -108,8 +116,7 @@ FAMILIES: tuple[Family, ...] = (
            builder=lambda pp, m, v, costs, limit, opts: classic.zb_h1(pp, m)),
     Family(name="zb-h2", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
            max_chunks=1, memory_controlled=True, cap_units=lambda pp: 2 * pp,
-           builder=lambda pp, m, v, costs, cap, opts: classic.zb_h2(
-               pp, m, inflight=max(1, min(2 * pp - 1, int(cap / costs.mem_f + 1e-9))))),
+           builder=lambda pp, m, v, costs, cap, opts: _zb_h2(pp, m, costs, cap)),
     Family(name="zb-auto", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
            max_chunks=1, memory_controlled=True, searched=True, builder=_zb_auto),
     Family(name="zbv", placement=Placement.V, default_chunks=2, min_chunks=2, max_chunks=2,
