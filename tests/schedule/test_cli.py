@@ -137,3 +137,29 @@ def test_cost_model_rejects_non_finite_values():
                 dict(t_comm=float("nan")), dict(offload_bandwidth=float("inf"))):
         with pytest.raises(ValueError, match="finite"):
             CostModel(**bad)
+
+
+def test_objective_memory_deltas_and_digest_in_json(capsys):
+    base = ["--schedule", "zb-auto", "--pp", "4", "--microbatches", "8", "--json",
+            "--max-evaluations", "40"]
+    assert main(base) == 0
+    span = json.loads(capsys.readouterr().out)
+    assert span["objective"] == "span" and span["bubble_rate"] == pytest.approx(0.0)
+    assert span["max_stage_span"] == pytest.approx(max(span["span"]))
+    assert span["memory_deltas"] == {"F": 1.0, "B": 0.0, "W": -1.0}
+    assert main(base + ["--objective", "makespan"]) == 0
+    makespan = json.loads(capsys.readouterr().out)
+    assert makespan["objective"] == "makespan"
+    assert makespan["makespan"] <= span["makespan"] + 1e-9
+    # the paper's memory model: B frees what W does not need
+    assert main(base + ["--mem-b", "-0.6", "--mem-w", "-0.4", "--memory-limit", "4"]) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert paper["memory_deltas"] == {"F": 1.0, "B": -0.6, "W": -0.4}
+    assert max(paper["peak_activation"]) <= 4 + 1e-9
+    assert main(base) == 0  # same input, same schedule
+    assert json.loads(capsys.readouterr().out)["digest"] == span["digest"]
+
+
+def test_memory_deltas_must_sum_to_zero(capsys):
+    assert main(["--pp", "2", "--microbatches", "4", "--mem-b", "-0.5"]) == 2
+    assert "sum to zero" in capsys.readouterr().err
