@@ -15,6 +15,13 @@ batch's time shared by its sends) and per RECV post becomes ``t_send_cpu`` /
 
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
 actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
+
+Memory deltas (``CostModel.mem_f/mem_b/mem_w``, in microbatch-chunk units) come from the
+bytes each F saves (``activation_bytes``) and the bytes each B leaves held for its W
+(``wgrad_bytes``): per stage ``r = held / saved``, F adds 1, B ``r - 1`` and W ``-r``
+(the zero-bubble paper's model, with r measured). The model takes one set of deltas: the
+largest r over the stages (the most W can hold), clamped to [0, 1]; without both byte
+counts the defaults (1, 0, -1) stay.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from ..schedule.costs import CostModel
 from ..schedule.ir import ActionKind, Schedule
 from .runtime import MinibatchResult
 
-__all__ = ["ProfilerConfig", "Profiler", "merge_measurements"]
+__all__ = ["ProfilerConfig", "Profiler", "merge_measurements", "memory_deltas"]
 
 
 @dataclass(kw_only=True)
@@ -59,6 +66,7 @@ class Profiler:
         self._seen = 0
         self._durations: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
         self._bytes: dict[int, list[int]] = defaultdict(list)
+        self._wgrad_bytes: dict[int, list[int]] = defaultdict(list)
         self._transfers: list[float] = []
         self._message_cpu: dict[str, list[float]] = {"send": [], "recv": []}
         self.t_comm: float | None = None
@@ -76,6 +84,8 @@ class Profiler:
         self._record_messages(result)
         for (chunk, _), nbytes in result.activation_bytes.items():
             self._bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
+        for (chunk, _), nbytes in getattr(result, "wgrad_bytes", {}).items():
+            self._wgrad_bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
 
     def _record_messages(self, result: MinibatchResult) -> None:
         """Per-message CPU time of SEND (a batch's busy time split over its sends) and
@@ -123,6 +133,8 @@ class Profiler:
             per_stage[stage][kind.value] = statistics.fmean(values)
         for stage, values in self._bytes.items():
             per_stage[stage]["activation_bytes"] = statistics.fmean(values)
+        for stage, values in self._wgrad_bytes.items():
+            per_stage[stage]["wgrad_bytes"] = statistics.fmean(values)
         transfer = statistics.fmean(self._transfers) if self._transfers else None
         return {"stages": dict(per_stage), "t_comm": self.t_comm, "t_offload": transfer,
                 "message_cpu": {side: (sum(values), len(values))
@@ -158,7 +170,7 @@ def merge_measurements(gathered: list[dict], num_stages: int) -> CostModel:
     the mean over the ranks that measured it (data-parallel replicas of a stage), fused BW
     split evenly into B and W; the slowest neighbour transfer as ``t_comm``; the mean
     per-message send/receive CPU cost over every rank's messages; the slowest host-link
-    transfer as the offload bandwidth."""
+    transfer as the offload bandwidth; memory deltas from ``memory_deltas``."""
     samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for part in gathered:
         for stage, measured in part["stages"].items():
@@ -185,6 +197,23 @@ def merge_measurements(gathered: list[dict], num_stages: int) -> CostModel:
         total = sum(part["message_cpu"][side][0] for part in gathered if "message_cpu" in part)
         count = sum(part["message_cpu"][side][1] for part in gathered if "message_cpu" in part)
         message_cpu[side] = total / count if count else 0.0
+    mem_f, mem_b, mem_w = memory_deltas(samples)
     return CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=max(comms) if comms else 0.0,
                      t_send_cpu=message_cpu["send"], t_recv_cpu=message_cpu["recv"],
-                     offload_bandwidth=1.0 / max(transfers) if transfers else None)
+                     offload_bandwidth=1.0 / max(transfers) if transfers else None,
+                     mem_f=mem_f, mem_b=mem_b, mem_w=mem_w)
+
+
+def memory_deltas(samples: dict) -> tuple[float, float, float]:
+    """(mem_f, mem_b, mem_w) from per-stage byte samples (``{stage: {"activation_bytes":
+    [...], "wgrad_bytes": [...]}}``); see the module docstring."""
+    shares = []
+    for measured in samples.values():
+        saved = statistics.fmean(measured["activation_bytes"]) \
+            if measured.get("activation_bytes") else 0.0
+        if saved > 0 and measured.get("wgrad_bytes"):
+            shares.append(statistics.fmean(measured["wgrad_bytes"]) / saved)
+    if not shares:
+        return 1.0, 0.0, -1.0
+    share = min(1.0, max(0.0, max(shares)))
+    return 1.0, share - 1.0, -share

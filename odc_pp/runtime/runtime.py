@@ -121,6 +121,9 @@ class MinibatchResult:
     """Peak saved-activation bytes resident on the compute device during the minibatch."""
     activation_bytes: dict[Key, int] = field(default_factory=dict)
     """Saved bytes captured by each F, per (chunk, microbatch)."""
+    wgrad_bytes: dict[Key, int] = field(default_factory=dict)
+    """Bytes each B leaves held for its W (saved inputs, output gradients), per (chunk,
+    microbatch); the profiler's memory deltas come from these and ``activation_bytes``."""
     wall_time: float = 0.0
 
 
@@ -201,6 +204,7 @@ class PipelineRuntime:
             loss_sum=self._loss_sum, num_tokens=self._global_tokens, timings=self._timings,
             peak_activation_bytes=self.store.peak_resident_bytes,
             activation_bytes=dict(self.store.captured_bytes),
+            wgrad_bytes=dict(self.wgrad_queue.held_bytes),
             wall_time=time.perf_counter() - started)
 
     # ----- phases ----------------------------------------------------------------
@@ -220,6 +224,7 @@ class PipelineRuntime:
         self._ready_to_send: dict[tuple, torch.Tensor] = {}
         self._pending_recv: dict[tuple, object] = {}
         self.store.reset_peak()
+        self.wgrad_queue.reset_held_bytes()
         if self._prepost:
             self._post_all_receives()
 

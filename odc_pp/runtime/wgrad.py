@@ -27,6 +27,10 @@ class WeightGradQueue:
         self._active: Key | None = None
         self.bound_layers: dict[int, int] = {}
         """Deferrable layers bound per local chunk (0: that chunk's wgrads stay in B)."""
+        self.held_bytes: dict[Key, int] = defaultdict(int)
+        """Bytes of non-parameter tensors (saved inputs, output gradients) the deferred
+        work of each (chunk, microbatch) holds from its B to its W; the profiler turns
+        them into the B/W memory deltas. Cleared by ``reset_held_bytes``."""
 
     def attach(self, chunk: int, module: torch.nn.Module) -> int:
         """Bind every deferrable layer inside ``module`` (local ``chunk``) to this queue;
@@ -57,6 +61,10 @@ class WeightGradQueue:
     def put(self, work: Callable[[], None]) -> None:
         assert self._active is not None, "put() outside deferring()"
         self._pending[self._active].append(work)
+        self.held_bytes[self._active] += _tensor_bytes(work)
+
+    def reset_held_bytes(self) -> None:
+        self.held_bytes.clear()
 
     def flush(self, chunk: int, microbatch: int) -> int:
         """Run the deferred wgrad work of (chunk, microbatch); returns how many closures."""
@@ -71,3 +79,18 @@ class WeightGradQueue:
 
     def __len__(self) -> int:
         return sum(len(works) for works in self._pending.values())
+
+
+def _tensor_bytes(work) -> int:
+    """Bytes of the distinct non-parameter tensors a ``functools.partial`` (or closure)
+    holds."""
+    objects = list(getattr(work, "args", ())) + list(getattr(work, "keywords", {}).values())
+    objects += [cell.cell_contents for cell in (getattr(work, "__closure__", None) or ())]
+    seen, total = set(), 0
+    for obj in objects:
+        if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter):
+            key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape))
+            if key not in seen:
+                seen.add(key)
+                total += obj.numel() * obj.element_size()
+    return total

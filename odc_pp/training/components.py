@@ -19,6 +19,7 @@ from odc_pp.schedule.placement import last_stage_rank
 from .arguments import ScheduleArgs, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
+from .replanning import check_same_schedule
 from .optimizer_step import (build_post_validator, inject_nonfinite_grad, norm_groups,
                              post_validated_step, synchronous_step)
 
@@ -166,6 +167,8 @@ def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
                              "--global-batch-size")
         schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=parts.costs)
+        # before the first step with it: every rank of the pipeline must run this plan
+        check_same_schedule(schedule, topo.pp_group, what="pipeline schedule")
         config = RuntimeConfig(device=str(topo.device),
                                comm_timeout_s=args.parallel.distributed_timeout_minutes * 60)
         runtime = PipelineRuntime(config, chunks=parts.chunks, schedule=schedule,

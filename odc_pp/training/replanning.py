@@ -6,22 +6,41 @@ records every action's busy time (the first iteration is a warm-up when there ar
 several) and the neighbour transfer time. Then every rank all-gathers every rank's
 per-stage means (all pp x dp ranks: the replicas of a stage are averaged), so all ranks
 hold the same :class:`~odc_pp.schedule.costs.CostModel` and plan ZB-auto from it
-deterministically -- the same schedule on every data-parallel replica, which collective
-data parallelism needs (the ranks check this with a hash of the plan). Rank 0 logs the
+deterministically (the search is bounded by evaluations, never by time) -- the same
+schedule on every data-parallel replica, which collective data parallelism needs (the
+ranks check this with ``check_same_schedule``: an all-gather of ``Schedule.digest``). Rank 0 logs the
 step time the simulator predicts, under the measured costs, for the old and the new plan.
 Re-planning changes the order of the actions, not the math: the losses stay the same.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 import torch.distributed as dist
 
 from odc_pp.runtime.profiler import Profiler, ProfilerConfig, merge_measurements
 
-__all__ = ["ZbAutoReplanner"]
+__all__ = ["ZbAutoReplanner", "check_same_schedule"]
+
+
+def check_same_schedule(schedule, group=None, *, what: str = "schedule") -> str:
+    """All-gather ``schedule.digest()`` over ``group`` (None: all ranks; collective, under
+    the group's timeout) and raise RuntimeError naming the ranks whose plan differs from
+    the first rank's. Returns the digest."""
+    digest = schedule.digest()
+    digests = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, digest, group=group)
+    if len(set(digests)) != 1:
+        ranks = (list(range(len(digests))) if group is None
+                 else dist.get_process_group_ranks(group))
+        reference = digests[0]
+        differ = [rank for rank, d in zip(ranks, digests) if d != reference]
+        raise RuntimeError(
+            f"ranks planned different {what}s: ranks {differ} differ from rank {ranks[0]} "
+            f"(digests {', '.join(f'rank {r}: {d[:12]}' for r, d in zip(ranks, digests))}); "
+            f"every rank must run the same schedule -- check that all ranks get the same "
+            f"--cost-model, --pipeline-schedule and microbatch count")
+    return digest
 
 
 class ZbAutoReplanner:
@@ -69,7 +88,7 @@ class ZbAutoReplanner:
                                   costs=parts.costs)
         new = self.build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
                                   costs=measured)
-        self._check_same_plan_everywhere(new)
+        check_same_schedule(new, what="re-planned zb-auto schedule")
         parts.costs = measured
         parts.runtimes.clear()  # rebuilt lazily from the measured costs
         if topo.rank == 0 and out is not None:
@@ -81,12 +100,3 @@ class ZbAutoReplanner:
                   f"{stages}; T_comm {measured.t_comm * 1e3:.2f} ms): predicted step time "
                   f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms at {num_microbatches} "
                   f"microbatches", file=out, flush=True)
-
-    def _check_same_plan_everywhere(self, schedule) -> None:
-        digest = hashlib.sha256(repr([[str(a) for a in actions] for actions in
-                                      schedule.ranks]).encode()).hexdigest()
-        digests = [None] * self.topo.world_size
-        dist.all_gather_object(digests, digest)
-        if len(set(digests)) != 1:
-            raise RuntimeError("zb-auto re-planning produced different schedules on "
-                               f"different ranks (digests {sorted(set(digests))})")

@@ -43,6 +43,9 @@ def worker(rank, world_size, out_path):
         "t_send_cpu": costs.t_send_cpu, "t_recv_cpu": costs.t_recv_cpu,
         "activation_bytes": {str(k): v.get("activation_bytes", 0)
                              for k, v in profiler.stage_costs.items()},
+        "wgrad_bytes": {str(k): v.get("wgrad_bytes", 0)
+                        for k, v in profiler.stage_costs.items()},
+        "memory_deltas": [costs.mem_f, costs.mem_b, costs.mem_w],
         "replanned_name": replanned.name, "replanned_pp": replanned.pp,
         "same_loss": again.loss_sum == result.loss_sum,
         "same_grads": all(torch.allclose(p.grad, g, rtol=1e-6, atol=1e-9) for p, g in
@@ -63,5 +66,23 @@ def test_profiled_costs_and_replanned_zb_auto(tmp_path):
         assert report["t_send_cpu"] > 0 and report["t_recv_cpu"] > 0
         assert report["t_comm"] > 0
         assert all(value > 0 for value in report["activation_bytes"].values())
+        # B leaves W its linear layers' inputs and output gradients: measured, then the
+        # paper's memory model with that share r (F +1, B r - 1, W -r)
+        assert all(value > 0 for value in report["wgrad_bytes"].values())
+        mem_f, mem_b, mem_w = report["memory_deltas"]
+        assert mem_f == 1 and -1 <= mem_b <= 0 and -1 <= mem_w < 0
+        assert mem_b + mem_w == pytest.approx(-1)
         assert report["replanned_pp"] == 2
         assert report["same_loss"] and report["same_grads"], report
+
+
+def test_memory_deltas_from_byte_samples():
+    from odc_pp.runtime.profiler import memory_deltas
+
+    assert memory_deltas({0: {"activation_bytes": [100.0]}}) == (1.0, 0.0, -1.0)
+    samples = {0: {"activation_bytes": [100.0, 100.0], "wgrad_bytes": [30.0, 40.0]},
+               1: {"activation_bytes": [200.0], "wgrad_bytes": [50.0]}}
+    mem_f, mem_b, mem_w = memory_deltas(samples)  # the larger share: stage 0's 0.35
+    assert (mem_f, mem_b, mem_w) == pytest.approx((1.0, -0.65, -0.35))
+    assert memory_deltas({0: {"activation_bytes": [10.0], "wgrad_bytes": [30.0]}}) == (
+        1.0, 0.0, -1.0)  # clamped: W never holds more than F saved
