@@ -146,7 +146,8 @@ def zb_h2(pp: int, num_microbatches: int, inflight: int | None = None) -> Schedu
     At equal F/B/W times and no transfer latency every rank runs without idle time from
     its first to its last action when ``num_microbatches >= 2 pp``; in general the bubble
     is ``(pp - 1) (T_F + T_B + 2 T_comm - 2 T_W)`` when that is positive (the paper's
-    closed form).
+    closed form). A lower ``inflight`` (a memory limit) also shortens rank r's warm-up to
+    ``inflight - r`` forwards (at ``inflight = pp`` this is ZB-H1's bubble).
     """
     limit = 2 * pp - 1 if inflight is None else inflight
     if limit < 1:
@@ -155,7 +156,7 @@ def zb_h2(pp: int, num_microbatches: int, inflight: int | None = None) -> Schedu
     F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
     for rank in range(pp):
         writer = _RankWriter(schedule, rank)
-        for _ in range(min(num_microbatches, 2 * (pp - rank) - 1, limit)):
+        for _ in range(min(num_microbatches, 2 * (pp - rank) - 1, max(1, limit - rank))):
             writer.add(F)
         for _ in range(num_microbatches):
             writer.add(B)
