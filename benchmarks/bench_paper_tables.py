@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Reproduce the zero-bubble paper's Table 5 and Table 8 with ``odc-pp``'s schedules.
+
+Input: ``benchmarks/data/zb_paper_tables.json`` (the paper's bubble rates; Table 5 with
+the profiled costs of its Table 9, Table 8 with per-V-chunk costs; provenance in
+``benchmarks/data/README.md``). Bubble rate = (C - m (T_F + T_B + T_W)) / C with C the
+longest per-stage span: the simulator's ``bubble_rate``.
+
+Table 5, per row (model, p, m): 1F1B, ZB-H1, ZB-H2 (the generators), ZB-1p (zb-auto,
+limit p) and ZB-2p (zb-auto, limit 2p) under two memory models, each expressed with the
+CLI's ``--mem-f/--mem-b/--mem-w``:
+
+* ours: F +1, B 0, W -1 (a microbatch's activations stay until its W);
+* the paper's: F +1, B -(1 - r), W -r, with the row's r = M_W / M_F (B frees what W
+  does not need).
+
+plus ZB-auto at equal costs (F = B = W = 1, no latency, limit 2p), which must have zero
+bubble whenever m >= 2p. Table 8, per row (p, m): ZB-H2 with twice the per-chunk costs
+(one chunk holds both V chunks' layers) and ZB-V (V placement, limit 2p V-chunks = p
+microbatches).
+
+Check: in every row ZB-H1, ZB-H2, ZB-2p (both memory models) and ZB-V are at or below
+the paper's bubble within 4-decimal tolerance (5e-5), strictly below in some rows.
+
+    python benchmarks/bench_paper_tables.py [--json] [--output FILE] [--rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from odc_pp.schedule import CostModel  # noqa: E402
+from odc_pp.schedule.generators import generate  # noqa: E402
+from odc_pp.schedule.simulator import simulate  # noqa: E402
+
+DATA = os.path.join(ROOT, "benchmarks", "data", "zb_paper_tables.json")
+TOLERANCE = 5e-5
+CHECKED_TABLE5 = ("zb-h1", "zb-h2", "zb-2p/ours", "zb-2p/paper")
+CHECKED_TABLE8 = ("zb-h2", "zbv")
+
+
+def load_tables(path: str = DATA) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def memory_models(r: float) -> dict[str, dict[str, float]]:
+    """The two memory models as ``--mem-f/--mem-b/--mem-w`` deltas."""
+    return {"ours": {"mem_f": 1.0, "mem_b": 0.0, "mem_w": -1.0},
+            "paper": {"mem_f": 1.0, "mem_b": -(1.0 - r), "mem_w": -r}}
+
+
+def _bubble(name: str, pp: int, m: int, costs: CostModel, limit: float | None,
+            **options) -> float:
+    schedule = generate(name, pp=pp, num_microbatches=m, costs=costs, memory_limit=limit,
+                        **options)
+    result = simulate(schedule, costs, memory_limit=limit)
+    if not result.fits_memory:
+        raise AssertionError(f"{name} exceeds memory limit {limit}: {result.peak_activation}")
+    return result.bubble_rate
+
+
+def table5_row(row: dict, *, max_evaluations: int | None = None) -> dict:
+    pp, m = row["pp"], row["microbatches"]
+    times = dict(t_f=row["t_f"], t_b=row["t_b"], t_w=row["t_w"], t_comm=row["t_comm"])
+    models = memory_models(row["paper_memory_r"])
+    ours = CostModel(**times, **models["ours"])
+    search = {"max_evaluations": max_evaluations} if max_evaluations else {}
+    began = time.process_time()
+    got = {
+        "1f1b": _bubble("1f1b", pp, m, ours, None),
+        "zb-h1": _bubble("zb-h1", pp, m, ours, None),
+        "zb-h2": _bubble("zb-h2", pp, m, ours, 2.0 * pp),
+        "zb-1p": _bubble("zb-auto", pp, m, ours, float(pp), **search),
+    }
+    for model, deltas in models.items():
+        got[f"zb-2p/{model}"] = _bubble("zb-auto", pp, m, CostModel(**times, **deltas),
+                                        2.0 * pp, **search)
+    equal = _bubble("zb-auto", pp, m, CostModel(), 2.0 * pp, **search)
+    paper = dict(row["paper_bubble"])
+    paper["zb-1p"] = paper["zb-h1"]  # the paper: ZB-1p equals ZB-H1 in every row
+    for model in models:
+        paper[f"zb-2p/{model}"] = paper["zb-2p"]
+    return {"table": 5, "model": row["model"], "pp": pp, "microbatches": m,
+            "ours": {k: round(v, 6) for k, v in got.items()},
+            "paper": {k: paper[k] for k in got},
+            "zb_auto_equal_costs_bubble": round(equal, 9),
+            "cpu_seconds": round(time.process_time() - began, 2)}
+
+
+def table8_row(row: dict) -> dict:
+    pp, m = row["pp"], row["microbatches"]
+    chunk = dict(t_f=row["t_f_chunk"], t_b=row["t_b_chunk"], t_w=row["t_w_chunk"],
+                 t_comm=row["t_comm"])
+    whole = CostModel(**{k: 2 * v for k, v in chunk.items() if k != "t_comm"},
+                      t_comm=row["t_comm"])
+    began = time.process_time()
+    got = {"zb-h2": _bubble("zb-h2", pp, m, whole, 2.0 * pp),
+           "zbv": _bubble("zbv", pp, m, CostModel(**chunk), 2.0 * pp)}
+    return {"table": 8, "pp": pp, "microbatches": m,
+            "ours": {k: round(v, 6) for k, v in got.items()},
+            "paper": {k: row["paper_bubble"][k] for k in got},
+            "cpu_seconds": round(time.process_time() - began, 2)}
+
+
+def check(rows: list[dict]) -> dict:
+    """At or below the paper (within TOLERANCE) per checked column; strictly-below count;
+    ZB-auto's zero bubble at equal costs for m >= 2p."""
+    above, below, compared = [], 0, 0
+    for row in rows:
+        names = CHECKED_TABLE5 if row["table"] == 5 else CHECKED_TABLE8
+        for name in names:
+            ours, paper = row["ours"][name], row["paper"][name]
+            compared += 1
+            if ours > paper + TOLERANCE:
+                above.append(f"table {row['table']} p={row['pp']} m={row['microbatches']} "
+                             f"{name}: {ours:.4f} > paper {paper:.4f}")
+            elif ours < paper - TOLERANCE:
+                below += 1
+    zero = [row for row in rows if row["table"] == 5 and row["microbatches"] >= 2 * row["pp"]]
+    return {"compared": compared, "at_or_below": compared - len(above),
+            "strictly_below": below, "above": above,
+            "all_at_or_below": not above, "some_strictly_below": below > 0,
+            "zb_auto_zero_bubble_equal_costs_m_ge_2p": all(
+                row["zb_auto_equal_costs_bubble"] <= 1e-12 for row in zero),
+            "tolerance": TOLERANCE}
+
+
+def _print(rows: list[dict], summary: dict) -> None:
+    for table, names in ((5, ("1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p/ours",
+                              "zb-2p/paper")), (8, CHECKED_TABLE8)):
+        part = [row for row in rows if row["table"] == table]
+        if not part:
+            continue
+        print(f"Table {table}: bubble rate, paper / ours")
+        print(f"{'model':>6} {'p':>3} {'m':>4} " + " ".join(f"{n:>17}" for n in names))
+        for row in part:
+            cells = " ".join(f"{row['paper'][n]:>8.4f}/{row['ours'][n]:<8.4f}" for n in names)
+            print(f"{row.get('model', ''):>6} {row['pp']:>3} {row['microbatches']:>4} {cells}")
+        print()
+    print(json.dumps(summary))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--output", default=None, help="also write the JSON document here "
+                        "(e.g. benchmarks/results/paper_tables.json)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="only the first N rows of each table (quick look)")
+    parser.add_argument("--data", default=DATA, help="the paper's numbers (JSON)")
+    args = parser.parse_args(argv)
+    tables = load_tables(args.data)
+    began = time.perf_counter()
+    rows = [table5_row(row) for row in tables["table5"][:args.rows]]
+    rows += [table8_row(row) for row in tables["table8"][:args.rows]]
+    summary = check(rows)
+    summary["total_seconds"] = round(time.perf_counter() - began, 1)
+    doc = {"benchmark": "paper_tables", "source": tables["source"],
+           "memory_models": {"ours": "F +1, B 0, W -1 (--mem-f 1 --mem-b 0 --mem-w -1)",
+                             "paper": "F +1, B -(1-r), W -r (--mem-f 1 --mem-b -(1-r) "
+                                      "--mem-w -r), r per row"},
+           "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+           "rows": rows, "summary": summary}
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=1)
+            handle.write("\n")
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        _print(rows, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
