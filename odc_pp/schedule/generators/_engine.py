@@ -69,6 +69,9 @@ class Decision(NamedTuple):
     """Earliest known future arrival of a backward input (``inf``: none known)."""
     t_f: float = 0.0
     """Duration of the oldest admissible ready forward (0 when none)."""
+    input_estimate: float = _INF
+    """Earliest a B or admissible F input could arrive: ``next_input``, or for an input
+    whose producer has not started, now plus the producer's duration and the transfer."""
 
 
 Choice = tuple  # ("B" | "F" | "W" | "idle", item or wake time)
@@ -97,7 +100,7 @@ def default_priority(decision: Decision) -> Choice | None:
         return None
     if cfg.w_slack is None or decision.blocked_forward:
         return ("W", None)  # fills idle time, or frees memory for a blocked forward
-    if decision.now + decision.t_w <= decision.next_input + cfg.w_slack * decision.t_w:
+    if decision.now + decision.t_w <= decision.input_estimate + cfg.w_slack * decision.t_w:
         return ("W", None)
     return ("idle", decision.next_input)
 
@@ -280,9 +283,15 @@ class _Engine:
         state = self.states[rank]
         stages = self.stage[rank]
         backward, forward, blocked = [], [], False
-        next_input = next_backward = _INF
+        next_input = next_backward = estimate = _INF
+        m = self.cfg.num_microbatches
         for c in range(self.cfg.num_chunks):
             t = self._backward_ready(rank, c)
+            stage = stages[c]
+            if t is None and state.b_next[c] < state.f_next[c]:  # producer not started
+                t_est = now + self.durations[(ActionKind.B, *self.owner[stage + 1])] + \
+                    self.b_latency[rank][c]
+                estimate = min(estimate, t_est)
             if t is not None:
                 if t <= now + _EPS:
                     backward.append((state.b_next[c], -stages[c], c))
@@ -291,6 +300,10 @@ class _Engine:
                 if now + _EPS < t < next_backward:
                     next_backward = t
             t = self._forward_ready(rank, c)
+            if t is None and state.f_next[c] < m and stage > 0 and self._admissible(rank, c):
+                t_est = now + self.durations[(ActionKind.F, *self.owner[stage - 1])] + \
+                    self.f_latency[rank][c]
+                estimate = min(estimate, t_est)
             if t is not None:
                 admissible = self._admissible(rank, c)
                 if t <= now + _EPS:
@@ -305,7 +318,7 @@ class _Engine:
             t_w = self.durations[(ActionKind.W, rank, state.w_queue[0][0])]
         t_f = self.durations[(ActionKind.F, rank, min(forward)[2])] if forward else 0.0
         return Decision(rank, now, backward, forward, blocked, state.w_queue, next_input,
-                        t_w, self.cfg, next_backward, t_f)
+                        t_w, self.cfg, next_backward, t_f, min(estimate, next_input))
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]

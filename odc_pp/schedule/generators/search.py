@@ -154,7 +154,16 @@ def stage_span_lower_bound(pp: int, num_microbatches: int, costs: CostModel,
       ``max (x (B_r + W_r) + y W_r)``; idle ``>=`` the rest.
 
     When ``m > K_f`` some F runs after the first B, so the windows are disjoint and the
-    idle times add; otherwise the larger one counts. The bound is the largest rank's.
+    idle times add; otherwise the larger one counts.
+
+    A third term follows the last microbatch through the last stage: every F of the last
+    rank precedes its last B, and when that B starts at most ``y`` W passes can be
+    pending there (``mem_f + y (mem_f + mem_b) <= limit``), so at least
+    ``n_w = m - 1 - y`` W run before it. Rank r's first F starts the chain, so its span
+    is at least ``sum_{r<=s<p-1} (F_s + B_s + 2c) + m (F_{p-1} + B_{p-1}) +
+    n_w W_{p-1} + W_r``. (With the paper's memory model W is cheap to defer and
+    ``n_w`` is 0; with B holding everything until W it can dominate.)
+    The bound is the largest rank's.
     At equal costs, no latency and the default ``2 pp`` limit it is the busy time: zero
     bubble is attainable (ZB-H2 reaches it for m >= 2 pp).
     """
@@ -168,8 +177,19 @@ def stage_span_lower_bound(pp: int, num_microbatches: int, costs: CostModel,
         head = max(0.0, round_trip - k_f * f[r])
         tail = max(0.0, round_trip - f[r] - _tail_work(m, costs, limit, b[r], w[r]))
         idle = head + tail if m > k_f else max(head, tail)
-        terms.append(m * (f[r] + b[r] + w[r]) + idle)
+        chain = (sum(f[r:pp - 1]) + sum(b[r:pp - 1]) + 2 * (pp - 1 - r) * c +
+                 m * (f[-1] + b[-1]) + _forced_w(m, costs, limit) * w[-1] + w[r])
+        terms.append(max(m * (f[r] + b[r] + w[r]) + idle, chain))
     return max(terms)
+
+
+def _forced_w(m: int, costs: CostModel, limit: float) -> int:
+    """W passes the last rank must run before its last B (see stage_span_lower_bound)."""
+    held = costs.mem_f + costs.mem_b
+    if math.isinf(limit) or held <= 0:
+        return 0
+    pending = max(0, int((limit - costs.mem_f) / held + _TOL))
+    return max(0, m - 1 - pending)
 
 
 def bubble_lower_bound(pp: int, num_microbatches: int, costs: CostModel,
@@ -308,12 +328,14 @@ def _descend(search: _Search, inflight: list[int], w_slack: float) -> None:
                     break
 
 
-def _chain_moves(search: _Search) -> list[tuple[int, int, int]]:
-    """Moves ``(rank, position, new position)`` that start a late action of the critical
-    path sooner: for every idle gap of the rank with the longest value, follow the
-    dependency chain that made the next action wait (B inputs from the next rank, F inputs
-    from the previous one); wherever a producer waited for the action before it on its
-    own rank, propose moving the producer in front of that action."""
+def _chain_moves(search: _Search) -> list[list[tuple[int, int, int]]]:
+    """Candidate move sets (each a list of ``(rank, position, new position)``) that start a
+    late action of the critical path sooner: for every idle gap of the rank with the
+    longest value, follow the dependency chain that made the next action wait (B inputs
+    from the next rank, F inputs from the previous one); wherever a producer waited for
+    the action before it on its own rank, propose moving the producer in front of that
+    action -- each such move alone, and all of one chain's moves together (a chain whose
+    links are all tight gains only when every link moves)."""
     schedule = Schedule(name="zb-auto", pp=search.pp, num_microbatches=search.m,
                         ranks=search.best_ranks)
     sim = simulate(schedule, search.costs)
@@ -323,12 +345,12 @@ def _chain_moves(search: _Search) -> list[tuple[int, int, int]]:
     values = sim.span if search.objective == "span" else [
         ends[-1] if ends else 0.0 for ends in sim.rank_ends]
     critical = max(range(search.pp), key=lambda r: (values[r], -r))
-    moves: list[tuple[int, int, int]] = []
+    moves: list[list[tuple[int, int, int]]] = []
     actions = search.best_ranks[critical]
     for i in range(1, len(actions)):
         if start[actions[i]] <= end[actions[i - 1]] + _TOL:
             continue
-        action, seen = actions[i], 0
+        action, seen, chain = actions[i], 0, []
         while action is not None and seen < search.pp:
             seen += 1
             rank, mb = action.rank, action.microbatch
@@ -343,10 +365,12 @@ def _chain_moves(search: _Search) -> list[tuple[int, int, int]]:
                 before = search.best_ranks[q][k - 1]
                 if end[before] >= start[producer] - _TOL and not (
                         before.microbatch == mb and before.kind is ActionKind.F):
-                    move = (q, k, k - 1)
-                    if move not in moves:
-                        moves.append(move)
+                    chain.append((q, k, k - 1))
+                    if [chain[-1]] not in moves:
+                        moves.append([chain[-1]])
             action = producer
+        if len(chain) > 1 and chain not in moves:
+            moves.append(chain)
     return moves
 
 
@@ -355,13 +379,14 @@ def _follow_chains(search: _Search) -> None:
     improved = True
     while improved and not search.done:
         improved = False
-        for rank, pos, target in _chain_moves(search):
+        for move_set in _chain_moves(search):
             if search.done:
                 return
-            moved = list(search.best_ranks[rank])
-            moved.insert(target, moved.pop(pos))
             trial = list(search.best_ranks)
-            trial[rank] = moved
+            for rank, pos, target in move_set:  # distinct ranks: positions stay valid
+                moved = list(trial[rank])
+                moved.insert(target, moved.pop(pos))
+                trial[rank] = moved
             try:
                 if search.offer(trial, "critical path"):
                     improved = True
