@@ -1,4 +1,5 @@
-"""Memory-controlled families: ZB-H2, ZB-V, V-Half and V-Min.
+"""Memory-controlled V families: ZB-V, V-Half and V-Min (ZB-H2 is the paper's
+handcrafted order, ``classic.zb_h2``).
 
 Each family is a per-rank activation-memory cap (in the cost model's delta units; one
 microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the generator
@@ -12,7 +13,6 @@ The nominal caps (in ``mem_f`` units as a function of pp) are rows of the family
 registry (``families.FAMILIES``, ``Family.nominal_cap``); the builders here take the cap
 already lowered to any memory limit:
 
-* ZB-H2: ``2 pp`` microbatches (twice 1F1B), single chunk;
 * ZB-V: ``2 pp`` V-chunks, i.e. 1F1B's peak (a V chunk holds half a rank's layers);
 * V-Half: ``pp + 1`` V-chunks, half of 1F1B's plus one microbatch-chunk;
 * V-Min: ``floor(2 pp / 3) + 1`` V-chunks, a third of 1F1B's plus one microbatch-chunk.
@@ -30,7 +30,7 @@ from ._block import order_peak, v_block_orders
 from ._engine import EngineConfig, EngineStalled, run_engine
 from .classic import zbv_handcrafted
 
-__all__ = ["zb_h2", "v_family"]
+__all__ = ["v_family"]
 
 
 @dataclass
@@ -102,16 +102,6 @@ def _pick(name: str, pp: int, num_microbatches: int, num_chunks: int, placement:
     return Schedule(name=name, pp=pp, num_microbatches=num_microbatches,
                     num_chunks=num_chunks, placement=placement,
                     ranks=[list(r) for r in best.ranks], meta={"memory_limit": cap})
-
-
-def zb_h2(pp: int, num_microbatches: int, costs: CostModel, cap: float) -> Schedule:
-    """ZB-H2 under activation cap ``cap`` (nominal: twice 1F1B's activation memory; zero
-    bubble for m >= 2 pp at equal F/B/W times: the extra warm-up forwards fill the wait
-    for the first backward)."""
-    candidates = _engine_candidates(pp, num_microbatches, 1, Placement.INTERLEAVED,
-                                    costs, cap)
-    return _pick("zb-h2", pp, num_microbatches, 1, Placement.INTERLEAVED, costs, cap,
-                 candidates)
 
 
 def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
