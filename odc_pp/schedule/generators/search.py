@@ -233,12 +233,16 @@ def _hand_built(pp: int, m: int, costs: CostModel, limit: float) -> list[tuple[s
 
 
 def _depth_families(pp: int, m: int, costs: CostModel) -> list[list[int]]:
-    """Warm-up depth candidates: 1F1B-like ``pp - r + k``, ZB-H2-like ``2 (pp - r) + k``,
-    round-trip-based, unlimited."""
+    """Warm-up depth candidates: as many forwards as fit into the wait for the first B
+    (round trip over F_r, rounded down and up), ZB-H2-like ``2 (pp - r) + k``, 1F1B-like
+    ``pp - r + k``, round trip over the period, unlimited."""
     f, b, w = (_per_rank(costs, pp, k) for k in (ActionKind.F, ActionKind.B, ActionKind.W))
     c = costs.t_comm
     period = max(max(f[r] + b[r] + w[r] for r in range(pp)), 1e-12)
-    families = [[min(m, pp - r + extra) for r in range(pp)] for extra in (0, 1, 2)]
+    trips = [sum(f[r:]) + sum(b[r + 1:]) + 2 * (pp - 1 - r) * c for r in range(pp)]
+    families = [[max(1, min(m, rounding(trips[r] / max(f[r], 1e-12) - _TOL)))
+                 for r in range(pp)] for rounding in (math.floor, math.ceil)]
+    families += [[min(m, pp - r + extra) for r in range(pp)] for extra in (0, 1, 2)]
     families += [[max(1, min(m, 2 * (pp - r) + extra)) for r in range(pp)]
                  for extra in (-1, 0, 1)]
     for scale in (1.0, 1.5, 2.0, 3.0):
@@ -282,7 +286,7 @@ class _Search:
         self.best_value, self.best_ranks, self.source = value, ranks, source
         return True
 
-    def list_schedule(self, inflight: list[int], w_slack: float,
+    def list_schedule(self, inflight: list[int], w_slack: float | None,
                       yields: list[bool] | None = None) -> list | None:
         try:
             return run_engine(EngineConfig(
@@ -294,10 +298,10 @@ class _Search:
             return None
 
 
-_SLACKS = (0.0, 0.5, 1.0)
+_SLACKS = (1.0, None, 0.0, 0.5)  # None: a W fills any idle moment
 
 
-def _construct(search: _Search) -> tuple[list[int], float]:
+def _construct(search: _Search) -> tuple[list[int], float | None]:
     best = ([search.m] * search.pp, 0.0)
     for inflight in _depth_families(search.pp, search.m, search.costs):
         for w_slack in _SLACKS:
@@ -309,7 +313,7 @@ def _construct(search: _Search) -> tuple[list[int], float]:
     return best
 
 
-def _descend(search: _Search, inflight: list[int], w_slack: float) -> None:
+def _descend(search: _Search, inflight: list[int], w_slack: float | None) -> None:
     """Coordinate descent over per-rank warm-up depths."""
     improved = True
     while improved and not search.done:
