@@ -61,8 +61,6 @@ def _check_costs(costs: CostModel) -> None:
 
 
 def _check_options(fam: Family, options: dict) -> None:
-    if fam.searched:
-        return
     unknown = set(options) - fam.options
     if unknown:
         allowed = ", ".join(sorted(fam.options)) or "none"

@@ -53,7 +53,7 @@ class Family:
     microbatches_per_rank: int = 0
     """Needs ``num_microbatches >= microbatches_per_rank * pp``."""
     options: frozenset[str] = field(default_factory=frozenset)
-    """Extra keyword options the builder takes (any, for a searched family)."""
+    """Extra keyword options the builder takes."""
     offloads: bool = False
     """Moves saved activations to host memory (needs ``--cpu-offload`` in training)."""
     searched: bool = False
@@ -118,7 +118,8 @@ FAMILIES: tuple[Family, ...] = (
            max_chunks=1, memory_controlled=True, cap_units=lambda pp: 2 * pp,
            builder=lambda pp, m, v, costs, cap, opts: _zb_h2(pp, m, costs, cap)),
     Family(name="zb-auto", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
-           max_chunks=1, memory_controlled=True, searched=True, builder=_zb_auto),
+           max_chunks=1, memory_controlled=True, searched=True, builder=_zb_auto,
+           options=frozenset({"objective", "max_evaluations"})),
     Family(name="zbv", placement=Placement.V, default_chunks=2, min_chunks=2, max_chunks=2,
            memory_controlled=True, cap_units=lambda pp: 2 * pp, builder=_v_builder("zbv")),
     Family(name="v-half", placement=Placement.V, default_chunks=2, min_chunks=2,
