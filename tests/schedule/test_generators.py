@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from odc_pp.schedule import CostModel, Placement
+from odc_pp.schedule import ActionKind, CostModel, Placement
 from odc_pp.schedule.generators import GENERATOR_NAMES, default_chunks, generate
 from odc_pp.schedule.generators._engine import EngineConfig, run_engine
 from odc_pp.schedule.lowering import lower
@@ -327,3 +327,28 @@ def test_v_min_and_v_half_throughput(pp, factor):
     assert half.bubble_rate <= base.bubble_rate + 1e-9
     bound = 1.05 if pp >= 8 else 1.34
     assert third.makespan <= bound * 2 * base.makespan + 1e-9
+
+
+def test_list_scheduler_priorities_are_pluggable_and_caps_hold():
+    from odc_pp.schedule.generators._engine import default_priority
+
+    costs = CostModel(t_f=1, t_b=1.2, t_w=0.5, t_comm=0.1)
+    base = dict(pp=4, num_microbatches=12, num_chunks=1, placement=Placement.INTERLEAVED,
+                costs=costs, caps=[8.0] * 4)
+
+    def w_right_after_b(decision):  # the same rule as the w_after_b switch
+        if decision.w_queue:
+            return ("W", None)
+        return default_priority(decision)
+    plugged = run_engine(EngineConfig(**base, priority=w_right_after_b))
+    switched = run_engine(EngineConfig(**base, w_after_b=True))
+    assert plugged.ranks == switched.ranks
+    capped = run_engine(EngineConfig(**base, inflight=[3, 3, 2, 1], w_slack=0.5,
+                                     reserve_slot=False))
+    for rank, actions in enumerate(capped.ranks):
+        held = 0
+        for action in actions:
+            held += {ActionKind.F: 1, ActionKind.B: -1}.get(action.kind, 0)
+            assert held <= [3, 3, 2, 1][rank]
+    from odc_pp.schedule import Schedule
+    validate(Schedule(name="c", pp=4, num_microbatches=12, ranks=capped.ranks), costs)

@@ -158,3 +158,20 @@ def test_to_dict_is_json_ready(one_f_one_b):
     data = json.loads(json.dumps(result.to_dict(include_actions=True)))
     assert data["makespan"] == pytest.approx(result.makespan)
     assert len(data["actions"]) == 2 * 2 * 3
+
+
+def test_score_is_the_simulated_objective_with_cutoff_and_memory(one_f_one_b):
+    from odc_pp.schedule.simulator import score
+
+    schedule = one_f_one_b(4, 8, split_w=True)
+    costs = CostModel(t_f=[1, 1.5, 1, 1], t_b=1.2, t_w=0.7, t_comm=0.1)
+    full = simulate(schedule, costs)
+    assert score(schedule, costs) == pytest.approx(full.max_stage_span)
+    assert full.max_stage_span == pytest.approx(max(full.span))
+    assert score(schedule, costs, objective="makespan") == pytest.approx(full.makespan)
+    assert score(schedule, costs, cutoff=full.max_stage_span - 1e-6) is None
+    assert score(schedule, costs, objective="makespan", cutoff=full.makespan + 1) == \
+        pytest.approx(full.makespan)
+    assert score(schedule, costs, memory_limit=max(full.peak_activation) - 0.5) is None
+    with pytest.raises(ValueError, match="objective"):
+        score(schedule, costs, objective="latency")
