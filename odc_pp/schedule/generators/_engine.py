@@ -241,6 +241,22 @@ class _Engine:
             for r in range(config.pp) for c in chunks}
         self.heap: list[tuple[float, int]] = []
         self.scheduled = [_INF] * config.pp
+        # per (rank, chunk): own F/W time; a producer's time plus the transfer (estimates)
+        self.f_duration = [[self.durations[(ActionKind.F, r, c)] for c in chunks]
+                           for r in range(config.pp)]
+        self.w_duration = [[self.durations[(ActionKind.W, r, c)] for c in chunks]
+                           for r in range(config.pp)]
+
+        def producer(kind: ActionKind, stage: int) -> float:
+            if not 0 <= stage < self.num_stages:
+                return 0.0
+            return self.durations[(kind, *self.owner[stage])]
+        self.b_producer = [[producer(ActionKind.B, self.stage[r][c] + 1) + self.b_latency[r][c]
+                            for c in chunks] for r in range(config.pp)]
+        self.f_producer = [[producer(ActionKind.F, self.stage[r][c] - 1) + self.f_latency[r][c]
+                            for c in chunks] for r in range(config.pp)]
+        self.estimating = config.w_slack is not None  # only the W-slack rule reads them
+        self.yielding = config.forward_yields is not None
 
     # ----- readiness --------------------------------------------------------------
     def _forward_ready(self, rank: int, chunk: int) -> float | None:
@@ -280,45 +296,43 @@ class _Engine:
 
     # ----- choosing -----------------------------------------------------------------
     def _decision(self, rank: int, now: float) -> Decision:
-        state = self.states[rank]
+        state, cfg = self.states[rank], self.cfg
         stages = self.stage[rank]
         backward, forward, blocked = [], [], False
         next_input = next_backward = estimate = _INF
-        m = self.cfg.num_microbatches
-        for c in range(self.cfg.num_chunks):
-            t = self._backward_ready(rank, c)
+        estimating, yielding = self.estimating, self.yielding
+        soon = now + _EPS
+        for c in range(cfg.num_chunks):
             stage = stages[c]
-            if t is None and state.b_next[c] < state.f_next[c]:  # producer not started
-                t_est = now + self.durations[(ActionKind.B, *self.owner[stage + 1])] + \
-                    self.b_latency[rank][c]
-                estimate = min(estimate, t_est)
-            if t is not None:
-                if t <= now + _EPS:
-                    backward.append((state.b_next[c], -stages[c], c))
-                elif t < next_input:
+            t = self._backward_ready(rank, c)
+            if t is None:
+                if estimating and state.b_next[c] < state.f_next[c]:  # producer not started
+                    estimate = min(estimate, now + self.b_producer[rank][c])
+            elif t <= soon:
+                backward.append((state.b_next[c], -stage, c))
+            else:
+                if t < next_input:
                     next_input = t
-                if now + _EPS < t < next_backward:
+                if yielding and t < next_backward:
                     next_backward = t
             t = self._forward_ready(rank, c)
-            if t is None and state.f_next[c] < m and stage > 0 and self._admissible(rank, c):
-                t_est = now + self.durations[(ActionKind.F, *self.owner[stage - 1])] + \
-                    self.f_latency[rank][c]
-                estimate = min(estimate, t_est)
-            if t is not None:
-                admissible = self._admissible(rank, c)
-                if t <= now + _EPS:
-                    if admissible:
-                        forward.append((state.f_next[c], -stages[c], c))
-                    else:
-                        blocked = True
-                elif admissible and t < next_input:
-                    next_input = t
-        t_w = 0.0
-        if state.w_queue:
-            t_w = self.durations[(ActionKind.W, rank, state.w_queue[0][0])]
-        t_f = self.durations[(ActionKind.F, rank, min(forward)[2])] if forward else 0.0
+            if t is None:
+                if estimating and state.f_next[c] < cfg.num_microbatches and stage > 0 and \
+                        self._admissible(rank, c):
+                    estimate = min(estimate, now + self.f_producer[rank][c])
+                continue
+            admissible = self._admissible(rank, c)
+            if t <= soon:
+                if admissible:
+                    forward.append((state.f_next[c], -stage, c))
+                else:
+                    blocked = True
+            elif admissible and t < next_input:
+                next_input = t
+        t_w = self.w_duration[rank][state.w_queue[0][0]] if state.w_queue else 0.0
+        t_f = self.f_duration[rank][min(forward)[2]] if forward else 0.0
         return Decision(rank, now, backward, forward, blocked, state.w_queue, next_input,
-                        t_w, self.cfg, next_backward, t_f, min(estimate, next_input))
+                        t_w, cfg, next_backward, t_f, min(estimate, next_input))
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]
