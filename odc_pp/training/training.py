@@ -28,6 +28,7 @@ from .checkpointing import CheckpointSaver
 from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
+from .failures import exit_after_failure, is_peer_echo
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
@@ -218,24 +219,21 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
-        _hard_exit(2)
+        exit_after_failure(exc, 2)
     except TrainingStopped as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
-        _hard_exit(EXIT_STOPPED)
-    except BaseException as exc:  # a peer died or timed out: say so and exit non-zero
-        print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
-              f"(a peer rank probably died or stopped responding; see the first failing "
-              f"rank's message above)\n{traceback.format_exc(limit=4)}",
-              file=sys.stderr, flush=True)
-        _hard_exit(1)
+        exit_after_failure(exc, EXIT_STOPPED)
+    except BaseException as exc:
+        if is_peer_echo(exc):
+            print(f"pretrain_gpt.py: rank {env.rank} failed because a peer rank went away "
+                  f"({type(exc).__name__}: {exc}); the failing rank's message names the "
+                  f"cause", file=sys.stderr, flush=True)
+        else:
+            print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
+                  f"{traceback.format_exc(limit=4)}", file=sys.stderr, flush=True)
+        exit_after_failure(exc, 1)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
 
-
-def _hard_exit(code: int) -> None:
-    """Exit without waiting on peers (destroying a group whose peer died can hang)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
