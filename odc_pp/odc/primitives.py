@@ -36,6 +36,7 @@ from odc_pp.odc.transport_host import dtype_code
 from odc_pp.odc.transport_path import Work, shard_range
 
 __all__ = ["TransportConfig", "OdcGroup", "Work", "PeerError", "new_group", "symmetric_empty",
+           "symmetric_free",
            "shard_range", "gather_into_tensor", "scatter_accumulate", "get", "put", "sync",
            "FORCE_CROSS_HOST_ENV"]
 
@@ -78,16 +79,30 @@ def symmetric_empty(shape, dtype: torch.dtype, group: OdcGroup, device=None) -> 
     return group.allocate(shape, dtype, device)
 
 
-def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGroup) -> None:
+def symmetric_free(tensor: torch.Tensor, group: OdcGroup) -> None:
+    """Free the symmetric allocation ``tensor`` (or a view of it) belongs to. Collective:
+    every member calls it for the same allocation; peers unmap before the owner frees.
+    Contributions staged since the last ``sync`` are discarded; do not use the tensor or
+    its views afterwards. A no-op for the collective backend (plain tensors)."""
+    _check_usable(group)
+    if group.config.backend == "odc":
+        group.release(tensor)
+
+
+def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGroup, *,
+                       async_op: bool = False) -> Work | None:
     """output[start_r:end_r] = rank r's shard[:end_r - start_r] for every member r, read
-    one-sidedly (the owners do not take part)."""
+    one-sidedly (the owners do not take part). ``async_op`` (CUDA odc backend): return a
+    Work at once; its ``wait()`` makes the then current stream wait for the copies (no host
+    block). Elsewhere the gather completes before the (completed) Work is returned."""
     _check_usable(group)
     if output.dtype != shard.dtype:
         raise ValueError(f"output dtype {output.dtype} differs from shard dtype {shard.dtype}")
     _check_shard(output, shard, group, "shard")
     if output.numel() == 0 and group.config.backend == "odc":
-        return  # (torch gives empty tensors data_ptr 0: nothing to locate)
-    group.gather(output, shard)
+        return Work() if async_op else None  # (empty tensors have data_ptr 0)
+    work = group.gather(output, shard, async_op=async_op)
+    return work if async_op else None
 
 
 def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup) -> Work:
