@@ -106,3 +106,13 @@ def test_shell_entry_point_lists_the_stages():
                           capture_output=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert [line.split()[0] for line in done.stdout.splitlines()] == gpu_check.stage_names()
+
+
+def test_refuses_to_run_without_a_cuda_device_unless_asked(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    out = tmp_path / "record.json"
+    assert gpu_check.main(["--stage", "build", "--out", str(out),
+                           "--log-dir", str(tmp_path)]) == 2
+    assert not out.exists()

@@ -59,6 +59,7 @@ LOSS_ATOL = 1e-4
 GATHER_TARGET = 0.7
 """gather (rank 0 alone) / device-to-device copy at >= 64 MiB (issue 3's target)."""
 GATHER_MIN_MIB = 64
+NO_DEVICE = "no CUDA device"
 
 # A small GPT that the GPU runs in seconds; the fp32 comparison uses a smaller one so the
 # CPU reference stays fast.
@@ -253,7 +254,7 @@ def _training_check(name: str, status: int, output: str, records: list[dict],
     ok = len(losses) == iterations and bool(finite)
     return Check(name=name, passed=ok,
                  detail=f"{len(losses)}/{iterations} iterations, losses "
-                        f"{[round(x, 4) for x in losses]}, peak reserved {peak:.0f} MiB")
+                        f"{[round(x, 4) for x in losses]}, peak memory {peak:.0f} MiB (GPU: reserved)")
 
 
 # ----- stages ------------------------------------------------------------------------------
@@ -397,7 +398,7 @@ def _environment(python: str) -> dict:
              "try:\n    import megatron.core as m; mc = m.__version__\n"
              "except Exception:\n    mc = None\n"
              "print(json.dumps({'device': torch.cuda.get_device_name(0) "
-             "if torch.cuda.is_available() else 'no CUDA device', "
+             f"if torch.cuda.is_available() else {NO_DEVICE!r}, "
              "'torch': torch.__version__, 'megatron_core': mc}))")
     done = subprocess.run([python, "-c", probe], text=True, capture_output=True, check=False)
     if done.returncode != 0:
@@ -413,6 +414,9 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter for the stages")
     parser.add_argument("--out", default=os.path.join(ROOT, RESULT_PATH))
     parser.add_argument("--log-dir", default=os.path.join(ROOT, "out", "gpu_check"))
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run without a CUDA device (tries the script itself; the "
+                             "record then proves nothing about GPUs)")
     args = parser.parse_args(argv)
     if args.list:
         for stage in STAGES:
@@ -423,6 +427,11 @@ def main(argv=None) -> int:
     except ValueError as error:
         parser.error(str(error))
     context = Context(python=args.python, root=ROOT, log_dir=args.log_dir)
+    if not args.allow_cpu and _environment(args.python)["device"] == NO_DEVICE:
+        print(f"gpu_check: {args.python} sees no CUDA device (torch.cuda.is_available() is "
+              "False); run this on the GPU machine (or pass --allow-cpu to try the script)",
+              file=sys.stderr)
+        return 2
     all_passed = True
     for stage in stages:
         print(f"[gpu_check] stage {stage.name}: {stage.summary}", flush=True)
