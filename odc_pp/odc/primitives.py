@@ -7,8 +7,9 @@ issued before it has landed. ``get`` and ``put`` read and write one peer's copy 
 symmetric tensor (the building blocks, exposed for other protocols). Paths, chosen per peer:
 
 * same host, CPU tensors: POSIX shared memory (odc_pp._C), locked fp32 adds;
-* same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on a
-  dedicated stream (odc_pp._C_cuda);
+* same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on dedicated
+  gather and push streams (odc_pp._C_cuda); staged adds at sync where the GPUs lack
+  native peer atomics;
 * other host (or ``force_cross_host``): gloo point-to-point answered by the owner's
   server thread (CPU tensors only).
 
