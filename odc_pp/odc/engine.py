@@ -233,9 +233,10 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
-        self._prefetcher = None
-        if (config.prefetch and config.mode != "collective"
-                and config.unit_driver == "module_hooks"):
+        self._prefetching = (config.prefetch and config.mode != "collective"
+                             and config.unit_driver == "module_hooks")
+        self._prefetcher = None  # the CPU helper thread; CUDA units need none
+        if self._prefetching and any(not unit.full.is_cuda for unit in self.units):
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="odc-prefetch")
         if config.unit_driver == "module_hooks":
             self._attach_module_hooks()
@@ -292,8 +293,9 @@ class ShardedDataParallel:
         self._ops.append(("G", unit.index))
 
     def _prefetch(self, index: int) -> None:
-        """Start gathering unit ``index`` on the helper thread (no-op if resident)."""
-        if self._prefetcher is None or not 0 <= index < len(self.units):
+        """Start gathering unit ``index`` (no-op if resident): CPU on the helper thread,
+        CUDA as an async gather ordered on the compute stream."""
+        if not self._prefetching or not 0 <= index < len(self.units):
             return
         unit = self.units[index]
         if unit.resident:

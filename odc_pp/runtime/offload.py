@@ -17,7 +17,10 @@ by the side stream, so their memory is reused only after the copy. RELOAD does n
 the compute stream at all: its device buffers are allocated from the side stream's pool,
 its source is the pinned copy that the same stream wrote, so the copy overlaps the compute
 queued before it; the backward's unpack hook makes the compute stream wait for the copy's
-event, and the reloaded tensor is marked as used by the compute stream.
+event, and the reloaded tensor is marked as used by the compute stream. Cost: the caching
+allocator keeps each stream's pool apart, so blocks freed by OFFLOAD (compute pool) are
+not reused by RELOAD (side pool); the reserved memory can exceed the allocated peak by up
+to the reload working set (the offload GPU test measures the reserved peak).
 
 Transfer timing: with a ``clock`` (:class:`~odc_pp.runtime.timing.ActionClock`), each
 OFFLOAD/RELOAD leaves the marks around its copies on the side stream, which the runtime
