@@ -47,6 +47,13 @@ class ActionClock:
             return mark - self._origin
         return self._origin.elapsed_time(mark) / 1000.0
 
+    def elapsed(self, begin, end) -> float:
+        """Seconds between two marks (CUDA: waits for ``end``'s event)."""
+        if not self.uses_events:
+            return end - begin
+        end.synchronize()
+        return begin.elapsed_time(end) / 1000.0
+
     def resolve(self, timings: list) -> list:
         """``timings`` (dataclasses with ``start``/``end`` marks) with both replaced by
         seconds since the origin. On CUDA, waits for every mark's event first."""

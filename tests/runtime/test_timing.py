@@ -34,6 +34,8 @@ def test_cpu_marks_resolve_to_seconds_since_restart():
     assert not clock.uses_events
     assert a.name == "a" and isinstance(a.start, float)
     assert 0.0 <= a.start <= a.end <= b.start <= b.end
+    first, second = clock.mark(), clock.mark()
+    assert clock.elapsed(first, second) >= 0.0
     clock.restart()
     later = clock.mark()
     assert clock.seconds(later) < b.end + 1.0  # measured from the new origin
@@ -45,3 +47,6 @@ def test_cuda_marks_are_events_covering_the_kernels():
     assert clock.uses_events
     assert 0.0 <= a.start <= a.end <= b.start <= b.end
     assert a.end > a.start  # twenty matmuls queued between the marks
+    begin = clock.mark()
+    torch.randn(1024, 1024, device="cuda").matmul(torch.randn(1024, 1024, device="cuda"))
+    assert clock.elapsed(begin, clock.mark()) > 0.0
