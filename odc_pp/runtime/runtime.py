@@ -38,6 +38,7 @@ from ..schedule.ir import Action, ActionKind, COMM_KINDS, Schedule
 from ..data.microbatch import Microbatch, count_tokens
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
+from .timing import ActionClock
 from .p2p import PeerTransport
 from .wgrad import WeightGradQueue
 
@@ -149,9 +150,10 @@ class PipelineRuntime:
             else config.track_activations
         self.wgrad_queue = WeightGradQueue()
         self._bind_queue()
+        self._clock = ActionClock(self.device)  # CUDA events on GPU, host clock on CPU
         self.store = ActivationStore(
             parameters=[p for chunk in self.chunks for p in chunk.parameters()],
-            device=self.device, min_offload_bytes=config.min_offload_bytes)
+            device=self.device, min_offload_bytes=config.min_offload_bytes, clock=self._clock)
         self.transport = PeerTransport(group=pp_group, device=self.device,
                                        timeout_s=config.comm_timeout_s,
                                        batch=config.batch_p2p)
@@ -185,6 +187,7 @@ class PipelineRuntime:
         if self.post_validator is not None:
             self.post_validator.validate()  # the previous minibatch's eager step
         started = time.perf_counter()
+        self._clock.restart()
         index = 0
         while index < len(self.actions):
             group_end = self._comm_group_end(index)
@@ -198,7 +201,8 @@ class PipelineRuntime:
         self._finish()
         self._step_eagerly()
         return MinibatchResult(
-            loss_sum=self._loss_sum, num_tokens=self._global_tokens, timings=self._timings,
+            loss_sum=self._loss_sum, num_tokens=self._global_tokens,
+            timings=self._clock.resolve(self._timings),
             peak_activation_bytes=self.store.peak_resident_bytes,
             activation_bytes=dict(self.store.captured_bytes),
             wall_time=time.perf_counter() - started)
@@ -458,12 +462,15 @@ class PipelineRuntime:
         if sync:
             torch.cuda.synchronize(self.device)
         waited_before = self.transport.waited_s
-        begin = time.perf_counter() - started
+        begin = self._clock.mark()
         run(actions if len(actions) > 1 or actions[0].kind in COMM_KINDS else actions[0])
         if sync:
             torch.cuda.synchronize(self.device)
-        end = time.perf_counter() - started
+        end = self._clock.mark()
         waited = self.transport.waited_s - waited_before
+        transfer = self.store.take_transfer_span()  # OFFLOAD/RELOAD: the copies' own span
+        if transfer is not None:
+            begin, end = transfer
         for action in actions:
             self._timings.append(ActionTiming(action, begin, end, waited))
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
-from .checkpointing import CheckpointSaver
+from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components, build_schedule, run_iteration
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
@@ -66,17 +66,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
 def _gather_floats(values: list[float], topo: Topology) -> list[list[float]]:
     """Every rank's ``values`` on every rank ([rank][i])."""
     local = torch.tensor(values, dtype=torch.float64)
@@ -110,7 +99,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     if args.checkpoint.save:  # before the first step: fail now, not at the first save
         check_save_dir(parts, args.checkpoint, topo, out=out)
     if args.checkpoint.load:
-        start, how = resume(parts, args, topo, _set_rng_state, vocab_size=vocab, out=out)
+        start, how = resume(parts, args, topo, restore_rng_state, vocab_size=vocab, out=out)
         if how and topo.rank == 0:
             print(f"resumed from {args.checkpoint.load} at iteration {start} ({how})", file=out,
                   flush=True)
@@ -182,7 +171,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         _check_finite(result, done, skipped_in_a_row, args)
         if saver is not None and ((args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
                                   or done == args.run.train_iters or done == args.run.exit_interval):
-            state = dict(sharded_state(parts.engine, parts.optimizer), rng=_rng_state(),
+            state = dict(sharded_state(parts.engine, parts.optimizer), rng=capture_rng_state(),
                          iteration=done)
             path = saver.save(done, state, meta=checkpoint_meta(args, topo, vocab_size=vocab))
             if topo.rank == 0:
