@@ -130,8 +130,11 @@ class PostValidationTarget(Protocol):
 class TorchOptimizerTarget:
     """A ``torch.optim.Optimizer`` whose gradients are the parameters' ``.grad``.
 
-    The snapshot keeps the step's gradients too: the next minibatch may already
-    accumulate into ``.grad`` before validation."""
+    The snapshot keeps the step's gradient tensors by reference, not as copies:
+    :meth:`finish_step` right after the step sets every ``.grad`` to None, so the next
+    minibatch accumulates into new tensors and nothing else can reach the kept ones. This
+    needs an optimizer whose ``step`` does not modify gradients in place (torch's
+    built-in optimizers do not)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -147,7 +150,7 @@ class TorchOptimizerTarget:
             "hyper": [{k: v for k, v in group.items() if k != "params"}
                       for group in self.optimizer.param_groups],
             "params": [p.detach().clone() for p in self.params],
-            "grads": [None if p.grad is None else p.grad.detach().clone() for p in self.params],
+            "grads": [None if p.grad is None else p.grad.detach() for p in self.params],
             "state": [{k: (v.clone() if torch.is_tensor(v) else v)
                        for k, v in self.optimizer.state.get(p, {}).items()}
                       for p in self.params],
