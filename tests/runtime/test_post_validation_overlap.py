@@ -2,7 +2,8 @@
 is taken eagerly at POST_VALIDATION and validated at the next minibatch's; a rolled-back
 or clipped step makes the runtime repeat the minibatch that ran on it. Losses, parameters
 and AdamW state equal, bit for bit, the same pipeline stepped synchronously (global check,
-skip or clip, step) -- with clipping on every step and with an inf injected on one rank."""
+skip or clip, step) -- with clipping on every step and with an inf injected on one rank.
+A compute-only schedule is refused (the runtime has no implicit communication)."""
 
 import json
 
@@ -115,8 +116,24 @@ def worker(rank, world_size, out_path):
                 "sync_losses": sync[0], "losses": over[0], "sync_outcomes": sync[1],
                 "outcomes": over[1], "same_params": same_params, "same_state": same_state,
                 "repeats": over[4]}
+    report["unlowered"] = _unlowered_error(microbatches)
     with open(f"{out_path}.{rank}", "w") as handle:
         json.dump(report, handle)
+
+
+def _unlowered_error(microbatches):
+    """The runtime refuses a compute-only schedule (no implicit communication)."""
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
+    from odc_pp.schedule.generators import generate
+
+    compute = generate("zb-h2", pp=dist.get_world_size(), num_microbatches=4)
+    _, chunks, _, _ = _build("zb-h2")
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+    try:
+        runtime.run_minibatch(compute, microbatches)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 @pytest.mark.multiproc
@@ -124,6 +141,8 @@ def test_overlapped_post_validation_equals_synchronous_bitwise(tmp_path):
     run_workers(worker, 2, str(tmp_path / "overlap"), config=LaunchConfig(timeout_s=400))
     for rank in range(2):
         report = json.loads((tmp_path / f"overlap.{rank}").read_text())
+        assert "is not lowered" in (report["unlowered"] or ""), report["unlowered"]
+        assert "lower_communication" in report["unlowered"]
         for name in ("zb-h2", "zbv"):
             for case, (_, expected) in CASES.items():
                 entry = report[f"{name}/{case}"]
