@@ -23,9 +23,8 @@ Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls 
     schedule = lower(generate("zbv", pp=pp, num_microbatches=8))
     chunks = build_chunks(ModelConfig(num_layers=8), pp_rank=rank, pp_size=pp,
                           num_chunks=schedule.num_chunks, placement=schedule.placement)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                              pp_group=dist.group.WORLD)
-    result = runtime.run_minibatch(microbatches)   # list[Microbatch], on every rank
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+    result = runtime.run_minibatch(schedule, microbatches)  # list[Microbatch], every rank
     optimizer.step(); optimizer.zero_grad()
 """
 

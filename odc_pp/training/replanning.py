@@ -42,7 +42,7 @@ class ZbAutoReplanner:
             return False
         if self.profiler is None:
             warmup = 1 if self.args.schedule.profile_iters > 1 else 0
-            schedule = next(iter(parts.runtimes.values())).schedule  # stage layout only
+            schedule = parts.last_schedule  # stage layout only
             self.profiler = Profiler(ProfilerConfig(warmup_minibatches=warmup),
                                      schedule=schedule, pp_group=self.topo.pp_group)
         self.profiler.record(result.minibatch)
@@ -71,7 +71,7 @@ class ZbAutoReplanner:
                                   costs=measured)
         self._check_same_plan_everywhere(new)
         parts.costs = measured
-        parts.runtimes.clear()  # rebuilt lazily from the measured costs
+        parts.schedules.clear()  # rebuilt lazily from the measured costs
         if topo.rank == 0 and out is not None:
             before = simulate(old, measured).makespan
             after = simulate(new, measured).makespan

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
-from .components import Components, build_components, build_schedule, run_iteration
+from .components import (Components, build_components, build_schedule, resolve_loss,
+                         resolve_step, run_iteration, validate_now)
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .failures import exit_after_failure, is_peer_echo
@@ -120,6 +121,36 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     skipped_in_a_row = 0
     replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
     render_pending = bool(args.logging.schedule_png) and topo.rank == 0
+    # with post-validation an iteration's step is validated during the next one: its
+    # log record and checks wait for that (every rank finishes the same iterations)
+    pending: dict | None = None
+
+    def finish(entry: dict) -> None:
+        nonlocal skipped_in_a_row
+        result, done = entry["result"], entry["done"]
+        resolve_loss(result)
+        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+        if done % args.logging.log_interval == 0 or done == args.run.train_iters:
+            stats = _gather_floats([result.busy_s, entry["step_s"] - result.busy_s,
+                                    result.peak_memory_mb, peak_memory_mb(topo.device),
+                                    entry["window_flops"], entry["window_time"]], topo)
+            tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
+            record = {"iteration": done, "loss": result.loss, "lr": entry["lr"],
+                      "grad_norm": result.grad_norm,
+                      "tokens_per_s": entry["window_tokens"] / max(entry["window_time"], 1e-9),
+                      "tflops_per_device": tflops,
+                      "mfu": tflops / peak_tflops if peak_tflops else None,
+                      "step_s": entry["step_s"], "busy_s": [s[0] for s in stats],
+                      "idle_s": [s[1] for s in stats],
+                      "peak_activation_mb": max(s[2] for s in stats),
+                      "peak_memory_mb": max(s[3] for s in stats),
+                      "skipped": result.skipped,
+                      "microbatches_per_replica": entry["microbatches_per_replica"]}
+            if logger is not None:
+                logger.log(record)
+                records.append(record)
+        _check_finite(result, done, skipped_in_a_row, args)
+
     for iteration in range(start, args.run.train_iters):
         if args.run.inject_fault_rank == topo.rank and iteration + 1 == args.run.inject_fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} (SIGKILL)",
@@ -133,8 +164,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                                iteration=iteration + 1)
         step_s = time.perf_counter() - began
         if render_pending:  # the schedule rank 0's pipeline just ran
-            _render_schedule(args.logging.schedule_png, parts.runtimes[len(microbatches)].schedule,
-                             parts.costs, out)
+            _render_schedule(args.logging.schedule_png, parts.last_schedule, parts.costs, out)
             render_pending = False
         if replanner.observe(parts, result, max_microbatches=plan.max_microbatches,
                              out=out if topo.rank == 0 else None):
@@ -144,39 +174,36 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
         window_flops += sum(flops_per_microbatch(shape, *mb.tokens.shape)
                             for mb in microbatches) / topo.pp
-        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
         done = iteration + 1
         if logger is not None:
             logger.progress(done)
+        entry = {"result": result, "done": done, "lr": lr, "step_s": step_s,
+                 "window_tokens": window_tokens, "window_time": window_time,
+                 "window_flops": window_flops,
+                 "microbatches_per_replica": [len(r) for r in plan.replicas]}
         if done % args.logging.log_interval == 0 or done == args.run.train_iters:
-            stats = _gather_floats([result.busy_s, step_s - result.busy_s,
-                                    result.peak_memory_mb, peak_memory_mb(topo.device),
-                                    window_flops, window_time], topo)
-            tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
-            record = {"iteration": done, "loss": result.loss, "lr": lr,
-                      "grad_norm": result.grad_norm,
-                      "tokens_per_s": window_tokens / max(window_time, 1e-9),
-                      "tflops_per_device": tflops,
-                      "mfu": tflops / peak_tflops if peak_tflops else None,
-                      "step_s": step_s, "busy_s": [s[0] for s in stats],
-                      "idle_s": [s[1] for s in stats],
-                      "peak_activation_mb": max(s[2] for s in stats),
-                      "peak_memory_mb": max(s[3] for s in stats),
-                      "skipped": result.skipped,
-                      "microbatches_per_replica": [len(r) for r in plan.replicas]}
             window_tokens, window_time, window_flops = 0, 0.0, 0.0
-            if logger is not None:
-                logger.log(record)
-                records.append(record)
-        _check_finite(result, done, skipped_in_a_row, args)
-        if saver is not None and ((args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
-                                  or done == args.run.train_iters or done == args.run.exit_interval):
+        if pending is not None:
+            resolve_step(pending["result"], result.previous_step)
+            finish(pending)
+            pending = None
+        due_save = saver is not None and (
+            (args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
+            or done == args.run.train_iters or done == args.run.exit_interval)
+        exiting = bool(args.run.exit_interval and done >= args.run.exit_interval)
+        if result.pending and (due_save or exiting or done == args.run.train_iters):
+            validate_now(parts, result)
+        if result.pending:
+            pending = entry
+            continue
+        finish(entry)
+        if due_save:
             state = dict(sharded_state(parts.engine, parts.optimizer), rng=capture_rng_state(),
                          iteration=done)
             path = saver.save(done, state, meta=checkpoint_meta(args, topo, vocab_size=vocab))
             if topo.rank == 0:
                 print(f"saved checkpoint {path}", file=out, flush=True)
-        if args.run.exit_interval and done >= args.run.exit_interval:
+        if exiting:
             if topo.rank == 0:
                 print(f"exit interval {args.run.exit_interval} reached", file=out, flush=True)
             break

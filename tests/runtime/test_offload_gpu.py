@@ -72,15 +72,15 @@ def gpu_worker(rank, world_size, out_path):
         schedule = offload_schedule(NUM_MICROBATCHES, offload=label == "offload")
         runtime = PipelineRuntime(
             RuntimeConfig(device="cuda", min_offload_bytes=0, track_activations=True),
-            chunks=[model], schedule=schedule, pp_group=dist.group.WORLD)
-        runtime.run_minibatch(microbatches)  # warm-up: gradients allocated, pinned pool
+            chunks=[model], pp_group=dist.group.WORLD)
+        runtime.run_minibatch(schedule, microbatches)  # warm-up: gradients, pinned pool
         runtime.store.side_stream.synchronize()  # offload copies done before measuring
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         held = torch.cuda.memory_allocated()
         held_reserved = torch.cuda.memory_reserved()
         torch.cuda.reset_peak_memory_stats()
-        result = runtime.run_minibatch(microbatches)
+        result = runtime.run_minibatch(schedule, microbatches)
         runtime.store.side_stream.synchronize()
         torch.cuda.synchronize()
         report[label] = {
