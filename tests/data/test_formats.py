@@ -66,7 +66,8 @@ def test_chat_mask_survives_bpe_merges_across_the_header(tokenizers):
     assert tok.decode(scored) == "fine thanks<|im_end|>\n"
     first = int(np.flatnonzero(sample.loss_mask)[0]) + 1
     assert tok.decode(sample.tokens[:first].tolist()).endswith("<|im_start|>assistant\n")
-    assert np.flatnonzero(sample.loss_mask).tolist() == list(range(first - 1, len(sample.loss_mask)))
+    assert np.flatnonzero(sample.loss_mask).tolist() == \
+        list(range(first - 1, len(sample.loss_mask)))
 
 
 def test_chat_truncation_keeps_the_mask_aligned(tokenizers):
@@ -122,9 +123,10 @@ def test_pretokenized_records(tmp_path):
      r"'loss_mask' must have len\(input_ids\) - 1 = 2 entries .* got 3 entries"),
     ({"input_ids": [1, 2, 3], "loss_mask": [1, 0.5]}, r"loss_mask\[1\] = 0.5 must be 0 or 1"),
     ({"input_ids": [1, 2, 3], "loss_mask": [0, 0]}, r"'loss_mask' is all 0"),
-    ({"input_ids": [1, 2], "labels": [2]}, r"a pre-tokenized record has only 'input_ids' and 'loss_mask', got also "
-                                           r"\['labels'\]"),
-    ({"input_ids": [1, 2], "text": "x"}, r"a JSONL record needs exactly one of .* got \['text', 'input_ids'\]"),
+    ({"input_ids": [1, 2], "labels": [2]},
+     r"a pre-tokenized record has only 'input_ids' and 'loss_mask', got also \['labels'\]"),
+    ({"input_ids": [1, 2], "text": "x"},
+     r"a JSONL record needs exactly one of .* got \['text', 'input_ids'\]"),
 ], ids=["one-id", "not-list", "too-big", "negative", "float", "bool", "mask-length",
         "mask-value", "mask-zero", "extra-key", "two-formats"])
 def test_bad_pretokenized_record_names_file_and_line(tmp_path, record, message):
