@@ -89,6 +89,10 @@ def test_chat_template_problems_are_errors_naming_file_and_line(tmp_path, tokeni
     with pytest.raises(ValueError, match="chat.jsonl:2: the chat template failed: .*"
                                          "conversations start with the user"):
         JsonlDataset([str(path)], tokenizers["user_first"], seq_length=64)
+    with pytest.raises(ValueError, match=r"chat.jsonl:2: messages\[0\] is an assistant turn "
+                                         r"and the chat template cannot render the empty "
+                                         r"prompt before it"):
+        JsonlDataset([str(path)], tokenizers["plain"], seq_length=64)
     with pytest.raises(ValueError, match="chat.jsonl:1: --tokenizer-model .*none has no "
                                          "chat_template"):
         JsonlDataset([str(path)], tokenizers["none"], seq_length=64)
