@@ -14,15 +14,23 @@ Two renderings:
   shift the mask). A template that renders an earlier message differently once later ones
   follow (not prefix-stable) is an error, not a guess.
 
+Templates that print today's date (``strftime_now``, e.g. Llama 3.x's system header) get
+the fixed :data:`TEMPLATE_DATE` instead, so every rank, and a resumed run, renders the same
+text whatever the clock says.
+
 Flags are per token of the returned ids (not yet shifted into next-token loss weights).
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Callable
 
-__all__ = ["check_messages", "encode_role_headers", "encode_with_template",
+__all__ = ["TEMPLATE_DATE", "check_messages", "encode_role_headers", "encode_with_template",
            "has_generation_markers"]
+
+TEMPLATE_DATE = datetime.datetime(2024, 7, 26)
+"""What a chat template's ``strftime_now`` formats (never the clock)."""
 
 
 def check_messages(messages: Any) -> list[dict]:
@@ -112,7 +120,8 @@ def _template_call(tokenizer, messages: list[dict], **kwargs):
     """``apply_chat_template``; a template's own error (e.g. "roles must alternate")
     becomes a ValueError carrying its message."""
     try:
-        return tokenizer.apply_chat_template(messages, **kwargs)
+        return tokenizer.apply_chat_template(messages, strftime_now=TEMPLATE_DATE.strftime,
+                                             **kwargs)
     except ValueError:
         raise
     except Exception as exc:  # jinja2 TemplateError and what templates raise

@@ -12,7 +12,7 @@ import pytest
 
 from odc_pp.data import ByteLevelTokenizer, HuggingFaceTokenizer, JsonlDataset, encode_document
 
-from .tiny_hf import (CHATML_MARKERS, CHATML_PLAIN, DROPS_OLD_REPLIES, USER_FIRST,
+from .tiny_hf import (CHATML_MARKERS, CHATML_PLAIN, DATED, DROPS_OLD_REPLIES, USER_FIRST,
                       byte_bpe_tokenizer, word_level_tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,6 +31,7 @@ def tokenizers(tmp_path_factory):
                                    ("drops", DROPS_OLD_REPLIES), ("user_first", USER_FIRST),
                                    ("none", None)]}
     made["bpe"] = HuggingFaceTokenizer(byte_bpe_tokenizer(root / "bpe", CHATML_PLAIN))
+    made["dated"] = HuggingFaceTokenizer(byte_bpe_tokenizer(root / "dated", DATED))
     return made
 
 
@@ -68,6 +69,15 @@ def test_chat_mask_survives_bpe_merges_across_the_header(tokenizers):
     assert tok.decode(sample.tokens[:first].tolist()).endswith("<|im_start|>assistant\n")
     assert np.flatnonzero(sample.loss_mask).tolist() == \
         list(range(first - 1, len(sample.loss_mask)))
+
+
+def test_chat_template_dates_do_not_follow_the_clock(tokenizers):
+    tok = tokenizers["dated"]
+    sample = encode_document({"messages": CONVERSATION[:2]}, tok, seq_length=64)
+    text = tok.decode(sample.tokens.tolist())
+    assert text.startswith("<|im_start|>system\n26 Jul 2024<|im_end|>")
+    scored = [int(t) for t, m in zip(sample.tokens[1:], sample.loss_mask) if m]
+    assert tok.decode(scored) == "fine thanks<|im_end|>\n"
 
 
 def test_chat_truncation_keeps_the_mask_aligned(tokenizers):

@@ -23,6 +23,9 @@ DROPS_OLD_REPLIES = (_HEADER + "{% if m['role'] == 'assistant' and not loop.last
                      "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}" + _TAIL)
 """Renders an assistant reply only while it is the last message: not prefix-stable."""
 
+DATED = ("<|im_start|>system\n{{ strftime_now('%d %b %Y') }}<|im_end|>\n" + CHATML_PLAIN)
+"""Prints today's date, as Llama 3.x's system header does."""
+
 USER_FIRST = ("{% if messages[0]['role'] == 'assistant' %}"
               "{{ raise_exception('conversations start with the user') }}{% endif %}"
               + CHATML_MARKERS)
