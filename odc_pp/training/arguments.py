@@ -142,7 +142,13 @@ class DataArgs:
     global_batch_size: int = 8
     """Samples per iteration, over all data-parallel ranks."""
     max_tokens_per_microbatch: int | None = None
-    """Pack microbatches by padded tokens (count x longest) instead of --micro-batch-size."""
+    """Cap microbatches by tokens instead of --micro-batch-size: padded tokens (count x
+    longest), or with --pack-sequences the packed row's length."""
+    pack_sequences: bool = False
+    """Pack each microbatch's samples back to back into one row (per-sample positions, no
+    attention across samples, no padding); the row holds at most
+    --max-tokens-per-microbatch (default --micro-batch-size x --seq-length) tokens, and
+    --load-balance lb-mini balances the packed rows by their attention-aware cost."""
     load_balance: str = "none"
     """Assignment of samples to data-parallel ranks and microbatches: none (strided
     equal-count split), lb-mini (replicas balanced by cost, any microbatch count per

@@ -35,7 +35,7 @@ from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
-from .throughput import ModelShape, default_peak_tflops, flops_per_microbatch, peak_memory_mb
+from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
 __all__ = ["main", "train", "TrainingStopped"]
 
@@ -172,8 +172,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         window_tokens += plan.total_tokens
         window_time += step_s
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
-        window_flops += sum(flops_per_microbatch(shape, *mb.tokens.shape)
-                            for mb in microbatches) / topo.pp
+        window_flops += sum(microbatch_flops(shape, mb) for mb in microbatches) / topo.pp
         done = iteration + 1
         if logger is not None:
             logger.progress(done)
