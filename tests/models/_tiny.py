@@ -7,10 +7,11 @@ import torch
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def hf_config(kind: str, *, num_layers: int = 4, tie: bool | None = None):
+def hf_config(kind: str, *, num_layers: int = 4, tie: bool | None = None,
+              vocab_size: int = 96):
     import transformers
 
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=48,
+    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
                   num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=64, rms_norm_eps=1e-6, torch_dtype="float32")
     if kind == "llama":
