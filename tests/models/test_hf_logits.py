@@ -1,6 +1,7 @@
 """Our megatron-core chunks loaded from tiny random HF models give transformers' logits
 (fp32, <= 1e-5 relative) at pp=1 and through the pp=2 zbv split; packed rows give the
-unpacked logits; a missing tensor is named."""
+unpacked logits and losses; recomputing RMSNorm/SwiGLU gives the stored gradients (to
+rounding: not bitwise, see odc_pp.megatron.recompute); a missing tensor is named."""
 
 import json
 import os
@@ -77,6 +78,33 @@ def worker(rank, world_size, root, out_path):
             alone_b = hf(b[None]).logits[0]
         report[f"{kind}/packed"] = max(_relative(row[:10], alone_a),
                                        _relative(row[10:], alone_b))
+    # packed and unpacked per-token losses (last stage, loss mask) are equal, and the
+    # recomputing chunk (RMSNorm + SwiGLU recomputed in backward) gives the gradients of
+    # the storing one
+    directory = os.path.join(root, "llama")
+    config = read_hf_config(directory)
+    chunks = {}
+    for recompute in (False, True):
+        model = model_config_from_hf(config, num_stages=1, recompute_lgd=recompute)
+        (chunks[recompute],) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
+        load_hf_weights([chunks[recompute]], directory, model, tied_in_hf=False)
+    samples = [torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(n))
+               for n in (7, 12, 5)]
+    separate = sum(float(chunks[False](None, Microbatch(tokens=s[None, :-1], labels=s[None, 1:])).sum())
+                   for s in samples)
+    packed = Microbatch(
+        tokens=torch.cat([s[:-1] for s in samples])[None],
+        labels=torch.cat([s[1:] for s in samples])[None],
+        position_ids=torch.cat([torch.arange(len(s) - 1) for s in samples])[None],
+        segment_ids=torch.cat([torch.full((len(s) - 1,), i) for i, s in enumerate(samples)])[None])
+    report["packed_loss"] = abs(float(chunks[False](None, packed).sum()) - separate) / separate
+    grads = {}
+    for recompute, chunk in chunks.items():
+        chunk(None, packed).sum().backward()
+        grads[recompute] = {n: p.grad.clone() for n, p in chunk.global_named_parameters()}
+    report["recompute_same_names"] = sorted(grads[True]) == sorted(grads[False])
+    report["recompute_grad_rel"] = max(_relative(grads[True][n], grads[False][n])
+                                       for n in grads[False])
     # a missing tensor is named
     directory = os.path.join(root, "llama")
     from safetensors.torch import load_file, save_file
@@ -109,7 +137,6 @@ def test_logits_match_transformers(tmp_path):
     out = tmp_path / "report.json"
     run_workers(worker, 1, str(tmp_path), str(out), config=LaunchConfig(timeout_s=300))
     report = json.loads(out.read_text())
-    print(report)
     for kind in ARCHITECTURES:
         assert report[f"{kind}/pp1"] <= 1e-5, (kind, report)
         assert report[f"{kind}/zbv"] <= 1e-5, (kind, report)
@@ -117,3 +144,6 @@ def test_logits_match_transformers(tmp_path):
         assert report[f"{kind}/pp1_read_all"], kind
         assert report[f"{kind}/zbv_rank1_partial"], kind
     assert "model.layers.2.mlp.up_proj.weight" in report["missing"], report["missing"]
+    assert report["packed_loss"] <= 1e-6, report["packed_loss"]
+    assert report["recompute_same_names"]
+    assert report["recompute_grad_rel"] <= 1e-5, report["recompute_grad_rel"]
