@@ -105,6 +105,18 @@ def worker(rank, world_size, root, out_path):
     report["recompute_same_names"] = sorted(grads[True]) == sorted(grads[False])
     report["recompute_grad_rel"] = max(_relative(grads[True][n], grads[False][n])
                                        for n in grads[False])
+    # the SDPA core attention (CUDA's; it runs on CPU too) equals the host attention,
+    # causal (no mask) and packed (segment mask), with GQA
+    model = model_config_from_hf(config, num_stages=1, attention_backend="sdpa")
+    (sdpa,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
+    load_hf_weights([sdpa], directory, model, tied_in_hf=False)
+    with torch.no_grad():
+        report["sdpa_causal"] = _relative(sdpa.logits_or_hidden(None, microbatch),
+                                          chunks[False].logits_or_hidden(None, microbatch))
+        report["sdpa_packed"] = _relative(sdpa.logits_or_hidden(None, packed),
+                                          chunks[False].logits_or_hidden(None, packed))
+    report["sdpa_is_sdpa"] = type(sdpa.model.decoder.layers[0].self_attention.core_attention
+                                  ).__name__ == "SdpaDotProductAttention"
     # a missing tensor is named
     directory = os.path.join(root, "llama")
     from safetensors.torch import load_file, save_file
@@ -146,4 +158,6 @@ def test_logits_match_transformers(tmp_path):
     assert "model.layers.2.mlp.up_proj.weight" in report["missing"], report["missing"]
     assert report["packed_loss"] <= 1e-6, report["packed_loss"]
     assert report["recompute_same_names"]
+    assert report["sdpa_is_sdpa"]
+    assert report["sdpa_causal"] <= 1e-5 and report["sdpa_packed"] <= 1e-5, report
     assert report["recompute_grad_rel"] <= 1e-5, report["recompute_grad_rel"]
