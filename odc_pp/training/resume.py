@@ -77,9 +77,11 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
 
 def model_differences(saved: dict, now: dict) -> list[str]:
     """One entry per model setting that differs: ``"key: saved A vs now B (--flag)"``."""
-    return [f"{key}: saved {saved.get(key, _ARCH_DEFAULTS.get(key))} vs now {now[key]} ({flag})"
-            for key, flag in MODEL_FLAGS.items()
-            if saved.get(key, _ARCH_DEFAULTS.get(key)) != now[key]]
+    def value(meta: dict, key: str):
+        return meta.get(key, _ARCH_DEFAULTS.get(key))
+
+    return [f"{key}: saved {value(saved, key)} vs now {value(now, key)} ({flag})"
+            for key, flag in MODEL_FLAGS.items() if value(saved, key) != value(now, key)]
 
 
 # ----- collectives (default group) ------------------------------------------------------------
