@@ -7,7 +7,7 @@
 # 1. builds a tiny random Llama (4 layers, hidden 64, GQA, Llama-3 RoPE) with transformers
 #    and save_pretrained (HF in: config.json + safetensors) under ${OUT:-out/sft_tiny};
 # 2. writes pre-tokenized SFT data, {"input_ids": [...], "loss_mask": [...]} per line
-#    (prompt tokens masked; no tokenizer needed);
+#    (L ids, L - 1 mask entries; the predictions of prompt tokens masked; no tokenizer);
 # 3. fine-tunes it with pretrain_gpt.py --hf-checkpoint on 4 CPU processes (gloo);
 # 4. exports the checkpoint with tools/export_hf.py (HF out) and reloads it with
 #    transformers.AutoModelForCausalLM.from_pretrained.
@@ -39,8 +39,10 @@ with open(os.path.join(out, "sft.jsonl"), "w") as handle:
         prompt = [rng.randrange(1, 512) for _ in range(rng.randint(4, 40))]
         start, stride = rng.randrange(1, 512), rng.choice((1, 3, 7))
         answer = [(start + stride * i) % 511 + 1 for i in range(rng.randint(4, 60))]
+        # L ids train L - 1 predictions: loss_mask[i] weighs the prediction of ids[i + 1]
         handle.write(json.dumps({"input_ids": prompt + answer,
-                                 "loss_mask": [0] * len(prompt) + [1] * len(answer)}) + "\n")
+                                 "loss_mask": [0] * (len(prompt) - 1) + [1] * len(answer)})
+                     + "\n")
 print(f"tiny Llama in {out}/hf, 256 pre-tokenized samples in {out}/sft.jsonl")
 PY
 

@@ -57,17 +57,3 @@ def make_hf_model(kind: str, directory: str, *, seed: int = 0, max_shard_size=No
     model.save_pretrained(directory, safe_serialization=True, **extra)
     return model
 
-
-def hf_token_loss(model, samples) -> float:
-    """Token-weighted next-token loss of HF ``model`` over pre-tokenized samples
-    ``[(input_ids, loss_mask)]`` (loss_mask[i] scores the prediction of input_ids[i+1])."""
-    total, count = 0.0, 0.0
-    with torch.no_grad():
-        for ids, mask in samples:
-            ids_t = torch.tensor([ids])
-            logits = model(ids_t).logits[0, :-1].double()
-            losses = torch.nn.functional.cross_entropy(logits, ids_t[0, 1:], reduction="none")
-            weights = torch.tensor(mask[1:], dtype=torch.float64)
-            total += float((losses * weights).sum())
-            count += float(weights.sum())
-    return total / count
