@@ -49,7 +49,7 @@ def make_model_and_data(directory: str, seq: int) -> tuple[str, str]:
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=4,
+        vocab_size=264, hidden_size=64, intermediate_size=172, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq,
         rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="float32",
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -62,7 +62,7 @@ def make_model_and_data(directory: str, seq: int) -> tuple[str, str]:
         for _ in range(512):
             length = int(min(seq + 1, max(8, rng.lognormvariate(3.6, 0.8))))
             prompt = rng.randint(2, max(2, length // 3))
-            ids = [rng.randrange(1, 512) for _ in range(length)]
+            ids = [rng.randrange(1, 256) for _ in range(length)]
             mask = [0] * (prompt - 1) + [1] * (length - prompt)
             handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
     return hf, data

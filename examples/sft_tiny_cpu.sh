@@ -7,7 +7,10 @@
 # 1. builds a tiny random Llama (4 layers, hidden 64, GQA, Llama-3 RoPE) with transformers
 #    and save_pretrained (HF in: config.json + safetensors) under ${OUT:-out/sft_tiny};
 # 2. writes pre-tokenized SFT data, {"input_ids": [...], "loss_mask": [...]} per line
-#    (L ids, L - 1 mask entries; the predictions of prompt tokens masked; no tokenizer);
+#    (L ids, L - 1 mask entries; the predictions of prompt tokens masked). Ids stay below
+#    256 so the default byte-level tokenizer's vocabulary (258, its padding id 257) validates
+#    them; the model's vocabulary (264) is the checkpoint's. With a real model pass its
+#    tokenizer (--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR);
 # 3. fine-tunes it with pretrain_gpt.py --hf-checkpoint on 4 CPU processes (gloo);
 # 4. exports the checkpoint with tools/export_hf.py (HF out) and reloads it with
 #    transformers.AutoModelForCausalLM.from_pretrained.
@@ -27,7 +30,7 @@ out = sys.argv[1]
 if not os.path.isfile(os.path.join(out, "hf", "config.json")):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=4,
+        vocab_size=264, hidden_size=64, intermediate_size=172, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="float32",
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -36,9 +39,9 @@ if not os.path.isfile(os.path.join(out, "hf", "config.json")):
 rng = random.Random(0)
 with open(os.path.join(out, "sft.jsonl"), "w") as handle:
     for _ in range(256):
-        prompt = [rng.randrange(1, 512) for _ in range(rng.randint(4, 40))]
-        start, stride = rng.randrange(1, 512), rng.choice((1, 3, 7))
-        answer = [(start + stride * i) % 511 + 1 for i in range(rng.randint(4, 60))]
+        prompt = [rng.randrange(1, 256) for _ in range(rng.randint(4, 40))]
+        start, stride = rng.randrange(1, 256), rng.choice((1, 3, 7))
+        answer = [(start + stride * i) % 255 + 1 for i in range(rng.randint(4, 60))]
         # L ids train L - 1 predictions: loss_mask[i] weighs the prediction of ids[i + 1]
         handle.write(json.dumps({"input_ids": prompt + answer,
                                  "loss_mask": [0] * (len(prompt) - 1) + [1] * len(answer)})
