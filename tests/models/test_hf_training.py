@@ -55,6 +55,7 @@ CASES = {
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     import transformers
