@@ -10,6 +10,9 @@ tokens/s is the log's (real tokens, padding excluded) over the iterations after 
 (warm-up), median over rounds.
 
     .venv/bin/python benchmarks/bench_sft.py --json
+
+Needs the data side of packing (pre-tokenized JSONL and ``--pack-sequences`` in
+odc_pp.data / odc_pp.training.data_plan).
 """
 
 from __future__ import annotations
