@@ -1,6 +1,7 @@
 """pretrain_gpt.py --hf-checkpoint: with --lr 0 the iteration-1 loss of pp=2 x dp=2 is
 transformers' token-weighted loss on the same samples; tools/export_hf.py writes back the
-weights bit for bit (tied embeddings stay tied); a contradicting flag exits 2 naming it."""
+weights bit for bit (tied embeddings stay tied); with --load the checkpoint wins; a
+contradicting flag exits 2 naming it."""
 
 import json
 import os
@@ -25,16 +26,17 @@ def _write_text_data(path, count=40, seed=0):
             handle.write(json.dumps({"text": text}) + "\n")
 
 
-def _hf_loss_of_iteration_one(flags, hf_model) -> float:
-    """transformers' token-weighted loss over the samples of global batch 0."""
+def _hf_loss_of_iteration(flags, hf_model, iteration: int = 1) -> float:
+    """transformers' token-weighted loss over the samples of global batch ``iteration``."""
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.data_plan import build_source
 
     args = parse_args(flags)
     source, _ = build_source(args)
     total = count = 0.0
+    size = args.data.global_batch_size
     with torch.no_grad():
-        for index in range(args.data.global_batch_size):
+        for index in range((iteration - 1) * size, iteration * size):
             sample = source[index]
             ids = torch.from_numpy(sample.tokens)[None]
             logits = hf_model(ids).logits[0, :-1].double()
@@ -73,7 +75,7 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     run = launch(flags + ["--save", save], nproc=4, tmp_path=tmp_path, name=kind)
     assert run.returncode == 0, run.describe()
     (record,) = run.records()
-    expected = _hf_loss_of_iteration_one(flags, hf_model)
+    expected = _hf_loss_of_iteration(flags, hf_model)
     assert abs(record["loss"] - expected) <= 1e-5 * expected, (record["loss"], expected)
 
     out = str(tmp_path / "exported")
@@ -91,6 +93,20 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     theirs, ours = hf_model.state_dict(), reloaded.state_dict()
     assert sorted(theirs) == sorted(ours)
     assert all(torch.equal(theirs[name], ours[name]) for name in theirs)
+
+    if kind != "llama":
+        return
+    # with --load, the checkpoint wins over --hf-checkpoint (here another random model)
+    other = str(tmp_path / "other")
+    make_hf_model(kind, other, seed=1, vocab_size=264)
+    resumed = [other if flag == hf_dir else flag for flag in flags]
+    resumed[resumed.index("--train-iters") + 1] = "2"
+    run = launch(resumed + ["--load", save], nproc=4, tmp_path=tmp_path, name="resumed")
+    assert run.returncode == 0, run.describe()
+    (record,) = run.records()
+    assert record["iteration"] == 2
+    expected = _hf_loss_of_iteration(flags, hf_model, iteration=2)
+    assert abs(record["loss"] - expected) <= 1e-5 * expected, (record["loss"], expected)
 
 
 def test_contradicting_flag_exits_2_naming_it(tmp_path):
