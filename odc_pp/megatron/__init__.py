@@ -8,8 +8,11 @@
 * :mod:`odc_pp.megatron.compat`: all megatron-core-version-specific code (what each piece
   relies on, what was tested), including the three CUDA assumptions of megatron-core
   0.16 and how they are avoided on CPU.
+* :mod:`odc_pp.megatron.hf_config` / :mod:`odc_pp.megatron.hf`: Hugging Face
+  ``config.json`` <-> flags and weights in / out (Llama, Qwen2, Qwen3, Mistral).
 * :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
-  layernorm, GeLU and hidden dropout in backward; :mod:`odc_pp.megatron.activation_memory`
+  the norms (LayerNorm / RMSNorm), the activation (GeLU / SwiGLU) and hidden dropout in
+  backward; :mod:`odc_pp.megatron.activation_memory`
   has the closed form of the bytes it saves (torch-free).
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::

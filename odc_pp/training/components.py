@@ -20,6 +20,7 @@ from odc_pp.schedule.placement import last_stage_rank
 from .arguments import ScheduleArgs, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
+from .model_setup import load_initial_weights, model_config
 from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_nonfinite_grad,
                              synchronous_step)
 
@@ -148,23 +149,19 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                      local_world_size: int = 1) -> Components:
-    from odc_pp.megatron.model import ModelConfig, build_chunks
+    from odc_pp.megatron.model import build_chunks
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
     dtype = "bfloat16" if args.model.bf16 else "float32"
-    model = ModelConfig(vocab_size=vocab_size, hidden_size=args.model.hidden_size,
-                        num_layers=args.model.num_layers,
-                        num_attention_heads=args.model.num_attention_heads,
-                        ffn_hidden_size=args.model.ffn_hidden_size,
-                        max_sequence_length=args.model.max_position_embeddings,
-                        params_dtype=dtype, device=str(topo.device),
-                        recompute_lgd=args.model.recompute_lgd)
+    model = model_config(args, vocab_size=vocab_size, device=str(topo.device),
+                         num_stages=topo.pp * args.schedule.num_model_chunks)
     chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=args.schedule.num_model_chunks,
                           placement=placement_of(args.schedule.pipeline_schedule), seed=args.run.seed)
+    load_initial_weights(chunks, args, model)
     torch_group, inter_host, norm_group = _dp_groups(args, topo, local_world_size)
     timeout_s = args.parallel.distributed_timeout_minutes * 60
     transport = prim.TransportConfig(

@@ -54,6 +54,12 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
     else:
         dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by)
+    if args.model.hf_checkpoint:  # the model's vocabulary is the checkpoint's
+        if tokenizer.vocab_size > args.model.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
+                             f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
+                             f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
+        vocab = args.model.vocab_size
     return ShuffledSource(dataset, seed=args.run.seed), vocab
 
 
