@@ -18,12 +18,16 @@ from tests.training.launcher import ROOT, launch
 pytest.importorskip("transformers")
 
 
-def _write_text_data(path, count=40, seed=0):
+def _write_pretokenized_data(path, count=40, seed=0):
+    """Pre-tokenized samples (ids below the byte-level tokenizer's 256 bytes) whose first
+    few predictions are masked out, as a prompt would be."""
     rng = random.Random(seed)
     with open(path, "w") as handle:
         for _ in range(count):
-            text = "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(5, 40)))
-            handle.write(json.dumps({"text": text}) + "\n")
+            ids = [rng.randrange(256) for _ in range(rng.randint(5, 40))]
+            prompt = rng.randint(0, len(ids) - 2)
+            mask = [0] * prompt + [1] * (len(ids) - 1 - prompt)
+            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
 
 
 def _hf_loss_of_iteration(flags, hf_model, iteration: int = 1) -> float:
@@ -50,9 +54,10 @@ def _hf_loss_of_iteration(flags, hf_model, iteration: int = 1) -> float:
 CASES = {
     # Llama 3 (untied, rope scaling, GQA) on pp=2 zbv x dp=2 odc
     "llama": ["--pipeline-schedule", "zbv", "--dp-mode", "odc"],
-    # Qwen2 (qkv bias, tied embeddings: two copies across stages) on 1f1b x collective,
-    # recomputing RMSNorm/SwiGLU
-    "qwen2": ["--pipeline-schedule", "1f1b", "--dp-mode", "collective", "--recompute-lgd"],
+    # Qwen2 (qkv bias, tied embeddings: two copies across stages, --untie-embeddings) on
+    # 1f1b x collective, recomputing RMSNorm/SwiGLU
+    "qwen2": ["--pipeline-schedule", "1f1b", "--dp-mode", "collective", "--recompute-lgd",
+              "--untie-embeddings"],
 }
 
 
@@ -65,7 +70,7 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     hf_dir = str(tmp_path / "hf")
     hf_model = make_hf_model(kind, hf_dir, vocab_size=264, max_shard_size="40KB")
     data = str(tmp_path / "data.jsonl")
-    _write_text_data(data)
+    _write_pretokenized_data(data)
     flags = ["--hf-checkpoint", hf_dir, "--seq-length", "48", "--data-path", data,
              "--global-batch-size", "8", "--micro-batch-size", "1",
              "--pipeline-model-parallel-size", "2", "--lr", "0", "--train-iters", "1",
@@ -107,6 +112,23 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     assert record["iteration"] == 2
     expected = _hf_loss_of_iteration(flags, hf_model, iteration=2)
     assert abs(record["loss"] - expected) <= 1e-5 * expected, (record["loss"], expected)
+
+
+def test_tied_model_on_two_stages_needs_untie_embeddings(tmp_path):
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.model_setup import model_config
+
+    hf_dir = str(tmp_path / "hf")
+    make_hf_model("qwen2", hf_dir)
+    flags = ["--hf-checkpoint", hf_dir, "--mock-data", "--seq-length", "32"]
+    vocab = parse_args(flags).model.vocab_size
+    with pytest.raises(ValueError, match="--untie-embeddings"):
+        model_config(parse_args(flags), vocab_size=vocab, device="cpu", num_stages=2)
+    assert model_config(parse_args(flags), vocab_size=vocab, device="cpu",
+                        num_stages=1).tie_embeddings
+    untied = model_config(parse_args(flags + ["--untie-embeddings"]), vocab_size=vocab,
+                          device="cpu", num_stages=2)
+    assert not untied.tie_embeddings
 
 
 def test_contradicting_flag_exits_2_naming_it(tmp_path):
