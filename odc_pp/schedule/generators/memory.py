@@ -47,15 +47,16 @@ def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
 
 def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
                        placement: Placement, costs: CostModel, cap: float,
-                       intervals: tuple[float, ...] = (0.0,)) -> list[_Candidate]:
+                       intervals: tuple[float, ...] = (0.0,),
+                       w_after_b: tuple[bool, ...] = (False, True)) -> list[_Candidate]:
     out = []
     for interval in intervals:
         for backward_first in (True, False):
-            for w_after_b in (False, True):
+            for w_after in w_after_b:
                 result = run_engine(EngineConfig(
                     pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
                     placement=placement, costs=costs, caps=[cap] * pp,
-                    backward_first=backward_first, w_after_b=w_after_b,
+                    backward_first=backward_first, w_after_b=w_after,
                     inject_interval=interval))
                 # the engine's timing is the in-order timing of the order it emits
                 out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
@@ -74,13 +75,14 @@ def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
     """
     work = _rank_work(pp, 2, Placement.V, costs)
     out = []
-    for period in (work, 13 * work / 12, 7 * work / 6):
-        for gap in (0.0, period / 2, 5 * period / 6, period):
+    for period, gaps in ((work, (0.0, 5 / 6, 1.0)), (13 * work / 12, (1.0,)),
+                         (7 * work / 6, (0.0, 5 / 6))):
+        for gap in gaps:
             try:
                 result = run_engine(EngineConfig(
                     pp=pp, num_microbatches=num_microbatches, num_chunks=2,
                     placement=Placement.V, costs=costs, caps=[cap] * pp,
-                    inject_interval=period, pair_gap=gap, reserve_slot=False))
+                    inject_interval=period, pair_gap=gap * period, reserve_slot=False))
             except EngineStalled:
                 continue
             out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
@@ -141,17 +143,22 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
              cap: float) -> Schedule:
-    """ZB-V, V-Half or V-Min: V placement, 2 chunks, activation cap ``cap`` (the
-    family's nominal cap, see module doc, lowered to any memory limit)."""
-    intervals: tuple[float, ...] = (0.0,)
-    if name == "v-min":  # a tight cap starves a greedy pipeline; steady admission helps
-        work = _rank_work(pp, 2, Placement.V, costs)
-        intervals = (0.0, 2 * work / 3, work)
+    """A V-placement schedule (2 chunks) within activation cap ``cap`` (any cap of at
+    least one microbatch on both chunks, ``2 mem_f``); ``name`` (zbv, v-half, v-min)
+    only labels it: the families differ by their nominal cap (see module doc).
+
+    Candidates: greedy engine runs unpaced and paced at two thirds of a rank's work per
+    microbatch, both backward priorities; below ZB-V's ``2 pp`` also paced pair runs
+    without the admission reserve (they win under tight caps); the handcrafted ZB-V
+    pattern when its peak fits; the repeating building block at the shortest interval
+    that fits. The one with the smallest worst per-rank bubble (then makespan) wins.
+    """
+    work = _rank_work(pp, 2, Placement.V, costs)
     candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
-                                    intervals)
-    if name in ("v-half", "v-min"):
+                                    intervals=(0.0, 2 * work / 3), w_after_b=(False,))
+    if cap < 2 * pp * costs.mem_f - 1e-9:
         candidates += _paced_candidates(pp, num_microbatches, costs, cap)
-    if name == "zbv" and num_microbatches >= 2 * pp - 1:
+    if num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
             candidates.append(_Candidate(hand.ranks, *_score(hand, costs)))
