@@ -179,22 +179,25 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
     the admission reserve, paced in pairs (they win under tight caps) or steadily at half
     a rank's work (between V-Half's and ZB-V's budgets); the handcrafted ZB-V
     pattern when its peak fits; the repeating building block at the shortest interval
-    that fits. The one with the smallest worst per-rank bubble (then makespan) wins.
+    that fits. The one with the smallest worst per-rank bubble (then makespan) wins; a
+    handcrafted ZB-V with zero bubble is taken without building the others.
     """
-    work = _rank_work(pp, 2, Placement.V, costs)
-    candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
-                                    intervals=(0.0, work / 2, 2 * work / 3),
-                                    w_after_b=(False,))
-    if cap < 2 * pp * costs.mem_f - 1e-9:
-        candidates += _paced_candidates(pp, num_microbatches, costs, cap)
-        candidates += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
+    candidates: list[_Candidate] = []
     if num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
             candidates.append(_Candidate(hand.ranks, *_score(hand, costs)))
-    block = _block_candidate(pp, num_microbatches, costs, cap)
-    if block is not None:
-        candidates.append(block)
+    if not (candidates and candidates[0].bubble <= 1e-9):  # nothing beats zero bubble
+        work = _rank_work(pp, 2, Placement.V, costs)
+        candidates += _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
+                                         intervals=(0.0, work / 2, 2 * work / 3),
+                                         w_after_b=(False,))
+        if cap < 2 * pp * costs.mem_f - 1e-9:
+            candidates += _paced_candidates(pp, num_microbatches, costs, cap)
+            candidates += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
+        block = _block_candidate(pp, num_microbatches, costs, cap)
+        if block is not None:
+            candidates.append(block)
     schedule = _pick(name, pp, num_microbatches, 2, Placement.V, costs, cap, candidates)
     schedule.meta["memory_unit"] = "V chunk (half of a rank's layers)"
     return schedule
