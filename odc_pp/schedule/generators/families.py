@@ -72,6 +72,8 @@ class Family:
             raise ValueError(f"{self.name}: max_chunks below default_chunks")
         if self.cap_units is not None and not self.memory_controlled:
             raise ValueError(f"{self.name}: a nominal cap needs memory_controlled")
+        if self.limit_sets_cap and self.cap_units is None:
+            raise ValueError(f"{self.name}: limit_sets_cap needs a nominal cap (cap_units)")
 
     def accepts_chunks(self, num_chunks: int) -> bool:
         return self.min_chunks <= num_chunks and (self.max_chunks is None or
