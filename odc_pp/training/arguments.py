@@ -134,7 +134,7 @@ class ScheduleArgs:
     num_model_chunks: int | None = None
     """Model chunks per pipeline rank (default 2 for V schedules and interleaved, else 1)."""
     memory_limit: float | None = None
-    """Activation-memory limit per rank, in microbatch-chunk activations (zb-auto, v-min, offload)."""
+    """Activation-memory limit per rank, in microbatch-chunk activations (zb-auto, zb-h2, zbv, v-half, v-min, offload)."""
     cpu_offload: bool = False
     """Offload saved activations to host memory (schedule 'offload')."""
     offload_chunks: list[int] | None = None

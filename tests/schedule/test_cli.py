@@ -137,3 +137,16 @@ def test_cost_model_rejects_non_finite_values():
                 dict(t_comm=float("nan")), dict(offload_bandwidth=float("inf"))):
         with pytest.raises(ValueError, match="finite"):
             CostModel(**bad)
+
+
+def test_v_schedule_takes_any_memory_limit_and_rejects_one_below_the_minimum(capsys):
+    for limit in ("3", "7.5", "12"):
+        assert main(["--schedule", "v-min", "--pp", "4", "--microbatches", "8",
+                     "--memory-limit", limit, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["fits_memory"] and max(data["peak_activation"]) <= float(limit)
+    assert main(["--schedule", "v-half", "--pp", "4", "--microbatches", "8",
+                 "--memory-limit", "1.5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("error:") == 1
+    assert "--memory-limit" in captured.err and "at least 2" in captured.err
