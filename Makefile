@@ -22,7 +22,8 @@ $(STAMP): setup.py pyproject.toml $(CSRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=64" wheel "pybind11>=2.12" \
-		"megatron-core>=0.16.1,<0.17" numpy matplotlib pytest pytest-timeout hypothesis
+		"megatron-core>=0.16.1,<0.17" numpy matplotlib pytest pytest-timeout hypothesis \
+		"transformers==4.57.6" "safetensors==0.8.0"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 

@@ -1,10 +1,21 @@
 """Build script: installs the odc_pp package and builds
-the one-sided transport extension ``odc_pp._C`` from csrc/ (see csrc/README.md)."""
+the one-sided transport extension ``odc_pp._C`` from csrc/ (see csrc/README.md).
+
+CUDA backend ``odc_pp._C_cuda``: built when nvcc is on PATH, unless ``ODC_PP_NO_CUDA=1``
+(the explicit opt-out for CPU-only builds). When nvcc exists and the CUDA build fails, the
+build fails (the error is not swallowed). Architectures: ``ODC_PP_CUDA_ARCHS`` (e.g.
+``"80;90"`` or ``"9.0 10.0"``; default sm_80/86/89/90 plus PTX of the newest, so newer GPUs
+JIT it). cudart (static) is looked up in CUDA_HOME, /usr/local/cuda, next to nvcc and in
+the pip-installed CUDA (the ``nvidia-cuda-runtime`` wheels' lib folders; linked
+statically where libcudart_static.a exists, else against the shared libcudart with an rpath)."""
 
 import glob
 import os
+import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 
 from setuptools import find_packages, setup
 
@@ -15,19 +26,78 @@ except ImportError:  # pragma: no cover - pybind11 is a build requirement
     build_ext = None
 
 CUDA_EXTENSION = "odc_pp._C_cuda"
+NO_CUDA_ENV = "ODC_PP_NO_CUDA"
+CUDA_ARCHS_ENV = "ODC_PP_CUDA_ARCHS"
+DEFAULT_CUDA_ARCHS = ("80", "86", "89", "90")
 
 
-def cuda_library_dirs(nvcc):
-    """Folders that may hold libcudart_static.a (nvcc may be a wrapper script)."""
+def cuda_archs(value=None):
+    """The compute capabilities to build for, as digit strings ("80", "90", "100")."""
+    value = os.environ.get(CUDA_ARCHS_ENV, "") if value is None else value
+    if not value.strip():
+        return list(DEFAULT_CUDA_ARCHS)
+    archs = []
+    for item in re.split(r"[;,\s]+", value.strip()):
+        digits = item.replace("sm_", "").replace("compute_", "").replace(".", "")
+        digits = digits.removesuffix("+PTX").removesuffix("a")
+        if not digits.isdigit() or len(digits) < 2:
+            sys.exit(f"{CUDA_ARCHS_ENV}={value!r}: every entry must be a compute capability "
+                     f"such as 80, 8.6 or sm_90, got {item!r}")
+        archs.append(digits)
+    return sorted(set(archs), key=int)
+
+
+def gencode_flags(archs):
+    """nvcc -gencode flags: SASS for every arch plus PTX of the newest."""
+    flags = []
+    for arch in archs:
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+    return flags
+
+
+def pip_cuda_homes():
+    """Roots of pip-installed CUDA runtimes (site-packages/nvidia/cuda_runtime, or
+    nvidia/cu13 for the CUDA 13 wheels)."""
+    roots = []
+    for key in ("purelib", "platlib"):
+        base = os.path.join(sysconfig.get_paths()[key], "nvidia")
+        roots += sorted(glob.glob(os.path.join(base, "cuda_runtime")))
+        roots += sorted(glob.glob(os.path.join(base, "cu[0-9]*")))
+    return list(dict.fromkeys(roots))
+
+
+def cuda_homes(nvcc):
+    """CUDA roots to search for cudart: CUDA_HOME, /usr/local/cuda, nvcc's root (nvcc may
+    be a wrapper script), then the pip-installed runtimes."""
     homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda",
-             os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
-    return [os.path.join(home, sub) for home in homes if home for sub in ("lib64", "lib")
-            if os.path.exists(os.path.join(home, sub, "libcudart_static.a"))]
+             os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))] + pip_cuda_homes()
+    return list(dict.fromkeys(home for home in homes if home))
+
+
+def find_cudart(nvcc):
+    """How to link cudart: (library_dirs, libraries, runtime_library_dirs). Static
+    (libcudart_static.a, no runtime dependency) where a toolkit has it, else the shared
+    libcudart.so[.N] (the pip wheels ship only that; torch loads the same library, and an
+    rpath points at its folder). None when neither is found."""
+    subs = ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"))
+    folders = [os.path.join(home, sub) for home in cuda_homes(nvcc) for sub in subs
+               if os.path.isdir(os.path.join(home, sub))]
+    static = [folder for folder in folders
+              if os.path.exists(os.path.join(folder, "libcudart_static.a"))]
+    if static:
+        return static[:1], ["cudart_static", "dl", "rt", "pthread"], []
+    for folder in folders:
+        shared = sorted(glob.glob(os.path.join(folder, "libcudart.so*")), key=len)
+        if shared:
+            return [folder], [":" + os.path.basename(shared[0]), "dl", "rt", "pthread"], [folder]
+    return None
 
 
 def transport_extensions():
     """odc_pp._C (host backend, always) and odc_pp._C_cuda (CUDA IPC backend, only when
-    nvcc is found; its .cu file is compiled by TransportBuildExt)."""
+    nvcc is found and ODC_PP_NO_CUDA is not 1; its .cu file is compiled by
+    TransportBuildExt)."""
     host_sources = sorted(glob.glob("csrc/host/*.cpp"))
     if not host_sources or Pybind11Extension is None:
         return []
@@ -35,49 +105,46 @@ def transport_extensions():
                                     cxx_std=17, extra_compile_args=["-O3", "-pthread"],
                                     extra_link_args=["-pthread", "-lrt"])]
     nvcc = shutil.which("nvcc")
-    if nvcc and os.environ.get("ODC_PP_NO_CUDA", "0") != "1":
+    if nvcc and os.environ.get(NO_CUDA_ENV, "0") != "1":
+        cudart = find_cudart(nvcc)
+        if cudart is None:
+            sys.exit(f"nvcc is on PATH ({nvcc}) but cudart (libcudart_static.a or "
+                     "libcudart.so) was found in none of CUDA_HOME, /usr/local/cuda, nvcc's "
+                     "CUDA root or the pip-installed nvidia-cuda-runtime: set CUDA_HOME to a "
+                     f"CUDA toolkit, or build without the CUDA backend with {NO_CUDA_ENV}=1")
+        library_dirs, libraries, runtime_dirs = cudart
         extensions.append(Pybind11Extension(
             CUDA_EXTENSION, sorted(glob.glob("csrc/cuda/*.cpp")), include_dirs=["csrc/cuda"],
-            cxx_std=17, extra_compile_args=["-O2"], library_dirs=cuda_library_dirs(nvcc),
-            libraries=["cudart_static", "dl", "rt", "pthread"]))
+            cxx_std=17, extra_compile_args=["-O2"], library_dirs=library_dirs,
+            libraries=libraries, runtime_library_dirs=runtime_dirs))
     return extensions
 
 
 if build_ext is not None:
     class TransportBuildExt(build_ext):
-        """Compiles csrc/cuda/*.cu with nvcc (sm_90 + PTX) before linking odc_pp._C_cuda;
-        if nvcc fails, prints a warning and skips the CUDA backend instead of failing."""
+        """Compiles csrc/cuda/*.cu with nvcc before linking odc_pp._C_cuda. A failure is
+        an error (set ODC_PP_NO_CUDA=1 to build without the CUDA backend)."""
 
         def build_extension(self, ext):
-            if ext.name != CUDA_EXTENSION:
-                return super().build_extension(ext)
-            try:
+            if ext.name == CUDA_EXTENSION:
                 ext.extra_objects = self._compile_cuda()
-                super().build_extension(ext)
-            except Exception as error:  # noqa: BLE001 - the CUDA backend is optional
-                print(f"WARNING: not building {CUDA_EXTENSION} (CUDA backend): {error}")
-                self._skipped = getattr(self, "_skipped", set()) | {ext.name}
-
-        def copy_extensions_to_source(self):
-            skipped = getattr(self, "_skipped", set())
-            built = [ext for ext in self.extensions if ext.name not in skipped]
-            self.extensions, everything = built, self.extensions
-            try:
-                super().copy_extensions_to_source()
-            finally:
-                self.extensions = everything
+            return super().build_extension(ext)
 
         def _compile_cuda(self):
             objects = []
             os.makedirs(self.build_temp, exist_ok=True)
+            arch_flags = gencode_flags(cuda_archs())
             for source in sorted(glob.glob("csrc/cuda/*.cu")):
                 obj = os.path.join(self.build_temp, os.path.basename(source) + ".o")
                 command = [shutil.which("nvcc"), "-O2", "-std=c++17", "-c", source, "-o", obj,
-                           "-Xcompiler", "-fPIC", "-Icsrc/cuda",
-                           "-gencode", "arch=compute_90,code=sm_90",
-                           "-gencode", "arch=compute_90,code=compute_90"]
+                           "-Xcompiler", "-fPIC", "-Icsrc/cuda"] + arch_flags
                 print(" ".join(command))
-                subprocess.run(command, check=True)
+                result = subprocess.run(command, check=False)
+                if result.returncode != 0:
+                    raise RuntimeError(
+                        f"nvcc failed on {source} (exit {result.returncode}); fix the CUDA "
+                        f"toolchain, choose architectures with {CUDA_ARCHS_ENV}, or build "
+                        f"without the CUDA backend with {NO_CUDA_ENV}=1")
                 objects.append(obj)
             return objects
 
@@ -86,9 +153,10 @@ else:  # pragma: no cover
     CMDCLASS = {}
 
 
-setup(
-    packages=find_packages(include=["odc_pp", "odc_pp.*"]),
-    ext_modules=transport_extensions(),
-    cmdclass=CMDCLASS,
-    zip_safe=False,
-)
+if __name__ == "__main__":
+    setup(
+        packages=find_packages(include=["odc_pp", "odc_pp.*"]),
+        ext_modules=transport_extensions(),
+        cmdclass=CMDCLASS,
+        zip_safe=False,
+    )

@@ -128,15 +128,14 @@ def bench_ours(name, schedule, cache, microbatches, args):
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
 
     chunks = cache.get(schedule.num_chunks, schedule.placement)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                              pp_group=dist.group.WORLD)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
     warmup = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
                       pp_group=dist.group.WORLD)
 
     def run():
         for chunk in chunks:
             chunk.zero_grad(set_to_none=True)
-        return runtime.run_minibatch(microbatches)
+        return runtime.run_minibatch(schedule, microbatches)
 
     for _ in range(3):
         warmup.record(run())

@@ -10,7 +10,7 @@
 # and paste its "best:" flags into OFFLOAD_ARGS below.
 #
 # Variables as in pretrain_gpt_zb_odc.sh: GPUS_PER_NODE NNODES NODE_RANK MASTER_ADDR
-# MASTER_PORT DATA_PATH TOKENIZER CKPT PP.
+# MASTER_PORT DATA_PATH TOKENIZER CKPT PP DP_MODE (hierarchical across nodes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source examples/_cluster_env.sh
@@ -22,10 +22,10 @@ exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "
     --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008 \
     --seq-length 16384 --max-position-embeddings 16384 \
     --pipeline-model-parallel-size "$PP" "${OFFLOAD_ARGS[@]}" \
-    --dp-mode odc --load-balance lb-mini --max-tokens-per-microbatch 16384 \
+    --dp-mode "$DP_MODE" --load-balance lb-mini --max-tokens-per-microbatch 16384 \
     --micro-batch-size 1 --global-batch-size 256 --bf16 \
     --lr 2e-5 --min-lr 2e-6 --lr-warmup-iters 20 --weight-decay 0.1 --clip-grad 1.0 \
     --train-iters 1000 --seed 1234 \
-    --data-path $DATA_PATH --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER" \
+    --data-path "${DATA_PATHS[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER" \
     --save "$CKPT" --load "$CKPT" --save-interval 100 --log-interval 10 \
     --log-json "$CKPT/train.jsonl" "$@"

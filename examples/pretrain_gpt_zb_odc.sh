@@ -11,6 +11,9 @@
 #   TOKENIZER      local Hugging Face tokenizer directory
 #   CKPT           checkpoint directory (resumed when it has one)
 #   PP             pipeline-parallel size (default 4); dp = NNODES*GPUS_PER_NODE/PP
+#   DP_MODE        data-parallel engine (default: odc on one node, hierarchical on several:
+#                  ODC among each node's GPUs through CUDA IPC, one all-reduce per
+#                  minibatch across nodes; odc over several nodes raises for CUDA tensors)
 #
 # Ranks are laid out rank = dp_rank * PP + pp_rank: keep PP <= GPUS_PER_NODE so each
 # pipeline stays inside a node (NVLink) and only ODC traffic crosses nodes. Variable-length
@@ -28,11 +31,11 @@ MODEL_ARGS=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hi
 PARALLEL_ARGS=(--pipeline-model-parallel-size "$PP" --tensor-model-parallel-size 1
                --pipeline-schedule zbv --num-model-chunks 2
                --enable-optimizer-post-validation
-               --dp-mode odc --load-balance lb-mini --max-tokens-per-microbatch 16384)
+               --dp-mode "$DP_MODE" --load-balance lb-mini --max-tokens-per-microbatch 16384)
 TRAIN_ARGS=(--micro-batch-size 1 --global-batch-size 512 --bf16
             --lr 2e-5 --min-lr 2e-6 --lr-decay-style cosine --lr-warmup-iters 50
             --weight-decay 0.1 --clip-grad 1.0 --train-iters 2000 --seed 1234)
-DATA_ARGS=(--data-path $DATA_PATH --tokenizer-type HuggingFaceTokenizer
+DATA_ARGS=(--data-path "${DATA_PATHS[@]}" --tokenizer-type HuggingFaceTokenizer
            --tokenizer-model "$TOKENIZER")
 OUTPUT_ARGS=(--save "$CKPT" --load "$CKPT" --save-interval 200 --log-interval 10
              --log-json "$CKPT/train.jsonl" --tensorboard-dir "$CKPT/tensorboard"

@@ -11,6 +11,9 @@ PYBIND11_MODULE(_C_cuda, m) {
   using namespace odc_cuda;
   const auto nogil = py::call_guard<py::gil_scoped_release>();
   m.def("device_count", &device_count);
+  m.def("pci_bus_id", &pci_bus_id, py::arg("device"));
+  m.def("device_by_pci_bus_id", &device_by_pci_bus_id, py::arg("bus_id"));
+  m.def("native_peer_atomics", &native_peer_atomics, py::arg("device"), py::arg("peer_device"));
   m.def("malloc_device", &malloc_device, py::arg("nbytes"), py::arg("device"));
   m.def("free_device", &free_device, py::arg("ptr"), py::arg("device"));
   m.def("ipc_handle", [](uintptr_t ptr, int device) { return py::bytes(ipc_handle(ptr, device)); },

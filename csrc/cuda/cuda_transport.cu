@@ -18,13 +18,22 @@ void check(cudaError_t status, const char* what) {
                              cudaGetErrorString(status));
 }
 
+// Sets `device` for the scope and restores the previous one only when it changed, so a
+// thread whose current device already is `device` never touches another GPU (a fresh
+// thread's default device 0 would otherwise get a context when restored).
 struct DeviceGuard {
   explicit DeviceGuard(int device) {
     check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    if (previous_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      changed_ = true;
+    }
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 __device__ __forceinline__ float load_as_float(const float* src, size_t i) { return src[i]; }
@@ -35,6 +44,47 @@ __device__ __forceinline__ float load_as_float(const __half* src, size_t i) {
   return __half2float(src[i]);
 }
 
+// Four consecutive source values as fp32 (one 16-byte load for fp32, one 8-byte load of
+// two bf16x2 / half2 pairs otherwise); src + 4 * i must be aligned to 4 * sizeof(T).
+__device__ __forceinline__ float4 load4(const float* src, size_t i) {
+  return reinterpret_cast<const float4*>(src)[i];
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* src, size_t i) {
+  const uint2 raw = reinterpret_cast<const uint2*>(src)[i];
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float4 load4(const __half* src, size_t i) {
+  const uint2 raw = reinterpret_cast<const uint2*>(src)[i];
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <bool kAtomic>
+__device__ __forceinline__ void add4(float4* dst, float4 value) {
+  if (kAtomic) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(dst, value);  // one 128-bit atomic (sm_90+)
+#else
+    float* d = reinterpret_cast<float*>(dst);
+    atomicAdd(d, value.x);
+    atomicAdd(d + 1, value.y);
+    atomicAdd(d + 2, value.z);
+    atomicAdd(d + 3, value.w);
+#endif
+  } else {
+    float4 out = *dst;
+    out.x += value.x;
+    out.y += value.y;
+    out.z += value.z;
+    out.w += value.w;
+    *dst = out;
+  }
+}
+
+// Scalar: dst[i] += src[i] for i < count (heads, tails and misaligned pairs).
 template <typename T, bool kAtomic>
 __global__ void accumulate_kernel(float* dst, const T* src, size_t count) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -49,17 +99,64 @@ __global__ void accumulate_kernel(float* dst, const T* src, size_t count) {
   }
 }
 
+// Vectorised: groups of four (dst 16-byte aligned, src aligned to 4 * sizeof(T)).
+template <typename T, bool kAtomic>
+__global__ void accumulate_vec4_kernel(float* dst, const T* src, size_t groups) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  float4* out = reinterpret_cast<float4*>(dst);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < groups;
+       i += stride) {
+    add4<kAtomic>(out + i, load4(src, i));
+  }
+}
+
+int grid_for(size_t work, int threads) {
+  const size_t wanted = (work + threads - 1) / threads;
+  return static_cast<int>(wanted < 4096 ? (wanted ? wanted : 1) : 4096);
+}
+
+template <typename T, bool kAtomic>
+void launch_scalar(float* dst, const T* src, size_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  accumulate_kernel<T, kAtomic><<<grid_for(count, 256), 256, 0, stream>>>(dst, src, count);
+}
+
+// Splits [0, count) into a scalar head up to dst's first 16-byte boundary, a float4 body
+// (when src is then aligned to 4 elements too) and a scalar tail.
+template <typename T, bool kAtomic>
+void launch_typed(float* dst, const T* src, size_t count, cudaStream_t stream) {
+  const uintptr_t dst_address = reinterpret_cast<uintptr_t>(dst);
+  size_t head = (dst_address % 16 == 0) ? 0 : (16 - dst_address % 16) / sizeof(float);
+  if (dst_address % sizeof(float) != 0 || head >= count) {
+    launch_scalar<T, kAtomic>(dst, src, count, stream);
+    check(cudaGetLastError(), "accumulate kernel launch");
+    return;
+  }
+  const uintptr_t src_body = reinterpret_cast<uintptr_t>(src + head);
+  if (src_body % (4 * sizeof(T)) != 0) {
+    launch_scalar<T, kAtomic>(dst, src, count, stream);
+    check(cudaGetLastError(), "accumulate kernel launch");
+    return;
+  }
+  const size_t groups = (count - head) / 4;
+  const size_t tail_start = head + 4 * groups;
+  launch_scalar<T, kAtomic>(dst, src, head, stream);
+  if (groups) {
+    accumulate_vec4_kernel<T, kAtomic><<<grid_for(groups, 256), 256, 0, stream>>>(
+        dst + head, src + head, groups);
+  }
+  launch_scalar<T, kAtomic>(dst + tail_start, src + tail_start, count - tail_start, stream);
+  check(cudaGetLastError(), "accumulate kernel launch");
+}
+
 template <typename T>
 void launch(float* dst, const void* src, size_t count, bool atomic, cudaStream_t stream) {
-  const int threads = 256;
-  const size_t wanted = (count + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 4096 ? wanted : 4096);
+  const T* typed = static_cast<const T*>(src);
   if (atomic) {
-    accumulate_kernel<T, true><<<blocks, threads, 0, stream>>>(dst, static_cast<const T*>(src), count);
+    launch_typed<T, true>(dst, typed, count, stream);
   } else {
-    accumulate_kernel<T, false><<<blocks, threads, 0, stream>>>(dst, static_cast<const T*>(src), count);
+    launch_typed<T, false>(dst, typed, count, stream);
   }
-  check(cudaGetLastError(), "accumulate kernel launch");
 }
 
 }  // namespace
@@ -68,6 +165,31 @@ int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
   return count;
+}
+
+std::string pci_bus_id(int device) {
+  char id[32] = {0};
+  check(cudaDeviceGetPCIBusId(id, sizeof(id), device), "cudaDeviceGetPCIBusId");
+  return std::string(id);
+}
+
+int device_by_pci_bus_id(const std::string& bus_id) {
+  int device = -1;
+  if (cudaDeviceGetByPCIBusId(&device, bus_id.c_str()) != cudaSuccess) {
+    cudaGetLastError();  // not visible in this process: clear the (non-sticky) error
+    return -1;
+  }
+  return device;
+}
+
+bool native_peer_atomics(int device, int peer_device) {
+  if (peer_device < 0) return false;
+  if (peer_device == device) return true;  // the same GPU (two processes sharing it)
+  int value = 0;
+  check(cudaDeviceGetP2PAttribute(&value, cudaDevP2PAttrNativeAtomicSupported, device,
+                                  peer_device),
+        "cudaDeviceGetP2PAttribute(NativeAtomicSupported)");
+  return value != 0;
 }
 
 uintptr_t malloc_device(size_t nbytes, int device) {

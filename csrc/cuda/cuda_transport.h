@@ -13,6 +13,16 @@ namespace odc_cuda {
 
 // Number of visible devices; 0 when there is no driver or no device.
 int device_count();
+// PCI bus id ("0000:3b:00.0") of a device: names one GPU across processes, whatever
+// CUDA_VISIBLE_DEVICES each of them has.
+std::string pci_bus_id(int device);
+// This process's ordinal of the GPU with that bus id, or -1 when it is not visible here.
+int device_by_pci_bus_id(const std::string& bus_id);
+// Whether float atomics issued on `device` into memory of `peer_device` are native over
+// the link between them (cudaDevP2PAttrNativeAtomicSupported; NVLink yes, PCIe no). True
+// for the same device, false for peer_device < 0 (not visible).
+bool native_peer_atomics(int device, int peer_device);
+
 // cudaMalloc of nbytes (at least 1) on device; freed by free_device.
 uintptr_t malloc_device(size_t nbytes, int device);
 void free_device(uintptr_t ptr, int device);
@@ -38,7 +48,10 @@ bool event_wait(uintptr_t event, double timeout_s);
 // nbytes == 0 is a no-op.
 void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream, int device);
 // fp32 dst += src (dtype code 0 fp32, 1 bf16, 2 fp16) on stream; atomic when several ranks
-// may add into the same memory at once; count == 0 is a no-op.
+// may add into the same memory at once (only where native_peer_atomics holds for remote
+// dst); count == 0 is a no-op. Vectorised: four values per thread (float4 stores, 128-bit
+// atomics on sm_90+) between a scalar head and tail, scalar when src and dst are not
+// co-aligned.
 void accumulate_async(uintptr_t dst, uintptr_t src, int dtype, size_t count, bool atomic,
                       uintptr_t stream, int device);
 

@@ -9,7 +9,8 @@ from .load_balance import (AttentionCost, CostModel, FittedCost, TokenCost,
                            fit_cost_model, pack_microbatches, replica_costs)
 from .microbatch import Microbatch, count_tokens
 from .planner import LOAD_BALANCE_MODES, MinibatchPlan, plan_minibatch
-from .samples import Sample, collate, global_batch_indices, split_by_tokens, split_fixed
+from .samples import (Sample, collate, global_batch_indices, pack, split_by_tokens,
+                      split_fixed)
 from .tokenizers import (TOKENIZER_TYPES, ByteLevelTokenizer, HuggingFaceTokenizer,
                          build_tokenizer)
 
@@ -19,5 +20,5 @@ __all__ = ["AttentionCost", "ByteLevelTokenizer", "CostModel", "FittedCost",
            "TOKENIZER_TYPES", "TokenCost", "balance_equal_counts", "balance_minibatch",
            "build_tokenizer", "collate", "count_tokens", "encode_document",
            "encode_jsonl_file", "equal_count_balance", "fit_cost_model",
-           "global_batch_indices", "load_jsonl_documents", "pack_microbatches",
+           "global_batch_indices", "load_jsonl_documents", "pack", "pack_microbatches",
            "plan_minibatch", "replica_costs", "split_by_tokens", "split_fixed"]

@@ -16,11 +16,12 @@ from typing import Sequence
 
 import numpy as np
 
+from .chat import json_type
 from .samples import Sample
 from .tokenizers import Tokenizer
 
 __all__ = ["SyntheticCorpus", "JsonlDataset", "IndexedTokenDataset", "ShuffledSource",
-           "load_jsonl_documents", "encode_document", "encode_jsonl_file"]
+           "load_jsonl_documents", "encode_document", "encode_jsonl_file", "RECORD_KEYS"]
 
 
 @dataclass(kw_only=True)
@@ -80,35 +81,42 @@ class SyntheticCorpus:
                       loss_mask=np.ones(length, dtype=np.float32))
 
 
+RECORD_KEYS = ("text", "messages", "input_ids")
+"""The keys that name a JSONL record's format (exactly one per record)."""
+
+
 def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Sample | None:
-    """Tokenize one JSONL record: ``{"text": ...}`` (all tokens scored) or
-    ``{"messages": [{"role", "content"}, ...]}`` (only assistant tokens scored).
-    Truncated to ``seq_length + 1`` tokens; None when it has fewer than 2 tokens.
-    A malformed record raises ValueError saying what is wrong (callers add file:line)."""
+    """One JSONL record -> :class:`Sample`. Formats (exactly one key of :data:`RECORD_KEYS`):
+
+    * ``{"text": ...}``: tokenized, plus end-of-document; every token scored.
+    * ``{"messages": [{"role", "content"}, ...]}``: the tokenizer's chat template
+      (``Tokenizer.encode_chat``); only assistant tokens scored.
+    * ``{"input_ids": [...], "loss_mask": [...]}`` (pre-tokenized): L ids train L - 1
+      predictions, so ``loss_mask`` (optional, default all 1) has L - 1 entries of 0 or 1:
+      ``loss_mask[i]`` weighs the prediction of ``input_ids[i + 1]``. Ids must be
+      ``< tokenizer.vocab_size``.
+
+    Truncated to ``seq_length + 1`` tokens; None when a text or chat record has fewer than
+    2 tokens. A malformed record raises ValueError saying what is wrong (callers add
+    file:line)."""
     if not isinstance(record, dict):
-        raise ValueError(f"a JSONL record must be a JSON object with a 'text' or 'messages' "
-                         f"key, got a JSON {_json_type(record)}")
+        raise ValueError(f"a JSONL record must be a JSON object with a 'text', 'messages' or "
+                         f"'input_ids' key, got a JSON {json_type(record)}")
+    present = [key for key in RECORD_KEYS if key in record]
+    if len(present) > 1:
+        raise ValueError(f"a JSONL record needs exactly one of 'text', 'messages' and "
+                         f"'input_ids', got {present}")
+    if not present:
+        raise ValueError(f"JSONL record needs a 'text', 'messages' or 'input_ids' key, got "
+                         f"{sorted(record)}")
+    if "input_ids" in record:
+        tokens, predicted = _pretokenized(record, tokenizer.vocab_size)
+        return Sample(tokens=tokens[:seq_length + 1], loss_mask=predicted[:seq_length])
     if "text" in record:
         tokens = tokenizer.encode(str(record["text"])) + [tokenizer.eod]
-        scored = [1.0] * len(tokens)
-    elif "messages" in record:
-        messages = record["messages"]
-        if not isinstance(messages, list):
-            raise ValueError(f"'messages' must be a list of {{\"role\", \"content\"}} objects, "
-                             f"got a JSON {_json_type(messages)}")
-        tokens, scored = [], []
-        for position, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise ValueError(f"messages[{position}] must be an object with 'role' and "
-                                 f"'content', got a JSON {_json_type(message)}")
-            role = str(message.get("role", "user"))
-            header = tokenizer.encode(f"<|{role}|>\n")
-            body = tokenizer.encode(str(message.get("content", ""))) + [tokenizer.eod]
-            tokens += header + body
-            weight = 1.0 if role == "assistant" else 0.0
-            scored += [0.0] * len(header) + [weight] * len(body)
+        scored = [1] * len(tokens)
     else:
-        raise ValueError(f"JSONL record needs a 'text' or 'messages' key, got {sorted(record)}")
+        tokens, scored = tokenizer.encode_chat(record["messages"])
     tokens, scored = tokens[:seq_length + 1], scored[:seq_length + 1]
     if len(tokens) < 2:
         return None
@@ -117,15 +125,37 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Samp
                   loss_mask=np.asarray(scored[1:], dtype=np.float32))
 
 
-def _json_type(value) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-             float: "number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
+def _pretokenized(record: dict, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validated ``(input_ids, loss_mask)`` arrays of a pre-tokenized record."""
+    unknown = sorted(set(record) - {"input_ids", "loss_mask"})
+    if unknown:
+        raise ValueError(f"a pre-tokenized record has only 'input_ids' and 'loss_mask', "
+                         f"got also {unknown}")
+    ids = record["input_ids"]
+    if not isinstance(ids, list) or len(ids) < 2:
+        what = f"{len(ids)} ids" if isinstance(ids, list) else f"a JSON {json_type(ids)}"
+        raise ValueError(f"'input_ids' must be a list of at least 2 token ids, got {what}")
+    for position, value in enumerate(ids):
+        if type(value) is not int or not 0 <= value < vocab_size:
+            raise ValueError(f"input_ids[{position}] = {json.dumps(value)} is not a token id "
+                             f"in [0, {vocab_size}) (the tokenizer's vocabulary size)")
+    if "loss_mask" not in record:
+        return np.asarray(ids, dtype=np.int64), np.ones(len(ids) - 1, dtype=np.float32)
+    mask = record["loss_mask"]
+    if not isinstance(mask, list) or len(mask) != len(ids) - 1:
+        what = f"{len(mask)} entries" if isinstance(mask, list) else f"a JSON {json_type(mask)}"
+        raise ValueError(f"'loss_mask' must have len(input_ids) - 1 = {len(ids) - 1} entries "
+                         f"(one per predicted token input_ids[1:]), got {what}")
+    for position, value in enumerate(mask):
+        if value not in (0, 1) or type(value) not in (int, bool):
+            raise ValueError(f"loss_mask[{position}] = {json.dumps(value)} must be 0 or 1")
+    if not any(mask):
+        raise ValueError("'loss_mask' is all 0: the sample scores no token")
+    return np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32)
 
 
 def _has_assistant_turn(record: dict) -> bool:
-    return any(isinstance(m, dict) and str(m.get("role", "user")) == "assistant"
-               for m in record.get("messages", []))
+    return any(m["role"] == "assistant" for m in record.get("messages", []))
 
 
 def load_jsonl_documents(path: str) -> list[tuple[int, dict]]:
@@ -191,7 +221,8 @@ def _why_unusable(path: str, encoded: list, seq_length: int) -> str:
     """Why a JSONL file gave no sample with scored tokens (the file named)."""
     if not encoded:
         return f"--data-path {path}: no records (the file is empty)"
-    if not any("text" in record or _has_assistant_turn(record) for _, record, _ in encoded):
+    if not any("text" in record or "input_ids" in record or _has_assistant_turn(record)
+               for _, record, _ in encoded):
         return (f"--data-path {path}: no record has an assistant turn (only assistant "
                 f"replies are scored in 'messages' records); add assistant messages or use "
                 f"'text' records")

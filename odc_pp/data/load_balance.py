@@ -10,7 +10,7 @@ The building blocks of :mod:`odc_pp.data.planner`:
 3. :func:`balance_equal_counts`: the same goal with a fixed sample count per part
    (count-constrained LPT and the strided split, refined by swaps only),
 4. :func:`pack_microbatches`: a replica's samples into microbatches under a token cap
-   (first-fit decreasing), and
+   (first-fit decreasing; with a cost model, the microbatches' costs balanced), and
 5. :func:`equal_count_balance`: the strided equal-count split (``DistributedSampler``-like).
 """
 
@@ -297,10 +297,15 @@ def balance_equal_counts(lengths: Sequence[int], num_parts: int,
 
 
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
-                      max_tokens: int) -> list[list[int]]:
+                      max_tokens: int, cost_model: CostModel | None = None) -> list[list[int]]:
     """Pack samples into microbatches of at most ``max_tokens`` tokens (sequences packed
-    back to back, no padding), first-fit decreasing. Returns lists of sample indices,
-    largest microbatch first; an empty input gives no microbatches."""
+    back to back, no padding). Returns lists of sample indices, largest microbatch first;
+    an empty input gives no microbatches.
+
+    Without ``cost_model``: first-fit decreasing by tokens (fewest microbatches). With one:
+    as many microbatches as first-fit decreasing needs (more only if the cap forces it),
+    their costs balanced (a packed row costs the sum of its samples' costs): each sample,
+    costliest first, to the cheapest microbatch with room for its tokens."""
     array = check_lengths(lengths)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -321,7 +326,32 @@ def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
         else:
             bins.append([index])
             free.append(max_tokens - length)
-    return bins
+    if cost_model is None or len(bins) < 2:
+        return bins
+    costs = cost_model(array).astype(np.float64)
+    for count in range(len(bins), len(indices) + 1):
+        balanced = _cost_balanced_bins(indices, array, costs, max_tokens, count)
+        if balanced is not None:
+            return sorted(balanced, key=lambda b: (-float(costs[b].sum()), b))
+    raise AssertionError("one sample per microbatch always fits")
+
+
+def _cost_balanced_bins(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
+                        max_tokens: int, count: int) -> list[list[int]] | None:
+    """LPT into ``count`` bins under the token cap (ties: fewer tokens, then lower bin);
+    None when some sample fits no bin."""
+    bins: list[list[int]] = [[] for _ in range(count)]
+    loads = [0.0] * count
+    tokens = [0] * count
+    for index in sorted(indices, key=lambda i: (-float(costs[i]), i)):
+        room = [b for b in range(count) if tokens[b] + int(lengths[index]) <= max_tokens]
+        if not room:
+            return None
+        target = min(room, key=lambda b: (loads[b], tokens[b], b))
+        bins[target].append(index)
+        loads[target] += float(costs[index])
+        tokens[target] += int(lengths[index])
+    return [sorted(b) for b in bins if b]
 
 
 def equal_count_balance(lengths: Sequence[int], num_replicas: int,

@@ -14,6 +14,12 @@ Modes (``--load-balance``):
   replica split into the *same* number of microbatches (the rule of verl, slime and
   OpenRLHF): valid with per-layer collectives (``collective`` mode, FSDP) too.
 
+With ``packed=True`` (``--pack-sequences``: each microbatch becomes one row of samples
+back to back, :func:`~odc_pp.data.samples.pack`) a microbatch's size is the sum of its
+lengths everywhere, and ``lb-mini`` packs each replica's microbatches by the cost model
+(their costs balanced, :func:`~odc_pp.data.load_balance.pack_microbatches`): the cost of a
+packed row is the sum of its samples' costs, not that of a padded square.
+
 Under pipeline parallelism every stage of one pipeline shares its data-parallel rank's
 data: use the same replica plan on all stages (:meth:`MinibatchPlan.for_replica`). Every
 function here is a pure function of its inputs, so every rank computes the same plan.
@@ -26,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .load_balance import (CostModel, balance_equal_counts, balance_minibatch,
+from .load_balance import (CostModel, TokenCost, balance_equal_counts, balance_minibatch,
                            check_lengths, equal_count_balance, pack_microbatches,
                            replica_costs)
 from .samples import split_by_tokens
@@ -68,16 +74,18 @@ class MinibatchPlan:
 def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int,
                    mode: str = "lb-mini", cost_model: CostModel | None = None,
                    samples_per_microbatch: int | None = None,
-                   min_microbatches: int = 1) -> MinibatchPlan:
+                   min_microbatches: int = 1, packed: bool = False) -> MinibatchPlan:
     """Plan one global minibatch of samples with token counts ``lengths``.
 
-    ``max_tokens`` caps a microbatch's tokens (packed: sum of lengths; ``none`` without
-    ``samples_per_microbatch``: padded, count x longest). ``samples_per_microbatch`` gives
+    ``max_tokens`` caps a microbatch's tokens (the sum of lengths; unpacked ``none``
+    without ``samples_per_microbatch``: padded, count x longest). ``samples_per_microbatch`` gives
     ``none`` and ``balanced`` fixed-size microbatches (the sample count must then split
     equally over the replicas); ``lb-mini`` always packs by tokens. ``min_microbatches``
     (a pipeline needs at least pp) splits microbatches further where samples allow
-    (``lb-mini`` and token-capped ``balanced``). ``cost_model`` (default tokens) weighs
-    samples when replicas are balanced.
+    (``lb-mini``, token-capped ``balanced`` and token-capped packed ``none``).
+    ``cost_model`` (default tokens) weighs samples when replicas are balanced (and, packed,
+    ``lb-mini``'s microbatches). ``packed``: microbatches become packed rows (see the
+    module docstring).
     """
     if mode not in LOAD_BALANCE_MODES:
         raise ValueError(f"load-balance mode {mode!r} is not one of {LOAD_BALANCE_MODES}")
@@ -91,11 +99,16 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
         raise ValueError(f"min_microbatches must be >= 1, got {min_microbatches}")
     array = check_lengths(lengths)
     if mode == "none":
-        microbatches = _strided(array, num_replicas, max_tokens, samples_per_microbatch)
+        microbatches = _strided(array, num_replicas, max_tokens, samples_per_microbatch,
+                                packed)
+        if packed and samples_per_microbatch is None:  # packed rows hold more samples
+            microbatches = [_split_until(groups, min_microbatches, array)
+                            for groups in microbatches]
     elif mode == "lb-mini":
         microbatches = []
         for indices in balance_minibatch(array, num_replicas, cost_model):
-            groups = pack_microbatches(indices, array, max_tokens)
+            groups = pack_microbatches(indices, array, max_tokens,
+                                       (cost_model or TokenCost()) if packed else None)
             groups = _split_until(groups, min_microbatches, array)
             microbatches.append([sorted(group) for group in groups])
     else:
@@ -106,11 +119,12 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
 
 
 def _strided(lengths: np.ndarray, num_replicas: int, max_tokens: int,
-             samples_per_microbatch: int | None) -> list[list[list[int]]]:
+             samples_per_microbatch: int | None, packed: bool) -> list[list[list[int]]]:
     if samples_per_microbatch is None:
         positions = list(range(len(lengths)))
         return [split_by_tokens(positions[r::num_replicas],
-                                [int(v) for v in lengths[r::num_replicas]], max_tokens)
+                                [int(v) for v in lengths[r::num_replicas]], max_tokens,
+                                packed=packed)
                 for r in range(num_replicas)]
     microbatches = equal_count_balance(lengths, num_replicas, samples_per_microbatch)
     _check_cap(microbatches, lengths, max_tokens, "equal-count")

@@ -4,6 +4,13 @@ A sample is ``tokens`` (L + 1 ids) and ``loss_mask`` (L values for the L predict
 tokens): the model reads ``tokens[:-1]`` and is scored on ``tokens[1:]``. A microbatch
 pads its samples on the right to its own longest sample, so microbatches have different
 lengths; padding has loss mask 0 and, with causal attention, never influences real tokens.
+
+Packed (:func:`pack`): a microbatch is one row, its samples back to back, each sample's
+``tokens[:-1]`` as inputs and ``tokens[1:]`` as labels, so no label crosses a sample
+boundary (a sample's last id is only a label); ``position_ids`` restart at 0 and
+``segment_ids`` number the samples, which keeps attention within a sample
+(:class:`~odc_pp.data.microbatch.Microbatch`). Every input position of a packed row has
+the same label and loss weight as in the padded layout, and there is no padding.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 
 from .microbatch import Microbatch
 
-__all__ = ["Sample", "collate", "split_fixed", "split_by_tokens",
+__all__ = ["Sample", "collate", "pack", "split_fixed", "split_by_tokens",
            "global_batch_indices"]
 
 
@@ -57,6 +64,22 @@ def collate(samples: Sequence[Sample], *, pad_id: int) -> Microbatch:
                       loss_mask=torch.from_numpy(mask))
 
 
+def pack(samples: Sequence[Sample]) -> Microbatch:
+    """One ``[1, sum of lengths]`` row: the samples back to back, ``position_ids``
+    ``0..L-1`` per sample and ``segment_ids`` 0, 1, 2, ... (see the module docstring)."""
+    if not samples:
+        raise ValueError("cannot pack an empty microbatch")
+    def row(parts, dtype) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts).astype(dtype)).unsqueeze(0)
+
+    return Microbatch(tokens=row([s.tokens[:-1] for s in samples], np.int64),
+                      labels=row([s.tokens[1:] for s in samples], np.int64),
+                      loss_mask=row([s.loss_mask for s in samples], np.float32),
+                      position_ids=row([np.arange(s.length) for s in samples], np.int64),
+                      segment_ids=row([np.full(s.length, k) for k, s in enumerate(samples)],
+                                      np.int64))
+
+
 def global_batch_indices(iteration: int, global_batch_size: int) -> list[int]:
     """Sample indices of global batch ``iteration`` (0-based): consecutive, never reused."""
     start = iteration * global_batch_size
@@ -73,19 +96,22 @@ def split_fixed(sample_ids: Sequence[int], micro_batch_size: int) -> list[list[i
 
 
 def split_by_tokens(sample_ids: Sequence[int], lengths: Sequence[int],
-                    max_tokens: int) -> list[list[int]]:
-    """Greedy packing in order: a microbatch holds samples while ``count * longest``
-    (its padded size) stays within ``max_tokens``; a longer single sample goes alone."""
+                    max_tokens: int, *, packed: bool = False) -> list[list[int]]:
+    """Greedy grouping in order: a microbatch holds samples while its size stays within
+    ``max_tokens``: ``count * longest`` (padded rows) or, ``packed``, the sum of lengths
+    (one packed row); a longer single sample goes alone."""
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for sample_id, length in zip(sample_ids, lengths):
         new_longest = max(longest, length)
-        if current and (len(current) + 1) * new_longest > max_tokens:
+        size = total + length if packed else (len(current) + 1) * new_longest
+        if current and size > max_tokens:
             groups.append(current)
-            current, new_longest = [], length
+            current, new_longest, total = [], length, 0
         current.append(sample_id)
         longest = new_longest
+        total += length
     if current:
         groups.append(current)
     return groups

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
+from .chat import encode_role_headers, encode_with_template
+
 __all__ = ["Tokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer", "build_tokenizer",
            "TOKENIZER_TYPES"]
 
@@ -20,6 +22,10 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
+
+    def encode_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Token ids of a conversation and a 0/1 flag per id: 1 where the assistant wrote
+        it (:mod:`odc_pp.data.chat`)."""
 
 
 @dataclass(kw_only=True)
@@ -47,38 +53,67 @@ class ByteLevelTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
 
+    def encode_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """The built-in ``<|role|>\\n`` format (:func:`~odc_pp.data.chat.encode_role_headers`)."""
+        return encode_role_headers(messages, self.encode, self.eod)
+
 
 class HuggingFaceTokenizer:
     """A tokenizer loaded from a local directory or ``tokenizer.json`` (never downloads).
 
     Uses ``transformers.AutoTokenizer`` when installed, else the ``tokenizers`` library.
+    Conversations go through the tokenizer's own chat template (needs ``transformers``).
     """
 
     def __init__(self, path: str) -> None:
         if not path or not os.path.exists(path):
             raise ValueError(f"--tokenizer-model {path!r} does not exist: give a local "
                              "directory (or tokenizer.json) of a Hugging Face tokenizer")
-        self._encode, self._decode, vocab, eod = _load_hf(path)
-        self.vocab_size = int(vocab)
-        self.eod = int(eod)
+        self.path = path
+        self._tokenizer, self._raw = _load_hf(path)
+        if self._tokenizer is not None:
+            tok = self._tokenizer
+            self.vocab_size = len(tok)
+            self.eod = tok.eos_token_id if tok.eos_token_id is not None else len(tok) - 1
+        else:
+            self.vocab_size = self._raw.get_vocab_size(with_added_tokens=True)
+            self.eod = next((self._raw.token_to_id(name)
+                             for name in ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>")
+                             if self._raw.token_to_id(name) is not None), self.vocab_size - 1)
         self.pad = self.eod
 
     def encode(self, text: str) -> list[int]:
-        return list(self._encode(text))
+        if self._tokenizer is not None:
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return list(self._raw.encode(text, add_special_tokens=False).ids)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self._decode(list(token_ids))
+        source = self._tokenizer if self._tokenizer is not None else self._raw
+        return source.decode(list(token_ids))
+
+    def encode_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """``messages`` through the tokenizer's chat template
+        (:func:`~odc_pp.data.chat.encode_with_template`)."""
+        if self._tokenizer is None:
+            raise ValueError("'messages' records need `transformers` (pip install "
+                             "transformers) to apply the chat template of --tokenizer-model "
+                             f"{self.path}")
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise ValueError(f"--tokenizer-model {self.path} has no chat_template, so "
+                             f"'messages' records cannot be rendered; give a tokenizer with a "
+                             f"chat template or pre-tokenize the data ('input_ids' records)")
+        return encode_with_template(self._tokenizer, messages)
 
 
 def _load_hf(path: str):
+    """(transformers tokenizer, None) when ``transformers`` is installed, else
+    (None, ``tokenizers.Tokenizer``)."""
     try:
         from transformers import AutoTokenizer  # type: ignore
     except ImportError:
         AutoTokenizer = None
     if AutoTokenizer is not None:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        eod = tok.eos_token_id if tok.eos_token_id is not None else len(tok) - 1
-        return (lambda s: tok.encode(s, add_special_tokens=False), tok.decode, len(tok), eod)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True), None
     try:
         from tokenizers import Tokenizer as RawTokenizer  # type: ignore
     except ImportError as exc:
@@ -88,11 +123,7 @@ def _load_hf(path: str):
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise ValueError(f"no tokenizer.json in {path!r} (needed without `transformers`)")
-    tok = RawTokenizer.from_file(file)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    eod = next((tok.token_to_id(name) for name in ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>")
-                if tok.token_to_id(name) is not None), vocab - 1)
-    return (lambda s: tok.encode(s, add_special_tokens=False).ids, tok.decode, vocab, eod)
+    return None, RawTokenizer.from_file(file)
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str | None = None) -> Tokenizer:

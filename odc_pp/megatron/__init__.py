@@ -8,8 +8,11 @@
 * :mod:`odc_pp.megatron.compat`: all megatron-core-version-specific code (what each piece
   relies on, what was tested), including the three CUDA assumptions of megatron-core
   0.16 and how they are avoided on CPU.
+* :mod:`odc_pp.megatron.hf_config` / :mod:`odc_pp.megatron.hf`: Hugging Face
+  ``config.json`` <-> flags and weights in / out (Llama, Qwen2, Qwen3, Mistral).
 * :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
-  layernorm, GeLU and hidden dropout in backward; :mod:`odc_pp.megatron.activation_memory`
+  the norms (LayerNorm / RMSNorm), the activation (GeLU / SwiGLU) and hidden dropout in
+  backward; :mod:`odc_pp.megatron.activation_memory`
   has the closed form of the bytes it saves (torch-free).
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
@@ -23,9 +26,8 @@ Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls 
     schedule = lower(generate("zbv", pp=pp, num_microbatches=8))
     chunks = build_chunks(ModelConfig(num_layers=8), pp_rank=rank, pp_size=pp,
                           num_chunks=schedule.num_chunks, placement=schedule.placement)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                              pp_group=dist.group.WORLD)
-    result = runtime.run_minibatch(microbatches)   # list[Microbatch], on every rank
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+    result = runtime.run_minibatch(schedule, microbatches)  # list[Microbatch], every rank
     optimizer.step(); optimizer.zero_grad()
 """
 

@@ -22,9 +22,23 @@ Unfused bias-dropout-add               private                                  
 (:func:`unfused_bias_dropout_add`)     ``fused_bias_dropout._bias_dropout_add_func``
 Deferrable linears                     ``ColumnParallelLinear`` / ``RowParallelLinear``:  0.16.1
 (:mod:`odc_pp.megatron.layers`)        ``_forward_impl``, ``tp_group``, ``input_size``
-Layer spec                             ``get_gpt_layer_local_spec()`` submodule names;    0.16.1
-(:mod:`odc_pp.megatron.spec`)          the MLP's spec activation under
-                                       ``use_te_activation_func=True``
+Layer spec                             ``get_gpt_layer_local_spec(normalization=,         0.16.1
+(:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec
+                                       activation under ``use_te_activation_func=True``
+Chunk forward without                  ``GPTModel`` attributes ``embedding``, ``decoder``  0.16.1
+``GPTModel.forward``                   (``TransformerBlock.forward(hidden_states=,
+(:func:`gpt_chunk_forward`)            attention_mask=, rotary_pos_emb=)``),
+                                       ``output_layer(x, weight=)``,
+                                       ``share_embeddings_and_output_weights``,
+                                       ``shared_embedding_or_output_weight()``
+RoPE frequencies                       ``GPTModel.rotary_pos_emb.inv_freq`` and the        0.16.1
+(:func:`rope_inv_freq`)                private ``RotaryEmbedding._apply_scaling(freqs,
+                                       factor=, low_freq_factor=, high_freq_factor=,
+                                       original_max_position_embeddings=)``
+Fused RoPE on GPU                      ``TransformerConfig.apply_rope_fusion`` (needs      untested
+(:func:`rope_fusion_available`)        Transformer Engine's ``fused_apply_rotary_pos_emb``)
+SDPA core attention on GPU             the same ``DotProductAttention`` attributes as the  CPU only
+(:class:`SdpaDotProductAttention`)     host attention
 =====================================  =================================================  ======
 
 Only 0.16.1 has been run (the pin in pyproject.toml); any other version is untested, and
@@ -44,8 +58,19 @@ avoided through an extension point instead of a patch:
    always passes an explicit boolean mask (:func:`causal_mask`) built on the activation's
    device, so the default is never reached.
 
-Rotary embeddings also move ``inv_freq`` to CUDA, so CPU models use learned absolute
-position embeddings. ``parallel_state`` is never initialised: every module receives an
+Rotary embeddings. ``RotaryEmbedding.forward`` moves ``inv_freq`` to CUDA and only knows
+positions ``0..s-1``, so the chunks never call it (nor ``GPTModel.forward``, which calls
+it): :func:`gpt_chunk_forward` runs the model's embedding, decoder and output layer itself
+and hands the decoder a rotary embedding built from the microbatch's ``position_ids``
+(:func:`rotary_embedding`) with megatron's own frequencies (:func:`rope_inv_freq`).
+Megatron's ``apply_rotary_pos_emb`` then applies it inside ``SelfAttention``: unfused on
+CPU; on GPU fused when Transformer Engine's kernel is importable (only for rows that share
+one position vector: the fused kernel takes ``[s, 1, 1, d]`` frequencies).
+
+Attention. CPU: :class:`HostDotProductAttention` (megatron's math with an explicit mask).
+CUDA: :class:`SdpaDotProductAttention`, ``torch.nn.functional.scaled_dot_product_attention``
+(flash / memory-efficient kernels; causal without a mask, or the packed-sequence mask of
+:func:`packed_causal_mask`). ``parallel_state`` is never initialised: every module receives an
 explicit :class:`ProcessGroupCollection` (see :func:`singleton_process_groups`), so the
 runtime's pipeline layout is invisible to megatron (each chunk is a 1-stage model).
 """
@@ -58,7 +83,9 @@ from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
-           "HostDotProductAttention", "unfused_bias_dropout_add", "new_gpt_model"]
+           "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
+           "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
+           "rotary_embedding", "rope_fusion_available"]
 
 
 def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234) -> None:
@@ -102,21 +129,94 @@ def singleton_process_groups():
 
 def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
                   max_sequence_length: int, pre_process: bool, post_process: bool,
-                  process_groups):
-    """megatron's ``GPTModel`` with untied embeddings, learned absolute positions and
-    explicit process groups (``parallel_state`` stays uninitialised)."""
+                  process_groups, position_embedding_type: str = "learned_absolute",
+                  rotary_base: float = 10000.0, tie_embeddings: bool = False):
+    """megatron's ``GPTModel`` with explicit process groups (``parallel_state`` stays
+    uninitialised). ``tie_embeddings`` only when this chunk holds both the embedding and
+    the output layer (megatron then reuses the embedding weight, no all-reduce)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    if tie_embeddings and not (pre_process and post_process):
+        raise ValueError("tied embeddings need the embedding and the output layer in one "
+                         "chunk (one pipeline stage)")
+    extra = {}
+    if position_embedding_type == "rope":
+        extra = {"rotary_base": rotary_base, "rotary_percent": 1.0, "rope_scaling": False}
     return GPTModel(transformer_config, layer_spec, vocab_size=vocab_size,
                     max_sequence_length=max_sequence_length, pre_process=pre_process,
-                    post_process=post_process, share_embeddings_and_output_weights=False,
-                    position_embedding_type="learned_absolute", pg_collection=process_groups)
+                    post_process=post_process,
+                    share_embeddings_and_output_weights=tie_embeddings,
+                    position_embedding_type=position_embedding_type,
+                    pg_collection=process_groups, **extra)
+
+
+def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=None):
+    """What ``GPTModel.forward`` does for training without labels, with a given rotary
+    embedding: embedding (first stage; learned positions from ``positions``), decoder
+    (later stages read the tensor of ``set_input_tensor``), output layer (last stage;
+    logits ``[batch, seq, vocab]``); otherwise the hidden states ``[seq, batch, hidden]``."""
+    hidden = model.embedding(input_ids=tokens, position_ids=positions) \
+        if model.pre_process else None
+    hidden = model.decoder(hidden_states=hidden, attention_mask=attention_mask,
+                           rotary_pos_emb=rotary_pos_emb)
+    if not model.post_process:
+        return hidden
+    weight = model.shared_embedding_or_output_weight() \
+        if model.share_embeddings_and_output_weights else None
+    logits, _ = model.output_layer(hidden, weight=weight)
+    return logits.transpose(0, 1).contiguous()
+
+
+def rope_inv_freq(model, *, scaling: dict | None = None) -> torch.Tensor:
+    """fp32 inverse frequencies of ``model``'s megatron ``RotaryEmbedding`` (built from
+    ``rotary_base``), with Llama-3 scaling when ``scaling`` gives ``factor``,
+    ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``."""
+    rotary = model.rotary_pos_emb
+    inv_freq = rotary.inv_freq.detach().to("cpu", torch.float32)
+    if scaling:
+        inv_freq = rotary._apply_scaling(
+            inv_freq, factor=scaling["factor"], low_freq_factor=scaling["low_freq_factor"],
+            high_freq_factor=scaling["high_freq_factor"],
+            original_max_position_embeddings=scaling["original_max_position_embeddings"])
+    return inv_freq
+
+
+def rotary_embedding(inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Megatron's rotary embedding layout ``[seq, batch, 1, dim]`` (non-interleaved: the
+    angles repeated over both halves) for ``positions`` ``[batch, seq]``; ``batch`` is 1
+    when every row has the same positions (what the fused kernel takes)."""
+    if positions.shape[0] > 1 and bool((positions == positions[:1]).all()):
+        positions = positions[:1]
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(positions.device)
+    return torch.cat((angles, angles), dim=-1).transpose(0, 1).unsqueeze(2)
+
+
+def rope_fusion_available(device: torch.device | str) -> bool:
+    """Megatron's fused RoPE can run: a CUDA device and Transformer Engine's kernel."""
+    if torch.device(device).type != "cuda":
+        return False
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return getattr(rope_utils, "fused_apply_rotary_pos_emb", None) is not None
 
 
 def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
     """Megatron's boolean mask convention: True marks positions that may NOT attend."""
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device),
                       diagonal=1)[None, None]
+
+
+def packed_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Megatron's boolean convention (True: may NOT attend), ``[batch, 1, seq, seq]``, for
+    packed rows (:class:`~odc_pp.data.microbatch.Microbatch` ``segment_ids``): query i
+    sees key j iff both are in the same segment and ``j <= i``; a padding position
+    (segment -1) sees itself only, so no softmax row is empty."""
+    seq = segment_ids.shape[1]
+    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed = (same & causal & (segment_ids >= 0).unsqueeze(2)) | \
+        torch.eye(seq, dtype=torch.bool, device=segment_ids.device)
+    return (~allowed).unsqueeze(1)
 
 
 def unfused_bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
@@ -154,3 +254,34 @@ class HostDotProductAttention(DotProductAttention):
         # [b*n, s, d] -> [s, b, n*d]
         context = context.view(batch, heads, seq_q, head_dim).permute(2, 0, 1, 3)
         return context.reshape(seq_q, batch, self.hidden_size_per_partition)
+
+
+class SdpaDotProductAttention(DotProductAttention):
+    """Core attention through ``torch.nn.functional.scaled_dot_product_attention`` (CUDA:
+    flash or memory-efficient kernels, no ``b x heads x s^2`` score tensor in fp32).
+    ``attention_mask`` None: causal (``is_causal``, the flash path); otherwise megatron's
+    boolean mask (True: may NOT attend), e.g. :func:`packed_causal_mask`. GQA through
+    ``enable_gqa``. Same math as :class:`HostDotProductAttention`."""
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SdpaDotProductAttention takes packed sequences as a mask "
+                             "(segment ids), not PackedSeqParams, and no attention bias")
+        seq_q, batch = query.shape[0], query.shape[1]
+        # [s, b, n, d] -> [b, n, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        dropout = self.attention_dropout.p if self.training else 0.0
+        if attention_mask is None:
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale)
+        else:
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=~attention_mask, dropout_p=dropout,
+                scale=self.softmax_scale)
+        # [b, n, s, d] -> [s, b, n*d]
+        return context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)

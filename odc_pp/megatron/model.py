@@ -5,8 +5,18 @@ virtual stage (embedding on stage 0, final norm + output layer on the last stage
 from :func:`odc_pp.megatron.spec.deferrable_gpt_layer_spec` with explicit singleton
 process groups (TP=1). Every parameter is then re-initialised from a generator seeded by
 ``(seed, global parameter name)`` where layer indices are global, so any (pp, num_chunks,
-placement, dp) gives bit-identical full models. Embeddings and output layer are untied
-(tying across the first and last stage would need an extra all-reduce).
+placement, dp) gives bit-identical full models -- or loaded from a Hugging Face checkpoint
+(:mod:`odc_pp.megatron.hf`).
+
+Architectures (:class:`ModelConfig`): GPT (LayerNorm, GeLU, learned positions) and the
+Llama family -- RMSNorm, SwiGLU, grouped-query attention, rotary embeddings with
+``rotary_base`` and Llama-3 scaling, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3).
+Embeddings and output layer are tied only when one chunk holds both (pp x chunks = 1);
+across stages tying would need an extra all-reduce, so there they are two copies
+(:func:`odc_pp.megatron.hf.untie_for_layout`).
+
+Packing: a microbatch's ``position_ids`` feed the learned or rotary positions and its
+``segment_ids`` the attention mask (:func:`~odc_pp.megatron.compat.packed_causal_mask`).
 """
 
 from __future__ import annotations
@@ -20,14 +30,19 @@ import torch
 
 from ..data.microbatch import Microbatch
 from ..schedule.placement import Placement, stage_of
-from .compat import (causal_mask, new_gpt_model, prepare_megatron_for_device,
-                     singleton_process_groups)
+from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
+                     prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
+                     rotary_embedding, singleton_process_groups)
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+ACTIVATIONS = ("gelu", "swiglu")
+POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+ATTENTION_BACKENDS = ("auto", "host", "sdpa")
 
 
 @dataclass(kw_only=True)
@@ -57,15 +72,60 @@ class ModelConfig:
     device: str = "cpu"
     """Device the chunks live on."""
     recompute_lgd: bool = False
-    """Recompute layernorm, GeLU and hidden-dropout outputs in backward instead of saving
-    them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients (bitwise on CPU),
-    fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`). Parameter names from
-    ``global_named_parameters`` do not change."""
+    """Recompute norm, activation (GeLU / SwiGLU) and hidden-dropout outputs in backward
+    instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
+    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`).
+    Parameter names from ``global_named_parameters`` do not change."""
+    normalization: str = "LayerNorm"
+    """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of the norms."""
+    activation: str = "gelu"
+    """MLP: gelu (fc1 -> GeLU -> fc2) or swiglu (fc1 = [gate | up], silu(gate) * up)."""
+    num_query_groups: int | None = None
+    """Key/value heads (grouped-query attention); None: num_attention_heads."""
+    kv_channels: int | None = None
+    """Head dimension; None: hidden_size / num_attention_heads."""
+    position_embedding_type: str = "learned_absolute"
+    """learned_absolute or rope."""
+    rotary_base: float = 10000.0
+    """RoPE base (Hugging Face ``rope_theta``)."""
+    rope_scaling: dict | None = None
+    """Llama-3 RoPE scaling: ``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``; None: none."""
+    add_bias_linear: bool = True
+    """Biases in every linear (GPT); False: none (Llama)."""
+    add_qkv_bias: bool = False
+    """A bias in the qkv projection even without add_bias_linear (Qwen2)."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys per head before RoPE (Qwen3)."""
+    tie_embeddings: bool = False
+    """Output layer shares the embedding weight; needs the embedding and output layer in
+    one chunk (pp x chunks = 1)."""
+    attention_backend: str = "auto"
+    """Core attention: host (megatron's math, explicit mask), sdpa
+    (``scaled_dot_product_attention``) or auto (sdpa on CUDA, host on CPU)."""
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must be divisible by "
                              f"num_attention_heads {self.num_attention_heads}")
+        groups = self.num_query_groups or self.num_attention_heads
+        if self.num_attention_heads % groups:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be "
+                             f"divisible by num_query_groups {groups}")
+        for name, allowed in (("normalization", NORMALIZATIONS), ("activation", ACTIVATIONS),
+                              ("position_embedding_type", POSITION_EMBEDDINGS),
+                              ("attention_backend", ATTENTION_BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got "
+                                 f"{getattr(self, name)!r}")
+        if self.rope_scaling is not None:
+            needed = {"factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings"}
+            if not needed <= set(self.rope_scaling):
+                raise ValueError(f"rope_scaling needs {sorted(needed)}, got "
+                                 f"{sorted(self.rope_scaling)}")
         if self.params_dtype not in _DTYPES:
             raise ValueError(f"params_dtype must be one of {sorted(_DTYPES)}, "
                              f"got {self.params_dtype!r}")
@@ -76,6 +136,13 @@ class ModelConfig:
     @property
     def dtype(self) -> torch.dtype:
         return _DTYPES[self.params_dtype]
+
+    @property
+    def core_attention(self) -> str:
+        """The core attention the spec plugs in (``host`` or ``sdpa``)."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "sdpa" if torch.device(self.device).type == "cuda" else "host"
 
 
 def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
@@ -93,12 +160,19 @@ class GPTChunk(torch.nn.Module):
     ``[seq, batch, hidden]`` or, on the last stage, per-token losses ``[batch, seq]``."""
 
     def __init__(self, model: torch.nn.Module, *, stage: int, num_stages: int,
-                 layers: range) -> None:
+                 layers: range, inv_freq: torch.Tensor | None = None,
+                 implicit_causal: bool = False) -> None:
         super().__init__()
         self.model = model
         self.stage = stage
         self.num_stages = num_stages
         self.layers = layers
+        self.inv_freq = inv_freq
+        """RoPE inverse frequencies (fp32, a plain attribute so dtype casts leave it);
+        None: learned absolute positions."""
+        self.implicit_causal = implicit_causal
+        """The core attention is causal without a mask (SDPA): unpacked microbatches pass
+        no mask."""
 
     @property
     def is_first(self) -> bool:
@@ -109,18 +183,7 @@ class GPTChunk(torch.nn.Module):
         return self.stage == self.num_stages - 1
 
     def forward(self, hidden: torch.Tensor | None, microbatch: Microbatch) -> torch.Tensor:
-        device = next(self.parameters()).device
-        if self.is_first:
-            tokens = microbatch.tokens.to(device)
-            seq_len = tokens.shape[1]
-            positions = torch.arange(seq_len, device=device).unsqueeze(0).expand_as(tokens)
-        else:
-            if hidden is None:
-                raise ValueError(f"stage {self.stage} needs an input activation")
-            tokens = positions = None
-            seq_len = hidden.shape[0]
-            self.model.set_input_tensor(hidden)
-        output = self.model(tokens, positions, causal_mask(seq_len, device))
+        output = self.logits_or_hidden(hidden, microbatch)
         if not self.is_last:
             return output
         if microbatch.labels is None:
@@ -128,11 +191,41 @@ class GPTChunk(torch.nn.Module):
         # megatron's loss paths either read parallel_state (unfused) or torch.compile per
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
-        labels = microbatch.labels.to(device)
+        labels = microbatch.labels.to(output.device)
         losses = torch.nn.functional.cross_entropy(
             output.float().reshape(-1, output.shape[-1]), labels.reshape(-1),
             reduction="none")
         return losses.view_as(labels)
+
+    def logits_or_hidden(self, hidden: torch.Tensor | None,
+                         microbatch: Microbatch) -> torch.Tensor:
+        """The next activation ``[seq, batch, hidden]``, or on the last stage the logits
+        ``[batch, seq, vocab]``."""
+        device = next(self.parameters()).device
+        batch, seq_len = microbatch.tokens.shape
+        tokens = None
+        if self.is_first:
+            tokens = microbatch.tokens.to(device)
+        else:
+            if hidden is None:
+                raise ValueError(f"stage {self.stage} needs an input activation")
+            seq_len = hidden.shape[0]
+            self.model.set_input_tensor(hidden)
+        positions = None
+        if self.is_first or self.inv_freq is not None:
+            positions = microbatch.position_ids.to(device) \
+                if microbatch.position_ids is not None else \
+                torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
+        if microbatch.segment_ids is not None:
+            mask = packed_causal_mask(microbatch.segment_ids.to(device))
+        else:
+            mask = None if self.implicit_causal else causal_mask(seq_len, device)
+        rotary = None if self.inv_freq is None else rotary_embedding(self.inv_freq, positions)
+        if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
+            raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
+                             "microbatch; packed rows with their own position ids need the "
+                             "unfused path (uninstall transformer-engine or do not pack)")
+        return gpt_chunk_forward(self.model, tokens, positions, mask, rotary)
 
     def input_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
         """Shape and dtype of the activation this stage receives for ``microbatch``."""
@@ -172,10 +265,17 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     if num_chunks < 1:
         raise ValueError("num_chunks must be >= 1")
     placement = Placement(placement)
+    num_stages = pp_size * num_chunks
+    if config.tie_embeddings and num_stages > 1:
+        raise ValueError("tied embeddings need pp x model chunks = 1 (one chunk holds the "
+                         "embedding and the output layer); untie them for this layout "
+                         "(odc_pp.megatron.hf.untie_for_layout)")
     prepare_megatron_for_device(config.device, seed=seed)
     groups = process_groups if process_groups is not None else singleton_process_groups()
-    spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd)
-    num_stages = pp_size * num_chunks
+    spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd,
+                                     core_attention=config.core_attention,
+                                     normalization=config.normalization,
+                                     qk_layernorm=config.qk_layernorm)
     chunks = []
     for chunk in range(num_chunks):
         stage = stage_of(placement, pp_size, pp_rank, chunk)
@@ -184,8 +284,16 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                               vocab_size=config.vocab_size,
                               max_sequence_length=config.max_sequence_length,
                               pre_process=stage == 0, post_process=stage == num_stages - 1,
-                              process_groups=groups)
-        gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers)
+                              process_groups=groups,
+                              position_embedding_type=config.position_embedding_type,
+                              rotary_base=config.rotary_base,
+                              tie_embeddings=config.tie_embeddings)
+        inv_freq = None
+        if config.position_embedding_type == "rope":
+            inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
+        gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers,
+                             inv_freq=inv_freq,
+                             implicit_causal=config.core_attention == "sdpa")
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         initialize_parameters(gpt_chunk, config, seed)
         chunks.append(gpt_chunk)
@@ -204,7 +312,16 @@ def _transformer_config(config: ModelConfig, num_layers: int):
         bf16=config.dtype is torch.bfloat16, fp16=config.dtype is torch.float16,
         use_cpu_initialization=True, perform_initialization=False,
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        apply_rope_fusion=config.position_embedding_type == "rope" and
+        rope_fusion_available(config.device),
+        gradient_accumulation_fusion=False, persist_layer_norm=False,
+        normalization=config.normalization, layernorm_epsilon=config.norm_epsilon,
+        gated_linear_unit=config.activation == "swiglu",
+        activation_func=torch.nn.functional.silu if config.activation == "swiglu"
+        else torch.nn.functional.gelu,
+        num_query_groups=config.num_query_groups or config.num_attention_heads,
+        kv_channels=config.kv_channels, add_bias_linear=config.add_bias_linear,
+        add_qkv_bias=config.add_qkv_bias, qk_layernorm=config.qk_layernorm,
         # recompute_lgd: the MLP takes its (identity) activation from the spec and
         # linear_fc2 applies GeLU itself; no Transformer Engine is involved
         use_te_activation_func=config.recompute_lgd)

@@ -48,7 +48,8 @@ from .compat import unfused_bias_dropout_add
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear, InputOp
 
 __all__ = ["DeferrableNormColumnParallelLinear", "DeferrableGeluRowParallelLinear",
-           "LayerNormInputOp", "GeluInputOp", "get_recomputed_bias_dropout_add",
+           "LayerNormInputOp", "GeluInputOp", "RMSNormInputOp", "SwiGLUInputOp",
+           "AutogradInputOp", "get_recomputed_bias_dropout_add",
            "CANONICAL_NORM_NAMES", "canonical_name"]
 
 CANONICAL_NORM_NAMES = {
@@ -85,24 +86,65 @@ class LayerNormInputOp(InputOp):
             grad_output, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True])
 
 
+class AutogradInputOp(InputOp):
+    """An op whose backward re-runs its forward under autograd and differentiates it.
+    Gradients equal the stored path's to rounding, not bitwise: measured with RMSNorm
+    the op's own input gradient is bitwise equal, yet gradients upstream of it differ in
+    the last bits (about 1e-7 relative); LayerNorm and GeLU use the exact native kernels
+    (:class:`LayerNormInputOp`, :class:`GeluInputOp`) and are bitwise."""
+
+    def recompute(self, x, *params):
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_(t.requires_grad or i == 0)
+                      for i, t in enumerate((x, *params))]
+            output = self.forward(*inputs)
+        return output.detach(), (inputs, output)
+
+    def backward(self, grad_output, x, recomputed, *params):
+        inputs, output = recomputed
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = iter(torch.autograd.grad(output, wanted, grad_output))
+        return tuple(next(grads) if t.requires_grad else None for t in inputs)
+
+
+class RMSNormInputOp(AutogradInputOp):
+    """RMSNorm over the last dimension (``F.rms_norm``, what megatron's local spec runs
+    through ``torch.nn.RMSNorm``); params ``(weight,)``."""
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def forward(self, x, *params):
+        (weight,) = params
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
+
 class DeferrableNormColumnParallelLinear(DeferrableColumnParallelLinear):
-    """LayerNorm + ``ColumnParallelLinear`` (TP=1) that recomputes the layernorm output in
-    backward; its weight gradient can be deferred to W. Parameters ``layer_norm_weight``
-    / ``layer_norm_bias`` (canonical names: :data:`CANONICAL_NORM_NAMES`)."""
+    """LayerNorm or RMSNorm + ``ColumnParallelLinear`` (TP=1) that recomputes the norm
+    output in backward; its weight gradient can be deferred to W. Parameters
+    ``layer_norm_weight`` (/ ``layer_norm_bias`` for LayerNorm) (canonical names:
+    :data:`CANONICAL_NORM_NAMES`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
-        if config.normalization != "LayerNorm" or config.layernorm_zero_centered_gamma:
-            raise ValueError("recompute_lgd supports normalization='LayerNorm' without "
-                             "zero-centered gamma; turn recompute off for other norms")
-        self.input_op = LayerNormInputOp(config.layernorm_epsilon)
+        if config.normalization not in ("LayerNorm", "RMSNorm") or \
+                config.layernorm_zero_centered_gamma:
+            raise ValueError("recompute_lgd supports normalization='LayerNorm' or 'RMSNorm' "
+                             "without zero-centered gamma; turn recompute off for other norms")
         self.layer_norm_weight = torch.nn.Parameter(
             torch.ones(self.input_size, dtype=config.params_dtype))
-        self.layer_norm_bias = torch.nn.Parameter(
-            torch.zeros(self.input_size, dtype=config.params_dtype))
+        if config.normalization == "RMSNorm":
+            self.input_op = RMSNormInputOp(config.layernorm_epsilon)
+            self.layer_norm_bias = None
+        else:
+            self.input_op = LayerNormInputOp(config.layernorm_epsilon)
+            self.layer_norm_bias = torch.nn.Parameter(
+                torch.zeros(self.input_size, dtype=config.params_dtype))
 
     def input_op_params(self) -> tuple[torch.Tensor, ...]:
+        if self.layer_norm_bias is None:
+            return (self.layer_norm_weight,)
         return self.layer_norm_weight, self.layer_norm_bias
 
 
@@ -121,18 +163,31 @@ class GeluInputOp(InputOp):
         return (torch.ops.aten.gelu_backward(grad_output, x),)
 
 
+class SwiGLUInputOp(AutogradInputOp):
+    """SwiGLU on megatron's fused ``linear_fc1`` output ``[gate | up]``:
+    ``silu(gate) * up`` (megatron's unfused ``glu``)."""
+
+    def forward(self, x, *params):
+        gate, up = torch.chunk(x, 2, dim=-1)
+        return F.silu(gate) * up
+
+
 class DeferrableGeluRowParallelLinear(DeferrableRowParallelLinear):
-    """GeLU + ``RowParallelLinear`` (TP=1): takes the MLP's pre-activation, recomputes the
-    GeLU output in backward; its weight gradient can be deferred to W."""
+    """Activation + ``RowParallelLinear`` (TP=1): takes the MLP's pre-activation, applies
+    GeLU (or SwiGLU with ``gated_linear_unit`` and ``activation_func=F.silu``) itself and
+    recomputes its output in backward; its weight gradient can be deferred to W."""
 
     input_op = GeluInputOp()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
-        if config.activation_func is not F.gelu or config.gated_linear_unit:
-            raise ValueError("recompute_lgd supports the plain GeLU MLP (activation_func="
-                             "F.gelu, gated_linear_unit=False)")
+        if config.gated_linear_unit and config.activation_func is F.silu and \
+                config.activation_func_clamp_value is None and not config.glu_linear_offset:
+            self.input_op = SwiGLUInputOp()
+        elif config.activation_func is not F.gelu or config.gated_linear_unit:
+            raise ValueError("recompute_lgd supports the GeLU MLP (activation_func=F.gelu) "
+                             "and SwiGLU (gated_linear_unit, activation_func=F.silu)")
         if not config.use_te_activation_func:
             raise ValueError("recompute_lgd applies GeLU inside linear_fc2: set "
                              "use_te_activation_func=True so the MLP uses the spec's "

@@ -15,31 +15,49 @@ import copy
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .compat import HostDotProductAttention
+from .compat import HostDotProductAttention, SdpaDotProductAttention
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
 from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
                         get_recomputed_bias_dropout_add)
 
-__all__ = ["deferrable_gpt_layer_spec", "apply_recompute_lgd"]
+__all__ = ["deferrable_gpt_layer_spec", "apply_recompute_lgd", "CORE_ATTENTION"]
 
 
-def deferrable_gpt_layer_spec(*, host_attention: bool = True,
-                              recompute_lgd: bool = False) -> ModuleSpec:
-    """megatron's ``get_gpt_layer_local_spec()`` with deferrable linears.
+CORE_ATTENTION = {"host": HostDotProductAttention, "sdpa": SdpaDotProductAttention,
+                  "megatron": None}
+"""Core attention choices: ``host`` (CPU, explicit mask), ``sdpa`` (CUDA,
+``scaled_dot_product_attention``), ``megatron`` (the spec's own ``DotProductAttention``)."""
 
-    ``host_attention``: use :class:`HostDotProductAttention` (needed on CPU, harmless on
-    GPU) instead of ``DotProductAttention``. ``recompute_lgd``: layernorm, GeLU and hidden
-    dropout are recomputed in backward instead of saved (:func:`apply_recompute_lgd`;
-    the TransformerConfig needs ``use_te_activation_func=True``).
+
+def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: bool = False,
+                              core_attention: str | None = None,
+                              normalization: str = "LayerNorm",
+                              qk_layernorm: bool = False) -> ModuleSpec:
+    """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
+    deferrable linears.
+
+    ``core_attention``: a key of :data:`CORE_ATTENTION`; None: ``host`` when
+    ``host_attention`` (needed on CPU) else megatron's ``DotProductAttention``.
+    ``normalization``: ``LayerNorm`` or ``RMSNorm`` (layer, final and q/k norms);
+    ``qk_layernorm``: normalise queries and keys per head (Qwen3). ``recompute_lgd``: the
+    norms, the activation (GeLU or SwiGLU) and hidden dropout are recomputed in backward
+    instead of saved (:func:`apply_recompute_lgd`; the TransformerConfig needs
+    ``use_te_activation_func=True``).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = copy.deepcopy(get_gpt_layer_local_spec())
+    if core_attention is None:
+        core_attention = "host" if host_attention else "megatron"
+    if core_attention not in CORE_ATTENTION:
+        raise ValueError(f"core_attention must be one of {sorted(CORE_ATTENTION)}, got "
+                         f"{core_attention!r}")
+    spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization,
+                                                  qk_layernorm=qk_layernorm))
     attention = spec.submodules.self_attention.submodules
     attention.linear_qkv = DeferrableColumnParallelLinear
     attention.linear_proj = DeferrableRowParallelLinear
-    if host_attention:
-        attention.core_attention = HostDotProductAttention
+    if CORE_ATTENTION[core_attention] is not None:
+        attention.core_attention = CORE_ATTENTION[core_attention]
     mlp = spec.submodules.mlp.submodules
     mlp.linear_fc1 = DeferrableColumnParallelLinear
     mlp.linear_fc2 = DeferrableRowParallelLinear
@@ -49,8 +67,9 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True,
 
 
 def apply_recompute_lgd(spec: ModuleSpec) -> ModuleSpec:
-    """Switch a deferrable local layer spec (in place) to recompute layernorm, GeLU and
-    hidden dropout. Needs ``use_te_activation_func=True`` in the TransformerConfig."""
+    """Switch a deferrable local layer spec (in place) to recompute the pre-attention /
+    pre-MLP norms (LayerNorm or RMSNorm), the MLP activation (GeLU or SwiGLU) and hidden
+    dropout. Needs ``use_te_activation_func=True`` in the TransformerConfig."""
     layer = spec.submodules
     layer.input_layernorm = IdentityOp
     layer.pre_mlp_layernorm = IdentityOp

@@ -43,8 +43,11 @@ all-reduced over ``inter_host_group`` (the ranks with the same local rank on oth
 like HSDP.
 
 Prefetch. With the module_hooks driver in odc / hierarchical modes the next unit (the
-previous one in backward) is gathered on a helper thread while the current one computes.
-On CUDA the transport's copies run on their own stream, so gathers overlap compute anyway.
+previous one in backward) is gathered while the current one computes. CPU: on a helper
+thread. CUDA: issued from the compute stream (the calling thread's current stream) as an
+async gather on the transport's gather stream, which first waits for the compute queued
+so far; the compute stream waits for the copies only when the unit is needed (no helper
+thread, so no thread ever touches another GPU or a default stream).
 
 Determinism. Summation order is the transport's business: make the group with
 ``TransportConfig(deterministic=True)`` and two runs give bitwise-identical results (the
@@ -175,7 +178,8 @@ class _Unit:
         self.full = torch.empty(self.numel, dtype=dtype, device=device)
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.resident = True
-        self.prefetch: Future | None = None
+        self.prefetch: Future | prim.Work | None = None
+        """Pending prefetch: a helper-thread Future (CPU) or an async gather Work (CUDA)."""
         self.pushes = 0
         self.accumulated: set[int] = set()
 
@@ -229,9 +233,10 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
-        self._prefetcher = None
-        if (config.prefetch and config.mode != "collective"
-                and config.unit_driver == "module_hooks"):
+        self._prefetching = (config.prefetch and config.mode != "collective"
+                             and config.unit_driver == "module_hooks")
+        self._prefetcher = None  # the CPU helper thread; CUDA units need none
+        if self._prefetching and any(not unit.full.is_cuda for unit in self.units):
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="odc-prefetch")
         if config.unit_driver == "module_hooks":
             self._attach_module_hooks()
@@ -288,22 +293,30 @@ class ShardedDataParallel:
         self._ops.append(("G", unit.index))
 
     def _prefetch(self, index: int) -> None:
-        """Start gathering unit ``index`` on the helper thread (no-op if resident)."""
-        if self._prefetcher is None or not 0 <= index < len(self.units):
+        """Start gathering unit ``index`` (no-op if resident): CPU on the helper thread,
+        CUDA as an async gather ordered on the compute stream."""
+        if not self._prefetching or not 0 <= index < len(self.units):
             return
         unit = self.units[index]
         if unit.resident:
             return
         unit.full.untyped_storage().resize_(unit.full_nbytes)
         unit.resident = True  # usable once _gather has waited for unit.prefetch
-        unit.prefetch = self._prefetcher.submit(prim.gather_into_tensor, unit.full,
-                                                unit.param_shard, self.group)
+        if unit.full.is_cuda:  # ordered on the compute stream; waited for on it
+            unit.prefetch = prim.gather_into_tensor(unit.full, unit.param_shard, self.group,
+                                                    async_op=True)
+        else:
+            unit.prefetch = self._prefetcher.submit(prim.gather_into_tensor, unit.full,
+                                                    unit.param_shard, self.group)
         self._ops.append(("G", unit.index))
 
     def _wait_prefetch(self, unit: _Unit) -> None:
-        future, unit.prefetch = unit.prefetch, None
-        # the transport's own waits time out and name the peer; this only bounds the thread
-        future.result(timeout=2 * self.group.config.timeout_s)
+        pending, unit.prefetch = unit.prefetch, None
+        if isinstance(pending, Future):
+            # the transport's own waits time out and name the peer; this bounds the thread
+            pending.result(timeout=2 * self.group.config.timeout_s)
+        else:  # CUDA Work: the current (compute) stream waits for the gather's copies
+            pending.wait()
 
     def _release(self, unit: _Unit) -> None:
         if unit.prefetch is not None:

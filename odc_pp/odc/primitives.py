@@ -7,8 +7,9 @@ issued before it has landed. ``get`` and ``put`` read and write one peer's copy 
 symmetric tensor (the building blocks, exposed for other protocols). Paths, chosen per peer:
 
 * same host, CPU tensors: POSIX shared memory (odc_pp._C), locked fp32 adds;
-* same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on a
-  dedicated stream (odc_pp._C_cuda);
+* same host, CUDA tensors: cudaIpc handles, copies and an atomic add kernel on dedicated
+  gather and push streams (odc_pp._C_cuda); staged adds at sync where the GPUs lack
+  native peer atomics;
 * other host (or ``force_cross_host``): gloo point-to-point answered by the owner's
   server thread (CPU tensors only).
 
@@ -36,6 +37,7 @@ from odc_pp.odc.transport_host import dtype_code
 from odc_pp.odc.transport_path import Work, shard_range
 
 __all__ = ["TransportConfig", "OdcGroup", "Work", "PeerError", "new_group", "symmetric_empty",
+           "symmetric_free",
            "shard_range", "gather_into_tensor", "scatter_accumulate", "get", "put", "sync",
            "FORCE_CROSS_HOST_ENV"]
 
@@ -78,16 +80,30 @@ def symmetric_empty(shape, dtype: torch.dtype, group: OdcGroup, device=None) -> 
     return group.allocate(shape, dtype, device)
 
 
-def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGroup) -> None:
+def symmetric_free(tensor: torch.Tensor, group: OdcGroup) -> None:
+    """Free the symmetric allocation ``tensor`` (or a view of it) belongs to. Collective:
+    every member calls it for the same allocation; peers unmap before the owner frees.
+    Contributions staged since the last ``sync`` are discarded; do not use the tensor or
+    its views afterwards. A no-op for the collective backend (plain tensors)."""
+    _check_usable(group)
+    if group.config.backend == "odc":
+        group.release(tensor)
+
+
+def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGroup, *,
+                       async_op: bool = False) -> Work | None:
     """output[start_r:end_r] = rank r's shard[:end_r - start_r] for every member r, read
-    one-sidedly (the owners do not take part)."""
+    one-sidedly (the owners do not take part). ``async_op`` (CUDA odc backend): return a
+    Work at once; its ``wait()`` makes the then current stream wait for the copies (no host
+    block). Elsewhere the gather completes before the (completed) Work is returned."""
     _check_usable(group)
     if output.dtype != shard.dtype:
         raise ValueError(f"output dtype {output.dtype} differs from shard dtype {shard.dtype}")
     _check_shard(output, shard, group, "shard")
     if output.numel() == 0 and group.config.backend == "odc":
-        return  # (torch gives empty tensors data_ptr 0: nothing to locate)
-    group.gather(output, shard)
+        return Work() if async_op else None  # (empty tensors have data_ptr 0)
+    work = group.gather(output, shard, async_op=async_op)
+    return work if async_op else None
 
 
 def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup) -> Work:

@@ -10,10 +10,10 @@ are all-reduced over the ``norm_group`` (one group or several in turn).
 :class:`ShardedAdamW` is itself a
 :class:`~odc_pp.runtime.post_validation.PostValidationTarget` (eager step, later
 validation, maybe rollback): :meth:`local_grad_norm_sq` is this rank's share of the global
-norm, :meth:`snapshot` copies the owned state before :meth:`step_eagerly` (an update
-that is not published), :meth:`restore` rolls it back, :meth:`redo_clipped` steps again on
-the scaled gradients, and :meth:`finish_step` publishes. The accumulated gradients stay in
-the engine until then.
+norm, :meth:`snapshot` copies the owned state and gradients before :meth:`step_eagerly`,
+:meth:`finish_step` publishes the update (and zeroes the accumulators for the next
+minibatch), :meth:`restore` rolls it back and :meth:`redo_clipped` steps again on the
+snapshot's scaled gradients.
 """
 from __future__ import annotations
 
@@ -127,11 +127,10 @@ class ShardedAdamW:
 
     # ----- update ----------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, *, finish: bool = True) -> None:
-        """One AdamW update of the owned shards from the accumulated gradients, then (with
-        ``finish``) ``engine.finish_step()``: zero the accumulators and publish the new
-        shards. A post-validating caller passes ``finish=False``, validates, maybe
-        :meth:`restore`-s and steps again on the kept gradients, then finishes the step."""
+    def step(self, *, finish: bool = True, grads: list[torch.Tensor] | None = None) -> None:
+        """One AdamW update of the owned shards from the accumulated gradients (or
+        ``grads``, one tensor per owned shard), then (with ``finish``)
+        ``engine.finish_step()``: zero the accumulators and publish the new shards."""
         self.step_count += 1
         beta1, beta2 = self.config.betas
         lr, eps, weight_decay = self.config.lr, self.config.eps, self.config.weight_decay
@@ -139,7 +138,7 @@ class ShardedAdamW:
         bias_correction2 = 1 - beta2 ** self.step_count
         step_size = lr / bias_correction1
         bias_correction2_sqrt = math.sqrt(bias_correction2)
-        for index, grad in enumerate(self.engine.owned_grads()):
+        for index, grad in enumerate(self.engine.owned_grads() if grads is None else grads):
             param, mask = self.master[index], self.decay_mask[index]
             exp_avg, exp_avg_sq = self.exp_avg[index], self.exp_avg_sq[index]
             if mask is None:
@@ -181,8 +180,10 @@ class ShardedAdamW:
                 owned.copy_(master)
 
     def snapshot(self) -> dict:
-        """Copy of the owned state, for rollback by :meth:`restore`."""
-        return self.state_dict()
+        """Copy of the owned state and gradients, for :meth:`restore` / :meth:`redo_clipped`
+        (``finish_step`` zeroes the accumulators for the next minibatch)."""
+        return dict(self.state_dict(), lr=self.config.lr,
+                    grads=[grad.detach().clone() for grad in self.engine.owned_grads()])
 
     def restore(self, snapshot: dict) -> None:
         """Roll back to ``snapshot`` (accumulated gradients are untouched). Peers see the
@@ -196,11 +197,15 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
-        """Roll back to ``snapshot``, scale the kept gradients by ``coefficient`` and
-        step again, unpublished."""
+        """Roll back to ``snapshot``, scale its kept gradients by ``coefficient`` and
+        step again on them at the snapshot's learning rate, unpublished."""
         self.restore(snapshot)
-        clip.scale_(self.engine.owned_grads(), coefficient)
-        self.step(finish=False)
+        clip.scale_(snapshot["grads"], coefficient)
+        current_lr, self.config.lr = self.config.lr, snapshot["lr"]
+        try:
+            self.step(finish=False, grads=snapshot["grads"])
+        finally:
+            self.config.lr = current_lr
 
     def finish_step(self) -> None:
         """Zero the accumulators and publish the owned shards (``engine.finish_step()``)."""

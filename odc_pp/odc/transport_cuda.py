@@ -1,12 +1,31 @@
 """CUDA side of the ODC transport: symmetric buffers allocated with cudaMalloc and shared
-through cudaIpc memory handles, peer copies and an accumulate kernel on a dedicated stream,
+through cudaIpc memory handles, peer copies and an accumulate kernel on dedicated streams,
 events for completion, and :class:`CudaIpcPath`, the path to same-host peers' GPU memory
 (see the contract in :mod:`odc_pp.odc.transport_path`). Uses odc_pp._C_cuda, which is
-built only where nvcc is found.
+built where nvcc is found.
 
-Ordering with torch: every operation first makes the dedicated stream wait for the
-caller's current stream (so inputs written there are ready); a gather then makes the
-current stream wait for the copies, like a collective on the current stream.
+Streams: per device, one *gather* stream (gather, get: reads of peers' memory) and one
+*push* stream (scatter_accumulate, put, the deterministic sync's adds: writes into
+peers' memory), so a parameter gather never queues behind gradient pushes.
+
+Ordering with torch: every operation first makes its stream wait for the caller's current
+stream (so inputs written there are ready); a blocking gather or get then makes the
+current stream wait for the copies, like a collective on the current stream. An async
+gather (``gather(..., async_op=True)``) returns a :class:`Work` whose ``wait()`` makes the
+*then* current stream wait for the copies (no host block): the engine's prefetch issues it
+from the compute stream and waits for it on the compute stream when the unit is needed.
+
+Lifetime: a :class:`DeviceBuffer` is owned by its allocation (the tensors made from it
+keep it alive too); it is freed only by the group's collective release or destroy, after
+every peer closed its mapping (see :meth:`OdcGroup.release
+<odc_pp.odc.transport_group.OdcGroup.release>`).
+
+Peer atomics: fp32 ``atomicAdd`` into a peer's memory is only correct where the link
+supports native atomics (NVLink, or the same GPU); over PCIe it is not. The group asks
+:func:`native_peer_atomics` at every CUDA allocation (the answer is agreed by every member)
+and, when any pair lacks them, routes CUDA ``scatter_accumulate`` through the staged path
+(:mod:`~odc_pp.odc.transport_staged`): contributions are summed privately and added at
+sync with plain stores, one source at a time.
 """
 
 from __future__ import annotations
@@ -19,7 +38,8 @@ from odc_pp import _C
 from odc_pp.odc.transport_host import Allocation, Locator, drain, dtype_code, wait_all
 from odc_pp.odc.transport_path import Work, shard_range
 
-__all__ = ["cuda_backend", "DeviceBuffer", "PeerMapping", "CudaStream", "CudaIpcPath"]
+__all__ = ["cuda_backend", "DeviceBuffer", "PeerMapping", "CudaStream", "CudaIpcPath",
+           "device_identity", "native_peer_atomics"]
 
 
 def cuda_backend():
@@ -28,13 +48,28 @@ def cuda_backend():
         return importlib.import_module("odc_pp._C_cuda")
     except ImportError as error:
         raise ValueError("CUDA tensors need odc_pp._C_cuda, which was not built (no nvcc at "
-                         "install time?); reinstall with nvcc on PATH, or pass CPU tensors"
-                         ) from error
+                         "install time, or ODC_PP_NO_CUDA=1?); reinstall with nvcc on PATH, "
+                         "or pass CPU tensors") from error
+
+
+def device_identity(device_index: int) -> str:
+    """The PCI bus id of a device (names one GPU in every process)."""
+    return cuda_backend().pci_bus_id(device_index)
+
+
+def native_peer_atomics(device_index: int, peer_bus_ids: list[str]) -> bool:
+    """Whether float atomics from ``device_index`` into every peer's GPU (by bus id) are
+    native; False when a peer's GPU is not visible in this process."""
+    backend = cuda_backend()
+    return all(backend.native_peer_atomics(device_index, backend.device_by_pci_bus_id(bus))
+               for bus in peer_bus_ids)
 
 
 class DeviceBuffer:
     """Owns one cudaMalloc allocation; exposes it to torch by __cuda_array_interface__
-    (the tensor keeps this object, hence the memory, alive)."""
+    (a tensor made by :meth:`tensor` keeps this object alive). :meth:`free` releases the
+    memory at once (the group calls it once no peer maps the buffer); otherwise it is
+    freed when the last reference goes."""
 
     def __init__(self, nbytes: int, device: torch.device):
         self._C = cuda_backend()
@@ -52,9 +87,19 @@ class DeviceBuffer:
         raw = torch.as_tensor(self, device=f"cuda:{self.device_index}")[:self.nbytes]
         return raw.view(dtype).view(shape)
 
+    def free(self) -> None:
+        """cudaFree now (idempotent). Tensors over the buffer must not be used after it."""
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            # work queued on any stream of this device may still touch the buffer
+            torch.cuda.synchronize(self.device_index)
+            self._C.free_device(ptr, self.device_index)
+
     def __del__(self):
         try:
-            self._C.free_device(self.ptr, self.device_index)
+            if self.ptr:
+                self._C.free_device(self.ptr, self.device_index)
+                self.ptr = 0
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
@@ -74,7 +119,7 @@ class PeerMapping:
 
 
 class CudaStream:
-    """The transport's dedicated stream on one device, with completion events."""
+    """One of the transport's dedicated streams on one device, with completion events."""
 
     def __init__(self, device_index: int):
         self._C = cuda_backend()
@@ -93,9 +138,10 @@ class CudaStream:
         self._C.event_record(event, self.stream if stream is None else stream, self.device_index)
         return event
 
-    def current_waits(self) -> None:
-        """Make torch's current stream wait for this stream's work so far."""
-        event = self.record()
+    def current_waits(self, event: int | None = None) -> None:
+        """Make torch's current stream wait for ``event`` (default: this stream's work so
+        far); the event is destroyed (CUDA keeps it until the wait resolved)."""
+        event = self.record() if event is None else event
         current = torch.cuda.current_stream(self.device_index).cuda_stream
         self._C.stream_wait_event(current, event, self.device_index)
         self._C.event_destroy(event, self.device_index)
@@ -115,9 +161,11 @@ class CudaStream:
 
 class CudaIpcPath:
     """Same-host peers' GPU memory through cudaIpc mappings (every member must be on this
-    host). Copies and adds run on a dedicated stream per device that first waits for the
-    caller's current stream; a gather or get makes the current stream wait for its copies;
-    adds use atomicAdd (several sources into one owner). The barrier is the host's."""
+    host). Reads run on a gather stream, writes and adds on a push stream (per device);
+    both first wait for the caller's current stream. A blocking gather or get makes the
+    current stream wait for its copies. Adds use atomicAdd, so the group sends
+    ``scatter_accumulate`` here only where :attr:`native_atomics` holds. The barrier is the
+    host's."""
 
     def __init__(self, *, host, locate: Locator, timeout_s: float):
         self.host = host
@@ -127,15 +175,20 @@ class CudaIpcPath:
         self.timeout_s = timeout_s
         self.devices: set[int] = set()
         """Devices holding this rank's symmetric buffers (their streams are flushed)."""
+        self.native_atomics = True
+        """Every member reaches every other's GPU with native float atomics (set by the
+        group, equal on every member)."""
         self._locate = locate
-        self._streams: dict[int, CudaStream] = {}
+        self._streams: dict[tuple[str, int], CudaStream] = {}
         self._pending: list[Work] = []
 
-    def stream(self, device: torch.device) -> CudaStream:
+    def stream(self, device: torch.device, kind: str) -> CudaStream:
+        """The ``kind`` ("gather" or "push") stream of ``device``."""
         index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._streams:
-            self._streams[index] = CudaStream(index)
-        return self._streams[index]
+        key = (kind, index)
+        if key not in self._streams:
+            self._streams[key] = CudaStream(index)
+        return self._streams[key]
 
     def _waiter(self, stream: CudaStream, keep_alive: torch.Tensor):
         event = stream.record()
@@ -151,9 +204,10 @@ class CudaIpcPath:
 
         return wait
 
-    def gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+    def gather(self, output: torch.Tensor, shard: torch.Tensor,
+               async_op: bool = False) -> Work | None:
         allocation, offset = self._locate(shard, "shard")
-        stream = self.stream(output.device)
+        stream = self.stream(output.device, "gather")
         stream.after_current()
         flat = output.view(-1)
         numel, element = flat.numel(), flat.element_size()
@@ -162,11 +216,15 @@ class CudaIpcPath:
             if end > start:
                 stream.copy(flat.data_ptr() + start * element,
                             allocation.peer_bases[peer] + offset, (end - start) * element)
-        stream.current_waits()
+        if not async_op:
+            stream.current_waits()
+            return None
+        event = stream.record()
+        return Work(waiter=lambda timeout: stream.current_waits(event))
 
     def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
         allocation, offset = self._locate(remote, "remote")
-        stream = self.stream(output.device)
+        stream = self.stream(output.device, "gather")
         stream.after_current()
         stream.copy(output.data_ptr(), allocation.peer_bases[peer] + offset,
                     output.numel() * output.element_size())
@@ -174,7 +232,7 @@ class CudaIpcPath:
 
     def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
         allocation, offset = self._locate(remote, "remote")
-        stream = self.stream(input.device)
+        stream = self.stream(input.device, "push")
         stream.after_current()
         stream.copy(allocation.peer_bases[peer] + offset, input.data_ptr(),
                     input.numel() * input.element_size())
@@ -183,12 +241,16 @@ class CudaIpcPath:
         return work
 
     def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
+        if not self.native_atomics:
+            raise ValueError("CudaIpcPath.scatter_accumulate needs native peer atomics; the "
+                             "group stages contributions instead (transport_staged)")
         allocation, offset = self._locate(accumulator, "accumulator")
-        stream = self.stream(input.device)
+        stream = self.stream(input.device, "push")
         stream.after_current()
         flat = input.view(-1)
         numel, element, code = flat.numel(), flat.element_size(), dtype_code(flat.dtype)
-        for peer in self.peers:
+        for step in range(self.world_size):
+            peer = (self.rank + 1 + step) % self.world_size  # spread owners over senders
             start, end = shard_range(numel, peer, self.world_size)
             if end > start:
                 stream.accumulate(allocation.peer_bases[peer] + offset,
@@ -197,22 +259,18 @@ class CudaIpcPath:
         self._pending.append(work)
         return work
 
-    def add_local(self, staging: torch.Tensor, input: torch.Tensor) -> None:
-        """Private fp32 staging += input (deterministic mode); returns once done."""
-        stream = self.stream(input.device)
-        stream.after_current()
-        stream.accumulate(staging.data_ptr(), input.data_ptr(), dtype_code(input.dtype),
-                          input.numel(), False)
-        self._waiter(stream, input)(None)
-
-    def add_now(self, owner: int, allocation: Allocation, offset: int,
-                source: torch.Tensor) -> None:
-        """owner's fp32 memory at offset += source (fp32; deterministic sync, in turn);
-        returns once it landed."""
-        stream = self.stream(source.device)
-        stream.accumulate(allocation.peer_bases[owner] + offset, source.data_ptr(), 0,
-                          source.numel(), False)
-        self._waiter(stream, source)(None)
+    def add_many(self, owner: int, pieces: list[tuple[Allocation, int, torch.Tensor]]) -> None:
+        """owner's fp32 memory at each (allocation, offset) += source (fp32, contiguous)
+        with plain adds (the deterministic sync's turn serialises writers); one wait for
+        all of them, so the adds have landed before the turn passes."""
+        if not pieces:
+            return
+        stream = self.stream(pieces[0][2].device, "push")
+        stream.after_current()  # the staged sums were written on the current stream
+        for allocation, offset, source in pieces:
+            stream.accumulate(allocation.peer_bases[owner] + offset, source.data_ptr(), 0,
+                              source.numel(), False)
+        self._waiter(stream, [source for _, _, source in pieces])(None)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -220,8 +278,8 @@ class CudaIpcPath:
             wait_all(pending)
         finally:
             # own writes queued on the current streams (the optimizer writing a shard, an
-            # accumulator being zeroed) finish before the host-side barrier / turn that
-            # lets peers read and add into our memory
+            # accumulator being zeroed, staged sums) finish before the host-side barrier /
+            # turn that lets peers read and add into our memory
             for index in sorted(self.devices):
                 torch.cuda.current_stream(index).synchronize()
 

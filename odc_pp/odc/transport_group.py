@@ -6,7 +6,17 @@ calls the methods here.
 Paths, by backend and device: ``collective`` -> one :class:`CollectivePath`; ``odc`` with
 CPU tensors -> :class:`HostPath` (members on this host) plus :class:`CrossHostPath` (members
 on other hosts, if any); ``odc`` with CUDA tensors -> :class:`CudaIpcPath` (every member
-must be on this host). Deterministic mode adds a :class:`StagedAccumulation`.
+must be on this host). Deterministic mode adds a :class:`StagedAccumulation`; so does a
+CUDA allocation when some pair of members' GPUs lacks native peer atomics (CUDA pushes are
+then staged and added at sync, see :mod:`~odc_pp.odc.transport_cuda`).
+
+Lifetime: an allocation owns its buffer (CPU: the shared-memory segment; CUDA: the
+cudaMalloc'd :class:`~odc_pp.odc.transport_cuda.DeviceBuffer`), so dropping the tensor
+never frees memory a peer still maps. :meth:`OdcGroup.release` (collective) frees one
+allocation: every member flushes, drops the staged buffers of it and closes its mappings
+of the peers' buffers; only after every member has done so does the owner free its own.
+:meth:`OdcGroup.destroy` does the same for every allocation (collective when the group
+has CUDA allocations).
 """
 
 from __future__ import annotations
@@ -50,7 +60,15 @@ class TransportConfig:
     """Treat every rank as its own host (tests the gloo path); env ODC_PP_FORCE_CROSS_HOST=1
     does the same."""
 
+    peer_atomics: str = "auto"
+    """CUDA scatter_accumulate: "auto" adds with atomics into peers' memory where every
+    pair of GPUs supports native peer atomics (NVLink, same GPU) and stages otherwise;
+    "never" always stages (contributions summed privately, added at sync in rank order)."""
+
     def __post_init__(self):
+        if self.peer_atomics not in ("auto", "never"):
+            raise ValueError(f"TransportConfig.peer_atomics must be 'auto' or 'never', got "
+                             f"{self.peer_atomics!r}")
         if self.backend not in ("odc", "collective"):
             raise ValueError(f"TransportConfig.backend must be 'odc' or 'collective', "
                              f"got {self.backend!r}")
@@ -154,12 +172,16 @@ class OdcGroup:
                 accumulate=memory.accumulate_own)
             self.paths.append(self.cross_host)
         if self.config.deterministic:
-            self.staged = StagedAccumulation(
-                rank=self.rank, world_size=self.world_size, locate=memory.locate,
-                host=self.host, host_path=self.host_path, cuda_path=self.cuda_path,
-                cross_host=self.cross_host, num_threads=self.num_threads,
-                apply_own=lambda alloc_id, offset, data: memory.accumulate_own(
-                    alloc_id, offset, data, 0, data.numel()))
+            self.staged = self._make_staged()
+
+    def _make_staged(self) -> StagedAccumulation:
+        memory = self.memory
+        return StagedAccumulation(
+            rank=self.rank, world_size=self.world_size, locate=memory.locate,
+            host=self.host, host_path=self.host_path, cuda_path=self.cuda_path,
+            cross_host=self.cross_host, num_threads=self.num_threads,
+            apply_own=lambda alloc_id, offset, data: memory.accumulate_own(
+                alloc_id, offset, data, 0, data.numel()))
 
     def cuda_path(self):
         """The CUDA IPC path (made on first use; needs odc_pp._C_cuda)."""
@@ -209,27 +231,39 @@ class OdcGroup:
         return tensor
 
     def _allocate_cuda(self, alloc_id, shape, dtype, nbytes, device) -> torch.Tensor:
-        from odc_pp.odc.transport_cuda import DeviceBuffer, PeerMapping
+        from odc_pp.odc.transport_cuda import (DeviceBuffer, PeerMapping, device_identity,
+                                               native_peer_atomics)
         if not all(self.local):
             raise ValueError("CUDA symmetric tensors need every member on one host (CUDA IPC); "
                              "the cross-host path carries CPU tensors only: make one group "
                              "per host (ShardedDataParallel mode 'hierarchical', "
                              "pretrain_gpt.py --dp-mode hierarchical)")
         buffer = DeviceBuffer(nbytes, device)
-        handles = self._all_gather(buffer.ipc_handle())
+        infos = self._all_gather({"handle": buffer.ipc_handle(),
+                                  "bus_id": device_identity(buffer.device_index)})
         peers: list = [None] * self.world_size
+        native = [True]
 
         def open_peers():
             for peer in range(self.world_size):
                 if peer != self.rank:
-                    peers[peer] = PeerMapping(handles[peer], buffer.device_index)
+                    peers[peer] = PeerMapping(infos[peer]["handle"], buffer.device_index)
+            native[0] = native_peer_atomics(buffer.device_index,
+                                            [info["bus_id"] for info in infos])
 
         self._checked_step(open_peers)
         bases = [buffer.ptr if p is None else p.ptr for p in peers]
         self.allocations.append(Allocation(
             alloc_id=alloc_id, base=buffer.ptr, nbytes=nbytes, device=device, peer_bases=bases,
-            keep=[p for p in peers if p is not None]))
-        self.cuda_path().devices.add(buffer.device_index)
+            keep=[p for p in peers if p is not None], owner=buffer))
+        path = self.cuda_path()
+        path.devices.add(buffer.device_index)
+        native[0] = native[0] and self.config.peer_atomics == "auto"
+        everywhere = all(self._all_gather(native[0]))  # the same decision on every member
+        if path.native_atomics and not everywhere:
+            path.native_atomics = False
+            if self.staged is None:  # collective point: every member makes it here
+                self.staged = self._make_staged()
         return buffer.tensor(shape, dtype)
 
     def locate(self, tensor: torch.Tensor, what: str) -> tuple[Allocation, int]:
@@ -251,12 +285,22 @@ class OdcGroup:
                 return path
         raise ValueError(f"no transport path reaches group rank {peer}")
 
-    def gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+    def gather(self, output: torch.Tensor, shard: torch.Tensor, async_op: bool = False) -> Work:
+        """Blocking gather, or (``async_op`` on CUDA) one whose Work's wait() orders the
+        then current stream after the copies; elsewhere async_op gathers at once."""
+        if async_op and output.is_cuda and self.collective is None:
+            return self.cuda_path().gather(output, shard, async_op=True)
         for path in self.paths_for(output.device):
             path.gather(output, shard)
+        return Work()
+
+    def _stages(self, input: torch.Tensor) -> bool:
+        if self.staged is None:
+            return False
+        return self.config.deterministic or (input.is_cuda and not self.cuda_path().native_atomics)
 
     def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
-        if self.staged is not None:
+        if self._stages(input):
             self.staged.stage(accumulator, input)
             return Work()
         return join_works([path.scatter_accumulate(accumulator, input)
@@ -274,11 +318,26 @@ class OdcGroup:
         call_all(path.flush for path in list(self.paths))
         self.epoch += 1
         if self.staged is not None:
-            self.staged.apply(self.epoch)
+            self.staged.apply()
         barrier_path = self.collective or self.cross_host or self.host_path
         barrier_path.barrier(self.epoch)
 
-    # ------------------------------------------------------------------ teardown
+    # ------------------------------------------------------------------ release / teardown
+    def release(self, tensor: torch.Tensor) -> None:
+        """Free the symmetric allocation ``tensor`` belongs to (collective: every member
+        calls it for the same allocation, in the same order). Every member first lands
+        its outstanding operations (flush), forgets the allocation's staged contributions
+        (those since the last sync are discarded: sync first) and closes its mappings of
+        the peers' buffers; once every member has, each frees its own buffer (CUDA; a CPU
+        segment is unmapped when its last tensor goes). ``tensor`` and every view of the
+        allocation must not be used afterwards."""
+        allocation, _ = self.memory.locate(tensor, "tensor")
+        call_all(path.flush for path in list(self.paths))
+        if self.staged is not None:
+            self.staged.drop(allocation.alloc_id)
+        self._checked_step(allocation.close_peers)
+        allocation.release()
+
     @staticmethod
     def _release(memory: SymmetricMemory, paths: list) -> None:
         for path in paths:
@@ -287,8 +346,16 @@ class OdcGroup:
 
     def destroy(self) -> None:
         """Waits for pending work, stops the server thread (collective on the cross-host
-        path) and unmaps the peers' buffers. Own tensors stay valid while referenced."""
+        path) and unmaps the peers' buffers. CPU: own tensors stay valid while referenced.
+        CUDA allocations: collective (every member calls destroy): once every member on
+        this host has unmapped the peers' buffers, each frees its own, and the tensors made
+        from them must not be used any more."""
         if self._destroyed:
             return
         self._destroyed = True
         self._finalizer()
+        if any(allocation.owner is not None for allocation in self.allocations):
+            self.epoch += 1
+            self.host.barrier(self.epoch)  # every peer closed its mappings of our buffers
+            for allocation in self.allocations:
+                allocation.release()

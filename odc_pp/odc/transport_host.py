@@ -88,9 +88,32 @@ class Allocation:
     """Objects that must outlive the mapping (segments, IPC holders)."""
     local_bytes: torch.Tensor | None = None
     """This rank's CPU buffer as uint8 (served to cross-host peers); None on CUDA."""
+    owner: object = None
+    """This rank's buffer when the allocation must free it explicitly (CUDA
+    ``DeviceBuffer``); None for shared-memory segments and once released."""
+    released: bool = False
+    """Freed by the group's collective release; no longer located."""
 
     def contains(self, address: int, nbytes: int) -> bool:
-        return self.base <= address and address + nbytes <= self.base + self.nbytes
+        return (not self.released and self.base <= address
+                and address + nbytes <= self.base + self.nbytes)
+
+    def close_peers(self) -> None:
+        """Unmap the peers' buffers (idempotent)."""
+        for kept in self.keep:
+            if hasattr(kept, "close"):
+                kept.close()
+        self.keep.clear()
+
+    def release(self) -> None:
+        """Free this rank's buffer (after every peer closed its mapping of it) and stop
+        locating the allocation. Idempotent."""
+        self.close_peers()
+        self.released = True
+        self.local_bytes = None
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner.free()
 
 
 class SymmetricMemory:
@@ -120,6 +143,8 @@ class SymmetricMemory:
         if not 0 <= alloc_id < len(self.allocations):
             raise ValueError(f"cross-host request for unknown allocation {alloc_id}")
         allocation = self.allocations[alloc_id]
+        if allocation.released:
+            raise ValueError(f"cross-host request for released allocation {alloc_id}")
         if offset < 0 or offset + nbytes > allocation.nbytes or allocation.local_bytes is None:
             raise ValueError("cross-host request outside a CPU allocation")
         return allocation.local_bytes[offset:offset + nbytes]
@@ -131,18 +156,18 @@ class SymmetricMemory:
         if not 0 <= alloc_id < len(self.allocations):
             raise ValueError(f"cross-host accumulate into unknown allocation {alloc_id}")
         allocation = self.allocations[alloc_id]
+        if allocation.released:
+            raise ValueError(f"cross-host accumulate into released allocation {alloc_id}")
         if offset < 0 or offset + 4 * count > allocation.nbytes:
             raise ValueError("cross-host accumulate outside the allocation")
         self.host.accumulate_into(self.rank, allocation.base + offset, alloc_id, offset,
                                   payload.data_ptr(), dtype, count)
 
     def close(self) -> None:
-        """Unmap the peers' buffers (own tensors stay valid while referenced)."""
+        """Unmap the peers' buffers (own tensors stay valid while referenced; own CUDA
+        buffers stay owned until the group's collective destroy frees them)."""
         for allocation in self.allocations:
-            for kept in allocation.keep:
-                if hasattr(kept, "close"):
-                    kept.close()
-            allocation.keep.clear()
+            allocation.close_peers()
 
 
 # (tensor, what) -> (allocation, byte offset) of a contiguous view of a symmetric tensor

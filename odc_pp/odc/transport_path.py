@@ -41,6 +41,12 @@ operation reads or writes; "writes" include its own writes to its symmetric memo
   happen-before every staged add of sync k. Same host (CPU or CUDA): the owner opens its
   turn counter only after its own flush; sources wait for it. Cross-host: the owner
   applies the contributions it receives itself, inside its sync k, after its own writes.
+  GPU cost (decided for CUDA, not yet measured: no GPU was available): staging is an
+  ``add_`` on the caller's current stream with no host synchronisation per push; sync k
+  applies each owner's slices as one batch on the push stream and waits once per owner
+  before passing the turn (``world_size`` host waits per sync). Deterministic mode stays
+  the training default on GPU. The same staged path carries CUDA pushes when some pair of
+  GPUs lacks native peer atomics (``cudaDevP2PAttrNativeAtomicSupported``).
 * Every wait on a peer times out after ``TransportConfig.timeout_s`` with a ``PeerError``
   naming the peer.
 """

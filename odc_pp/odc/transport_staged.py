@@ -1,6 +1,14 @@
-"""Deterministic accumulation of an ODC group: ``scatter_accumulate`` adds the contribution
-into a private fp32 staging buffer (one per accumulator view); ``sync`` applies the staged
-buffers at every owner in source rank order, so sums are bitwise reproducible.
+"""Staged accumulation of an ODC group: ``scatter_accumulate`` adds the contribution into a
+private fp32 staging buffer (one per accumulator view); ``sync`` applies the staged
+buffers at every owner in source rank order, so sums are bitwise reproducible. Used in
+deterministic mode, and for CUDA inputs when some pair of GPUs lacks native peer atomics
+(:mod:`~odc_pp.odc.transport_cuda`; the adds at sync are then plain stores, one source at
+a time).
+
+GPU cost: staging is ``buffer.add_(input)`` on the caller's current stream, with no host
+synchronisation per push; the sync applies each owner's slices in one batch on the push
+stream and waits once per owner (the turn may pass only after the adds landed), so a
+deterministic sync costs ``world_size`` host waits, not one per pushed gradient.
 
 Ordering (the contract in :mod:`odc_pp.odc.transport_path`): the adds of sync k reach an
 owner only after the owner entered sync k, so its own writes before that sync (zeroing
@@ -15,7 +23,14 @@ read-modify-write.
   inside its own sync.
 
 Buffers that received nothing since the previous sync are not applied (nothing to add);
-every member still takes its turns, so the counters stay in step.
+every member still takes its turns, so the counters stay in step. The turn epochs count
+this object's applies (1, 2, ...), so a staged accumulation made after some syncs (the
+group creates one at its first CUDA allocation without native atomics, collectively)
+starts its counters at the beginning like every other member's.
+
+Release: :meth:`StagedAccumulation.drop` forgets the staging buffers of an allocation the
+group releases (their contributions since the last sync are discarded), so no later sync
+adds into freed memory.
 """
 
 from __future__ import annotations
@@ -62,6 +77,7 @@ class StagedAccumulation:
         self.num_threads = num_threads
         self._locate = locate
         self._staged: dict[tuple[int, int, int], _Staging] = {}
+        self._applies = 0
 
     def stage(self, accumulator: torch.Tensor, input: torch.Tensor) -> None:
         """staging(accumulator view) += input; complete on return."""
@@ -74,7 +90,7 @@ class StagedAccumulation:
         staging = self._staged[key]
         staging.dirty = True
         if flat.is_cuda:
-            self.cuda_path().add_local(staging.buffer, flat)
+            staging.buffer.add_(flat)  # fp32 += (exactly converted) input, current stream
         else:
             _C.accumulate_local(staging.buffer.data_ptr(), flat.data_ptr(),
                                 dtype_code(flat.dtype), flat.numel(), self.num_threads)
@@ -83,14 +99,20 @@ class StagedAccumulation:
         return sorted(((key, staging) for key, staging in self._staged.items()
                        if staging.dirty), key=lambda item: item[0])
 
-    def apply(self, epoch: int) -> None:
-        """Sync ``epoch``: land every staged contribution of every member (call after this
-        rank's own writes are complete, i.e. after the paths' flush)."""
+    def drop(self, alloc_id: int) -> None:
+        """Forget the staging buffers of allocation ``alloc_id`` (it is being released)."""
+        for key in [key for key in self._staged if key[0] == alloc_id]:
+            del self._staged[key]
+
+    def apply(self) -> None:
+        """Land every staged contribution of every member (call on every member at every
+        sync, after this rank's own writes are complete, i.e. after the paths' flush)."""
         items = self._dirty()
+        self._applies += 1
         if self.cross_host is not None:
             self._apply_ordered(items)
         else:
-            self._apply_turns(epoch, items)
+            self._apply_turns(self._applies, items)
         for _, staging in items:
             staging.buffer.zero_()
             staging.dirty = False
@@ -99,15 +121,18 @@ class StagedAccumulation:
         self.host.open_turns(epoch)  # our own writes are complete: sources may add
         for owner in range(self.world_size):
             self.host.take_turn(owner, epoch)
+            on_gpu = []
             for (_, offset, numel), staging in items:
                 start, end = shard_range(numel, owner, self.world_size)
                 if end <= start:
                     continue
                 source = staging.buffer[start:end]
                 if source.is_cuda:
-                    self.cuda_path().add_now(owner, staging.allocation, offset, source)
+                    on_gpu.append((staging.allocation, offset, source))
                 else:
                     self.host_path.add_now(owner, staging.allocation, offset, source)
+            if on_gpu:
+                self.cuda_path().add_many(owner, on_gpu)  # landed on return
             self.host.pass_turn(owner, epoch)
 
     def _apply_ordered(self, items) -> None:

@@ -7,13 +7,15 @@ post-validated and synchronous paths are compared bit for bit):
 
 1. :func:`local_sum_of_squares`: this rank's share. Each tensor's squares are summed in
    ``dtype`` (after converting the tensor to it), the per-tensor sums are added in list
-   order into a ``dtype`` scalar on ``device``.
-2. :class:`GradStateReduction`: the float64 pair (local sum, non-finite flag) is
-   all-reduced (sum) over each process group in turn; with several groups each rank's
-   share must be a disjoint piece of the gradient whose pieces over all the groups' ranks
-   make the whole (e.g. ``[data-parallel shard group, pipeline group]``). The first
-   all-reduce starts at once and does not block; :meth:`GradStateReduction.wait` finishes
-   it and runs the others, each wait bounded by ``timeout_s``.
+   order into a ``dtype`` scalar where the tensors live (no host sync per tensor), moved
+   to ``device`` once.
+2. :class:`GradStateReduction`: the float64 pair (local sum, non-finite flag), built on
+   the device without a host sync, is all-reduced (sum; one reduction for both) over
+   each process group in turn; with several groups each rank's share must be a disjoint
+   piece of the gradient whose pieces over all the groups' ranks make the whole (e.g.
+   ``[data-parallel shard group, pipeline group]``). The first all-reduce starts at once
+   and does not block; :meth:`GradStateReduction.wait` finishes it and runs the others,
+   each wait bounded by ``timeout_s``.
 3. Non-finite check: a rank whose local sum is not finite sends (0, 1) instead of
    (sum, 0). A sum of squares is non-negative term by term, so one inf/NaN element makes
    the local sum inf or NaN (no cancellation) -- the sum's finiteness is the element check.
@@ -45,10 +47,14 @@ def local_sum_of_squares(tensors: Iterable[torch.Tensor], *, dtype: torch.dtype,
                          device: torch.device | str) -> torch.Tensor:
     """0-dim ``dtype`` tensor on ``device``: the sum over ``tensors`` (in order) of each
     tensor's sum of squared entries, taken in ``dtype``."""
-    total = torch.zeros((), dtype=dtype, device=device)
+    tensors = list(tensors)
+    if not tensors:
+        return torch.zeros((), dtype=dtype, device=device)
+    # accumulated where the tensors live, one transfer at the end: no host sync per tensor
+    total = torch.zeros((), dtype=dtype, device=tensors[0].device)
     for tensor in tensors:
-        total += tensor.detach().to(dtype).pow(2).sum().to(device)
-    return total
+        total += tensor.detach().to(dtype).pow(2).sum().to(total.device)
+    return total.to(device)
 
 
 def has_nonfinite(tensors: Iterable[torch.Tensor]) -> bool:
@@ -90,10 +96,11 @@ class GradStateReduction:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.groups = group_list(groups)
         self.timeout_s = timeout_s
-        value = float(local_norm_sq)
-        finite = math.isfinite(value)
-        self._state = torch.tensor([value if finite else 0.0, 0.0 if finite else 1.0],
-                                   dtype=torch.float64, device=device)
+        # (sum, 0) or (0, 1), built on the device: no host sync before the reduction
+        value = torch.as_tensor(local_norm_sq).detach().to(device=device, dtype=torch.float64)
+        finite = torch.isfinite(value)
+        self._state = torch.stack([torch.where(finite, value, torch.zeros_like(value)),
+                                   (~finite).to(torch.float64)]).reshape(2)
         self._work = dist.all_reduce(self._state, group=self.groups[0], async_op=True)
 
     def wait(self) -> GradState:

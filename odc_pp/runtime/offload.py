@@ -10,6 +10,23 @@ allocation); ``reload(key)`` brings them back (the unpack hook waits for the cop
 reloads on demand if the schedule has no RELOAD before the backward). ``release(key)``
 forgets the entry after the backward.
 
+Streams (GPU): both directions run on one side stream with explicit event dependencies.
+OFFLOAD waits for an event recorded on the compute stream at the action (the forward that
+produced the tensors), copies into pinned host memory and marks the device tensors as used
+by the side stream, so their memory is reused only after the copy. RELOAD does not wait for
+the compute stream at all: its device buffers are allocated from the side stream's pool,
+its source is the pinned copy that the same stream wrote, so the copy overlaps the compute
+queued before it; the backward's unpack hook makes the compute stream wait for the copy's
+event, and the reloaded tensor is marked as used by the compute stream. Cost: the caching
+allocator keeps each stream's pool apart, so blocks freed by OFFLOAD (compute pool) are
+not reused by RELOAD (side pool); the reserved memory can exceed the allocated peak by up
+to the reload working set (the offload GPU test measures the reserved peak).
+
+Transfer timing: with a ``clock`` (:class:`~odc_pp.runtime.timing.ActionClock`), each
+OFFLOAD/RELOAD leaves the marks around its copies on the side stream, which the runtime
+takes (:meth:`ActivationStore.take_transfer_span`) as the action's timing: the profiler's
+offload bandwidth is the copies' device time, not the launch time.
+
 Accounting is per distinct tensor (same storage, shape and strides counted once), for
 tensors on the compute device's type only (host tensors of a GPU run pass through).
 Tensors that a deferred W closure still holds after B are not counted (the weight
@@ -47,7 +64,8 @@ class _Entry:
 class ActivationStore:
     """Per-runtime store of saved activations (see module docstring)."""
 
-    def __init__(self, *, parameters, device: torch.device, min_offload_bytes: int = 1024):
+    def __init__(self, *, parameters, device: torch.device, min_offload_bytes: int = 1024,
+                 clock=None):
         self.device = torch.device(device)
         self.min_offload_bytes = min_offload_bytes
         self._parameters = list(parameters)
@@ -59,6 +77,21 @@ class ActivationStore:
         self.captured_bytes: dict[Key, int] = {}
         use_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if use_cuda else None
+        self._clock = clock
+        self._span = None
+
+    @property
+    def side_stream(self):
+        """The CUDA stream the copies run on (None on CPU)."""
+        return self._stream
+
+    def take_transfer_span(self):
+        """(begin, end) clock marks of the last OFFLOAD/RELOAD's copies, once; else None."""
+        span, self._span = self._span, None
+        return span
+
+    def _mark(self):
+        return self._clock.mark(self._stream) if self._clock is not None else None
 
     # ----- capture ---------------------------------------------------------------
     def capture(self, key: Key):
@@ -98,6 +131,11 @@ class ActivationStore:
     def offload(self, key: Key) -> int:
         """Move the movable tensors of ``key`` to the host pool; returns bytes moved."""
         entry = self._entry(key, "OFFLOAD")
+        if self._stream is not None:  # the forward that wrote the tensors comes first
+            produced = torch.cuda.Event()
+            produced.record(torch.cuda.current_stream(self.device))
+            self._stream.wait_event(produced)
+        begin = self._mark()
         moved = 0
         for slot in entry.slots.values():
             if not slot.movable or slot.device_tensor is None:
@@ -105,6 +143,8 @@ class ActivationStore:
             slot.host_tensor = self._copy(slot.device_tensor, to_host=True)
             slot.device_tensor = None
             moved += slot.nbytes
+        if begin is not None:
+            self._span = (begin, self._mark())
         entry.offloaded = True
         self.resident_bytes -= moved
         self.host_bytes += moved
@@ -113,11 +153,14 @@ class ActivationStore:
     def reload(self, key: Key) -> int:
         """Bring ``key``'s offloaded tensors back to the device; returns bytes moved."""
         entry = self._entry(key, "RELOAD")
+        begin = self._mark()
         moved = 0
         for slot in entry.slots.values():
             if slot.device_tensor is None:
                 moved += self._reload_slot(slot)
         entry.offloaded = False
+        if begin is not None:
+            self._span = (begin, self._mark())
         return moved
 
     def release(self, key: Key) -> None:
@@ -160,16 +203,18 @@ class ActivationStore:
     def _copy(self, tensor: torch.Tensor, *, to_host: bool) -> torch.Tensor:
         if self._stream is None:
             return tensor.clone()  # CPU: a separate allocation in the host pool
-        target = torch.empty(tensor.shape, dtype=tensor.dtype,
-                             device="cpu" if to_host else self.device,
-                             pin_memory=to_host)
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):
+            # device targets come from the side stream's pool: no compute-stream block
+            # still in use can be handed out, so the reload need not wait for compute
+            target = torch.empty(tensor.shape, dtype=tensor.dtype,
+                                 device="cpu" if to_host else self.device,
+                                 pin_memory=to_host)
             target.copy_(tensor, non_blocking=True)
-            if not to_host:
-                target.record_stream(torch.cuda.current_stream(self.device))
         if to_host:
-            tensor.record_stream(self._stream)
+            tensor.record_stream(self._stream)  # freed only after the copy read it
+        else:
+            target.record_stream(compute)  # the backward reads it on the compute stream
         return target
 
     def _add_resident(self, nbytes: int) -> None:

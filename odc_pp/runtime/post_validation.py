@@ -1,11 +1,13 @@
-"""Optimizer post-validation: step eagerly, validate when the global state arrives.
+"""Optimizer post-validation: step eagerly, validate while the next minibatch runs.
 
-``step()`` starts a non-blocking all-reduce of this rank's (squared grad norm, non-finite
-flag) over ``group`` (every pipeline stage, and data-parallel shards if grads are
-sharded), snapshots what a rollback needs and steps the wrapped optimizer at once, so no
-stage waits for the others at the end of a minibatch. ``validate()`` (the schedule's
-POST_VALIDATION action, the start of the next minibatch, or right after ``step()``)
-waits for the reduction and:
+``step()`` starts one non-blocking all-reduce of this rank's (squared grad norm,
+non-finite flag) over ``group`` (every pipeline stage, and data-parallel shards if grads
+are sharded), snapshots what a rollback needs, steps the wrapped optimizer and publishes
+the step (``finish_step``), so no rank waits for the others at the end of a minibatch and
+the next minibatch starts on the stepped parameters. ``validate()`` -- called by
+``PipelineRuntime`` at the next minibatch's POST_VALIDATION, i.e. after that minibatch's
+gradients are final and before its own step, or by the caller before a checkpoint or at
+the end -- waits for the reduction (which had the whole minibatch to complete) and:
 
 * any inf/NaN gradient on any stage: restore parameters and optimizer state (the step
   is skipped everywhere, as a synchronous inf check would do);
@@ -13,15 +15,19 @@ waits for the reduction and:
   ``max_grad_norm / (norm + eps)`` and step again (identical to synchronous clipping);
 * otherwise keep the eager step.
 
+After a restore or a redo it publishes again and drops every gradient accumulated since
+the eager step: a minibatch that ran on the rolled-back parameters must be run again
+(``PipelineRuntime`` reports it as ``MinibatchResult.repeat``), so the losses and
+parameters are those of synchronous validation. The caller pays one extra minibatch per
+rollback or clip, and none when the step is accepted.
+
 The norm, the non-finite check, the coefficient and the scaling are those of
 :mod:`odc_pp.runtime.clip` (shared with the synchronous step), so the outcome is bit for
 bit that of a synchronous check. Optimizers compose with it through the
 :class:`PostValidationTarget` protocol:
 
-* ``odc_pp.odc.ShardedAdamW`` implements it itself (gradients live in the engine's owned
-  accumulators, which stay in place until its ``finish_step``, so validation must run
-  before the next minibatch's first forward: ``PipelineRuntime`` does so when given this
-  wrapper as ``post_validator``; the training frontend validates right after the step);
+* ``odc_pp.odc.ShardedAdamW`` implements it itself (its snapshot keeps a copy of the
+  owned gradient shards, which ``finish_step`` zeroes for the next minibatch);
 * any torch optimizer reading ``param.grad`` (AdamW included) through
   :class:`TorchOptimizerTarget`, which keeps a copy of the step's gradients.
 
@@ -29,10 +35,12 @@ bit that of a synchronous check. Optimizers compose with it through the
 (e.g. ``[data-parallel shard group, pipeline group]``: each rank's owned gradient shard
 is a disjoint piece of the model, so the sum over all pp x dp ranks is the global norm;
 with replicated shards, e.g. hierarchical data parallelism, reduce over one copy only).
+Only the first reduction runs in the background: give one group covering every
+contributing rank for a full overlap.
 
 Rollback restores exact copies, so it is bit-exact in fp32, bf16 and fp16. The price is
-one copy of parameters (and, for torch optimizers, gradients) and optimizer state, held
-from ``step()`` to ``validate()``.
+one copy of parameters, gradients and optimizer state, held from ``step()`` to
+``validate()``.
 """
 
 from __future__ import annotations
@@ -84,16 +92,14 @@ class PostValidationTarget(Protocol):
        norm, computed with :func:`odc_pp.runtime.clip.local_sum_of_squares` (an inf/NaN
        gradient entry must make it non-finite, which that function guarantees). The
        shares of the ranks in the wrapper's groups must partition the model's gradient.
-    2. :meth:`snapshot`, then :meth:`step_eagerly` -- the update from the current
-       gradients, not yet final: nothing outside this rank may observe it yet (a sharded
-       optimizer does not publish its shards).
+    2. :meth:`snapshot` (it must keep a copy of the step's gradients), then
+       :meth:`step_eagerly` -- the update from the current gradients -- and
+       :meth:`finish_step` -- publish it and clear the gradients: the next minibatch
+       runs on it and accumulates fresh gradients.
     3. After the global state arrives, exactly one of: nothing (accepted),
-       :meth:`restore` (skipped), or :meth:`redo_clipped` (clipped). Between
-       :meth:`step_eagerly` and this point the step's gradients must stay readable by
-       :meth:`redo_clipped`, even if the caller zeroes gradients or starts accumulating
-       the next minibatch meanwhile (where the optimizer allows that at all).
-    4. :meth:`finish_step` -- the step is final: publish it, and clear whatever
-       gradients :meth:`zero_grad` does not.
+       :meth:`restore` (skipped) or :meth:`redo_clipped` (clipped), each followed by
+       :meth:`finish_step` (publish the corrected step, drop the gradients accumulated
+       since step 2).
 
     :meth:`zero_grad` may be called at any time after :meth:`step_eagerly`.
     """
@@ -111,11 +117,11 @@ class PostValidationTarget(Protocol):
         """Undo the eager step: parameters and optimizer state as in ``snapshot``."""
 
     def redo_clipped(self, snapshot: object, coefficient: float) -> None:
-        """Undo the eager step and step again on that step's gradients scaled by
-        ``coefficient`` (with :func:`odc_pp.runtime.clip.scale_`)."""
+        """Undo the eager step and step again on that step's gradients (kept in
+        ``snapshot``) scaled by ``coefficient`` (with :func:`odc_pp.runtime.clip.scale_`)."""
 
     def finish_step(self) -> None:
-        """The step is final (after validation)."""
+        """Publish the parameters and clear the gradients."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients the next minibatch accumulates into."""
@@ -124,8 +130,11 @@ class PostValidationTarget(Protocol):
 class TorchOptimizerTarget:
     """A ``torch.optim.Optimizer`` whose gradients are the parameters' ``.grad``.
 
-    The snapshot keeps the step's gradients too: the next minibatch may already
-    accumulate into ``.grad`` before validation."""
+    The snapshot keeps the step's gradient tensors by reference, not as copies:
+    :meth:`finish_step` right after the step sets every ``.grad`` to None, so the next
+    minibatch accumulates into new tensors and nothing else can reach the kept ones. This
+    needs an optimizer whose ``step`` does not modify gradients in place (torch's
+    built-in optimizers do not)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -134,12 +143,14 @@ class TorchOptimizerTarget:
     def local_grad_norm_sq(self) -> torch.Tensor:
         return clip.local_sum_of_squares(
             [p.grad for p in self.params if p.grad is not None], dtype=torch.float64,
-            device="cpu")
+            device=self.params[0].device if self.params else "cpu")
 
     def snapshot(self) -> dict:
         return {
+            "hyper": [{k: v for k, v in group.items() if k != "params"}
+                      for group in self.optimizer.param_groups],
             "params": [p.detach().clone() for p in self.params],
-            "grads": [None if p.grad is None else p.grad.detach().clone() for p in self.params],
+            "grads": [None if p.grad is None else p.grad.detach() for p in self.params],
             "state": [{k: (v.clone() if torch.is_tensor(v) else v)
                        for k, v in self.optimizer.state.get(p, {}).items()}
                       for p in self.params],
@@ -160,17 +171,21 @@ class TorchOptimizerTarget:
 
     @torch.no_grad()
     def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
-        current_grads = [p.grad for p in self.params]  # may already be the next step's
         self.restore(snapshot)
         clip.scale_([grad for grad in snapshot["grads"] if grad is not None], coefficient)
         for param, grad in zip(self.params, snapshot["grads"]):
             param.grad = grad
+        current = [{k: v for k, v in group.items() if k != "params"}
+                   for group in self.optimizer.param_groups]
+        for group, hyper in zip(self.optimizer.param_groups, snapshot["hyper"]):
+            group.update(hyper)  # the eager step's learning rate etc.
         self.optimizer.step()
-        for param, grad in zip(self.params, current_grads):
-            param.grad = grad
+        for group, hyper in zip(self.optimizer.param_groups, current):
+            group.update(hyper)
 
     def finish_step(self) -> None:
-        pass  # torch optimizers publish nothing: parameters are updated in place
+        """Parameters are updated in place (nothing to publish); clear the gradients."""
+        self.optimizer.zero_grad(set_to_none=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -210,18 +225,23 @@ class PostValidatedOptimizer:
         self.target.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        """Start the global grad-state reduction, snapshot, and step eagerly."""
+        """Start the global grad-state reduction, snapshot, step eagerly and publish."""
         if self._pending is not None:
-            self.validate()
+            raise ValueError("PostValidatedOptimizer.step(): the previous step is not "
+                             "validated yet; call validate() first (a rollback there "
+                             "drops the gradients this step would use)")
         reduction = clip.GradStateReduction(self.target.local_grad_norm_sq(), self.groups,
                                             device=self.device,
                                             timeout_s=self.config.timeout_s)
         snapshot = self.target.snapshot()
         self.target.step_eagerly()
+        self.target.finish_step()
         self._pending = (reduction, snapshot)
 
     def validate(self) -> StepOutcome | None:
-        """Finish the pending step (see module docstring); None if nothing is pending."""
+        """Finish the pending step (see module docstring); None if nothing is pending.
+        Unless the outcome is "accepted", the gradients accumulated since :meth:`step`
+        were dropped: repeat the minibatch that produced them."""
         if self._pending is None:
             return None
         reduction, snapshot = self._pending
@@ -238,6 +258,7 @@ class PostValidatedOptimizer:
             outcome = StepOutcome(grad_norm=state.norm, action="clipped")
         else:
             outcome = StepOutcome(grad_norm=state.norm, action="accepted")
-        self.target.finish_step()
+        if outcome.action != "accepted":
+            self.target.finish_step()
         self.history.append(outcome)
         return outcome

@@ -13,6 +13,9 @@ caller's thread and contends with its I/O thread): the mean blocking time per SE
 batch's time shared by its sends) and per RECV post becomes ``t_send_cpu`` /
 ``t_recv_cpu``, which the simulator charges to the rank.
 
+Timings are device time on GPU: the runtime's action timings and the T_comm ping-pong come
+from CUDA events (:class:`~odc_pp.runtime.timing.ActionClock`), host clocks only on CPU.
+
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
 actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
 
@@ -27,7 +30,6 @@ counts the defaults (1, 0, -1) stay.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -37,6 +39,7 @@ import torch.distributed as dist
 from ..schedule.costs import CostModel
 from ..schedule.ir import ActionKind, Schedule
 from .runtime import MinibatchResult
+from .timing import ActionClock
 
 __all__ = ["ProfilerConfig", "Profiler", "merge_measurements", "memory_deltas"]
 
@@ -114,16 +117,17 @@ class Profiler:
     def _ping_pong(self, sample: torch.Tensor, partner: int) -> list[float]:
         peer = dist.get_global_rank(self.pp_group, partner)
         buffer = torch.empty_like(sample)
+        clock = ActionClock(sample.device)  # CUDA: events around the stream-ordered messages
         times = []
         for _ in range(self.config.comm_repeats):
-            start = time.perf_counter()
+            start = clock.mark()
             if self.rank < partner:
                 dist.send(sample, peer, group=self.pp_group)
                 dist.recv(buffer, peer, group=self.pp_group)
             else:
                 dist.recv(buffer, peer, group=self.pp_group)
                 dist.send(sample, peer, group=self.pp_group)
-            times.append((time.perf_counter() - start) / 2)
+            times.append(clock.elapsed(start, clock.mark()) / 2)
         return times
 
     def local_costs(self) -> dict:

@@ -1,6 +1,8 @@
-"""Execute one rank's part of a Schedule on model chunks.
+"""Execute one rank's part of a lowered Schedule on model chunks.
 
-``PipelineRuntime.run_minibatch`` walks the rank's action list in order:
+``PipelineRuntime.run_minibatch(schedule, microbatches)`` walks the rank's action list of
+``schedule`` (one runtime serves every schedule of its chunks: LB-Mini's microbatch counts,
+ZB-auto's re-plans) in order:
 
 * ``F``: run the chunk on its input (tokens on stage 0, else a received or locally handed
   activation), keep the output for the backward, hand it to the next stage.
@@ -10,19 +12,24 @@
 * ``SEND_*``/``RECV_*``: consecutive comm actions are issued together (sends batched);
   receives are posted when their RECV runs and waited where the compute consumes them.
 * ``OFFLOAD``/``RELOAD``: move saved activations of (chunk, microbatch) to the host
-  pool and back. ``POST_VALIDATION`` (the rank's gradients are final): finish the
-  data-parallel engine's minibatch and, if a ``post_validator``
-  (:class:`~odc_pp.runtime.post_validation.PostValidatedOptimizer`) is given, step it
-  eagerly; its validation runs at the start of the next ``run_minibatch`` (or call
-  ``validate()`` after the last one). Without a POST_VALIDATION action this happens after
-  the last action. Without a post_validator, call your optimizer after run_minibatch.
+  pool and back.
+* ``POST_VALIDATION`` (the rank's gradients are final; without one: after the last
+  action): finish the data-parallel engine's minibatch; with a ``post_validator``
+  (:class:`~odc_pp.runtime.post_validation.PostValidatedOptimizer`) validate the previous
+  minibatch's eager step, whose global norm / inf check ran while this minibatch ran,
+  then step eagerly on this minibatch's gradients. When that validation rolled the
+  previous step back or clipped it, this minibatch ran on parameters that are gone: its
+  gradients were dropped, nothing is stepped, and :attr:`MinibatchResult.repeat` asks the
+  caller to run it again. Without a post_validator, call your optimizer after
+  run_minibatch.
 
-Schedules without comm actions work too: a missing SEND is issued right after its
-producer, a missing RECV is posted and waited at the consumer. Stage hops that stay on
-the rank (V placement's turn, pp=1) never touch the network.
+The schedule must be lowered (:func:`odc_pp.schedule.lowering.lower`): every stage hop
+between ranks needs its SEND and RECV action; hops that stay on the rank (V placement's
+turn, pp=1) never touch the network.
 
 The last stage's loss is ``sum(token losses * loss_mask) / global_num_tokens``, so the
 gradient of a minibatch equals the gradient of the mean token loss over the global batch.
+The loss sum stays on the device until the minibatch ends (one transfer per minibatch).
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from ..schedule.ir import Action, ActionKind, COMM_KINDS, Schedule
 from ..data.microbatch import Microbatch, count_tokens
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
+from .timing import ActionClock
 from .p2p import PeerTransport
+from .post_validation import StepOutcome
 from .wgrad import WeightGradQueue
 
 __all__ = ["RuntimeConfig", "PipelineRuntime", "MinibatchResult", "ActionTiming"]
@@ -125,36 +134,36 @@ class MinibatchResult:
     """Bytes each B leaves held for its W (saved inputs, output gradients), per (chunk,
     microbatch); the profiler's memory deltas come from these and ``activation_bytes``."""
     wall_time: float = 0.0
+    validated: StepOutcome | None = None
+    """The previous minibatch's eager step, validated at this one's POST_VALIDATION
+    (None without a post_validator or a pending step)."""
+    repeat: bool = False
+    """``validated`` rolled back or clipped the step this minibatch's forwards used: its
+    gradients were dropped and it was not stepped. Run it again (every rank decides this
+    from the same global state)."""
 
 
 class PipelineRuntime:
-    """Runs ``schedule``'s actions for this rank (``pp_group`` rank) on ``chunks``."""
+    """Runs this rank's (``pp_group`` rank) actions of the schedules it is given on
+    ``chunks``. The weight-gradient queue is bound to the chunks once, here."""
 
     def __init__(self, config: RuntimeConfig, *, chunks: Sequence[torch.nn.Module],
-                 schedule: Schedule, pp_group, dp_hooks: StageDataParallel | None = None,
+                 pp_group, dp_hooks: StageDataParallel | None = None,
                  post_validator=None) -> None:
         self.config = config
-        self.schedule = schedule
         self.chunks = list(chunks)
         self.pp_group = pp_group
         self.rank = dist.get_rank(pp_group)
         self.dp_hooks = dp_hooks if dp_hooks is not None else NoDataParallel()
         self.post_validator = post_validator
         self.device = torch.device(config.device)
-        self._check_layout()
-        self.actions = list(schedule.ranks[self.rank])
-        has_offload = any(a.kind in (ActionKind.OFFLOAD, ActionKind.RELOAD)
-                          for a in self.actions)
-        if config.track_activations is False and has_offload:
-            raise ValueError("the schedule offloads activations: keep track_activations "
-                             "None or True")
-        self._track = has_offload if config.track_activations is None \
-            else config.track_activations
         self.wgrad_queue = WeightGradQueue()
-        self._bind_queue()
+        for index, chunk in enumerate(self.chunks):
+            self.wgrad_queue.attach(index, chunk)
+        self._clock = ActionClock(self.device)  # CUDA events on GPU, host clock on CPU
         self.store = ActivationStore(
             parameters=[p for chunk in self.chunks for p in chunk.parameters()],
-            device=self.device, min_offload_bytes=config.min_offload_bytes)
+            device=self.device, min_offload_bytes=config.min_offload_bytes, clock=self._clock)
         self.transport = PeerTransport(group=pp_group, device=self.device,
                                        timeout_s=config.comm_timeout_s,
                                        batch=config.batch_p2p)
@@ -164,30 +173,30 @@ class PipelineRuntime:
             raise ValueError("shapes_from_microbatch needs chunks with input_shape(microbatch)"
                              " and output_shape(microbatch); set RuntimeConfig("
                              "shapes_from_microbatch=False) to send shape headers instead")
-        self._scheduled_sends = {(a.kind, a.chunk, a.microbatch) for a in self.actions
-                                 if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)}
         self._prepost = config.prepost_receives
         if self._prepost is None:
             self._prepost = (config.shapes_from_microbatch
                              and dist.get_backend(pp_group) == "gloo")
+        self.schedule: Schedule | None = None
+        """The schedule of the current (or last) minibatch."""
+        self.actions: list[Action] = []
 
     # ----- public ----------------------------------------------------------------
-    def run_minibatch(self, microbatches: Sequence[Microbatch], *,
+    def run_minibatch(self, schedule: Schedule, microbatches: Sequence[Microbatch], *,
                       global_num_tokens: int | None = None) -> MinibatchResult:
-        """Run every action of this rank for one minibatch.
+        """Run every action of this rank in ``schedule`` (lowered) for one minibatch.
 
         ``global_num_tokens``: tokens the loss is normalised by; default: the tokens of
         ``microbatches`` (pass the sum over data-parallel replicas when dp > 1).
         """
-        if len(microbatches) != self.schedule.num_microbatches:
-            raise ValueError(f"schedule {self.schedule.name!r} expects "
-                             f"{self.schedule.num_microbatches} microbatches, "
+        if len(microbatches) != schedule.num_microbatches:
+            raise ValueError(f"schedule {schedule.name!r} expects "
+                             f"{schedule.num_microbatches} microbatches, "
                              f"got {len(microbatches)}")
+        self._use(schedule)
         self._begin(microbatches, global_num_tokens)
-        self._bind_queue()  # another runtime may have run these chunks since
-        if self.post_validator is not None:
-            self.post_validator.validate()  # the previous minibatch's eager step
         started = time.perf_counter()
+        self._clock.restart()
         index = 0
         while index < len(self.actions):
             group_end = self._comm_group_end(index)
@@ -199,23 +208,44 @@ class PipelineRuntime:
             self._timed([action], self._run_action, started)
             index += 1
         self._finish()
-        self._step_eagerly()
+        self._gradients_final()
+        loss_sum = None if self._loss_sum is None else float(self._loss_sum)
         return MinibatchResult(
-            loss_sum=self._loss_sum, num_tokens=self._global_tokens, timings=self._timings,
+            loss_sum=loss_sum, num_tokens=self._global_tokens,
+            timings=self._clock.resolve(self._timings),
             peak_activation_bytes=self.store.peak_resident_bytes,
             activation_bytes=dict(self.store.captured_bytes),
             wgrad_bytes=dict(self.wgrad_queue.held_bytes),
-            wall_time=time.perf_counter() - started)
+            wall_time=time.perf_counter() - started, validated=self._validated,
+            repeat=self._repeat)
 
     # ----- phases ----------------------------------------------------------------
+    def _use(self, schedule: Schedule) -> None:
+        """Check ``schedule`` against the chunks and the group; take this rank's actions."""
+        if schedule is self.schedule:
+            return
+        self._check_layout(schedule)
+        actions = list(schedule.ranks[self.rank])
+        has_offload = any(a.kind in (ActionKind.OFFLOAD, ActionKind.RELOAD) for a in actions)
+        if self.config.track_activations is False and has_offload:
+            raise ValueError(f"schedule {schedule.name!r} offloads activations: keep "
+                             "track_activations None or True")
+        self._check_lowered(schedule, actions)
+        self.schedule = schedule
+        self.actions = actions
+        self._track = has_offload if self.config.track_activations is None \
+            else self.config.track_activations
+
     def _begin(self, microbatches, global_num_tokens) -> None:
         self._microbatches = list(microbatches)
         self._global_tokens = (count_tokens(self._microbatches) if global_num_tokens is None
                                else int(global_num_tokens))
         if self._global_tokens <= 0:
             raise ValueError("the minibatch has no tokens that count in the loss")
-        self._loss_sum = None
-        self._stepped = False
+        self._loss_sum: torch.Tensor | None = None
+        self._gradients_done = False
+        self._validated: StepOutcome | None = None
+        self._repeat = False
         self._timings: list[ActionTiming] = []
         self._inputs: dict[Key, torch.Tensor | None] = {}
         self._outputs: dict[Key, torch.Tensor] = {}
@@ -230,9 +260,10 @@ class PipelineRuntime:
 
     def _post_all_receives(self) -> None:
         """Post this minibatch's receives now, in schedule order (see prepost_receives)."""
-        for action in self._remote_inputs():
-            self._pending_recv[(action.kind, action.chunk, action.microbatch)] = \
-                self._post_recv(action)
+        for action in self.actions:
+            if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+                self._pending_recv[(action.kind, action.chunk, action.microbatch)] = \
+                    self._post_recv(action)
 
     def _finish(self) -> None:
         self.transport.drain_sends()
@@ -247,14 +278,20 @@ class PipelineRuntime:
             raise ValueError(f"schedule {self.schedule.name!r} rank {self.rank} is "
                              f"incomplete: {problems}")
 
-    def _step_eagerly(self) -> None:
-        """Gradients are final: finish data parallelism once, then (with a post-validated
-        optimizer) step now and validate at the start of the next minibatch."""
-        if self._stepped:
+    def _gradients_final(self) -> None:
+        """This rank's gradients are final (POST_VALIDATION, or the end): finish data
+        parallelism once; with a post_validator validate the previous eager step, then
+        step eagerly -- or, when that step changed, drop this minibatch (``repeat``)."""
+        if self._gradients_done:
             return
-        self._stepped = True
+        self._gradients_done = True
         self.dp_hooks.finish_minibatch()
-        if self.post_validator is not None:
+        if self.post_validator is None:
+            return
+        self._validated = self.post_validator.validate()
+        if self._validated is not None and self._validated.action != "accepted":
+            self._repeat = True  # the validator dropped this minibatch's gradients
+        else:
             self.post_validator.step()
 
     def _run_action(self, action: Action) -> None:
@@ -270,7 +307,7 @@ class PipelineRuntime:
         elif kind is ActionKind.RELOAD:
             self.store.reload((action.chunk, action.microbatch))
         elif kind is ActionKind.POST_VALIDATION:
-            self._step_eagerly()
+            self._gradients_final()
         else:
             raise AssertionError(f"unexpected action {action}")
 
@@ -299,7 +336,9 @@ class PipelineRuntime:
         if data.loss_mask is not None:
             token_losses = token_losses * data.loss_mask.to(token_losses.device)
         loss_sum = token_losses.sum()
-        self._loss_sum = (self._loss_sum or 0.0) + float(loss_sum.detach())
+        # float64 on the device, no host sync: the same sum as adding Python floats
+        detached = loss_sum.detach().double()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         return loss_sum / self._global_tokens
 
     def _backward(self, chunk: int, microbatch: int, *, fused: bool) -> None:
@@ -337,9 +376,6 @@ class PipelineRuntime:
             handoff[(neighbour_chunk, microbatch)] = tensor
             return
         self._ready_to_send[(send_kind, chunk, microbatch)] = tensor
-        if (send_kind, chunk, microbatch) not in self._scheduled_sends:
-            self._send([Action(rank=self.rank, kind=send_kind, chunk=chunk,
-                               microbatch=microbatch, peer=peer)])
 
     def _take_activation(self, chunk: int, microbatch: int) -> torch.Tensor:
         if (chunk, microbatch) in self._handoff_f:
@@ -353,37 +389,10 @@ class PipelineRuntime:
 
     def _take_message(self, kind: ActionKind, chunk: int, microbatch: int) -> torch.Tensor:
         pending = self._pending_recv.pop((kind, chunk, microbatch), None)
-        if pending is None:  # the schedule has no RECV for it: receive now
-            peer = (self.schedule.prev_stage_rank(self.rank, chunk) if kind is
-                    ActionKind.RECV_F else self.schedule.next_stage_rank(self.rank, chunk))
-            pending = self._post_recv(Action(rank=self.rank, kind=kind, chunk=chunk,
-                                             microbatch=microbatch, peer=peer))
+        if pending is None:
+            raise ValueError(f"rank {self.rank}: {kind.value} of chunk {chunk} microbatch "
+                             f"{microbatch} is consumed before its RECV action ran")
         return self.transport.wait(pending)
-
-    def _remote_inputs(self) -> list[Action]:
-        """A RECV per input that comes from another rank, in the order the schedule
-        receives (its RECV action) or consumes (no RECV action) it."""
-        receives, seen = [], set()
-        for action in self.actions:
-            if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-                key = (action.kind, action.chunk, action.microbatch)
-            elif action.kind is ActionKind.F:
-                key = (ActionKind.RECV_F, action.chunk, action.microbatch)
-                peer = self.schedule.prev_stage_rank(self.rank, action.chunk)
-            elif action.kind in (ActionKind.B, ActionKind.BW):
-                key = (ActionKind.RECV_B, action.chunk, action.microbatch)
-                peer = self.schedule.next_stage_rank(self.rank, action.chunk)
-            else:
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-                receives.append(action)
-            elif peer is not None and peer != self.rank:
-                receives.append(Action(rank=self.rank, kind=key[0], chunk=action.chunk,
-                                       microbatch=action.microbatch, peer=peer))
-        return receives
 
     def _run_comm_group(self, actions: list[Action], started: float) -> None:
         """Post the group's receives (each timed alone), then issue its sends together
@@ -448,10 +457,6 @@ class PipelineRuntime:
         return (stage * self.schedule.num_microbatches + microbatch) * 2 + int(gradient)
 
     # ----- helpers ---------------------------------------------------------------
-    def _bind_queue(self) -> None:
-        for index, chunk in enumerate(self.chunks):
-            self.wgrad_queue.attach(index, chunk)
-
     def _comm_group_end(self, index: int) -> int:
         end = index
         while end < len(self.actions) and self.actions[end].kind in COMM_KINDS:
@@ -463,30 +468,60 @@ class PipelineRuntime:
         if sync:
             torch.cuda.synchronize(self.device)
         waited_before = self.transport.waited_s
-        begin = time.perf_counter() - started
+        begin = self._clock.mark()
         run(actions if len(actions) > 1 or actions[0].kind in COMM_KINDS else actions[0])
         if sync:
             torch.cuda.synchronize(self.device)
-        end = time.perf_counter() - started
+        end = self._clock.mark()
         waited = self.transport.waited_s - waited_before
+        transfer = self.store.take_transfer_span()  # OFFLOAD/RELOAD: the copies' own span
+        if transfer is not None:
+            begin, end = transfer
         for action in actions:
             self._timings.append(ActionTiming(action, begin, end, waited))
 
-    def _check_layout(self) -> None:
-        if len(self.chunks) != self.schedule.num_chunks:
-            raise ValueError(f"schedule {self.schedule.name!r} needs {self.schedule.num_chunks}"
+    def _check_layout(self, schedule: Schedule) -> None:
+        if len(self.chunks) != schedule.num_chunks:
+            raise ValueError(f"schedule {schedule.name!r} needs {schedule.num_chunks}"
                              f" chunks per rank, got {len(self.chunks)}")
-        if dist.get_world_size(self.pp_group) != self.schedule.pp:
-            raise ValueError(f"schedule is for pp={self.schedule.pp}, pipeline group has "
+        if dist.get_world_size(self.pp_group) != schedule.pp:
+            raise ValueError(f"schedule is for pp={schedule.pp}, pipeline group has "
                              f"{dist.get_world_size(self.pp_group)} ranks")
         for index, chunk in enumerate(self.chunks):
             stage = getattr(chunk, "stage", None)
-            expected = self.schedule.stage_of(self.rank, index)
+            expected = schedule.stage_of(self.rank, index)
             if stage is not None and stage != expected:
                 raise ValueError(f"chunk {index} on rank {self.rank} holds stage {stage}, "
-                                 f"the schedule's {self.schedule.placement.value} placement "
+                                 f"the schedule's {schedule.placement.value} placement "
                                  f"puts stage {expected} there: build chunks with the "
                                  "schedule's placement")
+
+    def _check_lowered(self, schedule: Schedule, actions: list[Action]) -> None:
+        """Every stage hop between ranks has its SEND after the producer and its RECV
+        before the consumer on this rank."""
+        present = {(a.kind, a.chunk, a.microbatch) for a in actions if a.kind in COMM_KINDS}
+        last = schedule.num_stages - 1
+        for action in actions:
+            stage = schedule.stage_of(self.rank, action.chunk) if action.is_compute else None
+            needed = []
+            if action.kind is ActionKind.F:
+                if stage > 0 and schedule.prev_stage_rank(self.rank, action.chunk) != self.rank:
+                    needed.append(ActionKind.RECV_F)
+                if stage < last and \
+                        schedule.next_stage_rank(self.rank, action.chunk) != self.rank:
+                    needed.append(ActionKind.SEND_F)
+            elif action.kind in (ActionKind.B, ActionKind.BW):
+                if stage < last and \
+                        schedule.next_stage_rank(self.rank, action.chunk) != self.rank:
+                    needed.append(ActionKind.RECV_B)
+                if stage > 0 and schedule.prev_stage_rank(self.rank, action.chunk) != self.rank:
+                    needed.append(ActionKind.SEND_B)
+            for kind in needed:
+                if (kind, action.chunk, action.microbatch) not in present:
+                    raise ValueError(
+                        f"schedule {schedule.name!r} is not lowered: rank {self.rank}'s "
+                        f"{action.short()} needs a {kind.value} action; run it through "
+                        "odc_pp.schedule.lowering.lower (or lower_communication) first")
 
 
 class _nullcontext:

@@ -20,7 +20,7 @@ Key = tuple[int, int]
 
 
 class WeightGradQueue:
-    """Pending wgrad closures per (chunk, microbatch); owned by one runtime."""
+    """Pending wgrad closures per (chunk, microbatch); owned by the chunks' one runtime."""
 
     def __init__(self) -> None:
         self._pending: dict[Key, list[Callable[[], None]]] = defaultdict(list)
@@ -34,8 +34,8 @@ class WeightGradQueue:
 
     def attach(self, chunk: int, module: torch.nn.Module) -> int:
         """Bind every deferrable layer inside ``module`` (local ``chunk``) to this queue;
-        returns how many. The runtime re-binds its chunks at the start of every minibatch,
-        so several runtimes may share the same chunks."""
+        returns how many. A PipelineRuntime binds its chunks once, when it is built: one
+        runtime (and queue) per set of chunks, whatever schedules it runs."""
         bound = 0
         for sub in module.modules():
             if hasattr(sub, "wgrad_queue") and hasattr(sub, "native_autograd"):

@@ -36,6 +36,9 @@ CHOICES = {
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
     "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer"),
+    "normalization": ("LayerNorm", "RMSNorm"),
+    "position_embedding_type": ("learned_absolute", "rope"),
+    "attention_backend": ("auto", "host", "sdpa"),
 }
 
 
@@ -60,9 +63,48 @@ class ModelArgs:
     make_vocab_size_divisible_by: int = 8
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
-    """Recompute layernorm/GeLU/dropout outputs in backward instead of saving them."""
+    """Recompute norm/activation/dropout outputs in backward instead of saving them."""
     bf16: bool = False
     """Compute in bfloat16 (fp32 master weights)."""
+    hf_checkpoint: str | None = None
+    """Local Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Qwen3,
+    Mistral): its architecture and weights. Shape flags may be omitted; a contradicting
+    one is an error. With --load, a checkpoint found there wins."""
+    normalization: str = "LayerNorm"
+    """Norm of the layers: LayerNorm or RMSNorm."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of the norms."""
+    swiglu: bool = False
+    """SwiGLU MLP (silu(gate) * up) instead of GeLU."""
+    group_query_attention: bool = False
+    """Grouped-query attention (with --num-query-groups)."""
+    num_query_groups: int | None = None
+    """Key/value heads under --group-query-attention."""
+    kv_channels: int | None = None
+    """Head dimension (default hidden size / heads)."""
+    position_embedding_type: str = "learned_absolute"
+    """Positions: learned_absolute or rope."""
+    rotary_base: float = 10000.0
+    """RoPE base (Hugging Face rope_theta)."""
+    use_rope_scaling: bool = False
+    """Llama-3 RoPE scaling (low/high frequency factors 1 and 4, original context 8192;
+    --hf-checkpoint takes them from its config)."""
+    rope_scaling_factor: float = 8.0
+    """Llama-3 RoPE scaling factor."""
+    disable_bias_linear: bool = False
+    """No biases in the linear layers."""
+    add_qkv_bias: bool = False
+    """A bias in the qkv projection even with --disable-bias-linear (Qwen2)."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys per head (Qwen3)."""
+    untie_embeddings: bool = False
+    """Train the input embedding and the output layer as two weights even when the
+    --hf-checkpoint config ties them. Required for a tied model on more than one stage
+    (pp x chunks > 1): odc-pp does not synchronise the two copies' gradients across stages.
+    Export then writes them tied only while they are still bitwise equal."""
+    attention_backend: str = "auto"
+    """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
+    explicit mask) or sdpa (torch scaled_dot_product_attention)."""
 
 
 @dataclass(kw_only=True)
@@ -92,7 +134,7 @@ class ScheduleArgs:
     num_model_chunks: int | None = None
     """Model chunks per pipeline rank (default 2 for V schedules and interleaved, else 1)."""
     memory_limit: float | None = None
-    """Activation-memory limit per rank, in microbatch-chunk activations (zb-auto, v-min, offload)."""
+    """Activation-memory limit per rank, in microbatch-chunk activations (zb-auto, zb-h2, zbv, v-half, v-min, offload)."""
     cpu_offload: bool = False
     """Offload saved activations to host memory (schedule 'offload')."""
     offload_chunks: list[int] | None = None
@@ -142,7 +184,13 @@ class DataArgs:
     global_batch_size: int = 8
     """Samples per iteration, over all data-parallel ranks."""
     max_tokens_per_microbatch: int | None = None
-    """Pack microbatches by padded tokens (count x longest) instead of --micro-batch-size."""
+    """Cap microbatches by tokens instead of --micro-batch-size: padded tokens (count x
+    longest), or with --pack-sequences the packed row's length."""
+    pack_sequences: bool = False
+    """Pack each microbatch's samples back to back into one row (per-sample positions, no
+    attention across samples, no padding); the row holds at most
+    --max-tokens-per-microbatch (default --micro-batch-size x --seq-length) tokens, and
+    --load-balance lb-mini balances the packed rows by their attention-aware cost."""
     load_balance: str = "none"
     """Assignment of samples to data-parallel ranks and microbatches: none (strided
     equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
@@ -303,9 +351,24 @@ def _validate(args: TrainingArgs) -> list[str]:
     if args.parallel.tensor_model_parallel_size != 1:
         problems.append("--tensor-model-parallel-size other than 1 is not supported "
                         "(odc-pp composes pipeline and data parallelism only)")
-    if args.model.hidden_size % args.model.num_attention_heads:
-        problems.append(f"--hidden-size {args.model.hidden_size} must be divisible by "
-                        f"--num-attention-heads {args.model.num_attention_heads}")
+    model = args.model
+    if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
+        problems.append(f"--hidden-size {model.hidden_size} must be divisible by "
+                        f"--num-attention-heads {model.num_attention_heads} (or give "
+                        f"--kv-channels)")
+    if model.group_query_attention != (model.num_query_groups is not None):
+        problems.append("--group-query-attention and --num-query-groups go together")
+    elif model.num_query_groups is not None and (
+            model.num_query_groups < 1 or model.num_attention_heads % model.num_query_groups):
+        problems.append(f"--num-query-groups {model.num_query_groups} must divide "
+                        f"--num-attention-heads {model.num_attention_heads}")
+    if model.use_rope_scaling and model.position_embedding_type != "rope":
+        problems.append("--use-rope-scaling needs --position-embedding-type rope")
+    if model.add_qkv_bias and not model.disable_bias_linear:
+        problems.append("--add-qkv-bias only matters with --disable-bias-linear")
+    if model.norm_epsilon <= 0 or model.rotary_base <= 0:
+        problems.append("--norm-epsilon and --rotary-base must be > 0")
+
     fam = family(schedule)
     chunks = args.schedule.num_model_chunks or fam.default_chunks
     if not fam.accepts_chunks(chunks):
@@ -454,7 +517,14 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, notes = translate_megatron_flags(argv)
     namespace = build_parser().parse_args(argv)
-    args = args_from_flags(vars(namespace))
+    values = vars(namespace)
+    if values.get("hf_checkpoint"):
+        from odc_pp.megatron.hf_config import given_flags, merge_hf_flags
+
+        values = merge_hf_flags(values, given_flags(argv), values["hf_checkpoint"])
+        notes.append(f"note: --hf-checkpoint {values['hf_checkpoint']}: architecture and "
+                     f"weights from its config.json and safetensors")
+    args = args_from_flags(values)
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

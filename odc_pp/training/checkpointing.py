@@ -28,10 +28,12 @@ import hashlib
 import io
 import json
 import os
+import random
 import re
 import shutil
 from typing import Callable
 
+import numpy as np
 import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
@@ -39,7 +41,8 @@ from odc_pp.fsutil import fsync_dir, write_file_atomic
 __all__ = ["LATEST", "CorruptCheckpointError", "CheckpointSaver", "checkpoint_dir",
            "rank_file", "list_iterations", "write_rank_file", "load_rank_state", "read_meta",
            "save_checkpoint", "prune_checkpoint", "remove_leftovers", "latest_iteration",
-           "read_latest", "save_dir_problem", "free_space_problem"]
+           "read_latest", "save_dir_problem", "free_space_problem", "capture_rng_state",
+           "restore_rng_state"]
 
 LATEST = "latest"
 _ITER = re.compile(r"^iter_(\d{7,})$")
@@ -67,6 +70,52 @@ def list_iterations(save: str) -> list[int]:
         return []
     return sorted(int(match.group(1)) for match in map(_ITER.match, os.listdir(save))
                   if match and os.path.isdir(os.path.join(save, match.group(0))))
+
+
+# ----- RNG states ---------------------------------------------------------------------------
+def _megatron_tracker():
+    """megatron-core's CUDA RNG tracker (tensor-parallel / dropout streams), or None when
+    megatron-core is missing."""
+    try:
+        from megatron.core.tensor_parallel import random as megatron_random
+    except ImportError:
+        return None
+    return megatron_random.get_cuda_rng_tracker()
+
+
+def capture_rng_state() -> dict:
+    """This rank's RNG streams: Python, NumPy, torch's CPU generator and, on a GPU run,
+    the current device's CUDA generator and megatron-core's tracker states (the model-
+    parallel stream its dropout forks into)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+        tracker = _megatron_tracker()
+        if tracker is not None:
+            states = tracker.get_states()
+            tensors = {name: value.clone() for name, value in states.items()
+                       if torch.is_tensor(value)}
+            if len(tensors) != len(states):
+                raise ValueError("megatron-core's RNG tracker holds CUDA-graph generators "
+                                 "(use_cudagraphable_rng), which checkpoints cannot carry")
+            state["megatron_tracker"] = tensors
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Set the streams of :func:`capture_rng_state`. The CUDA parts are restored when this
+    run uses CUDA (a GPU checkpoint resumed on CPU keeps only the host streams)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+    tracker = _megatron_tracker()
+    if "megatron_tracker" in state and tracker is not None:
+        tracker.set_states(state["megatron_tracker"])
 
 
 # ----- rank files ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Builds what one rank trains with -- model chunks (odc_pp.megatron), the data-parallel
-engine (odc_pp.odc), the sharded optimizer, pipeline schedules (odc_pp.schedule) and the
-pipeline runtime (odc_pp.runtime) -- and runs one iteration with them."""
+engine (odc_pp.odc), the sharded optimizer, lowered pipeline schedules (odc_pp.schedule)
+and the one pipeline runtime (odc_pp.runtime) -- and runs one iteration with them."""
 
 from __future__ import annotations
 
@@ -14,33 +14,48 @@ from odc_pp.data import Microbatch
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
+from odc_pp.schedule.lowering import insert_post_validation, lower_communication
 from odc_pp.schedule.placement import last_stage_rank
 
 from .arguments import ScheduleArgs, TrainingArgs
 from .data_plan import IterationPlan
 from .distributed import Topology
+from .model_setup import load_initial_weights, model_config
+from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_nonfinite_grad,
+                             synchronous_step)
 from .replanning import check_same_schedule
-from .optimizer_step import (build_post_validator, inject_nonfinite_grad, norm_groups,
-                             post_validated_step, synchronous_step)
 
 __all__ = ["Components", "IterationResult", "build_components", "run_iteration",
-           "build_schedule"]
+           "build_schedule", "schedule_for", "resolve_step", "resolve_loss", "validate_now"]
 
 
 @dataclass
 class IterationResult:
-    loss: float
-    """Token-weighted mean loss of the global batch."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
+    loss: float | None
+    """Token-weighted mean loss of the global batch (None until :func:`resolve_loss`)."""
+    grad_norm: float | None
+    """Global gradient norm before clipping; None while the post-validated step awaits
+    its validation (filled in by :func:`resolve_step`)."""
     busy_s: float
     """This rank's time in compute actions."""
     peak_memory_mb: float
     """Peak device memory of this rank (CPU: peak saved-activation memory)."""
-    skipped: bool = False
-    """The optimizer step was rolled back (post-validation found inf/nan)."""
+    skipped: bool | None = False
+    """The optimizer step was skipped or rolled back (inf/nan); None while pending."""
     minibatch: object = None
     """The runtime's MinibatchResult (action timings, for the profiler)."""
+    previous_step: object = None
+    """Post-validation: the StepOutcome of the previous iteration's step, validated
+    during this iteration (None otherwise)."""
+    repeats: int = 0
+    """Times the minibatch ran again because the previous step was rolled back/clipped."""
+    loss_reduction: tuple | None = None
+    """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
+
+    @property
+    def pending(self) -> bool:
+        """The step awaits its validation (grad_norm and skipped unknown)."""
+        return self.grad_norm is None
 
 
 @dataclass
@@ -49,14 +64,20 @@ class Components:
     engine: object
     optimizer: object
     runtime: object
+    """The PipelineRuntime: runs every schedule of this rank's chunks."""
     costs: CostModel
     """Cost model the schedules are generated for."""
     last_stage: bool
     """This rank runs the last virtual stage (reports the loss)."""
-    runtimes: dict = field(default_factory=dict)
-    """Pipeline runtime per microbatch count (LB-Mini varies it between iterations)."""
+    schedules: dict = field(default_factory=dict)
+    """Lowered schedule per microbatch count (LB-Mini varies it between iterations);
+    cleared when the costs change (ZB-auto re-planning)."""
     post_validator: object = None
     """PostValidatedOptimizer around ``optimizer`` (--enable-optimizer-post-validation)."""
+    injection: object = None
+    """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
+    last_schedule: Schedule | None = None
+    """The schedule the last iteration ran."""
 
     def close(self) -> None:
         self.engine.destroy()
@@ -78,14 +99,17 @@ def load_cost_model(schedule: ScheduleArgs) -> CostModel:
 
 
 def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
-                   costs: CostModel) -> Schedule:
-    """The compute schedule (with any OFFLOAD/RELOAD) for one replica's microbatch count;
-    the runtime issues the communication itself."""
-    return training_schedule(schedule.pipeline_schedule, pp=pp,
-                             num_microbatches=num_microbatches,
-                             num_chunks=schedule.num_model_chunks, costs=costs,
-                             memory_limit=schedule.memory_limit,
-                             offload_chunks=schedule.offload_chunks)
+                   costs: CostModel, post_validation: bool = False) -> Schedule:
+    """The lowered schedule the runtime executes for one replica's microbatch count:
+    compute (with any OFFLOAD/RELOAD), then explicit communication, then (with
+    ``post_validation``) the POST_VALIDATION point of every rank."""
+    compute = training_schedule(schedule.pipeline_schedule, pp=pp,
+                                num_microbatches=num_microbatches,
+                                num_chunks=schedule.num_model_chunks, costs=costs,
+                                memory_limit=schedule.memory_limit,
+                                offload_chunks=schedule.offload_chunks)
+    lowered = lower_communication(compute)
+    return insert_post_validation(lowered) if post_validation else lowered
 
 
 def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
@@ -94,15 +118,17 @@ def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
 
 
 def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
-    """(ODC group ranks' torch group, inter-host torch group or None). Collective:
-    every rank creates every group in the same order."""
+    """(ODC group ranks' torch group, inter-host torch group or None, gradient-norm
+    group). Collective: every rank creates every group in the same order. The norm group
+    holds every rank owning a disjoint piece of the gradient: all ranks, or with
+    hierarchical data parallelism one host's ranks of every stage (one model copy)."""
     if args.parallel.dp_mode != "hierarchical":
-        return topo.dp_group, None
+        return topo.dp_group, None, dist.group.WORLD
     per_host = args.parallel.dp_ranks_per_host or max(1, env_local_world // topo.pp)
     if topo.dp % per_host:
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
-    intra = inter = None
+    intra = inter = norm = None
     for stage in range(topo.pp):
         members = [replica * topo.pp + stage for replica in range(topo.dp)]
         for host in range(topo.dp // per_host):
@@ -113,28 +139,31 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
             group = dist.new_group(members[slot::per_host])
             if stage == topo.pp_rank and slot == topo.dp_rank % per_host:
                 inter = group
-    return intra, inter
+    for host in range(topo.dp // per_host):
+        replicas = range(host * per_host, (host + 1) * per_host)
+        group = dist.new_group([replica * topo.pp + stage for replica in replicas
+                                for stage in range(topo.pp)])
+        if host == topo.dp_rank // per_host:
+            norm = group
+    return intra, inter, norm
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                      local_world_size: int = 1) -> Components:
-    from odc_pp.megatron.model import ModelConfig, build_chunks
+    from odc_pp.megatron.model import build_chunks
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
+    from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
     dtype = "bfloat16" if args.model.bf16 else "float32"
-    model = ModelConfig(vocab_size=vocab_size, hidden_size=args.model.hidden_size,
-                        num_layers=args.model.num_layers,
-                        num_attention_heads=args.model.num_attention_heads,
-                        ffn_hidden_size=args.model.ffn_hidden_size,
-                        max_sequence_length=args.model.max_position_embeddings,
-                        params_dtype=dtype, device=str(topo.device),
-                        recompute_lgd=args.model.recompute_lgd)
+    model = model_config(args, vocab_size=vocab_size, device=str(topo.device),
+                         num_stages=topo.pp * args.schedule.num_model_chunks)
     chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=args.schedule.num_model_chunks,
                           placement=placement_of(args.schedule.pipeline_schedule), seed=args.run.seed)
-    torch_group, inter_host = _dp_groups(args, topo, local_world_size)
+    load_initial_weights(chunks, args, model)
+    torch_group, inter_host, norm_group = _dp_groups(args, topo, local_world_size)
     timeout_s = args.parallel.distributed_timeout_minutes * 60
     transport = prim.TransportConfig(
         backend="collective" if args.parallel.dp_mode == "collective" else "odc",
@@ -147,64 +176,113 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     optimizer = ShardedAdamW(engine, AdamWConfig(
         lr=args.optimizer.lr, betas=(args.optimizer.adam_beta1, args.optimizer.adam_beta2), eps=1e-8,
         weight_decay=args.optimizer.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
-        norm_group=norm_groups(topo, torch_group))
-    parts = Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=None,
-                       costs=load_cost_model(args.schedule),
-                       last_stage=_last_stage_here(args, topo))
+        norm_group=norm_group)
+    post_validator = injection = None
     if args.schedule.enable_optimizer_post_validation:
-        parts.post_validator = build_post_validator(parts, args, topo)
-    return parts
+        if args.run.inject_nonfinite_grad_iter is not None:
+            injection = NonfiniteInjection(optimizer)
+        post_validator = build_post_validator(optimizer, args, topo, injection=injection)
+    runtime = PipelineRuntime(
+        RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s), chunks=chunks,
+        pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator)
+    return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
+                      costs=load_cost_model(args.schedule),
+                      last_stage=_last_stage_here(args, topo),
+                      post_validator=post_validator, injection=injection)
 
 
-def _runtime_for(parts: Components, args: TrainingArgs, topo: Topology,
-                 num_microbatches: int):
-    from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
-
-    runtime = parts.runtimes.get(num_microbatches)
-    if runtime is None:
-        if num_microbatches < 1:
-            raise ValueError(f"data-parallel rank {topo.dp_rank} got no microbatch; raise "
-                             "--global-batch-size")
-        schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
-                                  costs=parts.costs)
+def schedule_for(parts: Components, args: TrainingArgs, topo: Topology,
+                 num_microbatches: int) -> Schedule:
+    """The lowered schedule for this replica's microbatch count under ``parts.costs``."""
+    if num_microbatches < 1:
+        raise ValueError(f"data-parallel rank {topo.dp_rank} got no microbatch; raise "
+                         "--global-batch-size")
+    schedule = parts.schedules.get(num_microbatches)
+    if schedule is None:
+        schedule = build_schedule(args.schedule, pp=topo.pp,
+                                  num_microbatches=num_microbatches, costs=parts.costs,
+                                  post_validation=parts.post_validator is not None)
         # before the first step with it: every rank of the pipeline must run this plan
         check_same_schedule(schedule, topo.pp_group, what="pipeline schedule")
-        config = RuntimeConfig(device=str(topo.device),
-                               comm_timeout_s=args.parallel.distributed_timeout_minutes * 60)
-        runtime = PipelineRuntime(config, chunks=parts.chunks, schedule=schedule,
-                                  pp_group=topo.pp_group, dp_hooks=parts.engine)
-        parts.runtimes[num_microbatches] = runtime
-    # layers hand deferred weight gradients to the queue of the runtime that runs now
-    for index, chunk in enumerate(parts.chunks):
-        runtime.wgrad_queue.attach(index, chunk)
-    return runtime
+        parts.schedules[num_microbatches] = schedule
+    return schedule
 
 
 def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
                   microbatches: list[Microbatch], *, plan: IterationPlan,
                   lr: float, iteration: int | None = None) -> IterationResult:
-    """Forward/backward of this rank's microbatches under the schedule, then the step
-    (``iteration``: 1-based, for --inject-nonfinite-grad-iter)."""
-    runtime = _runtime_for(parts, args, topo, len(microbatches))
-    parts.engine.begin_minibatch(max_microbatches=plan.max_microbatches,
-                                 num_microbatches=len(microbatches))
-    result = runtime.run_minibatch(microbatches,
-                                   global_num_tokens=int(round(plan.total_loss_tokens)))
-    if args.run.inject_nonfinite_grad_iter == iteration and topo.rank == topo.world_size - 1:
-        inject_nonfinite_grad(parts)
-    parts.optimizer.config.lr = lr
-    if parts.post_validator is not None:
-        norm, skipped = post_validated_step(parts)
-    else:
+    """Forward/backward of this rank's microbatches under the lowered schedule, and the
+    step (``iteration``: 1-based, for --inject-nonfinite-grad-iter).
+
+    Synchronous: the step follows the minibatch; the result is final. Post-validation:
+    the runtime steps eagerly at the schedule's POST_VALIDATION and validates the previous
+    iteration's step there (``previous_step``); when that one was rolled back or clipped
+    the minibatch runs again. The result stays pending until :func:`resolve_step` (the
+    next iteration's ``previous_step``, or :func:`validate_now`)."""
+    schedule = schedule_for(parts, args, topo, len(microbatches))
+    parts.last_schedule = schedule
+    injecting = args.run.inject_nonfinite_grad_iter == iteration and \
+        topo.rank == topo.world_size - 1
+    parts.optimizer.config.lr = lr  # the eager step at POST_VALIDATION uses it
+    if parts.injection is not None:
+        parts.injection.armed = injecting
+    repeats, previous = 0, None
+    try:
+        while True:
+            parts.engine.begin_minibatch(max_microbatches=plan.max_microbatches,
+                                         num_microbatches=len(microbatches))
+            result = parts.runtime.run_minibatch(
+                schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)))
+            previous = previous or result.validated
+            if not result.repeat:
+                break
+            repeats += 1
+    finally:
+        if parts.injection is not None:
+            parts.injection.armed = False
+    norm, skipped = None, None
+    if parts.post_validator is None:
+        if injecting:
+            inject_nonfinite_grad(parts.engine)
         norm, skipped = synchronous_step(parts, args)
     loss_sum = torch.tensor([result.loss_sum or 0.0 if parts.last_stage else 0.0],
                             dtype=torch.float64)
-    dist.all_reduce(loss_sum)
+    # post-validation: no barrier at the end of the iteration; waited for in resolve_loss
+    work = dist.all_reduce(loss_sum, async_op=parts.post_validator is not None)
     busy = sum(t.duration for t in result.timings if t.action.is_compute)
     if topo.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(topo.device) / 2 ** 20
     else:  # CPU: the runtime's count of saved activations
         peak = result.peak_activation_bytes / 2 ** 20
-    return IterationResult(loss=float(loss_sum) / plan.total_loss_tokens, grad_norm=norm,
-                           busy_s=busy, peak_memory_mb=peak, skipped=skipped,
-                           minibatch=result)
+    iteration_result = IterationResult(
+        loss=None, grad_norm=norm, busy_s=busy, peak_memory_mb=peak, skipped=skipped,
+        minibatch=result, previous_step=previous, repeats=repeats,
+        loss_reduction=(work, loss_sum, plan.total_loss_tokens))
+    if work is None:
+        resolve_loss(iteration_result)
+    return iteration_result
+
+
+def resolve_loss(result: IterationResult) -> None:
+    """Wait for the loss all-reduce of ``result`` (started by run_iteration) and set
+    ``result.loss``."""
+    if result.loss_reduction is None:
+        return
+    work, loss_sum, tokens = result.loss_reduction
+    result.loss_reduction = None
+    if work is not None:
+        work.wait()
+    result.loss = float(loss_sum) / tokens
+
+
+def resolve_step(result: IterationResult, outcome) -> None:
+    """Fill in a pending ``result`` from its step's validated StepOutcome."""
+    result.grad_norm = outcome.grad_norm
+    result.skipped = outcome.action == "skipped"
+
+
+def validate_now(parts: Components, result: IterationResult) -> None:
+    """Finish a pending post-validated step at once (before a checkpoint, at the end):
+    the check, and a rollback or clipped redo if needed; no minibatch ran since."""
+    if result.pending:
+        resolve_step(result, parts.post_validator.validate())

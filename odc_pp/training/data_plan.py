@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from odc_pp.data import (IndexedTokenDataset, JsonlDataset, Microbatch, ShuffledSource,
-                         SyntheticCorpus, build_tokenizer, collate, global_batch_indices,
-                         plan_minibatch)
+from odc_pp.data import (AttentionCost, IndexedTokenDataset, JsonlDataset, Microbatch,
+                         ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
+                         global_batch_indices, pack, plan_minibatch)
+from odc_pp.schedule.costs import transformer_layer_flops
 
-from .arguments import TrainingArgs
+from .arguments import ModelArgs, TrainingArgs
 
-__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size"]
+__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size",
+           "sample_cost_model"]
 
 
 @dataclass
@@ -52,12 +54,30 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
     else:
         dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by)
+    if args.model.hf_checkpoint:  # the model's vocabulary is the checkpoint's
+        if tokenizer.vocab_size > args.model.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
+                             f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
+                             f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
+        vocab = args.model.vocab_size
     return ShuffledSource(dataset, seed=args.run.seed), vocab
+
+
+def sample_cost_model(model: ModelArgs) -> AttentionCost:
+    """A sample's training cost ``s + q s^2`` from the project's FLOPs formula
+    (:func:`~odc_pp.schedule.costs.transformer_layer_flops`: F + B + W of one layer)."""
+    def flops(seq: int) -> float:
+        return sum(transformer_layer_flops(1, seq, model.hidden_size, model.ffn_hidden_size))
+
+    quadratic = (flops(2) - 2 * flops(1)) / 2  # flops(s) = linear s + quadratic s^2
+    return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))
 
 
 class DataPlanner:
     """Global batch -> per-replica microbatches: the frontend's flags mapped onto
-    :func:`odc_pp.data.plan_minibatch` (``--load-balance`` none, lb-mini or balanced)."""
+    :func:`odc_pp.data.plan_minibatch` (``--load-balance`` none, lb-mini or balanced;
+    ``--pack-sequences``: one packed row per microbatch, planned with
+    :func:`sample_cost_model`)."""
 
     def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int) -> None:
         self.args = args
@@ -65,6 +85,8 @@ class DataPlanner:
         self.dp = dp
         self.pp = pp
         self.token_cap = args.data.max_tokens_per_microbatch or args.data.micro_batch_size * args.model.seq_length
+        self.packed = args.data.pack_sequences
+        self.cost_model = sample_cost_model(args.model) if self.packed else None
 
     def plan(self, iteration: int) -> IterationPlan:
         sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
@@ -72,7 +94,8 @@ class DataPlanner:
         by_count = None if self.args.data.max_tokens_per_microbatch else self.args.data.micro_batch_size
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,
                               mode=self.args.data.load_balance, samples_per_microbatch=by_count,
-                              min_microbatches=self.pp)
+                              min_microbatches=self.pp, packed=self.packed,
+                              cost_model=self.cost_model)
         replicas = [[[sample_ids[p] for p in group] for group in replica]
                     for replica in plan.microbatches]
         samples = [self.source[i] for i in sample_ids]
@@ -81,5 +104,7 @@ class DataPlanner:
                              total_tokens=int(sum(lengths)))
 
     def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
+        if self.packed:
+            return [pack([self.source[i] for i in group]) for group in groups]
         return [collate([self.source[i] for i in group], pad_id=self.source.pad_id)
                 for group in groups]

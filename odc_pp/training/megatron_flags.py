@@ -68,8 +68,13 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
     "--calculate-per-token-loss": _honoured(
         "the loss is always the mean over every scored token of the global batch "
         "(per-token, independent of the microbatch and replica split)"),
-    "--untie-embeddings-and-output-weights": _honoured(
-        "input embeddings and the output layer are always untied"),
+    "--untie-embeddings-and-output-weights": _mapped(
+        "input embeddings and the output layer are separate weights; with an --hf-checkpoint "
+        "whose config ties them this means --untie-embeddings", "--untie-embeddings"),
+    "--no-rope-fusion": _honoured(
+        "RoPE is unfused on CPU; on GPU it is fused only when Transformer Engine is installed"),
+    "--no-position-embedding": _honoured(
+        "--position-embedding-type rope adds no learned position embedding"),
     "--accumulate-allreduce-grads-in-fp32": _honoured(
         "gradients are always accumulated and reduced in fp32"),
     "--no-gradient-accumulation-fusion": _honoured(

@@ -61,7 +61,7 @@ class ZbAutoReplanner:
             return False
         if self.profiler is None:
             warmup = 1 if self.args.schedule.profile_iters > 1 else 0
-            schedule = next(iter(parts.runtimes.values())).schedule  # stage layout only
+            schedule = parts.last_schedule  # stage layout only
             self.profiler = Profiler(ProfilerConfig(warmup_minibatches=warmup),
                                      schedule=schedule, pp_group=self.topo.pp_group)
         self.profiler.record(result.minibatch)
@@ -90,7 +90,7 @@ class ZbAutoReplanner:
                                   costs=measured)
         check_same_schedule(new, what="re-planned zb-auto schedule")
         parts.costs = measured
-        parts.runtimes.clear()  # rebuilt lazily from the measured costs
+        parts.schedules.clear()  # rebuilt lazily from the measured costs
         if topo.rank == 0 and out is not None:
             before = simulate(old, measured).makespan
             after = simulate(new, measured).makespan

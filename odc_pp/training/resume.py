@@ -21,11 +21,12 @@ import torch.distributed as dist
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-from .arguments import CheckpointArgs, TrainingArgs
+from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
                             latest_iteration, list_iterations, read_meta, remove_leftovers,
                             save_dir_problem)
 from .distributed import Topology
+from .model_setup import hf_config_of
 from .resharding import STATE_NAMES, assemble_by_name, owned_state, read_optimizer_state, \
     unit_layout
 
@@ -40,7 +41,22 @@ MODEL_FLAGS = {
     "ffn_hidden_size": "--ffn-hidden-size",
     "max_position_embeddings": "--max-position-embeddings",
     "vocab_size": "--vocab-size (or the tokenizer and --make-vocab-size-divisible-by)",
+    "normalization": "--normalization",
+    "norm_epsilon": "--norm-epsilon",
+    "swiglu": "--swiglu",
+    "num_query_groups": "--num-query-groups",
+    "kv_channels": "--kv-channels",
+    "position_embedding_type": "--position-embedding-type",
+    "rotary_base": "--rotary-base",
+    "disable_bias_linear": "--disable-bias-linear",
+    "add_qkv_bias": "--add-qkv-bias",
+    "qk_layernorm": "--qk-layernorm",
 }
+# architecture keys that checkpoints written before they existed lack: the GPT defaults
+_ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
+    "normalization", "norm_epsilon", "swiglu", "num_query_groups", "kv_channels",
+    "position_embedding_type", "rotary_base", "disable_bias_linear", "add_qkv_bias",
+    "qk_layernorm")}
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size")
@@ -54,13 +70,18 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "hidden_size": args.model.hidden_size, "num_attention_heads": args.model.num_attention_heads,
             "ffn_hidden_size": args.model.ffn_hidden_size,
             "max_position_embeddings": args.model.max_position_embeddings,
-            "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size}
+            "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
+            **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
+            "hf_config": hf_config_of(args)}
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:
     """One entry per model setting that differs: ``"key: saved A vs now B (--flag)"``."""
-    return [f"{key}: saved {saved.get(key)} vs now {now[key]} ({flag})"
-            for key, flag in MODEL_FLAGS.items() if saved.get(key) != now[key]]
+    def value(meta: dict, key: str):
+        return meta.get(key, _ARCH_DEFAULTS.get(key))
+
+    return [f"{key}: saved {value(saved, key)} vs now {value(now, key)} ({flag})"
+            for key, flag in MODEL_FLAGS.items() if value(saved, key) != value(now, key)]
 
 
 # ----- collectives (default group) ------------------------------------------------------------

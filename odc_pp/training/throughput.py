@@ -26,7 +26,8 @@ import torch
 from odc_pp.schedule.costs import transformer_layer_flops
 from odc_pp.schedule.offload_tuner import PRESETS
 
-__all__ = ["ModelShape", "flops_per_microbatch", "default_peak_tflops", "peak_memory_mb"]
+__all__ = ["ModelShape", "flops_per_microbatch", "microbatch_flops", "default_peak_tflops",
+           "peak_memory_mb"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,19 @@ def flops_per_microbatch(shape: ModelShape, batch: int, seq: int) -> float:
                                             shape.ffn_hidden_size))
     return shape.num_layers * per_layer + 6.0 * batch * seq * shape.vocab_size * \
         shape.hidden_size
+
+
+def microbatch_flops(shape: ModelShape, microbatch) -> float:
+    """:func:`flops_per_microbatch` of a :class:`~odc_pp.data.microbatch.Microbatch`; a
+    packed one (``segment_ids``) counts each sample as its own sequence (no attention
+    across samples, padding not counted)."""
+    if microbatch.segment_ids is None:
+        return flops_per_microbatch(shape, *microbatch.tokens.shape)
+    total = 0.0
+    for row in microbatch.segment_ids:
+        _, counts = torch.unique_consecutive(row[row >= 0], return_counts=True)
+        total += sum(flops_per_microbatch(shape, 1, int(n)) for n in counts)
+    return total
 
 
 def default_peak_tflops(device: torch.device) -> float | None:

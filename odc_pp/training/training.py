@@ -24,16 +24,18 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
-from .checkpointing import CheckpointSaver
-from .components import Components, build_components, build_schedule, run_iteration
+from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
+from .components import (Components, build_components, build_schedule, resolve_loss,
+                         resolve_step, run_iteration, validate_now)
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
+from .failures import exit_after_failure, is_peer_echo
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
-from .throughput import ModelShape, default_peak_tflops, flops_per_microbatch, peak_memory_mb
+from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
 __all__ = ["main", "train", "TrainingStopped"]
 
@@ -63,17 +65,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
-
-
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
 
 
 def _gather_floats(values: list[float], topo: Topology) -> list[list[float]]:
@@ -109,7 +100,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     if args.checkpoint.save:  # before the first step: fail now, not at the first save
         check_save_dir(parts, args.checkpoint, topo, out=out)
     if args.checkpoint.load:
-        start, how = resume(parts, args, topo, _set_rng_state, vocab_size=vocab, out=out)
+        start, how = resume(parts, args, topo, restore_rng_state, vocab_size=vocab, out=out)
         if how and topo.rank == 0:
             print(f"resumed from {args.checkpoint.load} at iteration {start} ({how})", file=out,
                   flush=True)
@@ -130,6 +121,36 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     skipped_in_a_row = 0
     replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
     render_pending = bool(args.logging.schedule_png) and topo.rank == 0
+    # with post-validation an iteration's step is validated during the next one: its
+    # log record and checks wait for that (every rank finishes the same iterations)
+    pending: dict | None = None
+
+    def finish(entry: dict) -> None:
+        nonlocal skipped_in_a_row
+        result, done = entry["result"], entry["done"]
+        resolve_loss(result)
+        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+        if done % args.logging.log_interval == 0 or done == args.run.train_iters:
+            stats = _gather_floats([result.busy_s, entry["step_s"] - result.busy_s,
+                                    result.peak_memory_mb, peak_memory_mb(topo.device),
+                                    entry["window_flops"], entry["window_time"]], topo)
+            tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
+            record = {"iteration": done, "loss": result.loss, "lr": entry["lr"],
+                      "grad_norm": result.grad_norm,
+                      "tokens_per_s": entry["window_tokens"] / max(entry["window_time"], 1e-9),
+                      "tflops_per_device": tflops,
+                      "mfu": tflops / peak_tflops if peak_tflops else None,
+                      "step_s": entry["step_s"], "busy_s": [s[0] for s in stats],
+                      "idle_s": [s[1] for s in stats],
+                      "peak_activation_mb": max(s[2] for s in stats),
+                      "peak_memory_mb": max(s[3] for s in stats),
+                      "skipped": result.skipped,
+                      "microbatches_per_replica": entry["microbatches_per_replica"]}
+            if logger is not None:
+                logger.log(record)
+                records.append(record)
+        _check_finite(result, done, skipped_in_a_row, args)
+
     for iteration in range(start, args.run.train_iters):
         if args.run.inject_fault_rank == topo.rank and iteration + 1 == args.run.inject_fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} (SIGKILL)",
@@ -143,8 +164,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                                iteration=iteration + 1)
         step_s = time.perf_counter() - began
         if render_pending:  # the schedule rank 0's pipeline just ran
-            _render_schedule(args.logging.schedule_png, parts.runtimes[len(microbatches)].schedule,
-                             parts.costs, out)
+            _render_schedule(args.logging.schedule_png, parts.last_schedule, parts.costs, out)
             render_pending = False
         if replanner.observe(parts, result, max_microbatches=plan.max_microbatches,
                              out=out if topo.rank == 0 else None):
@@ -152,41 +172,37 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         window_tokens += plan.total_tokens
         window_time += step_s
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
-        window_flops += sum(flops_per_microbatch(shape, *mb.tokens.shape)
-                            for mb in microbatches) / topo.pp
-        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+        window_flops += sum(microbatch_flops(shape, mb) for mb in microbatches) / topo.pp
         done = iteration + 1
         if logger is not None:
             logger.progress(done)
+        entry = {"result": result, "done": done, "lr": lr, "step_s": step_s,
+                 "window_tokens": window_tokens, "window_time": window_time,
+                 "window_flops": window_flops,
+                 "microbatches_per_replica": [len(r) for r in plan.replicas]}
         if done % args.logging.log_interval == 0 or done == args.run.train_iters:
-            stats = _gather_floats([result.busy_s, step_s - result.busy_s,
-                                    result.peak_memory_mb, peak_memory_mb(topo.device),
-                                    window_flops, window_time], topo)
-            tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
-            record = {"iteration": done, "loss": result.loss, "lr": lr,
-                      "grad_norm": result.grad_norm,
-                      "tokens_per_s": window_tokens / max(window_time, 1e-9),
-                      "tflops_per_device": tflops,
-                      "mfu": tflops / peak_tflops if peak_tflops else None,
-                      "step_s": step_s, "busy_s": [s[0] for s in stats],
-                      "idle_s": [s[1] for s in stats],
-                      "peak_activation_mb": max(s[2] for s in stats),
-                      "peak_memory_mb": max(s[3] for s in stats),
-                      "skipped": result.skipped,
-                      "microbatches_per_replica": [len(r) for r in plan.replicas]}
             window_tokens, window_time, window_flops = 0, 0.0, 0.0
-            if logger is not None:
-                logger.log(record)
-                records.append(record)
-        _check_finite(result, done, skipped_in_a_row, args)
-        if saver is not None and ((args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
-                                  or done == args.run.train_iters or done == args.run.exit_interval):
-            state = dict(sharded_state(parts.engine, parts.optimizer), rng=_rng_state(),
+        if pending is not None:
+            resolve_step(pending["result"], result.previous_step)
+            finish(pending)
+            pending = None
+        due_save = saver is not None and (
+            (args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
+            or done == args.run.train_iters or done == args.run.exit_interval)
+        exiting = bool(args.run.exit_interval and done >= args.run.exit_interval)
+        if result.pending and (due_save or exiting or done == args.run.train_iters):
+            validate_now(parts, result)
+        if result.pending:
+            pending = entry
+            continue
+        finish(entry)
+        if due_save:
+            state = dict(sharded_state(parts.engine, parts.optimizer), rng=capture_rng_state(),
                          iteration=done)
             path = saver.save(done, state, meta=checkpoint_meta(args, topo, vocab_size=vocab))
             if topo.rank == 0:
                 print(f"saved checkpoint {path}", file=out, flush=True)
-        if args.run.exit_interval and done >= args.run.exit_interval:
+        if exiting:
             if topo.rank == 0:
                 print(f"exit interval {args.run.exit_interval} reached", file=out, flush=True)
             break
@@ -218,24 +234,21 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
-        _hard_exit(2)
+        exit_after_failure(exc, 2)
     except TrainingStopped as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
-        _hard_exit(EXIT_STOPPED)
-    except BaseException as exc:  # a peer died or timed out: say so and exit non-zero
-        print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
-              f"(a peer rank probably died or stopped responding; see the first failing "
-              f"rank's message above)\n{traceback.format_exc(limit=4)}",
-              file=sys.stderr, flush=True)
-        _hard_exit(1)
+        exit_after_failure(exc, EXIT_STOPPED)
+    except BaseException as exc:
+        if is_peer_echo(exc):
+            print(f"pretrain_gpt.py: rank {env.rank} failed because a peer rank went away "
+                  f"({type(exc).__name__}: {exc}); the failing rank's message names the "
+                  f"cause", file=sys.stderr, flush=True)
+        else:
+            print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
+                  f"{traceback.format_exc(limit=4)}", file=sys.stderr, flush=True)
+        exit_after_failure(exc, 1)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
 
-
-def _hard_exit(code: int) -> None:
-    """Exit without waiting on peers (destroying a group whose peer died can hang)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -129,7 +129,7 @@ def test_shuffled_source_epochs_are_permutations():
 @pytest.mark.parametrize("line, message", [
     ('[1, 2]', "bad.jsonl:2: a JSONL record must be a JSON object"),
     ('"just a string"', "bad.jsonl:2: a JSONL record must be a JSON object"),
-    ('{"prompt": "x"}', "bad.jsonl:2: JSONL record needs a 'text' or 'messages' key"),
+    ('{"prompt": "x"}', "bad.jsonl:2: JSONL record needs a 'text', 'messages' or 'input_ids' key"),
     ('{"messages": "hello"}', r"bad.jsonl:2: 'messages' must be a list .* got a JSON string"),
     ('{"messages": ["hello"]}', r"bad.jsonl:2: messages\[0\] must be an object"),
     ('{"messages": [{"role": "assistant", "content": "a"}, 3]}',

@@ -105,11 +105,14 @@ lengths = np.minimum(rng.lognormal(5.0, 1.2, size=48).astype(int) + 8, 4096)
 plans = [plan_minibatch(lengths, r, max_tokens=2048, mode="balanced", min_microbatches=2,
                         cost_model=AttentionCost(quadratic_coef=1e-3)).microbatches
          for r in (2, 3, 4)]
-print(json.dumps(plans))
+packed = [plan_minibatch(lengths, 2, max_tokens=4096, mode=mode, min_microbatches=2,
+                         cost_model=AttentionCost(quadratic_coef=1e-3), packed=True).microbatches
+          for mode in ("none", "lb-mini", "balanced")]
+print(json.dumps(plans + packed))
 """
 
 
-def test_balanced_plan_is_the_same_in_every_process():
+def test_balanced_and_packed_plans_are_the_same_in_every_process():
     """Two fresh interpreters (different hash seeds, like two ranks) and this one agree."""
     outputs = []
     for hash_seed in ("1", "2"):
@@ -123,4 +126,8 @@ def test_balanced_plan_is_the_same_in_every_process():
     here = [plan_minibatch(lengths, r, max_tokens=2048, mode="balanced", min_microbatches=2,
                            cost_model=AttentionCost(quadratic_coef=1e-3)).microbatches
             for r in (2, 3, 4)]
+    here += [plan_minibatch(lengths, 2, max_tokens=4096, mode=mode, min_microbatches=2,
+                            cost_model=AttentionCost(quadratic_coef=1e-3),
+                            packed=True).microbatches
+             for mode in ("none", "lb-mini", "balanced")]
     assert outputs[0] == outputs[1] == here

@@ -69,6 +69,7 @@ def train(rank, mode, schedule_name):
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower_communication
 
     pp_rank, dp_rank, dp_group, pp_group = build_groups(rank)
     groups = singleton_process_groups()
@@ -84,17 +85,19 @@ def train(rank, mode, schedule_name):
                                  odc_group, process_group=dp_group)
     optimizer = ShardedAdamW(engine, AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD),
                              norm_group=None)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=pp_group,
+                              dp_hooks=engine)
     counts, norms = [], []
     for step in range(STEPS):
         lengths = sample_lengths(step)
         plan = replica_plan(step)
         mine = [make_sample(step, i, lengths[i]) for i in plan[dp_rank]]
-        schedule = generate(schedule_name, pp=PP, num_microbatches=len(mine))
-        runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                                  pp_group=pp_group, dp_hooks=engine)
+        schedule = lower_communication(generate(schedule_name, pp=PP,
+                                                num_microbatches=len(mine)))
         engine.begin_minibatch(max_microbatches=max(len(r) for r in plan),
                                num_microbatches=len(mine))
-        runtime.run_minibatch(mine, global_num_tokens=sum(lengths))  # calls finish_minibatch
+        # calls finish_minibatch
+        runtime.run_minibatch(schedule, mine, global_num_tokens=sum(lengths))
         norms.append(optimizer.grad_norm())  # over every rank: stages x shards
         optimizer.step()
         counts.append(len(mine))

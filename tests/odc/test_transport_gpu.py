@@ -15,10 +15,11 @@ from tests.launch import LaunchConfig, run_workers
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
 
 
-def _run_cuda(rank, world, results, deterministic):
+def _run_cuda(rank, world, results, deterministic, peer_atomics):
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
-    group = odc.new_group(config=odc.TransportConfig(timeout_s=60, deterministic=deterministic))
+    group = odc.new_group(config=odc.TransportConfig(timeout_s=60, deterministic=deterministic,
+                                                     peer_atomics=peer_atomics))
     for numel in (0, 1, 4099, 1 << 20):
         shard_size = -(-numel // world)
         backing = odc.symmetric_empty(shard_size + 1, torch.float32, group, device=device)
@@ -49,9 +50,27 @@ def _run_cuda(rank, world, results, deterministic):
             torch.testing.assert_close(shard[:end - start].cpu(), reduced[:end - start],
                                        rtol=1e-5, atol=1e-5)
             odc.sync(group)
+        odc.symmetric_free(backing, group)  # collective: peers unmap, then the owner frees
     _check_put_get_cuda(group, device)
+    _check_async_gather(group, device)
     group.destroy()
     return True
+
+
+def _check_async_gather(group, device):
+    """An async gather issued on a side stream's work is ordered after it, and wait()
+    orders the current stream after the copies (no host block in between)."""
+    rank, world = group.rank, group.world_size
+    shard = odc.symmetric_empty(1 << 16, torch.float32, group, device=device)
+    shard.fill_(rank + 1.0)
+    odc.sync(group)
+    output = torch.empty(world << 16, device=device)
+    output.fill_(-1.0)  # queued on the current stream before the gather: must not win
+    work = odc.gather_into_tensor(output, shard, group, async_op=True)
+    work.wait()
+    expected = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(1 << 16)
+    assert torch.equal(output.cpu(), expected)
+    odc.sync(group)
 
 
 def _check_put_get_cuda(group, device):
@@ -73,7 +92,8 @@ def _check_put_get_cuda(group, device):
         odc.sync(group)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_cuda_ipc_matches_collectives(deterministic):
-    assert run_workers(_run_cuda, 2, deterministic,
+@pytest.mark.parametrize("deterministic,peer_atomics",
+                         [(False, "auto"), (True, "auto"), (False, "never")])
+def test_cuda_ipc_matches_collectives(deterministic, peer_atomics):
+    assert run_workers(_run_cuda, 2, deterministic, peer_atomics,
                        config=LaunchConfig(pass_queue=True, timeout_s=300)) == [True, True]

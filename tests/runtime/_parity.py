@@ -63,15 +63,16 @@ def build_schedule(name: str, pp: int, num_microbatches: int):
     """A lowered schedule by name; hand-* names come from tests/runtime/_schedules.py."""
     from tests.runtime import _schedules
 
-    if name == "hand-1f1b":
-        return _schedules.one_f_one_b(pp, num_microbatches)
-    if name == "hand-zb":
-        return _schedules.one_f_one_b(pp, num_microbatches, split=True)
-    if name == "hand-v":
-        return _schedules.gpipe_v(pp, num_microbatches)
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.lowering import lower
+    from odc_pp.schedule.lowering import lower, lower_communication
+
+    if name == "hand-1f1b":
+        return lower_communication(_schedules.one_f_one_b(pp, num_microbatches))
+    if name == "hand-zb":
+        return lower_communication(_schedules.one_f_one_b(pp, num_microbatches, split=True))
+    if name == "hand-v":
+        return lower_communication(_schedules.gpipe_v(pp, num_microbatches))
 
     base, _, option = name.partition("+")
     costs = CostModel(offload_bandwidth=1.0)
@@ -89,7 +90,8 @@ def runtime_config_for(name: str):
 def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime_config=None,
                  max_grad_norm=None):
     """Train ``steps`` minibatches; with ``max_grad_norm`` through a PostValidatedOptimizer
-    stepped at the schedule's POST_VALIDATION action."""
+    stepped at the schedule's POST_VALIDATION action and validated at the next one's (a
+    minibatch whose previous step was rolled back or clipped runs again)."""
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import (PipelineRuntime, PostValidatedOptimizer, PostValidationConfig,
                                 RuntimeConfig)
@@ -105,12 +107,13 @@ def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime
         validator = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=max_grad_norm),
                                            optimizer=optimizer, group=dist.group.WORLD)
     runtime = PipelineRuntime(runtime_config or RuntimeConfig(), chunks=chunks,
-                              schedule=schedule, pp_group=dist.group.WORLD,
-                              post_validator=validator)
+                              pp_group=dist.group.WORLD, post_validator=validator)
     losses, results = [], []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        result = runtime.run_minibatch(microbatches)
+        result = runtime.run_minibatch(schedule, microbatches)
+        while result.repeat:
+            result = runtime.run_minibatch(schedule, microbatches)
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, result.loss_sum)
         losses.append(sum(x for x in gathered if x is not None) / result.num_tokens)

@@ -59,9 +59,8 @@ def worker(rank, world_size, out_path):
         for chunk in chunks:
             chunk.zero_grad(set_to_none=True)
         config = RuntimeConfig(min_offload_bytes=0, track_activations=True)
-        runtime = PipelineRuntime(config, chunks=chunks, schedule=schedule,
-                                  pp_group=dist.group.WORLD)
-        result = runtime.run_minibatch(microbatches)
+        runtime = PipelineRuntime(config, chunks=chunks, pp_group=dist.group.WORLD)
+        result = runtime.run_minibatch(schedule, microbatches)
         saved = result.activation_bytes
         report[label] = {
             "measured_peak": result.peak_activation_bytes,

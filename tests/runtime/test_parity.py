@@ -1,8 +1,8 @@
 """Every schedule family on pp=2 and pp=4 trains the megatron-core GPT exactly like a
 single-process run (3 AdamW steps, microbatches of different sequence lengths).
 ``+pv``: post-validated AdamW with clipping vs synchronous clipping; ``+hdr``: shapes
-travel as headers instead of being derived from the microbatch; ``hand-*``: compute-only
-schedules (no comm actions: the runtime sends after producers, receives at consumers);
+travel as headers instead of being derived from the microbatch; ``hand-*``: hand-written
+compute-only schedules lowered by ``lower_communication``;
 ``+bf16``: bfloat16 parameters against a bfloat16 single-process run."""
 
 import json

@@ -24,11 +24,11 @@ def worker(rank, world_size, out_path):
     profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
                         pp_group=dist.group.WORLD)
     runtime = PipelineRuntime(RuntimeConfig(track_activations=True), chunks=chunks,
-                              schedule=schedule, pp_group=dist.group.WORLD)
+                              pp_group=dist.group.WORLD)
     for _ in range(2):
         for chunk in chunks:
             chunk.zero_grad(set_to_none=True)
-        result = runtime.run_minibatch(microbatches)
+        result = runtime.run_minibatch(schedule, microbatches)
         profiler.record(result)
     grads = [p.grad.clone() for chunk in chunks for p in chunk.parameters()]
     profiler.measure_comm(torch.zeros(16, 2, 64))
@@ -36,8 +36,7 @@ def worker(rank, world_size, out_path):
     replanned = profiler.replan("zb-auto", costs=costs)
     for chunk in chunks:
         chunk.zero_grad(set_to_none=True)
-    again = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=replanned,
-                            pp_group=dist.group.WORLD).run_minibatch(microbatches)
+    again = runtime.run_minibatch(replanned, microbatches)  # the same runtime
     report = {
         "t_f": costs.t_f, "t_b": costs.t_b, "t_w": costs.t_w, "t_comm": costs.t_comm,
         "t_send_cpu": costs.t_send_cpu, "t_recv_cpu": costs.t_recv_cpu,

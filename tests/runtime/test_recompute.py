@@ -45,10 +45,10 @@ def runtime_grads(config, microbatches, groups):
 
     (model,) = build_chunks(config, pp_rank=0, pp_size=1, seed=SEED, process_groups=groups)
     runtime = PipelineRuntime(RuntimeConfig(min_offload_bytes=0), chunks=[model],
-                              schedule=offload_everything_schedule(len(microbatches)),
                               pp_group=dist.group.WORLD)
     torch.manual_seed(SEED)
-    result = runtime.run_minibatch(microbatches)
+    result = runtime.run_minibatch(offload_everything_schedule(len(microbatches)),
+                                   microbatches)
     grads = {name: p.grad.clone() for name, p in model.global_named_parameters()}
     return result, grads, runtime.store.host_bytes
 
@@ -115,10 +115,9 @@ def dropout_pipeline_grads(config, schedule, microbatches, groups):
     chunks = build_chunks(config, pp_rank=dist.get_rank(), pp_size=schedule.pp,
                           num_chunks=schedule.num_chunks, placement=schedule.placement,
                           seed=SEED, process_groups=groups)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, schedule=schedule,
-                              pp_group=dist.group.WORLD)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
     torch.manual_seed(SEED + dist.get_rank())
-    result = runtime.run_minibatch(microbatches)
+    result = runtime.run_minibatch(schedule, microbatches)
     return result.loss_sum, {name: p.grad.clone() for chunk in chunks
                              for name, p in chunk.global_named_parameters()}
 

@@ -163,3 +163,16 @@ def test_objective_memory_deltas_and_digest_in_json(capsys):
 def test_memory_deltas_must_sum_to_zero(capsys):
     assert main(["--pp", "2", "--microbatches", "4", "--mem-b", "-0.5"]) == 2
     assert "sum to zero" in capsys.readouterr().err
+
+
+def test_v_schedule_takes_any_memory_limit_and_rejects_one_below_the_minimum(capsys):
+    for limit in ("3", "7.5", "12"):
+        assert main(["--schedule", "v-min", "--pp", "4", "--microbatches", "8",
+                     "--memory-limit", limit, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["fits_memory"] and max(data["peak_activation"]) <= float(limit)
+    assert main(["--schedule", "v-half", "--pp", "4", "--microbatches", "8",
+                 "--memory-limit", "1.5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("error:") == 1
+    assert "--memory-limit" in captured.err and "at least 2" in captured.err

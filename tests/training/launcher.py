@@ -38,11 +38,13 @@ class Run:
 
 
 def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float = 240,
-           log: bool = True) -> Run:
-    """torchrun --standalone (free rendezvous port); the process group is killed on timeout."""
+           log: bool = True, script: str | None = None) -> Run:
+    """torchrun --standalone (free rendezvous port) of ``script`` (default pretrain_gpt.py);
+    the process group is killed on timeout."""
     log_path = str(tmp_path / f"{name}.jsonl") if log else None
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), os.path.join(ROOT, "pretrain_gpt.py"), *flags]
+               "--nproc-per-node", str(nproc), script or os.path.join(ROOT, "pretrain_gpt.py"),
+               *flags]
     if log_path:
         command += ["--log-json", log_path]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,

@@ -163,3 +163,44 @@ def test_model_differences_name_the_flag():
     assert model_differences(saved, dict(saved, num_attention_heads=2, ffn_hidden_size=64)) == [
         "num_attention_heads: saved 4 vs now 2 (--num-attention-heads)",
         "ffn_hidden_size: saved 128 vs now 64 (--ffn-hidden-size)"]
+
+
+def _draws():
+    import random
+
+    import numpy as np
+    draws = [random.random(), float(np.random.rand()), float(torch.rand(()))]
+    if torch.cuda.is_available():
+        draws.append(float(torch.rand((), device="cuda")))
+    return draws
+
+
+def test_rng_state_round_trips_through_a_rank_file(tmp_path):
+    """Python, NumPy, torch CPU (and, on a GPU machine, CUDA and megatron's tracker) streams
+    continue exactly where the checkpoint left them."""
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    checkpointing.write_rank_file(checkpointing.rank_file(str(tmp_path), 0),
+                                  {"rng": checkpointing.capture_rng_state()})
+    expected = _draws()
+    _draws()  # move every stream on
+    state = checkpointing.load_rank_state(str(tmp_path), 0)
+    checkpointing.restore_rng_state(state["rng"])
+    assert _draws() == expected
+    assert ("cuda" in state["rng"]) == torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+def test_megatron_cuda_rng_tracker_state_is_restored(tmp_path):
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    from odc_pp.megatron.compat import prepare_megatron_for_device
+
+    prepare_megatron_for_device("cuda", seed=7)
+    tracker = megatron_random.get_cuda_rng_tracker()
+    state = checkpointing.capture_rng_state()
+    with tracker.fork():
+        expected = torch.rand(4, device="cuda")
+    checkpointing.restore_rng_state(state)
+    with tracker.fork():
+        assert torch.equal(torch.rand(4, device="cuda"), expected)

@@ -20,13 +20,17 @@ def test_every_flag_of_the_issue_is_in_the_table_and_not_a_native_flag():
 
 
 @pytest.mark.parametrize("flag", ["--use-distributed-optimizer", "--overlap-grad-reduce",
-                                  "--overlap-param-gather", "--calculate-per-token-loss",
-                                  "--untie-embeddings-and-output-weights"])
+                                  "--overlap-param-gather", "--calculate-per-token-loss"])
 def test_honoured_flags_leave_a_note_and_change_nothing(flag):
     args, notes = parse_args_with_notes(BASE + [flag])
     plain, _ = parse_args_with_notes(BASE)
     assert args == plain
     assert len(notes) == 1 and notes[0].startswith(f"note: {flag}:")
+
+
+def test_untie_maps_to_the_native_flag():
+    args, notes = parse_args_with_notes(BASE + ["--untie-embeddings-and-output-weights"])
+    assert args.model.untie_embeddings and "--untie-embeddings" in notes[0]
 
 
 def test_value_flags_honoured_mapped_or_rejected():

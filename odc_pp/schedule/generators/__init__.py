@@ -104,9 +104,10 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     if memory_limit is not None:
         minimum = num_chunks * costs.mem_f if fam.placement is Placement.V else costs.mem_f
         if memory_limit < minimum - 1e-9:
-            raise ValueError(f"memory_limit {memory_limit:g} is below {minimum:g}, the "
-                             f"activations one microbatch needs on a rank of {name}; "
-                             f"raise memory_limit")
+            raise ValueError(f"memory_limit (--memory-limit) {memory_limit:g} is below "
+                             f"{minimum:g}, the minimum of {name}: the activations one "
+                             f"microbatch needs on a rank ({num_chunks} chunk(s) x mem_f "
+                             f"{costs.mem_f:g}); raise memory_limit to at least {minimum:g}")
     limit = memory_limit
     if fam.cap_units is not None:
         limit = fam.nominal_cap(pp, costs, memory_limit)

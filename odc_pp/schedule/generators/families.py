@@ -8,7 +8,10 @@ arithmetic is in :mod:`odc_pp.schedule.placement`.
 
 Memory caps of the memory-controlled families are in the cost model's activation delta
 units (one microbatch through one chunk adds ``mem_f``); 1F1B's peak is ``pp``
-microbatches of a whole rank's layers, i.e. ``2 pp`` V-chunk units.
+microbatches of a whole rank's layers, i.e. ``2 pp`` V-chunk units. The V families'
+nominal caps are the controllable-memory paper's budgets (arXiv 2405.15362, counted there
+in microbatches through all of a rank's layers, i.e. two V-chunk units each): ZB-V ``pp``,
+V-Half ``(pp + 2) // 2``, V-Min ``(pp + 4) // 3``; any memory limit replaces them.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ class Family:
     searched: bool = False
     """Found by a search (bounded by evaluations, deterministic); takes the search's
     options (``objective``, ``max_evaluations``)."""
+    limit_sets_cap: bool = False
+    """A memory limit replaces the nominal cap (the family builds within any feasible
+    limit, above its nominal cap too) instead of only lowering it."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_chunks <= self.default_chunks:
@@ -67,6 +73,8 @@ class Family:
             raise ValueError(f"{self.name}: max_chunks below default_chunks")
         if self.cap_units is not None and not self.memory_controlled:
             raise ValueError(f"{self.name}: a nominal cap needs memory_controlled")
+        if self.limit_sets_cap and self.cap_units is None:
+            raise ValueError(f"{self.name}: limit_sets_cap needs a nominal cap (cap_units)")
 
     def accepts_chunks(self, num_chunks: int) -> bool:
         return self.min_chunks <= num_chunks and (self.max_chunks is None or
@@ -74,11 +82,14 @@ class Family:
 
     def nominal_cap(self, pp: int, costs: CostModel, memory_limit: float | None) -> float:
         """The family's cap (never below one microbatch on every chunk of a rank), lowered
-        to ``memory_limit`` if that is smaller."""
+        to ``memory_limit`` if that is smaller; with ``limit_sets_cap``, ``memory_limit``
+        itself when given."""
         if self.cap_units is None:
             raise ValueError(f"{self.name} has no nominal memory cap")
         cap = max(self.cap_units(pp), self.default_chunks) * costs.mem_f
-        return cap if memory_limit is None else min(cap, memory_limit)
+        if memory_limit is None:
+            return cap
+        return memory_limit if self.limit_sets_cap else min(cap, memory_limit)
 
 
 def _zb_auto(pp, num_microbatches, num_chunks, costs, memory_limit, options):
@@ -121,13 +132,14 @@ FAMILIES: tuple[Family, ...] = (
            max_chunks=1, memory_controlled=True, searched=True, builder=_zb_auto,
            options=frozenset({"objective", "max_evaluations"})),
     Family(name="zbv", placement=Placement.V, default_chunks=2, min_chunks=2, max_chunks=2,
-           memory_controlled=True, cap_units=lambda pp: 2 * pp, builder=_v_builder("zbv")),
+           memory_controlled=True, cap_units=lambda pp: 2 * pp, limit_sets_cap=True,
+           builder=_v_builder("zbv")),
     Family(name="v-half", placement=Placement.V, default_chunks=2, min_chunks=2,
-           max_chunks=2, memory_controlled=True, cap_units=lambda pp: pp + 1,
-           builder=_v_builder("v-half")),
+           max_chunks=2, memory_controlled=True, cap_units=lambda pp: 2 * ((pp + 2) // 2),
+           limit_sets_cap=True, builder=_v_builder("v-half")),
     Family(name="v-min", placement=Placement.V, default_chunks=2, min_chunks=2,
-           max_chunks=2, memory_controlled=True, cap_units=lambda pp: (2 * pp) // 3 + 1,
-           builder=_v_builder("v-min")),
+           max_chunks=2, memory_controlled=True, cap_units=lambda pp: 2 * ((pp + 4) // 3),
+           limit_sets_cap=True, builder=_v_builder("v-min")),
     Family(name="offload", placement=Placement.INTERLEAVED, default_chunks=2, min_chunks=1,
            max_chunks=None, memory_controlled=True, microbatches_per_rank=1,
            options=_GROUPED, offloads=True,

@@ -5,17 +5,25 @@ Each family is a per-rank activation-memory cap (in the cost model's delta units
 microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the generator
 keeps the candidate with the smallest worst per-rank bubble under the given costs among
 those whose peak fits the cap. Candidates are the greedy engine's variants (see
-``_engine``; for V-Half and V-Min also paced runs without the admission reserve, see
-``_paced_candidates``), the handcrafted ZB-V pattern where it applies, and for V placements the
-repeating building block of ``_block`` at the shortest interval that fits.
+``_engine``; under a V cap below ZB-V's also paced runs without the admission reserve, see
+``_paced_candidates``), the handcrafted ZB-V pattern where its peak fits, and for V
+placements the repeating building block of ``_block`` at the shortest interval that fits.
 
 The nominal caps (in ``mem_f`` units as a function of pp) are rows of the family
 registry (``families.FAMILIES``, ``Family.nominal_cap``); the builders here take the cap
-already lowered to any memory limit:
+already resolved from any memory limit:
 
-* ZB-V: ``2 pp`` V-chunks, i.e. 1F1B's peak (a V chunk holds half a rank's layers);
-* V-Half: ``pp + 1`` V-chunks, half of 1F1B's plus one microbatch-chunk;
-* V-Min: ``floor(2 pp / 3) + 1`` V-chunks, a third of 1F1B's plus one microbatch-chunk.
+* the V families (arXiv 2405.15362, "Pipeline Parallelism with Controllable Memory"),
+  whose paper counts memory in microbatches through all of a rank's layers, i.e. two
+  V-chunk units each: ZB-V ``pp`` (``2 pp`` units, 1F1B's peak), V-Half ``(pp + 2) // 2``
+  (``2 ((pp + 2) // 2)`` units), V-Min ``(pp + 4) // 3`` (``2 ((pp + 4) // 3)`` units).
+  A memory limit replaces these budgets: any limit from ``2 mem_f`` (one microbatch on
+  both chunks) up builds a schedule within it; the three names share one builder and
+  differ only by their default budget.
+
+At equal costs (F = B = W) and the paper's budgets the V-Min and V-Half bubbles stay
+below 1F1B's and below the paper's approximations 2p/3m and p/2m
+(``benchmarks/bench_v_schedules.py``).
 """
 
 from __future__ import annotations
@@ -47,15 +55,16 @@ def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
 
 def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
                        placement: Placement, costs: CostModel, cap: float,
-                       intervals: tuple[float, ...] = (0.0,)) -> list[_Candidate]:
+                       intervals: tuple[float, ...] = (0.0,),
+                       w_after_b: tuple[bool, ...] = (False, True)) -> list[_Candidate]:
     out = []
     for interval in intervals:
         for backward_first in (True, False):
-            for w_after_b in (False, True):
+            for w_after in w_after_b:
                 result = run_engine(EngineConfig(
                     pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
                     placement=placement, costs=costs, caps=[cap] * pp,
-                    backward_first=backward_first, w_after_b=w_after_b,
+                    backward_first=backward_first, w_after_b=w_after,
                     inject_interval=interval))
                 # the engine's timing is the in-order timing of the order it emits
                 out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
@@ -74,16 +83,36 @@ def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
     """
     work = _rank_work(pp, 2, Placement.V, costs)
     out = []
-    for period in (work, 13 * work / 12, 7 * work / 6):
-        for gap in (0.0, period / 2, 5 * period / 6, period):
+    for period, gaps in ((work, (0.0, 5 / 6, 1.0)), (13 * work / 12, (1.0,)),
+                         (7 * work / 6, (0.0, 5 / 6))):
+        for gap in gaps:
             try:
                 result = run_engine(EngineConfig(
                     pp=pp, num_microbatches=num_microbatches, num_chunks=2,
                     placement=Placement.V, costs=costs, caps=[cap] * pp,
-                    inject_interval=period, pair_gap=gap, reserve_slot=False))
+                    inject_interval=period, pair_gap=gap * period, reserve_slot=False))
             except EngineStalled:
                 continue
             out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
+    return out
+
+
+def _unreserved_candidates(pp: int, num_microbatches: int, costs: CostModel, cap: float,
+                           interval: float) -> list[_Candidate]:
+    """V-placement engine runs without the admission reserve at a steady ``interval``
+    (between V-Half's and ZB-V's budgets the reserve costs more than pacing does); runs
+    that stall are dropped."""
+    out = []
+    for backward_first in (True, False):
+        try:
+            result = run_engine(EngineConfig(
+                pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                placement=Placement.V, costs=costs, caps=[cap] * pp,
+                backward_first=backward_first, inject_interval=interval,
+                reserve_slot=False))
+        except EngineStalled:
+            continue
+        out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
     return out
 
 
@@ -131,23 +160,34 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
              cap: float) -> Schedule:
-    """ZB-V, V-Half or V-Min: V placement, 2 chunks, activation cap ``cap`` (the
-    family's nominal cap, see module doc, lowered to any memory limit)."""
-    intervals: tuple[float, ...] = (0.0,)
-    if name == "v-min":  # a tight cap starves a greedy pipeline; steady admission helps
-        work = _rank_work(pp, 2, Placement.V, costs)
-        intervals = (0.0, 2 * work / 3, work)
-    candidates = _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
-                                    intervals)
-    if name in ("v-half", "v-min"):
-        candidates += _paced_candidates(pp, num_microbatches, costs, cap)
-    if name == "zbv" and num_microbatches >= 2 * pp - 1:
+    """A V-placement schedule (2 chunks) within activation cap ``cap`` (any cap of at
+    least one microbatch on both chunks, ``2 mem_f``); ``name`` (zbv, v-half, v-min)
+    only labels it: the families differ by their nominal cap (see module doc).
+
+    Candidates: greedy engine runs unpaced and paced at a half and two thirds of a rank's
+    work per microbatch, both backward priorities; below ZB-V's ``2 pp`` also runs without
+    the admission reserve, paced in pairs (they win under tight caps) or steadily at half
+    a rank's work (between V-Half's and ZB-V's budgets); the handcrafted ZB-V
+    pattern when its peak fits; the repeating building block at the shortest interval
+    that fits. The one with the smallest worst per-rank bubble (then makespan) wins; a
+    handcrafted ZB-V with zero bubble is taken without building the others.
+    """
+    candidates: list[_Candidate] = []
+    if num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
             candidates.append(_Candidate(hand.ranks, *_score(hand, costs)))
-    block = _block_candidate(pp, num_microbatches, costs, cap)
-    if block is not None:
-        candidates.append(block)
+    if not (candidates and candidates[0].bubble <= 1e-9):  # nothing beats zero bubble
+        work = _rank_work(pp, 2, Placement.V, costs)
+        candidates += _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
+                                         intervals=(0.0, work / 2, 2 * work / 3),
+                                         w_after_b=(False,))
+        if cap < 2 * pp * costs.mem_f - 1e-9:
+            candidates += _paced_candidates(pp, num_microbatches, costs, cap)
+            candidates += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
+        block = _block_candidate(pp, num_microbatches, costs, cap)
+        if block is not None:
+            candidates.append(block)
     schedule = _pick(name, pp, num_microbatches, 2, Placement.V, costs, cap, candidates)
     schedule.meta["memory_unit"] = "V chunk (half of a rank's layers)"
     return schedule

@@ -1,0 +1,69 @@
+"""The model section of the flags (``args.model``) -> the megatron chunks' ModelConfig,
+and the weights they start from (seeded init, or ``--hf-checkpoint``)."""
+
+from __future__ import annotations
+
+from .arguments import TrainingArgs
+
+__all__ = ["model_config", "hf_config_of", "load_initial_weights"]
+
+
+def hf_config_of(args: TrainingArgs) -> dict | None:
+    """The ``config.json`` of ``--hf-checkpoint`` (None without it)."""
+    if not args.model.hf_checkpoint:
+        return None
+    from odc_pp.megatron.hf_config import read_hf_config
+
+    return read_hf_config(args.model.hf_checkpoint)
+
+
+def model_config(args: TrainingArgs, *, vocab_size: int, device: str, num_stages: int):
+    """ModelConfig of the flags (with ``--hf-checkpoint`` the flags hold its values,
+    merged at parse time; its Llama-3 rope scaling and tied embeddings come from it)."""
+    from odc_pp.megatron.hf import untie_for_layout
+    from odc_pp.megatron.hf_config import llama3_rope_scaling
+    from odc_pp.megatron.model import ModelConfig
+
+    model = args.model
+    hf = hf_config_of(args)
+    if hf is not None:
+        scaling = llama3_rope_scaling(hf)
+        tied_in_hf = bool(hf.get("tie_word_embeddings"))
+        if tied_in_hf and num_stages > 1 and not model.untie_embeddings:
+            raise ValueError(
+                f"--hf-checkpoint {model.hf_checkpoint}: config.json ties the embedding and "
+                f"the output layer (tie_word_embeddings), but on this layout they live on "
+                f"different stages ({num_stages} pipeline stages) and odc-pp does not "
+                f"synchronise their gradients: pass --untie-embeddings to train them as two "
+                f"weights, or use --pipeline-model-parallel-size 1 with one model chunk")
+        tie = untie_for_layout(tied_in_hf and not model.untie_embeddings, num_stages)
+    else:
+        scaling = {"factor": model.rope_scaling_factor, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} \
+            if model.use_rope_scaling else None
+        tie = False
+    return ModelConfig(
+        vocab_size=vocab_size, hidden_size=model.hidden_size, num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads, ffn_hidden_size=model.ffn_hidden_size,
+        max_sequence_length=model.max_position_embeddings,
+        params_dtype="bfloat16" if model.bf16 else "float32", device=device,
+        recompute_lgd=model.recompute_lgd, normalization=model.normalization,
+        norm_epsilon=model.norm_epsilon, activation="swiglu" if model.swiglu else "gelu",
+        num_query_groups=model.num_query_groups, kv_channels=model.kv_channels,
+        position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
+        rope_scaling=scaling, add_bias_linear=not model.disable_bias_linear,
+        add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
+        tie_embeddings=tie, attention_backend=model.attention_backend)
+
+
+def load_initial_weights(chunks, args: TrainingArgs, config) -> None:
+    """With ``--hf-checkpoint``: this rank's chunks take the HF weights (each rank reads
+    only the tensors of its chunks). Called once, before the data-parallel engine shards
+    the chunks; a checkpoint found by ``--load`` then replaces them."""
+    hf = hf_config_of(args)
+    if hf is None:
+        return
+    from odc_pp.megatron.hf import load_hf_weights
+
+    load_hf_weights(chunks, args.model.hf_checkpoint, config,
+                    tied_in_hf=bool(hf.get("tie_word_embeddings")))
