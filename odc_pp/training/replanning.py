@@ -8,8 +8,8 @@ per-stage means (all pp x dp ranks: the replicas of a stage are averaged), so al
 hold the same :class:`~odc_pp.schedule.costs.CostModel` and plan ZB-auto from it
 deterministically (the search is bounded by evaluations, never by time) -- the same
 schedule on every data-parallel replica, which collective data parallelism needs (the
-ranks check this with ``check_same_schedule``: an all-gather of ``Schedule.digest``). Rank 0 logs the
-step time the simulator predicts, under the measured costs, for the old and the new plan.
+ranks check this with ``check_same_schedule``: an all-gather of ``Schedule.digest``).
+Rank 0 logs the step time the simulator predicts, under the measured costs, for the old and the new plan.
 Re-planning changes the order of the actions, not the math: the losses stay the same.
 """
 
