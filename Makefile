@@ -14,7 +14,7 @@ demo: $(STAMP)
 	$(PY) -m odc_pp.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 install: $(STAMP)
 
