@@ -35,8 +35,8 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement
 from ..placement import locate, num_stages, stage_of
 
-__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine", "Decision",
-           "Priority", "default_priority"]
+__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "EngineCutOff", "run_engine",
+           "Decision", "Priority", "default_priority"]
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -150,6 +150,10 @@ class EngineConfig:
     (keeps the backward chain fast at the cost of that rank's idle time)."""
     priority: Priority | None = None
     """Policy choosing among the ready actions (None: :func:`default_priority`)."""
+    bubble_cutoff: float = _INF
+    """Stop with ``EngineCutOff`` as soon as a rank's idle time since its first action
+    exceeds this: the run's worst per-rank bubble (``max_bubble``) can then only be
+    larger. A caller keeping the best of several runs passes the best bubble so far."""
 
     def __post_init__(self) -> None:
         if self.inject_interval < 0:
@@ -168,12 +172,19 @@ class EngineConfig:
                              f"{self.inflight}")
         if self.forward_yields is not None and len(self.forward_yields) != self.pp:
             raise ValueError(f"forward_yields needs one flag per rank ({self.pp})")
+        if self.bubble_cutoff < 0:
+            raise ValueError(f"bubble_cutoff must be >= 0, got {self.bubble_cutoff}")
         if self.w_slack is not None and self.w_slack < 0:
             raise ValueError(f"w_slack must be >= 0, got {self.w_slack}")
 
 
 class EngineStalled(ValueError):
     """The memory caps left no rank an action it may run."""
+
+
+class EngineCutOff(Exception):
+    """A rank's idle time exceeded ``EngineConfig.bubble_cutoff``: the run's worst
+    per-rank bubble is above the cutoff."""
 
 
 @dataclass
@@ -200,6 +211,7 @@ class _RankState:
         self.peak = 0.0
         self.free_at = 0.0
         self.first_start: float | None = None
+        self.idle = 0.0
         self.busy = 0.0
         self.order: list[Action] = []
 
@@ -363,6 +375,11 @@ class _Engine:
         state.peak = max(state.peak, state.mem)
         if state.first_start is None:
             state.first_start = now
+        else:
+            state.idle += now - state.free_at
+            if state.idle > self.cfg.bubble_cutoff:
+                raise EngineCutOff(f"rank {rank} idle {state.idle:g} > cutoff "
+                                   f"{self.cfg.bubble_cutoff:g}")
         state.busy += duration
         state.free_at = end
         state.order.append(Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb))
@@ -427,7 +444,8 @@ class _Engine:
 def run_engine(config: EngineConfig) -> EngineResult:
     """Play one list-scheduler run; ValueError if a cap is below one microbatch on every
     chunk, ``EngineStalled`` if the caps stall every rank (only with
-    ``reserve_slot=False`` or ``inflight`` when the caps are at least that)."""
+    ``reserve_slot=False`` or ``inflight`` when the caps are at least that),
+    ``EngineCutOff`` once the bubble is certain to exceed ``bubble_cutoff``."""
     minimum = config.num_chunks * config.costs.mem_f
     for rank, cap in enumerate(config.caps):
         if cap + _EPS < minimum:
