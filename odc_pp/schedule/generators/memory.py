@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costs import CostModel
-from ..ir import ActionKind, Placement, Schedule
-from ..placement import num_stages, stage_of
+from ..ir import Action, ActionKind, Placement, Schedule
+from ..placement import locate, num_stages, stage_of
 from ..simulator import score, simulate
 from ._block import order_peak, v_block_orders, v_block_peak
 from ._engine import EngineConfig, EngineCutOff, EngineStalled, run_engine
@@ -63,11 +63,39 @@ def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
     return max(s - b for s, b in zip(result.span, result.busy)), result.makespan
 
 
+def _tail_bound(pp: int, num_microbatches: int, costs: CostModel, last_start: float) -> float:
+    """Lower bound on rank 0's bubble when the last microbatch's first forward cannot
+    start before ``last_start``: rank 0 starts at 0 (microbatch 0's stage-0 forward), and
+    ends no earlier than that microbatch's whole V chain (every forward, every backward,
+    the transfers between ranks, then rank 0's W) after ``last_start``."""
+    stages = num_stages(pp, 2)
+    owners = [locate(Placement.V, pp, 2, stage)[0] for stage in range(stages)]
+
+    def time(kind: ActionKind, stage: int) -> float:
+        return costs.compute_time(kind, stage=stage, rank=owners[stage], pp=pp,
+                                  num_stages=stages)
+    hops = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
+    chain = (sum(time(ActionKind.F, s) + time(ActionKind.B, s) for s in range(stages)) +
+             time(ActionKind.W, 0) + 2 * hops * costs.t_comm)
+    busy = num_microbatches * sum(time(kind, stage) for stage in range(stages)
+                                  if owners[stage] == 0
+                                  for kind in (ActionKind.F, ActionKind.B, ActionKind.W))
+    return last_start + chain - busy
+
+
 def _engine_run(config_args: dict, may_stall: bool = False):
     """A candidate thunk: one list-scheduler run, abandoned past the bubble cutoff (and
-    dropped if it stalls when ``may_stall``)."""
+    dropped if it stalls when ``may_stall``); skipped outright when its paced injection
+    of the last microbatch already forces a bubble past the cutoff (``_tail_bound``)."""
+    m = config_args["num_microbatches"]
+    interval, gap = config_args["inject_interval"], config_args.get("pair_gap")
+    last = ((m - 1) * interval if gap is None else
+            ((m - 1) // 2) * 2 * interval + ((m - 1) % 2) * gap)
+    bound = _tail_bound(config_args["pp"], m, config_args["costs"], last)
 
     def run(best: float) -> _Candidate | None:
+        if bound > _cutoff(best):
+            return None
         try:
             result = run_engine(EngineConfig(**config_args, bubble_cutoff=_cutoff(best)))
         except EngineCutOff:
@@ -153,6 +181,14 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
 
     def run(best: float) -> _Candidate | None:
         orders = v_block_orders(pp, num_microbatches, high)
+        # rank 0 runs everything before the last microbatch's first forward first
+        last = Action(rank=0, kind=ActionKind.F, chunk=0, microbatch=num_microbatches - 1)
+        position = orders[0].index(last)
+        before = sum(costs.compute_time(a.kind, stage=stage_of(Placement.V, pp, 0, a.chunk),
+                                        rank=0, pp=pp, num_stages=num_stages(pp, 2))
+                     for a in orders[0][:position])
+        if _tail_bound(pp, num_microbatches, costs, before) > _cutoff(best):
+            return None
         schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
                             num_chunks=2, placement=Placement.V, ranks=orders)
         # a span at or past cutoff + busiest means some rank's bubble exceeds the cutoff
@@ -162,10 +198,21 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
     return run
 
 
-def _evaluation_order(count: int, cap: float, pp: int, costs: CostModel) -> list[int]:
+def _evaluation_order(count: int, pp: int, costs: CostModel, cap: float) -> list[int]:
     """Which candidate thunks to evaluate first (speed only: the result does not depend
-    on it). The likely winner goes first so that the others are abandoned early."""
-    return list(range(count))
+    on it). The likely winner goes first so that the others are abandoned early: at
+    V-Min-like caps the pair-paced runs (thunks 6-8), then the block (last); between
+    V-Min's and ZB-V's caps the unreserved runs (12, 13), then the engine runs paced at
+    two thirds and a half of a rank's work (5, 4, 3, 2); at ZB-V's cap the engine runs in
+    their order."""
+    if count <= 6:
+        first = [0, 1, 2]
+    elif cap <= 2 * ((pp + 4) // 3) * costs.mem_f + 1e-9:
+        first = [6, 7, 8, count - 1]
+    else:
+        first = [12, 13, 5, 4, 3, 2]
+    first = [i for i in first if i < count]
+    return first + [i for i in range(count) if i not in first]
 
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
@@ -201,7 +248,7 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
         block = _block_candidate(pp, num_microbatches, costs, cap)
         if block is not None:
             thunks.append(block)
-        for index in _evaluation_order(len(thunks), cap, pp, costs):
+        for index in _evaluation_order(len(thunks), pp, costs, cap):
             candidate = thunks[index](best[1].bubble if best else float("inf"))
             if candidate is None:
                 continue
