@@ -222,8 +222,11 @@ class _Engine:
         self.priority = config.priority or default_priority
         self.num_stages = num_stages(config.pp, config.num_chunks)
         self.states = [_RankState(config.num_chunks) for _ in range(config.pp)]
-        self.f_end: dict[tuple[int, int], float] = {}  # (stage, mb) -> end time
-        self.b_end: dict[tuple[int, int], float] = {}
+        # [stage][mb] -> end time (None: not run yet)
+        self.f_end: list[list[float | None]] = [[None] * config.num_microbatches
+                                                for _ in range(self.num_stages)]
+        self.b_end: list[list[float | None]] = [[None] * config.num_microbatches
+                                                for _ in range(self.num_stages)]
         costs = config.costs
         self.mem_f, self.mem_b, self.mem_w = costs.mem_f, costs.mem_b, costs.mem_w
         if not config.split_backward:
@@ -251,6 +254,10 @@ class _Engine:
                                              pp=config.pp, num_stages=self.num_stages)
             for kind in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW)
             for r in range(config.pp) for c in chunks}
+        self.kind_durations = {kind: [[self.durations[(kind, r, c)] for c in chunks]
+                                      for r in range(config.pp)] for kind in ActionKind
+                               if kind in (ActionKind.F, ActionKind.B, ActionKind.W,
+                                           ActionKind.BW)}
         self.heap: list[tuple[float, int]] = []
         self.scheduled = [_INF] * config.pp
         # per (rank, chunk): own F/W time; a producer's time plus the transfer (estimates)
@@ -280,7 +287,7 @@ class _Engine:
             if self.cfg.pair_gap is None:
                 return mb * self.cfg.inject_interval
             return (mb // 2) * 2 * self.cfg.inject_interval + (mb % 2) * self.cfg.pair_gap
-        end = self.f_end.get((stage - 1, mb))
+        end = self.f_end[stage - 1][mb]
         return None if end is None else end + self.f_latency[rank][chunk]
 
     def _backward_ready(self, rank: int, chunk: int) -> float | None:
@@ -289,10 +296,10 @@ class _Engine:
         if mb >= state.f_next[chunk]:
             return None
         stage = self.stage[rank][chunk]
-        own = self.f_end[(stage, mb)]
+        own = self.f_end[stage][mb]
         if stage == self.num_stages - 1:
             return own
-        end = self.b_end.get((stage + 1, mb))
+        end = self.b_end[stage + 1][mb]
         return None if end is None else max(own, end + self.b_latency[rank][chunk])
 
     def _admissible(self, rank: int, chunk: int) -> bool:
@@ -348,12 +355,12 @@ class _Engine:
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]
-        duration = self.durations[(kind, rank, chunk)]
+        duration = self.kind_durations[kind][rank][chunk]
         end = now + duration
         stage = self.stage[rank][chunk]
         if kind is ActionKind.F:
             state.f_next[chunk] += 1
-            self.f_end[(stage, mb)] = end
+            self.f_end[stage][mb] = end
             state.mem += self.mem_f
             if stage + 1 < self.num_stages:
                 consumer = self.owner[stage + 1][0]
@@ -361,7 +368,7 @@ class _Engine:
                                             else 0.0))
         elif kind in (ActionKind.B, ActionKind.BW):
             state.b_next[chunk] += 1
-            self.b_end[(stage, mb)] = end
+            self.b_end[stage][mb] = end
             state.mem += self.mem_b
             if kind is ActionKind.B:
                 state.w_queue.append((chunk, mb))
