@@ -277,31 +277,7 @@ class _Engine:
         self.estimating = config.w_slack is not None  # only the W-slack rule reads them
         self.yielding = config.forward_yields is not None
 
-    # ----- readiness --------------------------------------------------------------
-    def _forward_ready(self, rank: int, chunk: int) -> float | None:
-        mb = self.states[rank].f_next[chunk]
-        if mb >= self.cfg.num_microbatches:
-            return None
-        stage = self.stage[rank][chunk]
-        if stage == 0:
-            if self.cfg.pair_gap is None:
-                return mb * self.cfg.inject_interval
-            return (mb // 2) * 2 * self.cfg.inject_interval + (mb % 2) * self.cfg.pair_gap
-        end = self.f_end[stage - 1][mb]
-        return None if end is None else end + self.f_latency[rank][chunk]
-
-    def _backward_ready(self, rank: int, chunk: int) -> float | None:
-        state = self.states[rank]
-        mb = state.b_next[chunk]
-        if mb >= state.f_next[chunk]:
-            return None
-        stage = self.stage[rank][chunk]
-        own = self.f_end[stage][mb]
-        if stage == self.num_stages - 1:
-            return own
-        end = self.b_end[stage + 1][mb]
-        return None if end is None else max(own, end + self.b_latency[rank][chunk])
-
+    # ----- admission --------------------------------------------------------------
     def _admissible(self, rank: int, chunk: int) -> bool:
         state, cfg = self.states[rank], self.cfg
         if chunk == 0 and cfg.inflight is not None and \
@@ -321,29 +297,44 @@ class _Engine:
         next_input = next_backward = estimate = _INF
         estimating, yielding = self.estimating, self.yielding
         soon = now + _EPS
+        f_end, b_end, m = self.f_end, self.b_end, cfg.num_microbatches
+        last_stage = self.num_stages - 1
         for c in range(cfg.num_chunks):
             stage = stages[c]
-            t = self._backward_ready(rank, c)
-            if t is None:
-                if estimating and state.b_next[c] < state.f_next[c]:  # producer not started
-                    estimate = min(estimate, now + self.b_producer[rank][c])
-            elif t <= soon:
-                backward.append((state.b_next[c], -stage, c))
-            else:
-                if t < next_input:
-                    next_input = t
-                if yielding and t < next_backward:
-                    next_backward = t
-            t = self._forward_ready(rank, c)
-            if t is None:
-                if estimating and state.f_next[c] < cfg.num_microbatches and stage > 0 and \
-                        self._admissible(rank, c):
-                    estimate = min(estimate, now + self.f_producer[rank][c])
+            b_mb, f_mb = state.b_next[c], state.f_next[c]
+            # the next backward: ready once its own F and the next stage's B are done
+            if b_mb < f_mb:
+                t = f_end[stage][b_mb]
+                if stage != last_stage:
+                    end = b_end[stage + 1][b_mb]
+                    t = None if end is None else max(t, end + self.b_latency[rank][c])
+                if t is None:
+                    if estimating:  # producer not started
+                        estimate = min(estimate, now + self.b_producer[rank][c])
+                elif t <= soon:
+                    backward.append((b_mb, -stage, c))
+                else:
+                    if t < next_input:
+                        next_input = t
+                    if yielding and t < next_backward:
+                        next_backward = t
+            # the next forward: paced injection on stage 0, else the previous stage's F
+            if f_mb >= m:
                 continue
+            if stage == 0:
+                t = (f_mb * cfg.inject_interval if cfg.pair_gap is None else
+                     (f_mb // 2) * 2 * cfg.inject_interval + (f_mb % 2) * cfg.pair_gap)
+            else:
+                end = f_end[stage - 1][f_mb]
+                if end is None:
+                    if estimating and self._admissible(rank, c):
+                        estimate = min(estimate, now + self.f_producer[rank][c])
+                    continue
+                t = end + self.f_latency[rank][c]
             admissible = self._admissible(rank, c)
             if t <= soon:
                 if admissible:
-                    forward.append((state.f_next[c], -stage, c))
+                    forward.append((f_mb, -stage, c))
                 else:
                     blocked = True
             elif admissible and t < next_input:
