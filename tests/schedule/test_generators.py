@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from odc_pp.schedule import ActionKind, CostModel, Placement
 from odc_pp.schedule.generators import GENERATOR_NAMES, default_chunks, generate
-from odc_pp.schedule.generators._engine import EngineConfig, run_engine
+from odc_pp.schedule.generators._block import order_peak, v_block_orders, v_block_peak
+from odc_pp.schedule.generators._engine import EngineConfig, EngineCutOff, run_engine
 from odc_pp.schedule.lowering import lower
 from odc_pp.schedule.simulator import simulate
 from odc_pp.schedule.validate import peak_memory, validate
@@ -376,3 +377,28 @@ def test_list_scheduler_priorities_are_pluggable_and_caps_hold():
             assert held <= [3, 3, 2, 1][rank]
     from odc_pp.schedule import Schedule
     validate(Schedule(name="c", pp=4, num_microbatches=12, ranks=capped.ranks), costs)
+
+
+@pytest.mark.parametrize("deltas", [(1.0, 0.0, -1.0), (1.0, -0.3, -0.7), (1.0, 0.5, -1.5)])
+def test_v_block_peak_matches_the_orders(deltas):
+    costs = CostModel(mem_f=deltas[0], mem_b=deltas[1], mem_w=deltas[2])
+    for pp in (1, 2, 3, 4, 8):
+        for m in (1, 2, 5, 17):
+            for interval in (6, 7, 9, 13, 6 * pp + 6):
+                fast = v_block_peak(pp, m, interval, costs)
+                slow = order_peak(v_block_orders(pp, m, interval), costs)
+                assert fast == pytest.approx(slow, abs=1e-9), (pp, m, interval)
+
+
+def test_engine_bubble_cutoff_abandons_only_worse_runs():
+    base = dict(pp=4, num_microbatches=12, num_chunks=2, placement=Placement.V,
+                costs=CostModel(t_f=1.0, t_b=1.3, t_w=0.7), caps=[6.0] * 4,
+                inject_interval=2.0)
+    full = run_engine(EngineConfig(**base))
+    assert full.max_bubble > 0
+    same = run_engine(EngineConfig(**base, bubble_cutoff=full.max_bubble))
+    assert same.ranks == full.ranks
+    with pytest.raises(EngineCutOff):
+        run_engine(EngineConfig(**base, bubble_cutoff=full.max_bubble * 0.5))
+    with pytest.raises(ValueError, match="bubble_cutoff"):
+        EngineConfig(**base, bubble_cutoff=-1.0)

@@ -21,7 +21,7 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind
 from ..placement import Placement, locate, num_stages
 
-__all__ = ["v_block_orders", "order_peak"]
+__all__ = ["v_block_orders", "v_block_peak", "order_peak"]
 
 
 def _place(used: set[int], earliest: int, interval: int) -> int:
@@ -67,6 +67,39 @@ def v_block_orders(pp: int, num_microbatches: int, interval: int) -> list[list[A
             timed[rank].append((slot + mb * interval, mb,
                                 Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb)))
     return [[action for _, _, action in sorted(items)] for items in timed]
+
+
+def v_block_peak(pp: int, num_microbatches: int, interval: int,
+                 costs: CostModel) -> list[float]:
+    """Per-rank ``order_peak`` of ``v_block_orders(pp, num_microbatches, interval)``,
+    computed from the block alone (no orders built).
+
+    On a rank every copy of every block action has its own time (distinct residues), and
+    right after copy ``j`` of action ``a`` the rank holds, of each block action ``b``,
+    ``clamp(j + d_ab, 0, m)`` copies with ``d_ab = floor((slot_a - slot_b) / interval) + 1``.
+    Where no clamp is active that sum is linear in ``j``, so only the copies near both
+    ends of the run, and the ends of the linear range, need evaluating.
+    """
+    if interval < 6:
+        raise ValueError(f"a V building block needs an interval of at least 6 slots "
+                         f"(F, B, W on two chunks), got {interval}")
+    m = num_microbatches
+    per_rank: list[list[tuple[int, float]]] = [[] for _ in range(pp)]
+    for slot, rank, kind, _ in _v_block(pp, interval):
+        per_rank[rank].append((slot, costs.memory_delta(kind)))
+    peaks = []
+    for actions in per_rank:
+        peak = 0.0
+        for slot_a, _ in actions:
+            offsets = [((slot_a - slot_b) // interval + 1, delta) for slot_b, delta in actions]
+            low = max(0, -min(d for d, _ in offsets))  # from here no count clamps at 0
+            high = min(m - 1, m - max(d for d, _ in offsets))  # up to here none at m
+            copies = set(range(0, min(low, m - 1) + 1)) | set(range(max(high, 0), m))
+            for j in copies:
+                memory = sum(delta * min(max(j + d, 0), m) for d, delta in offsets)
+                peak = max(peak, memory)
+        peaks.append(peak)
+    return peaks
 
 
 def order_peak(orders: list[list[Action]], costs: CostModel) -> list[float]:

@@ -35,8 +35,8 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement
 from ..placement import locate, num_stages, stage_of
 
-__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "run_engine", "Decision",
-           "Priority", "default_priority"]
+__all__ = ["EngineConfig", "EngineResult", "EngineStalled", "EngineCutOff", "run_engine",
+           "Decision", "Priority", "default_priority"]
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -150,6 +150,10 @@ class EngineConfig:
     (keeps the backward chain fast at the cost of that rank's idle time)."""
     priority: Priority | None = None
     """Policy choosing among the ready actions (None: :func:`default_priority`)."""
+    bubble_cutoff: float = _INF
+    """Stop with ``EngineCutOff`` as soon as a rank's idle time since its first action
+    exceeds this: the run's worst per-rank bubble (``max_bubble``) can then only be
+    larger. A caller keeping the best of several runs passes the best bubble so far."""
 
     def __post_init__(self) -> None:
         if self.inject_interval < 0:
@@ -168,12 +172,19 @@ class EngineConfig:
                              f"{self.inflight}")
         if self.forward_yields is not None and len(self.forward_yields) != self.pp:
             raise ValueError(f"forward_yields needs one flag per rank ({self.pp})")
+        if self.bubble_cutoff < 0:
+            raise ValueError(f"bubble_cutoff must be >= 0, got {self.bubble_cutoff}")
         if self.w_slack is not None and self.w_slack < 0:
             raise ValueError(f"w_slack must be >= 0, got {self.w_slack}")
 
 
 class EngineStalled(ValueError):
     """The memory caps left no rank an action it may run."""
+
+
+class EngineCutOff(Exception):
+    """A rank's idle time exceeded ``EngineConfig.bubble_cutoff``: the run's worst
+    per-rank bubble is above the cutoff."""
 
 
 @dataclass
@@ -200,6 +211,7 @@ class _RankState:
         self.peak = 0.0
         self.free_at = 0.0
         self.first_start: float | None = None
+        self.idle = 0.0
         self.busy = 0.0
         self.order: list[Action] = []
 
@@ -210,8 +222,11 @@ class _Engine:
         self.priority = config.priority or default_priority
         self.num_stages = num_stages(config.pp, config.num_chunks)
         self.states = [_RankState(config.num_chunks) for _ in range(config.pp)]
-        self.f_end: dict[tuple[int, int], float] = {}  # (stage, mb) -> end time
-        self.b_end: dict[tuple[int, int], float] = {}
+        # [stage][mb] -> end time (None: not run yet)
+        self.f_end: list[list[float | None]] = [[None] * config.num_microbatches
+                                                for _ in range(self.num_stages)]
+        self.b_end: list[list[float | None]] = [[None] * config.num_microbatches
+                                                for _ in range(self.num_stages)]
         costs = config.costs
         self.mem_f, self.mem_b, self.mem_w = costs.mem_f, costs.mem_b, costs.mem_w
         if not config.split_backward:
@@ -239,6 +254,10 @@ class _Engine:
                                              pp=config.pp, num_stages=self.num_stages)
             for kind in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW)
             for r in range(config.pp) for c in chunks}
+        self.kind_durations = {kind: [[self.durations[(kind, r, c)] for c in chunks]
+                                      for r in range(config.pp)] for kind in ActionKind
+                               if kind in (ActionKind.F, ActionKind.B, ActionKind.W,
+                                           ActionKind.BW)}
         self.heap: list[tuple[float, int]] = []
         self.scheduled = [_INF] * config.pp
         # per (rank, chunk): own F/W time; a producer's time plus the transfer (estimates)
@@ -258,31 +277,7 @@ class _Engine:
         self.estimating = config.w_slack is not None  # only the W-slack rule reads them
         self.yielding = config.forward_yields is not None
 
-    # ----- readiness --------------------------------------------------------------
-    def _forward_ready(self, rank: int, chunk: int) -> float | None:
-        mb = self.states[rank].f_next[chunk]
-        if mb >= self.cfg.num_microbatches:
-            return None
-        stage = self.stage[rank][chunk]
-        if stage == 0:
-            if self.cfg.pair_gap is None:
-                return mb * self.cfg.inject_interval
-            return (mb // 2) * 2 * self.cfg.inject_interval + (mb % 2) * self.cfg.pair_gap
-        end = self.f_end.get((stage - 1, mb))
-        return None if end is None else end + self.f_latency[rank][chunk]
-
-    def _backward_ready(self, rank: int, chunk: int) -> float | None:
-        state = self.states[rank]
-        mb = state.b_next[chunk]
-        if mb >= state.f_next[chunk]:
-            return None
-        stage = self.stage[rank][chunk]
-        own = self.f_end[(stage, mb)]
-        if stage == self.num_stages - 1:
-            return own
-        end = self.b_end.get((stage + 1, mb))
-        return None if end is None else max(own, end + self.b_latency[rank][chunk])
-
+    # ----- admission --------------------------------------------------------------
     def _admissible(self, rank: int, chunk: int) -> bool:
         state, cfg = self.states[rank], self.cfg
         if chunk == 0 and cfg.inflight is not None and \
@@ -302,29 +297,44 @@ class _Engine:
         next_input = next_backward = estimate = _INF
         estimating, yielding = self.estimating, self.yielding
         soon = now + _EPS
+        f_end, b_end, m = self.f_end, self.b_end, cfg.num_microbatches
+        last_stage = self.num_stages - 1
         for c in range(cfg.num_chunks):
             stage = stages[c]
-            t = self._backward_ready(rank, c)
-            if t is None:
-                if estimating and state.b_next[c] < state.f_next[c]:  # producer not started
-                    estimate = min(estimate, now + self.b_producer[rank][c])
-            elif t <= soon:
-                backward.append((state.b_next[c], -stage, c))
-            else:
-                if t < next_input:
-                    next_input = t
-                if yielding and t < next_backward:
-                    next_backward = t
-            t = self._forward_ready(rank, c)
-            if t is None:
-                if estimating and state.f_next[c] < cfg.num_microbatches and stage > 0 and \
-                        self._admissible(rank, c):
-                    estimate = min(estimate, now + self.f_producer[rank][c])
+            b_mb, f_mb = state.b_next[c], state.f_next[c]
+            # the next backward: ready once its own F and the next stage's B are done
+            if b_mb < f_mb:
+                t = f_end[stage][b_mb]
+                if stage != last_stage:
+                    end = b_end[stage + 1][b_mb]
+                    t = None if end is None else max(t, end + self.b_latency[rank][c])
+                if t is None:
+                    if estimating:  # producer not started
+                        estimate = min(estimate, now + self.b_producer[rank][c])
+                elif t <= soon:
+                    backward.append((b_mb, -stage, c))
+                else:
+                    if t < next_input:
+                        next_input = t
+                    if yielding and t < next_backward:
+                        next_backward = t
+            # the next forward: paced injection on stage 0, else the previous stage's F
+            if f_mb >= m:
                 continue
+            if stage == 0:
+                t = (f_mb * cfg.inject_interval if cfg.pair_gap is None else
+                     (f_mb // 2) * 2 * cfg.inject_interval + (f_mb % 2) * cfg.pair_gap)
+            else:
+                end = f_end[stage - 1][f_mb]
+                if end is None:
+                    if estimating and self._admissible(rank, c):
+                        estimate = min(estimate, now + self.f_producer[rank][c])
+                    continue
+                t = end + self.f_latency[rank][c]
             admissible = self._admissible(rank, c)
             if t <= soon:
                 if admissible:
-                    forward.append((state.f_next[c], -stage, c))
+                    forward.append((f_mb, -stage, c))
                 else:
                     blocked = True
             elif admissible and t < next_input:
@@ -336,12 +346,12 @@ class _Engine:
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]
-        duration = self.durations[(kind, rank, chunk)]
+        duration = self.kind_durations[kind][rank][chunk]
         end = now + duration
         stage = self.stage[rank][chunk]
         if kind is ActionKind.F:
             state.f_next[chunk] += 1
-            self.f_end[(stage, mb)] = end
+            self.f_end[stage][mb] = end
             state.mem += self.mem_f
             if stage + 1 < self.num_stages:
                 consumer = self.owner[stage + 1][0]
@@ -349,7 +359,7 @@ class _Engine:
                                             else 0.0))
         elif kind in (ActionKind.B, ActionKind.BW):
             state.b_next[chunk] += 1
-            self.b_end[(stage, mb)] = end
+            self.b_end[stage][mb] = end
             state.mem += self.mem_b
             if kind is ActionKind.B:
                 state.w_queue.append((chunk, mb))
@@ -363,6 +373,11 @@ class _Engine:
         state.peak = max(state.peak, state.mem)
         if state.first_start is None:
             state.first_start = now
+        else:
+            state.idle += now - state.free_at
+            if state.idle > self.cfg.bubble_cutoff:
+                raise EngineCutOff(f"rank {rank} idle {state.idle:g} > cutoff "
+                                   f"{self.cfg.bubble_cutoff:g}")
         state.busy += duration
         state.free_at = end
         state.order.append(Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb))
@@ -427,7 +442,8 @@ class _Engine:
 def run_engine(config: EngineConfig) -> EngineResult:
     """Play one list-scheduler run; ValueError if a cap is below one microbatch on every
     chunk, ``EngineStalled`` if the caps stall every rank (only with
-    ``reserve_slot=False`` or ``inflight`` when the caps are at least that)."""
+    ``reserve_slot=False`` or ``inflight`` when the caps are at least that),
+    ``EngineCutOff`` once the bubble is certain to exceed ``bubble_cutoff``."""
     minimum = config.num_chunks * config.costs.mem_f
     for rank, cap in enumerate(config.caps):
         if cap + _EPS < minimum:

@@ -31,11 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costs import CostModel
-from ..ir import ActionKind, Placement, Schedule
-from ..placement import num_stages, stage_of
-from ..simulator import simulate
-from ._block import order_peak, v_block_orders
-from ._engine import EngineConfig, EngineStalled, run_engine
+from ..ir import Action, ActionKind, Placement, Schedule
+from ..placement import locate, num_stages, stage_of
+from ..simulator import score, simulate
+from ._block import order_peak, v_block_orders, v_block_peak
+from ._engine import EngineConfig, EngineCutOff, EngineStalled, run_engine
 from .classic import zbv_handcrafted
 
 __all__ = ["v_family"]
@@ -48,31 +48,78 @@ class _Candidate:
     makespan: float
 
 
+_CUTOFF_MARGIN = 1e-7
+"""Relative slack of the bubble cutoff: a candidate is abandoned only when its bubble
+is certain to exceed the best one so far by more than this (ties are still decided by
+makespan and candidate order, exactly as without cutoffs)."""
+
+
+def _cutoff(best: float) -> float:
+    return best + _CUTOFF_MARGIN * max(1.0, abs(best))
+
+
 def _score(schedule: Schedule, costs: CostModel) -> tuple[float, float]:
     result = simulate(schedule, costs)
     return max(s - b for s, b in zip(result.span, result.busy)), result.makespan
 
 
-def _engine_candidates(pp: int, num_microbatches: int, num_chunks: int,
-                       placement: Placement, costs: CostModel, cap: float,
-                       intervals: tuple[float, ...] = (0.0,),
-                       w_after_b: tuple[bool, ...] = (False, True)) -> list[_Candidate]:
-    out = []
-    for interval in intervals:
-        for backward_first in (True, False):
-            for w_after in w_after_b:
-                result = run_engine(EngineConfig(
-                    pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
-                    placement=placement, costs=costs, caps=[cap] * pp,
-                    backward_first=backward_first, w_after_b=w_after,
-                    inject_interval=interval))
-                # the engine's timing is the in-order timing of the order it emits
-                out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
-    return out
+def _tail_bound(pp: int, num_microbatches: int, costs: CostModel, last_start: float) -> float:
+    """Lower bound on rank 0's bubble when the last microbatch's first forward cannot
+    start before ``last_start``: rank 0 starts at 0 (microbatch 0's stage-0 forward), and
+    ends no earlier than that microbatch's whole V chain (every forward, every backward,
+    the transfers between ranks, then rank 0's W) after ``last_start``."""
+    stages = num_stages(pp, 2)
+    owners = [locate(Placement.V, pp, 2, stage)[0] for stage in range(stages)]
+
+    def time(kind: ActionKind, stage: int) -> float:
+        return costs.compute_time(kind, stage=stage, rank=owners[stage], pp=pp,
+                                  num_stages=stages)
+    hops = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
+    chain = (sum(time(ActionKind.F, s) + time(ActionKind.B, s) for s in range(stages)) +
+             time(ActionKind.W, 0) + 2 * hops * costs.t_comm)
+    busy = num_microbatches * sum(time(kind, stage) for stage in range(stages)
+                                  if owners[stage] == 0
+                                  for kind in (ActionKind.F, ActionKind.B, ActionKind.W))
+    return last_start + chain - busy
+
+
+def _engine_run(config_args: dict, may_stall: bool = False):
+    """A candidate thunk: one list-scheduler run, abandoned past the bubble cutoff (and
+    dropped if it stalls when ``may_stall``); skipped outright when its paced injection
+    of the last microbatch already forces a bubble past the cutoff (``_tail_bound``)."""
+    m = config_args["num_microbatches"]
+    interval, gap = config_args["inject_interval"], config_args.get("pair_gap")
+    last = ((m - 1) * interval if gap is None else
+            ((m - 1) // 2) * 2 * interval + ((m - 1) % 2) * gap)
+    bound = _tail_bound(config_args["pp"], m, config_args["costs"], last)
+
+    def run(best: float) -> _Candidate | None:
+        if bound > _cutoff(best):
+            return None
+        try:
+            result = run_engine(EngineConfig(**config_args, bubble_cutoff=_cutoff(best)))
+        except EngineCutOff:
+            return None
+        except EngineStalled:
+            if may_stall:
+                return None
+            raise
+        # the engine's timing is the in-order timing of the order it emits
+        return _Candidate(result.ranks, result.max_bubble, result.makespan)
+    return run
+
+
+def _engine_candidates(pp: int, num_microbatches: int, costs: CostModel, cap: float,
+                       intervals: tuple[float, ...]) -> list:
+    """Greedy engine runs at each injection interval, both backward priorities."""
+    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                             placement=Placement.V, costs=costs, caps=[cap] * pp,
+                             backward_first=backward_first, inject_interval=interval))
+            for interval in intervals for backward_first in (True, False)]
 
 
 def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
-                      cap: float) -> list[_Candidate]:
+                      cap: float) -> list:
     """V-placement engine runs without the admission reserve, paced in pairs.
 
     With a cap near a third of 1F1B's, the reserved slot halves what a rank may hold
@@ -82,38 +129,25 @@ def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
     longer gap after each pair), recovers most of it. Runs that stall are dropped.
     """
     work = _rank_work(pp, 2, Placement.V, costs)
-    out = []
-    for period, gaps in ((work, (0.0, 5 / 6, 1.0)), (13 * work / 12, (1.0,)),
-                         (7 * work / 6, (0.0, 5 / 6))):
-        for gap in gaps:
-            try:
-                result = run_engine(EngineConfig(
-                    pp=pp, num_microbatches=num_microbatches, num_chunks=2,
-                    placement=Placement.V, costs=costs, caps=[cap] * pp,
-                    inject_interval=period, pair_gap=gap * period, reserve_slot=False))
-            except EngineStalled:
-                continue
-            out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
-    return out
+    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                             placement=Placement.V, costs=costs, caps=[cap] * pp,
+                             inject_interval=period, pair_gap=gap * period,
+                             reserve_slot=False), may_stall=True)
+            for period, gaps in ((work, (0.0, 5 / 6, 1.0)), (13 * work / 12, (1.0,)),
+                                 (7 * work / 6, (0.0, 5 / 6)))
+            for gap in gaps]
 
 
 def _unreserved_candidates(pp: int, num_microbatches: int, costs: CostModel, cap: float,
-                           interval: float) -> list[_Candidate]:
+                           interval: float) -> list:
     """V-placement engine runs without the admission reserve at a steady ``interval``
     (between V-Half's and ZB-V's budgets the reserve costs more than pacing does); runs
     that stall are dropped."""
-    out = []
-    for backward_first in (True, False):
-        try:
-            result = run_engine(EngineConfig(
-                pp=pp, num_microbatches=num_microbatches, num_chunks=2,
-                placement=Placement.V, costs=costs, caps=[cap] * pp,
-                backward_first=backward_first, inject_interval=interval,
-                reserve_slot=False))
-        except EngineStalled:
-            continue
-        out.append(_Candidate(result.ranks, result.max_bubble, result.makespan))
-    return out
+    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                             placement=Placement.V, costs=costs, caps=[cap] * pp,
+                             backward_first=backward_first, inject_interval=interval,
+                             reserve_slot=False), may_stall=True)
+            for backward_first in (True, False)]
 
 
 def _rank_work(pp: int, num_chunks: int, placement: Placement, costs: CostModel) -> float:
@@ -125,37 +159,60 @@ def _rank_work(pp: int, num_chunks: int, placement: Placement, costs: CostModel)
                    for chunk in range(num_chunks)) for rank in range(pp))
 
 
-def _pick(name: str, pp: int, num_microbatches: int, num_chunks: int, placement: Placement,
-          costs: CostModel, cap: float, candidates: list[_Candidate]) -> Schedule:
-    best = min(candidates, key=lambda c: (round(c.bubble, 9), round(c.makespan, 9)))
-    return Schedule(name=name, pp=pp, num_microbatches=num_microbatches,
-                    num_chunks=num_chunks, placement=placement,
-                    ranks=[list(r) for r in best.ranks], meta={"memory_limit": cap})
-
-
-def _block_candidate(pp: int, num_microbatches: int, costs: CostModel,
-                     cap: float) -> _Candidate | None:
+def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: float):
     """The V building block at the shortest interval (in unit slots) whose peak fits,
-    found by bisection (the peak falls as the interval grows)."""
+    found by bisection (the peak falls as the interval grows); None if none fits, else a
+    candidate thunk (scored by the simulator, abandoned past the cutoff)."""
 
-    def fitting(interval: int):
-        orders = v_block_orders(pp, num_microbatches, interval)
-        return orders if max(order_peak(orders, costs)) <= cap + 1e-9 else None
+    def fits(interval: int) -> bool:
+        return max(v_block_peak(pp, num_microbatches, interval, costs)) <= cap + 1e-9
 
     low, high = 6, 6 * pp + 6  # at ``high`` the copies of the block no longer overlap
-    best = fitting(high)
-    if best is None:
+    if not fits(high):
         return None
     while low < high:
         middle = (low + high) // 2
-        orders = fitting(middle)
-        if orders is None:
-            low = middle + 1
+        if fits(middle):
+            high = middle
         else:
-            high, best = middle, orders
-    schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
-                        num_chunks=2, placement=Placement.V, ranks=best)
-    return _Candidate(best, *_score(schedule, costs))
+            low = middle + 1
+    # the rank with the most compute bounds every rank's busy time
+    busiest = num_microbatches * _rank_work(pp, 2, Placement.V, costs)
+
+    def run(best: float) -> _Candidate | None:
+        orders = v_block_orders(pp, num_microbatches, high)
+        # rank 0 runs everything before the last microbatch's first forward first
+        last = Action(rank=0, kind=ActionKind.F, chunk=0, microbatch=num_microbatches - 1)
+        position = orders[0].index(last)
+        before = sum(costs.compute_time(a.kind, stage=stage_of(Placement.V, pp, 0, a.chunk),
+                                        rank=0, pp=pp, num_stages=num_stages(pp, 2))
+                     for a in orders[0][:position])
+        if _tail_bound(pp, num_microbatches, costs, before) > _cutoff(best):
+            return None
+        schedule = Schedule(name="block", pp=pp, num_microbatches=num_microbatches,
+                            num_chunks=2, placement=Placement.V, ranks=orders)
+        # a span at or past cutoff + busiest means some rank's bubble exceeds the cutoff
+        if score(schedule, costs, cutoff=_cutoff(best) + busiest) is None:
+            return None
+        return _Candidate(orders, *_score(schedule, costs))
+    return run
+
+
+def _evaluation_order(count: int, pp: int, costs: CostModel, cap: float) -> list[int]:
+    """Which candidate thunks to evaluate first (speed only: the result does not depend
+    on it). The likely winner goes first so that the others are abandoned early: at
+    V-Min-like caps the pair-paced runs (thunks 6-8), then the block (last); between
+    V-Min's and ZB-V's caps the unreserved runs (12, 13), then the engine runs paced at
+    two thirds and a half of a rank's work (5, 4, 3, 2); at ZB-V's cap the engine runs in
+    their order."""
+    if count <= 6:
+        first = [0, 1, 2]
+    elif cap <= 2 * ((pp + 4) // 3) * costs.mem_f + 1e-9:
+        first = [6, 7, 8, count - 1]
+    else:
+        first = [12, 13, 5, 4, 3, 2]
+    first = [i for i in first if i < count]
+    return first + [i for i in range(count) if i not in first]
 
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
@@ -169,25 +226,37 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
     the admission reserve, paced in pairs (they win under tight caps) or steadily at half
     a rank's work (between V-Half's and ZB-V's budgets); the handcrafted ZB-V
     pattern when its peak fits; the repeating building block at the shortest interval
-    that fits. The one with the smallest worst per-rank bubble (then makespan) wins; a
-    handcrafted ZB-V with zero bubble is taken without building the others.
+    that fits. The one with the smallest worst per-rank bubble (then makespan, then the
+    order listed here) wins; a handcrafted ZB-V with zero bubble is taken without building
+    the others. Candidates are evaluated best-guess first and each is abandoned as soon
+    as its bubble is certain to exceed the best so far (engine ``bubble_cutoff``,
+    simulator ``score`` cutoff), which changes the time taken, never the result.
     """
-    candidates: list[_Candidate] = []
+    best: tuple | None = None  # (bubble, makespan, index) rounded, candidate
     if num_microbatches >= 2 * pp - 1:
         hand = zbv_handcrafted(pp, num_microbatches)
         if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
-            candidates.append(_Candidate(hand.ranks, *_score(hand, costs)))
-    if not (candidates and candidates[0].bubble <= 1e-9):  # nothing beats zero bubble
+            candidate = _Candidate(hand.ranks, *_score(hand, costs))
+            best = ((round(candidate.bubble, 9), round(candidate.makespan, 9), 0), candidate)
+    if best is None or best[1].bubble > 1e-9:  # nothing beats zero bubble
         work = _rank_work(pp, 2, Placement.V, costs)
-        candidates += _engine_candidates(pp, num_microbatches, 2, Placement.V, costs, cap,
-                                         intervals=(0.0, work / 2, 2 * work / 3),
-                                         w_after_b=(False,))
+        thunks = _engine_candidates(pp, num_microbatches, costs, cap,
+                                    intervals=(0.0, work / 2, 2 * work / 3))
         if cap < 2 * pp * costs.mem_f - 1e-9:
-            candidates += _paced_candidates(pp, num_microbatches, costs, cap)
-            candidates += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
+            thunks += _paced_candidates(pp, num_microbatches, costs, cap)
+            thunks += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
         block = _block_candidate(pp, num_microbatches, costs, cap)
         if block is not None:
-            candidates.append(block)
-    schedule = _pick(name, pp, num_microbatches, 2, Placement.V, costs, cap, candidates)
+            thunks.append(block)
+        for index in _evaluation_order(len(thunks), pp, costs, cap):
+            candidate = thunks[index](best[1].bubble if best else float("inf"))
+            if candidate is None:
+                continue
+            key = (round(candidate.bubble, 9), round(candidate.makespan, 9), index + 1)
+            if best is None or key < best[0]:
+                best = (key, candidate)
+    schedule = Schedule(name=name, pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                        placement=Placement.V, ranks=[list(r) for r in best[1].ranks],
+                        meta={"memory_limit": cap})
     schedule.meta["memory_unit"] = "V chunk (half of a rank's layers)"
     return schedule
