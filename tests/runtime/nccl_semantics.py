@@ -22,6 +22,7 @@ the worker threads are daemons and stay blocked until the process ends.
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 
@@ -32,6 +33,8 @@ from odc_pp.runtime.p2p import poll
 from odc_pp.runtime.p2p_channels import ChannelLayout, PipelineChannels, neighbour_pairs
 
 __all__ = ["NcclSemanticsOps"]
+
+_SLICE = datetime.timedelta(milliseconds=50)
 
 
 class _Work:
@@ -119,11 +122,23 @@ class NcclSemanticsOps:
             call = dist.isend if kind == "send" else dist.irecv
             data.append(call(tensor, peer, group=group, tag=tag))
         for item in data:
-            item.wait()
+            _wait(item)
         acks = []
         for kind, _, peer, group, tag in ops:  # rendezvous: a send ends when received
             flag = torch.zeros(1)
             call = dist.irecv if kind == "send" else dist.isend
             acks.append((call(flag, peer, group=self._ack[group], tag=tag), flag))
         for item, _ in acks:
-            item.wait()
+            _wait(item)
+
+
+def _wait(work) -> None:
+    """gloo's blocking wait holds the GIL while a peer is stopped; short slices let the
+    rank's other threads (the transport's deadline, result reporting) run."""
+    while True:
+        try:
+            work.wait(timeout=_SLICE)
+            return
+        except RuntimeError as error:
+            if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
+                raise

@@ -129,9 +129,10 @@ def stall_worker(rank, world_size, messages, backend):
     started = time.monotonic()
     try:
         runtime.run_minibatch(schedule, microbatches)
+        outcome = "finished"
     except TimeoutError as error:
-        return time.monotonic() - started, str(error)
-    return time.monotonic() - started, "finished"
+        outcome = str(error)
+    return time.monotonic() - started, outcome
 
 
 @pytest.mark.multiproc
@@ -142,7 +143,8 @@ def test_stalled_peer_raises_within_the_timeout_naming_it(backend):
             os.kill(message[1], signal.SIGSTOP)
 
     results = run_workers(stall_worker, 2, backend, on_message=on_message,
-                          config=LaunchConfig(timeout_s=120, pass_queue=True, expect=(0,)))
+                          config=LaunchConfig(timeout_s=120, pass_queue=True, expect=(0,),
+                                              process_group_timeout_s=8))
     elapsed, text = results[0]
     assert "pipeline rank 0" in text and "peer: pipeline rank 1" in text, text
     assert 3 <= elapsed < 60, (elapsed, text)
