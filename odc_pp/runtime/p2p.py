@@ -7,8 +7,16 @@ header (dtype, ndim, shape) followed by the payload: senders post both at once, 
 post the header ``irecv`` at the RECV and the payload ``irecv`` once the header arrived.
 Per peer, receives keep the sender's order on the wire (header k, payload k, header k+1,
 ...), so backends that ignore tags (NCCL) match the same way gloo does with tags.
-Several sends issued together go through one ``batch_isend_irecv``. Every wait has a
-timeout that names the peer.
+
+Every message ``src -> dst`` travels on the channel :class:`PipelineChannels` gives that
+direction (one process group per direction by default, see
+:mod:`odc_pp.runtime.p2p_channels`): its headers, payloads, single and batched sends.
+Several sends issued together go through one ``batch_isend_irecv`` per channel (it takes
+one group). Every wait has a deadline: non-blocking works are polled with
+``is_completed()`` (NCCL's ``wait(timeout)`` only orders streams); gloo's CPU works only
+complete inside ``wait``, which honours its timeout. The TimeoutError names this rank,
+the peer and the action. The calls go through a :class:`TorchP2POps` (or a test backend
+with the same methods).
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeerTransport", "PendingMessage"]
+from .p2p_channels import PipelineChannels, channel_key
+
+__all__ = ["PeerTransport", "PendingMessage", "TorchP2POps"]
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
 _HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
@@ -52,49 +62,106 @@ class PendingMessage:
         self.payload_work = None
 
 
-class PeerTransport:
-    """Sends and receives of one pipeline rank over ``group`` (ranks are group ranks)."""
+class TorchP2POps:
+    """torch.distributed's point-to-point calls (``peer`` is a global rank). ``device``:
+    where the tensors live; CPU tensors go through gloo, whose works complete only inside
+    ``wait`` (never by themselves for ``is_completed``), so they are waited with gloo's
+    own timeout; device works (NCCL) are polled."""
 
-    def __init__(self, *, group, device: torch.device, timeout_s: float,
-                 batch: bool = True) -> None:
-        self.group = group
+    def __init__(self, device: torch.device) -> None:
+        self.host_blocking = torch.device(device).type == "cpu"
+
+    def isend(self, tensor: torch.Tensor, peer: int, group, tag: int):
+        if self.host_blocking:
+            return dist.isend(tensor, peer, group=group, tag=tag)
+        return self.batch_isend([(tensor, peer, group, tag)])[0]
+
+    def irecv(self, tensor: torch.Tensor, peer: int, group, tag: int):
+        if self.host_blocking:
+            return dist.irecv(tensor, peer, group=group, tag=tag)
+        # NCCL runs single ops on a pair communicator and batches on the group's main
+        # one (they never match): on device every op goes through a batch, so all ops
+        # of a channel share its one communicator and stream
+        return dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, peer, group, tag)])[0]
+
+    def batch_isend(self, sends: list[tuple[torch.Tensor, int, object, int]]) -> list:
+        """Sends of one group issued together."""
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, group, tag)
+                                       for tensor, peer, group, tag in sends])
+
+    def wait(self, work, timeout_s: float) -> bool:
+        """Wait until ``work`` completed or ``timeout_s`` passed (False then)."""
+        if not self.host_blocking:
+            return poll(work, timeout_s)
+        try:
+            return work.wait(timeout=datetime.timedelta(seconds=timeout_s)) is not False
+        except RuntimeError as error:
+            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+                return False
+            raise
+
+
+def poll(work, timeout_s: float) -> bool:
+    """Poll ``work.is_completed()`` with a growing sleep until ``timeout_s``; then
+    ``work.wait()`` (orders the current stream after it on NCCL). False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    sleep = 50e-6
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(sleep)
+        sleep = min(sleep * 2, 5e-3)
+    work.wait()
+    return True
+
+
+class PeerTransport:
+    """Sends and receives of pipeline rank ``rank`` over ``channels``."""
+
+    def __init__(self, *, channels: PipelineChannels, rank: int, device: torch.device,
+                 timeout_s: float, batch: bool = True, ops=None) -> None:
+        self.channels = channels
         self.device = device
-        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = float(timeout_s)
         self.batch = batch
-        self.rank = dist.get_rank(group)
+        self.rank = rank
+        self.ops = ops if ops is not None else TorchP2POps(device)
         self._unposted: dict[int, deque[PendingMessage]] = {}
-        self._inflight_sends: list[tuple[object, list[torch.Tensor], str]] = []
+        self._inflight_sends: list[tuple[object, list[torch.Tensor], object, str]] = []
         self.waited_s = 0.0
         """Total seconds spent blocked in waits (for timing actions without their waits)."""
 
     # ----- sending ---------------------------------------------------------------
     def send_many(self, messages: list[tuple[torch.Tensor, int, int, str]], *,
                   with_header: bool = True) -> None:
-        """Post sends of (tensor, peer, tag, what) in one batch; completion is checked in
-        :meth:`drain_sends`. ``with_header=False``: the receiver knows the shape."""
-        ops, keep = [], []
+        """Post sends of (tensor, peer, tag, what), batched per channel; completion is
+        checked in :meth:`drain_sends`. ``with_header=False``: the receiver knows the
+        shape."""
+        per_channel: dict[tuple, tuple[list, list[int], list[str]]] = {}
         for tensor, peer, tag, what in messages:
             tensor = tensor.contiguous()
-            peer_global = dist.get_global_rank(self.group, peer)
+            group = self.channels.group(self.rank, peer)
+            peer_global = self.channels.global_rank(peer)
+            ops, peers, whats = per_channel.setdefault(
+                channel_key(self.channels.layout, self.rank, peer, batched=True), ([], [], []))
             if with_header:
-                header = _encode_header(tensor, self.device)
-                ops.append(dist.P2POp(dist.isend, header, peer_global, self.group, 2 * tag))
-                keep.append(header)
-            ops.append(dist.P2POp(dist.isend, tensor, peer_global, self.group, 2 * tag + 1))
-            keep.append(tensor)
-        if not ops:
-            return
-        what = ", ".join(m[3] for m in messages)
-        if self.batch and len(ops) > 1:
-            works = dist.batch_isend_irecv(ops)
-        else:
-            works = [op.op(op.tensor, op.peer, op.group, op.tag) for op in ops]
-        for work in works:
-            self._inflight_sends.append((work, keep, what))
+                ops.append((_encode_header(tensor, self.device), peer_global, group, 2 * tag))
+            ops.append((tensor, peer_global, group, 2 * tag + 1))
+            peers.append(peer)
+            whats.append(what)
+        for ops, peers, whats in per_channel.values():
+            if self.batch and len(ops) > 1:
+                works = self.ops.batch_isend(ops)
+            else:
+                works = [self.ops.isend(*op) for op in ops]
+            keep = [op[0] for op in ops]
+            peer = peers[0] if len(set(peers)) == 1 else sorted(set(peers))
+            for work in works:
+                self._inflight_sends.append((work, keep, peer, ", ".join(whats)))
 
     def drain_sends(self) -> None:
-        for work, _, what in self._inflight_sends:
-            self._wait(work, f"completion of send ({what})")
+        for work, _, peer, what in self._inflight_sends:
+            self._wait(work, f"completion of send ({what})", peer)
         self._inflight_sends.clear()
 
     # ----- receiving -------------------------------------------------------------
@@ -105,8 +172,7 @@ class PeerTransport:
         message = PendingMessage(peer, tag, what)
         if shape is not None:
             message.payload = torch.empty(shape[0], dtype=shape[1], device=self.device)
-            message.payload_work = dist.irecv(message.payload, dist.get_global_rank(
-                self.group, peer), self.group, 2 * tag + 1)
+            message.payload_work = self._irecv(message.payload, peer, 2 * tag + 1)
             return message
         queue = self._unposted.setdefault(peer, deque())
         queue.append(message)
@@ -118,35 +184,37 @@ class PeerTransport:
         queue = self._unposted.get(message.peer)
         while message.payload_work is None:
             head = queue[0]
-            self._wait(head.header_work, f"header of {head.what} from pipeline rank {head.peer}")
+            self._wait(head.header_work, f"header of {head.what}", head.peer)
             dtype, shape = _decode_header(head.header)
             head.payload = torch.empty(shape, dtype=dtype, device=self.device)
-            head.payload_work = dist.irecv(head.payload, dist.get_global_rank(
-                self.group, head.peer), self.group, 2 * head.tag + 1)
+            head.payload_work = self._irecv(head.payload, head.peer, 2 * head.tag + 1)
             queue.popleft()
             if queue:
                 self._post_header(queue[0])
-        self._wait(message.payload_work, f"{message.what} from pipeline rank {message.peer}")
+        self._wait(message.payload_work, message.what, message.peer)
         return message.payload
 
     def pending_count(self) -> int:
         return sum(len(queue) for queue in self._unposted.values())
 
+    def _irecv(self, tensor: torch.Tensor, peer: int, tag: int):
+        return self.ops.irecv(tensor, self.channels.global_rank(peer),
+                              self.channels.group(peer, self.rank), tag)
+
     def _post_header(self, message: PendingMessage) -> None:
         message.header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-        message.header_work = dist.irecv(message.header, dist.get_global_rank(
-            self.group, message.peer), self.group, 2 * message.tag)
+        message.header_work = self._irecv(message.header, message.peer, 2 * message.tag)
 
-    def _wait(self, work, what: str) -> None:
+    def _wait(self, work, what: str, peer: int) -> None:
         start = time.perf_counter()
         try:
-            completed = work.wait(timeout=self.timeout)
+            completed = self.ops.wait(work, self.timeout_s)
         except RuntimeError as error:
-            raise TimeoutError(f"pipeline rank {self.rank}: waiting for {what} failed or "
-                               f"timed out after {self.timeout.total_seconds()}s: {error}") \
-                from error
+            raise TimeoutError(f"pipeline rank {self.rank}: waiting for {what} (peer: "
+                               f"pipeline rank {peer}) failed: {error}") from error
         finally:
             self.waited_s += time.perf_counter() - start
-        if completed is False:
+        if not completed:
             raise TimeoutError(f"pipeline rank {self.rank}: {what} did not complete within "
-                               f"{self.timeout.total_seconds()}s")
+                               f"{self.timeout_s:g}s (peer: pipeline rank {peer}, global "
+                               f"rank {self.channels.global_rank(peer)})")

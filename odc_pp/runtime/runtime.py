@@ -47,6 +47,7 @@ from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
 from .timing import ActionClock
 from .p2p import PeerTransport
+from .p2p_channels import PipelineChannels, pipeline_channels
 from .post_validation import StepOutcome
 from .wgrad import WeightGradQueue
 
@@ -145,11 +146,17 @@ class MinibatchResult:
 
 class PipelineRuntime:
     """Runs this rank's (``pp_group`` rank) actions of the schedules it is given on
-    ``chunks``. The weight-gradient queue is bound to the chunks once, here."""
+    ``chunks``. The weight-gradient queue is bound to the chunks once, here.
+
+    ``channels``: the pipeline's point-to-point process groups (one per direction, see
+    :mod:`odc_pp.runtime.p2p_channels`); default: created here from ``pp_group``, which
+    then must span every process (collective). ``p2p_ops``: the point-to-point calls
+    (default torch.distributed's; tests pass an NCCL-semantics backend)."""
 
     def __init__(self, config: RuntimeConfig, *, chunks: Sequence[torch.nn.Module],
                  pp_group, dp_hooks: StageDataParallel | None = None,
-                 post_validator=None) -> None:
+                 post_validator=None, channels: PipelineChannels | None = None,
+                 p2p_ops=None) -> None:
         self.config = config
         self.chunks = list(chunks)
         self.pp_group = pp_group
@@ -164,9 +171,14 @@ class PipelineRuntime:
         self.store = ActivationStore(
             parameters=[p for chunk in self.chunks for p in chunk.parameters()],
             device=self.device, min_offload_bytes=config.min_offload_bytes, clock=self._clock)
-        self.transport = PeerTransport(group=pp_group, device=self.device,
+        if channels is None:
+            channels = pipeline_channels(pp_group)
+        if channels.ranks != dist.get_process_group_ranks(pp_group):
+            raise ValueError(f"channels connect global ranks {channels.ranks} but pp_group "
+                             f"has {dist.get_process_group_ranks(pp_group)}")
+        self.transport = PeerTransport(channels=channels, rank=self.rank, device=self.device,
                                        timeout_s=config.comm_timeout_s,
-                                       batch=config.batch_p2p)
+                                       batch=config.batch_p2p, ops=p2p_ops)
         if config.shapes_from_microbatch and not all(
                 hasattr(chunk, "input_shape") and hasattr(chunk, "output_shape")
                 for chunk in self.chunks):

@@ -184,7 +184,8 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
         post_validator = build_post_validator(optimizer, args, topo, injection=injection)
     runtime = PipelineRuntime(
         RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s), chunks=chunks,
-        pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator)
+        pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
+        channels=topo.pp_channels)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
                       costs=load_cost_model(args.schedule),
                       last_stage=_last_stage_here(args, topo),

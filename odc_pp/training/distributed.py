@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime.p2p_channels import create_pipeline_channels
+
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology"]
 
 
@@ -49,6 +51,9 @@ class Topology:
     pp_ranks: list[int]
     dp_ranks: list[int]
     device: torch.device
+    pp_channels: object = None
+    """This replica's point-to-point channels (one group per direction between
+    neighbouring stages, :class:`odc_pp.runtime.p2p_channels.PipelineChannels`)."""
 
     @property
     def is_first_stage_rank(self) -> bool:
@@ -88,6 +93,8 @@ def build_topology(env: DistEnv, pp: int, device: torch.device) -> Topology:
         group = dist.new_group(ranks)
         if stage == pp_rank:
             my_dp, dp_ranks = group, ranks
+    channels = create_pipeline_channels([[replica * pp + stage for stage in range(pp)]
+                                         for replica in range(dp)])
     return Topology(rank=env.rank, world_size=env.world_size, pp=pp, dp=dp, pp_rank=pp_rank,
                     dp_rank=dp_rank, pp_group=my_pp, dp_group=my_dp, pp_ranks=pp_ranks,
-                    dp_ranks=dp_ranks, device=device)
+                    dp_ranks=dp_ranks, device=device, pp_channels=channels)

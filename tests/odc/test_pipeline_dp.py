@@ -48,8 +48,11 @@ def build_groups(rank: int):
     of one stage, pp groups one rank of each stage (strided by DP)."""
     dp_groups = [dist.new_group([pp_rank * DP + d for d in range(DP)]) for pp_rank in range(PP)]
     pp_groups = [dist.new_group([p * DP + dp_rank for p in range(PP)]) for dp_rank in range(DP)]
+    from odc_pp.runtime.p2p_channels import create_pipeline_channels
+
+    channels = create_pipeline_channels([[p * DP + d for p in range(PP)] for d in range(DP)])
     pp_rank, dp_rank = divmod(rank, DP)
-    return pp_rank, dp_rank, dp_groups[pp_rank], pp_groups[dp_rank]
+    return pp_rank, dp_rank, dp_groups[pp_rank], pp_groups[dp_rank], channels
 
 
 RUNS = {"odc": ("odc", "zb-h1"), "collective": ("collective", "zb-h1"), "odc-zbv": ("odc", "zbv")}
@@ -71,7 +74,7 @@ def train(rank, mode, schedule_name):
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower_communication
 
-    pp_rank, dp_rank, dp_group, pp_group = build_groups(rank)
+    pp_rank, dp_rank, dp_group, pp_group, channels = build_groups(rank)
     groups = singleton_process_groups()
     config = ModelConfig(**MODEL)
     num_chunks = 2 if schedule_name == "zbv" else 1
@@ -86,7 +89,7 @@ def train(rank, mode, schedule_name):
     optimizer = ShardedAdamW(engine, AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD),
                              norm_group=None)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=pp_group,
-                              dp_hooks=engine)
+                              dp_hooks=engine, channels=channels)
     counts, norms = [], []
     for step in range(STEPS):
         lengths = sample_lengths(step)

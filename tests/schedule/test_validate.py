@@ -206,3 +206,68 @@ def test_offload_rules():
     good = schedule.copy(ranks=[[rank0[0], offload, reload, rank0[1]], schedule.ranks[1]])
     validate(good)
     assert memory_profile(good)[0] == [1, 0, 1, 0]
+
+
+# ----- NCCL order (issue 10 item 8) ------------------------------------------------------
+def test_nccl_mode_rejects_recv_before_opposite_send_on_a_shared_channel():
+    """Today's 1F1B pp=2 lowering, built by hand: rank 0 issues send F0, recv B0, send F1;
+    rank 1 recv F0, recv F1, send B0. One FIFO per unordered pair deadlocks after F0."""
+    from odc_pp.runtime.p2p_channels import ChannelLayout
+
+    SF, RF, SB, RB = (ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B,
+                      ActionKind.RECV_B)
+    a = Action
+    rank0 = [a(rank=0, kind=F, microbatch=0), a(rank=0, kind=SF, microbatch=0, peer=1),
+             a(rank=0, kind=RB, microbatch=0, peer=1),
+             a(rank=0, kind=F, microbatch=1), a(rank=0, kind=SF, microbatch=1, peer=1),
+             a(rank=0, kind=BW, microbatch=0),
+             a(rank=0, kind=RB, microbatch=1, peer=1), a(rank=0, kind=BW, microbatch=1)]
+    rank1 = [a(rank=1, kind=RF, microbatch=0, peer=0), a(rank=1, kind=RF, microbatch=1, peer=0),
+             a(rank=1, kind=F, microbatch=0), a(rank=1, kind=BW, microbatch=0),
+             a(rank=1, kind=SB, microbatch=0, peer=0),
+             a(rank=1, kind=F, microbatch=1), a(rank=1, kind=BW, microbatch=1),
+             a(rank=1, kind=SB, microbatch=1, peer=0)]
+    schedule = Schedule(name="1f1b-today", pp=2, num_microbatches=2, ranks=[rank0, rank1])
+    validate(schedule)  # fine under tag matching (gloo)
+    with pytest.raises(ScheduleError, match=r"deadlock under NCCL.*rank 0 position 5 "
+                                            r"\(B0\.0|deadlock under NCCL.*rank 1 position"):
+        validate(schedule, nccl_layout=ChannelLayout.SHARED)
+    # the same order on one channel per direction runs
+    validate(schedule, nccl_layout=ChannelLayout.DIRECTED)
+
+
+def test_nccl_mode_names_stuck_ranks_and_actions():
+    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.validate import check_nccl_order
+
+    lowered = lower(generate("1f1b", pp=2, num_microbatches=3))
+    with pytest.raises(ScheduleError) as error:
+        check_nccl_order(lowered, ChannelLayout.SHARED, batch_sends=False)
+    text = str(error.value)
+    assert "rank 0 position" in text and "rank 1 position" in text and "RECV" in text
+
+
+def _nccl_cases():
+    from odc_pp.schedule.generators.families import FAMILIES
+
+    for fam in FAMILIES:
+        for pp in (2, 4, 8, 16):
+            yield pytest.param(fam.name, pp, id=f"{fam.name}-pp{pp}")
+
+
+@pytest.mark.parametrize("name,pp", list(_nccl_cases()))
+def test_nccl_mode_accepts_every_lowered_family_on_directed_channels(name, pp):
+    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.compare import build_schedule
+    from odc_pp.schedule.generators.families import family
+
+    fam = family(name)
+    costs = CostModel(offload_bandwidth=1.0) if fam.offloads else None
+    m = max(2 * pp if pp <= 4 else pp, fam.microbatches_per_rank * pp)
+    schedule = lower(build_schedule(name, pp=pp, num_microbatches=m, costs=costs), costs,
+                     post_validation=True)
+    from odc_pp.schedule.validate import check_nccl_order
+
+    for batch_sends in (True, False):
+        check_nccl_order(schedule, ChannelLayout.DIRECTED, batch_sends=batch_sends)
+    validate(schedule, nccl_layout=ChannelLayout.DIRECTED)

@@ -1,0 +1,128 @@
+"""The one owner of the pipeline's communicator mapping.
+
+NCCL runs the point-to-point operations of one communicator in issue order on one stream
+(a receive blocks everything queued behind it), while gloo matches by tag. A pipeline is
+NCCL-safe by construction when every communicator carries traffic in one direction only:
+then its FIFO is exactly the sender's issue order, which the lowering keeps per ordered
+rank pair (the receiver posts its RECVs in the order of the sender's SENDs).
+
+* ``ChannelLayout.DIRECTED`` (the runtime's layout): one process group per ordered pair of
+  neighbouring pipeline ranks ``src -> dst`` (``r -> r+1`` and ``r+1 -> r``, cyclically,
+  which covers interleaved wrap-around and V-shape turns); headers, payloads, single and
+  batched sends of that direction all use it.
+* ``ChannelLayout.SHARED`` (the old layout, kept to show why it deadlocks): one pipeline
+  group for both directions; torch then runs single ops of a rank pair on one pair
+  communicator (one FIFO per unordered pair) and batched ops on the group's main one.
+
+:func:`channel_key` is what :mod:`odc_pp.schedule.validate` simulates and
+:class:`PipelineChannels` is what :mod:`odc_pp.runtime.p2p` sends on; both read the layout
+from here. Ranks are pipeline (group) ranks unless named ``global``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["ChannelLayout", "channel_key", "neighbour_pairs", "PipelineChannels",
+           "create_pipeline_channels", "pipeline_channels"]
+
+
+class ChannelLayout(enum.Enum):
+    DIRECTED = "directed"
+    SHARED = "shared"
+
+
+def channel_key(layout: ChannelLayout, src: int, dst: int, *, batched: bool = False) -> tuple:
+    """The communicator a message ``src -> dst`` travels on (``batched``: issued inside a
+    ``batch_isend_irecv`` of more than one operation)."""
+    if layout is ChannelLayout.DIRECTED:
+        return ("directed", src, dst)
+    if batched:
+        return ("group",)
+    return ("pair", min(src, dst), max(src, dst))
+
+
+def neighbour_pairs(pp: int) -> list[tuple[int, int]]:
+    """Ordered pipeline-rank pairs that get a directed channel, in creation order."""
+    pairs: list[tuple[int, int]] = []
+    for rank in range(pp):
+        nxt = (rank + 1) % pp
+        for pair in ((rank, nxt), (nxt, rank)):
+            if pair[0] != pair[1] and pair not in pairs:
+                pairs.append(pair)
+    return pairs
+
+
+@dataclass(kw_only=True)
+class PipelineChannels:
+    """The process groups one pipeline's point-to-point traffic uses."""
+
+    ranks: list[int]
+    """Global rank of each pipeline rank."""
+    layout: ChannelLayout = ChannelLayout.DIRECTED
+    """How messages map to communicators (see the module doc)."""
+    groups: dict[tuple[int, int], object] = field(default_factory=dict)
+    """DIRECTED: (src, dst) pipeline ranks -> process group carrying only src -> dst."""
+    shared_group: object = None
+    """SHARED: the one pipeline group of both directions."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.ranks)) != len(self.ranks) or not self.ranks:
+            raise ValueError(f"pipeline ranks must be distinct and non-empty: {self.ranks}")
+        if self.layout is ChannelLayout.SHARED and self.shared_group is None \
+                and len(self.ranks) > 1:
+            raise ValueError("ChannelLayout.SHARED needs shared_group")
+
+    def group(self, src: int, dst: int):
+        """Process group of the message ``src -> dst`` (pipeline ranks)."""
+        if self.layout is ChannelLayout.SHARED:
+            return self.shared_group
+        try:
+            return self.groups[(src, dst)]
+        except KeyError:
+            raise ValueError(f"no channel from pipeline rank {src} to {dst}: only neighbours "
+                             f"(r -> r+-1 mod pp) communicate") from None
+
+    def global_rank(self, rank: int) -> int:
+        return self.ranks[rank]
+
+
+def create_pipeline_channels(pipelines: list[list[int]], *,
+                             layout: ChannelLayout = ChannelLayout.DIRECTED,
+                             shared_groups: list | None = None) -> PipelineChannels | None:
+    """Create the channel groups of every pipeline (global ranks per pipeline) and return
+    this process's (None if it is in none). Collective: every process of the default group
+    calls it with the same arguments, since ``dist.new_group`` must be called by all, in
+    the same order. SHARED reuses ``shared_groups`` (one pipeline group per pipeline)."""
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    mine = None
+    for index, ranks in enumerate(pipelines):
+        if layout is ChannelLayout.SHARED:
+            if shared_groups is None:
+                raise ValueError("ChannelLayout.SHARED needs shared_groups")
+            channels = PipelineChannels(ranks=list(ranks), layout=layout,
+                                        shared_group=shared_groups[index])
+        else:
+            groups = {pair: dist.new_group(sorted((ranks[pair[0]], ranks[pair[1]])))
+                      for pair in neighbour_pairs(len(ranks))}
+            channels = PipelineChannels(ranks=list(ranks), layout=layout, groups=groups)
+        if me in ranks:
+            mine = channels
+    return mine
+
+
+def pipeline_channels(pp_group, *, layout: ChannelLayout = ChannelLayout.DIRECTED
+                      ) -> PipelineChannels:
+    """Channels of a single pipeline that spans the whole default group (tests,
+    single-pipeline tools). Collective over the default group."""
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(pp_group)
+    if len(ranks) != dist.get_world_size():
+        raise ValueError("pipeline_channels derives channels only for a pipeline spanning "
+                         "every process; with several pipelines call "
+                         "create_pipeline_channels(all pipelines) on every rank")
+    return create_pipeline_channels([ranks], layout=layout, shared_groups=[pp_group])
