@@ -199,7 +199,12 @@ def _run_until_killed(rank, world, results, victim, timeout_s):
         odc.scatter_accumulate(accumulator, torch.ones(8 * world), group)
         odc.sync(group)
     except odc.PeerError as error:
-        return str(error), time.monotonic() - started
+        elapsed = time.monotonic() - started
+        # Stay up until the other survivor has hit its own timeout: a survivor that exits
+        # at once resets its connections, and the other one then (rightly) names *it*
+        # (a job exits echoes late for the same reason: odc_pp.training.failures).
+        time.sleep(timeout_s + 1)
+        return str(error), elapsed
     return "no error", time.monotonic() - started
 
 
