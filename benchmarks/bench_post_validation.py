@@ -38,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.bench_runtime import make_data  # noqa: E402  (same synthetic microbatches)
 from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
 
 MODES = ("synchronous", "overlapped")
@@ -61,16 +62,6 @@ def parse_args(argv=None):
                                                       "post_validation_cpu.json"))
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     return parser.parse_args(argv)
-
-
-def make_data(args):
-    from odc_pp.data import Microbatch
-
-    generator = torch.Generator().manual_seed(0)
-    shape = (args.batch, args.seq)
-    return [Microbatch(tokens=torch.randint(0, 128, shape, generator=generator),
-                       labels=torch.randint(0, 128, shape, generator=generator))
-            for _ in range(args.microbatches)]
 
 
 class Trainer:

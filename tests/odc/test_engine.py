@@ -85,7 +85,7 @@ def make_plan(step: int, num_replicas: int) -> list[list[list[int]]]:
 
 
 def microbatch_loss(model: nn.Module, step: int, indices: list[int], global_tokens: int,
-                    dtype=torch.float32) -> torch.Tensor:
+                    dtype=torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
     lengths = sample_lengths(step)
     longest = max(lengths[i] for i in indices)
     x = torch.zeros(len(indices), longest, HIDDEN)
@@ -95,6 +95,7 @@ def microbatch_loss(model: nn.Module, step: int, indices: list[int], global_toke
         xs, ts = sample_data(step, index, lengths[index])
         x[row, :lengths[index]], target[row, :lengths[index]] = xs, ts
         valid[row, :lengths[index]] = True
+    x, target, valid = x.to(device), target.to(device), valid.to(device)
     out = model(x.to(dtype), valid).float()
     # Summed token loss over the *global* token count: the engine sums over ranks.
     return ((out - target) ** 2).sum(-1).masked_fill(~valid, 0).sum() / global_tokens

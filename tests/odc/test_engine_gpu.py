@@ -10,29 +10,13 @@ import pytest
 import torch
 
 from tests.launch import LaunchConfig, run_workers
-from tests.odc.test_engine import (BETAS, EPS, HIDDEN, LR, OUT, STEPS, WD, make_model,
-                                   make_plan, reference_params, rel_diff, sample_data,
-                                   sample_lengths)
+from tests.odc.test_engine import (BETAS, EPS, LR, STEPS, WD, make_model, make_plan,
+                                   microbatch_loss, reference_params, rel_diff, sample_lengths)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
 
 GPU_REL_TOL = 1e-4
 """CUDA kernels sum in another order than the CPU reference; Adam amplifies that a little."""
-
-
-def _loss(model, step, indices, global_tokens, device):
-    lengths = sample_lengths(step)
-    longest = max(lengths[i] for i in indices)
-    x = torch.zeros(len(indices), longest, HIDDEN)
-    target = torch.zeros(len(indices), longest, OUT)
-    valid = torch.zeros(len(indices), longest, dtype=torch.bool)
-    for row, index in enumerate(indices):
-        xs, ts = sample_data(step, index, lengths[index])
-        x[row, :lengths[index]], target[row, :lengths[index]] = xs, ts
-        valid[row, :lengths[index]] = True
-    x, target, valid = x.to(device), target.to(device), valid.to(device)
-    out = model(x, valid).float()
-    return ((out - target) ** 2).sum(-1).masked_fill(~valid, 0).sum() / global_tokens
 
 
 def _worker(rank, world, deterministic, peer_atomics):
@@ -53,7 +37,7 @@ def _worker(rank, world, deterministic, peer_atomics):
         global_tokens = sum(sample_lengths(step))
         engine.begin_minibatch(max_microbatches=max(len(r) for r in plan))
         for indices in plan[rank]:
-            _loss(model, step, indices, global_tokens, device).backward()
+            microbatch_loss(model, step, indices, global_tokens, device=device).backward()
         engine.finish_minibatch()
         optimizer.step()
     params = {k: v.cpu().numpy() for k, v in engine.full_state_dict().items()}
