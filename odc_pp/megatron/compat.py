@@ -85,7 +85,8 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
-           "rotary_embedding", "rope_fusion_available"]
+           "rotary_embedding", "rope_fusion_available", "sequence_parallel_output_layer",
+           "TorchNorm"]
 
 
 def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234) -> None:
@@ -107,8 +108,9 @@ def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234)
         tracker.add(name, seed)
 
 
-def singleton_process_groups():
-    """A ProcessGroupCollection whose groups hold only this process (TP=CP=1).
+def singleton_process_groups(*, tp=None):
+    """A ProcessGroupCollection whose groups hold only this process (CP=1), except the
+    tensor-parallel ones (tp, tp_cp, mp) when a ``tp`` group is given.
 
     ``torch.distributed`` must be initialised. Collective over the default group: every
     process calls ``new_group`` for every rank, as ``torch.distributed`` requires.
@@ -122,9 +124,35 @@ def singleton_process_groups():
         group = dist.new_group([rank])
         if rank == dist.get_rank():
             own_group = group
-    return ProcessGroupCollection(tp=own_group, pp=own_group, cp=own_group, embd=own_group,
-                                  pos_embd=own_group, mp=own_group, tp_cp=own_group,
+    tp = own_group if tp is None else tp
+    return ProcessGroupCollection(tp=tp, pp=own_group, cp=own_group, embd=own_group,
+                                  pos_embd=own_group, mp=tp, tp_cp=tp,
                                   dp=own_group, dp_cp=own_group)
+
+
+class TorchNorm:
+    """torch's ``LayerNorm`` / ``RMSNorm``, built as megatron's ``WrappedTorchNorm``
+    builds them, but also under sequence parallelism (which ``WrappedTorchNorm`` refuses
+    because nothing sums the norm's partial gradients over the tensor-parallel ranks;
+    :func:`odc_pp.megatron.tp.reduce_partial_grads` does)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **kwargs):
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in norms:
+            raise ValueError(f"normalization must be one of {sorted(norms)}, got "
+                             f"{config.normalization!r}")
+        return norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+
+
+def sequence_parallel_output_layer(model) -> None:
+    """Make the last stage's output layer take the full sequence under sequence
+    parallelism: megatron's own gather inside the layer allocates from the CUDA-only
+    global memory buffer, so :func:`gpt_chunk_forward` gathers the sequence itself and
+    the layer runs as a plain column-parallel linear whose input gradient is all-reduced
+    (``ColumnParallelLinear`` attributes ``sequence_parallel`` / ``allreduce_dgrad``)."""
+    layer = model.output_layer
+    layer.sequence_parallel = False
+    layer.allreduce_dgrad = True
 
 
 def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
@@ -142,25 +170,45 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
     extra = {}
     if position_embedding_type == "rope":
         extra = {"rotary_base": rotary_base, "rotary_percent": 1.0, "rope_scaling": False}
+    if transformer_config.sequence_parallel:
+        # the block's final norm is not part of the layer spec: name it explicitly
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+        layer_spec = TransformerBlockSubmodules(
+            layer_specs=[layer_spec] * transformer_config.num_layers, layer_norm=TorchNorm)
     return GPTModel(transformer_config, layer_spec, vocab_size=vocab_size,
                     max_sequence_length=max_sequence_length, pre_process=pre_process,
                     post_process=post_process,
                     share_embeddings_and_output_weights=tie_embeddings,
                     position_embedding_type=position_embedding_type,
+                    # under sequence parallelism gpt_chunk_forward scatters the embedding
+                    # output itself (megatron's scatter gathers on CUDA in backward)
+                    scatter_embedding_sequence_parallel=False,
                     pg_collection=process_groups, **extra)
 
 
-def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=None):
+def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=None, *,
+                      sequence_group=None):
     """What ``GPTModel.forward`` does for training without labels, with a given rotary
     embedding: embedding (first stage; learned positions from ``positions``), decoder
     (later stages read the tensor of ``set_input_tensor``), output layer (last stage;
-    logits ``[batch, seq, vocab]``); otherwise the hidden states ``[seq, batch, hidden]``."""
-    hidden = model.embedding(input_ids=tokens, position_ids=positions) \
-        if model.pre_process else None
+    logits ``[batch, seq, vocab / tp]``); otherwise the hidden states
+    ``[seq, batch, hidden]`` (under sequence parallelism this rank's sequence shard).
+    ``sequence_group``: sequence parallelism on that group; the output layer gets the
+    gathered sequence (:func:`sequence_parallel_output_layer`)."""
+    from .tp import gather_sequence, scatter_sequence
+
+    hidden = None
+    if model.pre_process:
+        hidden = model.embedding(input_ids=tokens, position_ids=positions)
+        if sequence_group is not None:
+            hidden = scatter_sequence(hidden, sequence_group)
     hidden = model.decoder(hidden_states=hidden, attention_mask=attention_mask,
                            rotary_pos_emb=rotary_pos_emb)
     if not model.post_process:
         return hidden
+    if sequence_group is not None:
+        hidden = gather_sequence(hidden, sequence_group)
     weight = model.shared_embedding_or_output_weight() \
         if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)

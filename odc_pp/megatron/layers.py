@@ -1,11 +1,22 @@
 """Linear layers whose weight-gradient GEMM can be deferred to the schedule's W action.
 
 ``DeferrableColumnParallelLinear`` / ``DeferrableRowParallelLinear`` subclass megatron's
-tensor-parallel linears (TP=1) and override only ``_forward_impl``, the hook both use for
+tensor-parallel linears and override only ``_forward_impl``, the hook both use for
 their matmul (:mod:`odc_pp.megatron.compat`). Their autograd function computes the input
 gradient in backward; the weight gradient is either computed at once, or, while the
 bound :class:`~odc_pp.runtime.wgrad.WeightGradQueue` is deferring, enqueued as a closure
 (input, grad_output) for the schedule's W action. Biases stay in B.
+
+Tensor parallelism. megatron's ``forward`` does the row-parallel output reduction and
+tells ``_forward_impl`` what the column-parallel matmul must communicate (the
+``allreduce_dgrad`` / ``sequence_parallel`` / ``tp_group`` arguments), which the autograd
+function does itself: all-reduce of the input gradient (tp > 1), or under sequence
+parallelism all-gather of the input along the sequence in F and reduce-scatter of the
+input gradient in B. W needs the gathered input again: by default the closure keeps this
+rank's shard and gathers it in W (less memory, one more all-gather on the critical path
+of W); with ``keep_sp_input_for_w`` on the layer, B gathers it and the closure keeps
+the full input until W (tp times the bytes, no communication in W). All of it runs on
+the layer's explicit ``tp_group``.
 
 A linear may apply an elementwise :class:`InputOp` to its input first (identity here;
 layernorm and GeLU in :mod:`odc_pp.megatron.recompute`). The autograd function then saves
@@ -23,6 +34,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+from .tp import all_gather_rows, all_reduce_sum, reduce_scatter_rows, reduce_scatter_sequence
 
 __all__ = [
     "DeferrableColumnParallelLinear",
@@ -49,13 +62,32 @@ def accumulate_weight_grad(weight: torch.Tensor, saved_input: torch.Tensor,
         weight.grad.add_(grad_weight)
 
 
+def _accumulate_gathered(weight: torch.Tensor, input_shard: torch.Tensor, group,
+                         grad_output: torch.Tensor) -> None:
+    """W under sequence parallelism, gathering the input again."""
+    accumulate_weight_grad(weight, all_gather_rows(input_shard, group), grad_output)
+
+
 def weight_grad_or_defer(layer, weight: torch.Tensor, saved_input: torch.Tensor,
-                         grad_output: torch.Tensor) -> torch.Tensor | None:
+                         grad_output: torch.Tensor, *,
+                         gather_group=None) -> torch.Tensor | None:
     """The weight gradient now, or None after enqueueing it into ``layer.wgrad_queue``
-    when that queue is deferring (the closure keeps ``saved_input`` until W)."""
+    when that queue is deferring (the closure keeps ``saved_input`` until W).
+
+    ``gather_group``: ``saved_input`` is this rank's sequence shard of the input, to be
+    all-gathered over that group first -- now, in B (not deferring, or the layer's
+    ``keep_sp_input_for_w``), or inside the closure, in W."""
     queue = layer.wgrad_queue
-    if queue is not None and queue.is_deferring:
-        queue.put(functools.partial(accumulate_weight_grad, weight, saved_input, grad_output))
+    deferring = queue is not None and queue.is_deferring
+    if gather_group is not None and (not deferring or layer.keep_sp_input_for_w):
+        saved_input, gather_group = all_gather_rows(saved_input, gather_group), None
+    if deferring:
+        if gather_group is not None:
+            queue.put(functools.partial(_accumulate_gathered, weight, saved_input,
+                                        gather_group, grad_output))
+        else:
+            queue.put(functools.partial(accumulate_weight_grad, weight, saved_input,
+                                        grad_output))
         return None
     return _weight_grad(saved_input, grad_output)
 
@@ -84,37 +116,51 @@ IDENTITY = InputOp()
 
 
 class _DeferrableLinearFunction(torch.autograd.Function):
-    """``linear(input_op(x), weight, bias)``; backward recomputes ``input_op(x)``,
-    computes or defers the weight gradient, and runs the op's backward. Called as
-    ``apply(x, weight, bias, layer)`` (identity) or
-    ``apply(x, weight, bias, layer, input_op, *op_params)``."""
+    """``linear(gather?(input_op(x)), weight, bias)``; backward recomputes
+    ``input_op(x)``, computes or defers the weight gradient, reduces the input gradient
+    over the tensor-parallel group when asked, and runs the op's backward. Called as
+    ``apply(x, weight, bias, layer, comm)`` (identity) or
+    ``apply(x, weight, bias, layer, comm, input_op, *op_params)``; ``comm``: None,
+    ``("allreduce", group)`` or ``("sequence", group)``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, layer, input_op=None, *op_params):
+    def forward(ctx, x, weight, bias, layer, comm, input_op=None, *op_params):
         ctx.save_for_backward(x, *op_params, weight)
         # the Parameter itself: saved-tensor hooks may hand back an alias, and the
         # deferred wgrad must land in this object's .grad
         ctx.weight_parameter = weight
         ctx.layer = layer
+        ctx.comm = comm
         ctx.input_op = IDENTITY if input_op is None else input_op
         ctx.op_given = input_op is not None
         ctx.has_bias = bias is not None
-        return F.linear(ctx.input_op.forward(x, *op_params), weight, bias)
+        op_output = ctx.input_op.forward(x, *op_params)
+        if comm is not None and comm[0] == "sequence":
+            op_output = all_gather_rows(op_output, comm[1])
+        return F.linear(op_output, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
         x, *op_params, weight = ctx.saved_tensors
         op_output, recomputed = ctx.input_op.recompute(x, *op_params)
         grad_op_output = grad_output.matmul(weight)
+        gather_group = None
+        if ctx.comm is not None:
+            kind, group = ctx.comm
+            if kind == "sequence":
+                grad_op_output = reduce_scatter_rows(grad_op_output, group)
+                gather_group = group
+            else:
+                all_reduce_sum(grad_op_output, group)
         grad_bias = None
         if ctx.has_bias:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
         grad_weight = weight_grad_or_defer(ctx.layer, ctx.weight_parameter, op_output,
-                                           grad_output)
+                                           grad_output, gather_group=gather_group)
         grad_x, *grad_params = ctx.input_op.backward(grad_op_output, x, recomputed,
                                                      *op_params)
         extra = (None, *grad_params) if ctx.op_given else ()
-        return (grad_x, grad_weight, grad_bias, None, *extra)
+        return (grad_x, grad_weight, grad_bias, None, None, *extra)
 
 
 class _DeferrableMixin:
@@ -124,13 +170,13 @@ class _DeferrableMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.tp_group is not None and self.tp_group.size() != 1:
-            raise ValueError("deferrable linears support tensor-parallel size 1 only; "
-                             "use the TE spec for TP > 1")
-        if self.config.sequence_parallel or self.config.gradient_accumulation_fusion:
-            raise ValueError("set sequence_parallel=False and gradient_accumulation_fusion="
-                             "False in the TransformerConfig for deferrable linears")
+        if self.config.gradient_accumulation_fusion:
+            raise ValueError("set gradient_accumulation_fusion=False in the "
+                             "TransformerConfig for deferrable linears")
         self.wgrad_queue = None
+        # sequence parallelism: B keeps the all-gathered input for W (set by the model
+        # builder from TensorParallel.keep_sp_input_for_w)
+        self.keep_sp_input_for_w = False
         # True: plain F.linear autograd (no deferral), e.g. for torch.distributed.pipelining,
         # whose own input/weight split needs native autograd nodes
         self.native_autograd = False
@@ -139,17 +185,40 @@ class _DeferrableMixin:
         """The parameters of :attr:`input_op` (none for the identity)."""
         return ()
 
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):  # noqa: A002
+    def _forward_impl(self, input, weight, bias=None, *args, allreduce_dgrad=False,  # noqa: A002
+                      sequence_parallel=False, tp_group=None, **kwargs):
         params = self.input_op_params()
-        if not weight.requires_grad or self.native_autograd:
+        comm = None
+        if sequence_parallel:
+            comm = ("sequence", tp_group)
+        elif allreduce_dgrad:
+            comm = ("allreduce", tp_group)
+        if self.native_autograd:
+            if comm is not None:
+                raise ValueError("native autograd (torch.distributed.pipelining export) "
+                                 "supports tensor-parallel size 1 only")
             return F.linear(self.input_op.forward(input, *params), weight, bias)
-        return _DeferrableLinearFunction.apply(input, weight, bias, self, self.input_op,
-                                               *params)
+        if not weight.requires_grad and comm is None:
+            return F.linear(self.input_op.forward(input, *params), weight, bias)
+        return _DeferrableLinearFunction.apply(input, weight, bias, self, comm,
+                                               self.input_op, *params)
 
 
 class DeferrableColumnParallelLinear(_DeferrableMixin, ColumnParallelLinear):
-    """``ColumnParallelLinear`` (TP=1) whose weight gradient can be deferred to W."""
+    """``ColumnParallelLinear`` whose weight gradient can be deferred to W."""
 
 
 class DeferrableRowParallelLinear(_DeferrableMixin, RowParallelLinear):
-    """``RowParallelLinear`` (TP=1) whose weight gradient can be deferred to W."""
+    """``RowParallelLinear`` whose weight gradient can be deferred to W. Under sequence
+    parallelism the output reduce-scatter is :func:`~odc_pp.megatron.tp.
+    reduce_scatter_sequence` (megatron's allocates on CUDA); otherwise megatron's
+    ``forward`` runs unchanged."""
+
+    def forward(self, input_):
+        if not self.sequence_parallel:
+            return super().forward(input_)
+        output = reduce_scatter_sequence(self._forward_impl(input_, self.weight),
+                                         self.tp_group)
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None

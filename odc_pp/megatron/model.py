@@ -32,9 +32,12 @@ from ..data.microbatch import Microbatch
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
-                     rotary_embedding, singleton_process_groups)
+                     rotary_embedding, sequence_parallel_output_layer,
+                     singleton_process_groups)
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
+from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
+from .tp_layout import partition_of
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
@@ -161,9 +164,12 @@ class GPTChunk(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, stage: int, num_stages: int,
                  layers: range, inv_freq: torch.Tensor | None = None,
-                 implicit_causal: bool = False) -> None:
+                 implicit_causal: bool = False,
+                 tensor_parallel: TensorParallel | None = None) -> None:
         super().__init__()
         self.model = model
+        self.tensor_parallel = tensor_parallel or TensorParallel()
+        """Tensor-parallel group and sequence-parallel setting (default: tp = 1)."""
         self.stage = stage
         self.num_stages = num_stages
         self.layers = layers
@@ -192,6 +198,9 @@ class GPTChunk(torch.nn.Module):
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
         labels = microbatch.labels.to(output.device)
+        if self.tensor_parallel.size > 1:
+            return vocab_parallel_cross_entropy(output.float(), labels,
+                                                self.tensor_parallel.group)
         losses = torch.nn.functional.cross_entropy(
             output.float().reshape(-1, output.shape[-1]), labels.reshape(-1),
             reduction="none")
@@ -203,13 +212,17 @@ class GPTChunk(torch.nn.Module):
         ``[batch, seq, vocab]``."""
         device = next(self.parameters()).device
         batch, seq_len = microbatch.tokens.shape
+        tp = self.tensor_parallel
+        if tp.sequence_parallel and seq_len % tp.size:
+            raise ValueError(f"sequence parallelism needs sequence lengths divisible by the "
+                             f"tensor-parallel size {tp.size}; got {seq_len} (pad the "
+                             f"microbatches to a multiple of it)")
         tokens = None
         if self.is_first:
             tokens = microbatch.tokens.to(device)
         else:
             if hidden is None:
                 raise ValueError(f"stage {self.stage} needs an input activation")
-            seq_len = hidden.shape[0]
             self.model.set_input_tensor(hidden)
         positions = None
         if self.is_first or self.inv_freq is not None:
@@ -225,11 +238,16 @@ class GPTChunk(torch.nn.Module):
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
                              "microbatch; packed rows with their own position ids need the "
                              "unfused path (uninstall transformer-engine or do not pack)")
-        return gpt_chunk_forward(self.model, tokens, positions, mask, rotary)
+        sequence_group = tp.group if tp.sequence_parallel else None
+        return gpt_chunk_forward(self.model, tokens, positions, mask, rotary,
+                                 sequence_group=sequence_group)
 
     def input_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
-        """Shape and dtype of the activation this stage receives for ``microbatch``."""
+        """Shape and dtype of the activation this stage receives for ``microbatch``
+        (under sequence parallelism this rank's sequence shard)."""
         batch, seq = microbatch.tokens.shape
+        if self.tensor_parallel.sequence_parallel:
+            seq //= self.tensor_parallel.size
         width = self.model.config.hidden_size
         return torch.Size([seq, batch, width]), self.model.config.params_dtype
 
@@ -253,13 +271,28 @@ def global_name(local_name: str, first_layer: int) -> str:
 
 def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks: int = 1,
                  placement: Placement | str = Placement.INTERLEAVED, seed: int = 1234,
-                 process_groups=None) -> list[GPTChunk]:
+                 process_groups=None,
+                 tensor_parallel: TensorParallel | None = None) -> list[GPTChunk]:
     """This rank's model chunks (local chunk order), initialised from ``seed``.
 
-    ``process_groups``: megatron ProcessGroupCollection with TP=CP=1 groups; default
-    :func:`~odc_pp.megatron.compat.singleton_process_groups` (collective: every rank
-    must call ``build_chunks`` at the same point). Needs ``torch.distributed``.
+    ``tensor_parallel``: the tensor-parallel group and sequence-parallel setting
+    (default tp = 1); every rank of the group builds the same stages and holds its shard
+    of each parameter (:mod:`odc_pp.megatron.tp_layout`), initialised as the shard of
+    the tp = 1 model. ``process_groups``: megatron ProcessGroupCollection; default
+    :func:`~odc_pp.megatron.compat.singleton_process_groups` with ``tensor_parallel``'s
+    group as tp (collective: every rank must call ``build_chunks`` at the same point).
+    Needs ``torch.distributed``.
     """
+    tensor_parallel = tensor_parallel or TensorParallel()
+    tp_size = tensor_parallel.size
+    groups_per_rank = config.num_query_groups or config.num_attention_heads
+    for what, value in (("num_attention_heads", config.num_attention_heads),
+                        ("num_query_groups", groups_per_rank),
+                        ("vocab_size", config.vocab_size),
+                        ("ffn_hidden_size", config.ffn_hidden_size or 4 * config.hidden_size)):
+        if value % tp_size:
+            raise ValueError(f"{what} {value} is not divisible by the tensor-parallel size "
+                             f"{tp_size}")
     if not 0 <= pp_rank < pp_size:
         raise ValueError(f"pp_rank {pp_rank} outside 0..{pp_size - 1}")
     if num_chunks < 1:
@@ -271,16 +304,19 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                          "embedding and the output layer); untie them for this layout "
                          "(odc_pp.megatron.hf.untie_for_layout)")
     prepare_megatron_for_device(config.device, seed=seed)
-    groups = process_groups if process_groups is not None else singleton_process_groups()
+    groups = process_groups if process_groups is not None else \
+        singleton_process_groups(tp=tensor_parallel.group)
     spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd,
                                      core_attention=config.core_attention,
                                      normalization=config.normalization,
-                                     qk_layernorm=config.qk_layernorm)
+                                     qk_layernorm=config.qk_layernorm,
+                                     sequence_parallel=tensor_parallel.sequence_parallel)
     chunks = []
     for chunk in range(num_chunks):
         stage = stage_of(placement, pp_size, pp_rank, chunk)
         layers = stage_layers(config.num_layers, num_stages, stage)
-        model = new_gpt_model(_transformer_config(config, len(layers)), spec,
+        model = new_gpt_model(_transformer_config(config, len(layers), tensor_parallel),
+                              spec,
                               vocab_size=config.vocab_size,
                               max_sequence_length=config.max_sequence_length,
                               pre_process=stage == 0, post_process=stage == num_stages - 1,
@@ -291,19 +327,29 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         inv_freq = None
         if config.position_embedding_type == "rope":
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
+        if tensor_parallel.sequence_parallel and stage == num_stages - 1:
+            sequence_parallel_output_layer(model)
+        for module in model.modules():
+            if hasattr(module, "keep_sp_input_for_w"):
+                module.keep_sp_input_for_w = tensor_parallel.keep_sp_input_for_w
         gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers,
                              inv_freq=inv_freq,
-                             implicit_causal=config.core_attention == "sdpa")
+                             implicit_causal=config.core_attention == "sdpa",
+                             tensor_parallel=tensor_parallel)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         initialize_parameters(gpt_chunk, config, seed)
+        reduce_partial_grads(gpt_chunk.global_named_parameters(), tensor_parallel)
         chunks.append(gpt_chunk)
     return chunks
 
 
-def _transformer_config(config: ModelConfig, num_layers: int):
+def _transformer_config(config: ModelConfig, num_layers: int,
+                        tensor_parallel: TensorParallel):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel.size,
+        sequence_parallel=tensor_parallel.sequence_parallel,
         num_layers=num_layers, hidden_size=config.hidden_size,
         num_attention_heads=config.num_attention_heads,
         ffn_hidden_size=config.ffn_hidden_size or 4 * config.hidden_size,
@@ -331,14 +377,17 @@ def _transformer_config(config: ModelConfig, num_layers: int):
 def initialize_parameters(chunk: GPTChunk, config: ModelConfig, seed: int) -> None:
     """Re-initialise every parameter from (seed, global name): layout independent."""
     output_std = config.init_method_std / math.sqrt(2.0 * config.num_layers)
+    tp = chunk.tensor_parallel
     for name, param in chunk.global_named_parameters():
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        partition = partition_of(name, gated_mlp=config.activation == "swiglu")
+        shape = partition.full_shape(param.shape, tp.size)
         if name.endswith("bias"):
-            value = torch.zeros(param.shape)
+            value = torch.zeros(shape)
         elif "norm" in name:
-            value = torch.ones(param.shape)
+            value = torch.ones(shape)
         else:
             std = output_std if ("linear_proj" in name or "linear_fc2" in name) \
                 else config.init_method_std
-            value = torch.randn(param.shape, generator=generator) * std
-        param.copy_(value.to(param.dtype))
+            value = torch.randn(shape, generator=generator) * std
+        param.copy_(partition.shard(value, tp.rank, tp.size).to(param.dtype))

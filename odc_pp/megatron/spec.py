@@ -15,7 +15,7 @@ import copy
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .compat import HostDotProductAttention, SdpaDotProductAttention
+from .compat import HostDotProductAttention, SdpaDotProductAttention, TorchNorm
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
 from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
                         get_recomputed_bias_dropout_add)
@@ -32,7 +32,8 @@ CORE_ATTENTION = {"host": HostDotProductAttention, "sdpa": SdpaDotProductAttenti
 def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: bool = False,
                               core_attention: str | None = None,
                               normalization: str = "LayerNorm",
-                              qk_layernorm: bool = False) -> ModuleSpec:
+                              qk_layernorm: bool = False,
+                              sequence_parallel: bool = False) -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
     deferrable linears.
 
@@ -42,7 +43,9 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     ``qk_layernorm``: normalise queries and keys per head (Qwen3). ``recompute_lgd``: the
     norms, the activation (GeLU or SwiGLU) and hidden dropout are recomputed in backward
     instead of saved (:func:`apply_recompute_lgd`; the TransformerConfig needs
-    ``use_te_activation_func=True``).
+    ``use_te_activation_func=True``). ``sequence_parallel``: the norms are
+    :class:`~odc_pp.megatron.compat.TorchNorm`, which megatron's torch norm wrapper is
+    except that it allows sequence parallelism.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -54,6 +57,12 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization,
                                                   qk_layernorm=qk_layernorm))
     attention = spec.submodules.self_attention.submodules
+    if sequence_parallel:
+        spec.submodules.input_layernorm = TorchNorm
+        spec.submodules.pre_mlp_layernorm = TorchNorm
+        if qk_layernorm:
+            attention.q_layernorm = TorchNorm
+            attention.k_layernorm = TorchNorm
     attention.linear_qkv = DeferrableColumnParallelLinear
     attention.linear_proj = DeferrableRowParallelLinear
     if CORE_ATTENTION[core_attention] is not None:
