@@ -49,11 +49,17 @@ class Sample:
         return float(self.loss_mask.sum())
 
 
-def collate(samples: Sequence[Sample], *, pad_id: int) -> Microbatch:
-    """Right-pad ``samples`` to the longest one (positions are 0..L-1 in every row)."""
+def _round_up(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def collate(samples: Sequence[Sample], *, pad_id: int, multiple: int = 1) -> Microbatch:
+    """Right-pad ``samples`` to the longest one, rounded up to a ``multiple`` (sequence
+    parallelism splits the sequence over the tensor-parallel ranks); positions are
+    0..L-1 in every row and padding carries no loss."""
     if not samples:
         raise ValueError("cannot collate an empty microbatch")
-    length = max(s.length for s in samples)
+    length = _round_up(max(s.length for s in samples), multiple)
     tokens = np.full((len(samples), length + 1), pad_id, dtype=np.int64)
     mask = np.zeros((len(samples), length), dtype=np.float32)
     for row, sample in enumerate(samples):
@@ -64,20 +70,27 @@ def collate(samples: Sequence[Sample], *, pad_id: int) -> Microbatch:
                       loss_mask=torch.from_numpy(mask))
 
 
-def pack(samples: Sequence[Sample]) -> Microbatch:
+def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1) -> Microbatch:
     """One ``[1, sum of lengths]`` row: the samples back to back, ``position_ids``
-    ``0..L-1`` per sample and ``segment_ids`` 0, 1, 2, ... (see the module docstring)."""
+    ``0..L-1`` per sample and ``segment_ids`` 0, 1, 2, ... (see the module docstring);
+    padded with ``pad_id`` (segment -1, no loss) to a ``multiple`` of positions."""
     if not samples:
         raise ValueError("cannot pack an empty microbatch")
     def row(parts, dtype) -> torch.Tensor:
         return torch.from_numpy(np.concatenate(parts).astype(dtype)).unsqueeze(0)
 
-    return Microbatch(tokens=row([s.tokens[:-1] for s in samples], np.int64),
-                      labels=row([s.tokens[1:] for s in samples], np.int64),
-                      loss_mask=row([s.loss_mask for s in samples], np.float32),
-                      position_ids=row([np.arange(s.length) for s in samples], np.int64),
-                      segment_ids=row([np.full(s.length, k) for k, s in enumerate(samples)],
-                                      np.int64))
+    total = sum(s.length for s in samples)
+    pad = _round_up(total, multiple) - total
+    return Microbatch(tokens=row([s.tokens[:-1] for s in samples] + [np.full(pad, pad_id)],
+                                 np.int64),
+                      labels=row([s.tokens[1:] for s in samples] + [np.full(pad, pad_id)],
+                                 np.int64),
+                      loss_mask=row([s.loss_mask for s in samples] + [np.zeros(pad)],
+                                    np.float32),
+                      position_ids=row([np.arange(s.length) for s in samples] +
+                                       [np.arange(pad)], np.int64),
+                      segment_ids=row([np.full(s.length, k) for k, s in enumerate(samples)] +
+                                      [np.full(pad, -1)], np.int64))
 
 
 def global_batch_indices(iteration: int, global_batch_size: int) -> list[int]:

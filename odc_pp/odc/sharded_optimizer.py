@@ -68,7 +68,11 @@ class ShardedAdamW:
     """
 
     def __init__(self, engine: ShardedDataParallel, config: AdamWConfig, *,
-                 norm_group="data_parallel") -> None:
+                 norm_group="data_parallel", counts_in_norm=None) -> None:
+        """``counts_in_norm(name, shape)``: False for a parameter another rank of the
+        norm group also holds (tensor parallelism: a replicated parameter on every tp rank
+        but the first), so each gradient element enters the global norm once; None:
+        every parameter counts."""
         self.engine = engine
         self.config = config
         self.norm_groups = clip.group_list(
@@ -78,6 +82,7 @@ class ShardedAdamW:
         self.exp_avg: list[torch.Tensor] = []
         self.exp_avg_sq: list[torch.Tensor] = []
         self.decay_mask: list[torch.Tensor | None] = []
+        self.norm_mask: list[torch.Tensor | None] = []
         for unit, owned in zip(engine.units, engine.owned_params()):
             if owned.dtype == torch.float32:
                 master = owned  # the symmetric shard itself: updated in place
@@ -86,21 +91,29 @@ class ShardedAdamW:
             self.master.append(master)
             self.exp_avg.append(torch.zeros_like(master))
             self.exp_avg_sq.append(torch.zeros_like(master))
-            self.decay_mask.append(self._decay_mask(unit))
+            self.decay_mask.append(self._owned_mask(unit, self.config.no_decay))
+            self.norm_mask.append(None if counts_in_norm is None else self._owned_mask(
+                unit, lambda name, shape: not counts_in_norm(name, shape)))
 
-    def _decay_mask(self, unit) -> torch.Tensor | None:
-        if self.config.no_decay is None:
+    @staticmethod
+    def _owned_mask(unit, excluded) -> torch.Tensor | None:
+        """Bool mask over the owned range: False where ``excluded(name, shape)``; None
+        when nothing is excluded (or no predicate)."""
+        if excluded is None:
             return None
         mask = torch.ones(unit.numel, dtype=torch.bool)
         for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
-            if self.config.no_decay(name, shape):
+            if excluded(name, shape):
                 mask[offset:offset + math.prod(shape)] = False
-        return mask[unit.start:unit.end].to(unit.grad_acc.device)
+        mask = mask[unit.start:unit.end]
+        return None if bool(mask.all()) else mask.to(unit.grad_acc.device)
 
     # ----- global norm and clipping (odc_pp.runtime.clip) -------------------------------
     def local_grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's owned gradients (fp32 scalar tensor)."""
-        return clip.local_sum_of_squares(self.engine.owned_grads(), dtype=torch.float32,
+        grads = [grad if mask is None else grad[mask]
+                 for grad, mask in zip(self.engine.owned_grads(), self.norm_mask)]
+        return clip.local_sum_of_squares(grads, dtype=torch.float32,
                                          device=self.master[0].device)
 
     def local_has_nonfinite(self) -> bool:

@@ -112,9 +112,18 @@ class ParallelArgs:
     """How processes are laid out and how data parallelism runs."""
 
     pipeline_model_parallel_size: int = 1
-    """Pipeline-parallel size (pp); data-parallel size is world size / pp."""
+    """Pipeline-parallel size (pp); data-parallel size is world size / (pp x tp)."""
     tensor_model_parallel_size: int = 1
-    """Tensor parallelism: only 1 is supported."""
+    """Tensor-parallel size (tp): megatron-core's column/row-parallel layers, vocab-parallel
+    embedding and cross entropy; ranks are laid out tp fastest, then pp, then dp."""
+    sequence_parallel: bool = False
+    """Split the activations outside the tensor-parallel regions (norms, dropout, the
+    pipeline's point-to-point tensors) along the sequence over the tp ranks; needs tp > 1.
+    Microbatches are padded to a multiple of tp."""
+    keep_sp_input_for_w: bool = False
+    """Sequence parallelism: keep each column-parallel linear's all-gathered input from B
+    until its deferred weight gradient (W), instead of gathering it again in W. Saves one
+    all-gather per linear in W for tp times the bytes of its input held until W."""
     dp_mode: str = "odc"
     """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
     dp_ranks_per_host: int | None = None
@@ -307,10 +316,16 @@ class TrainingArgs:
         ValueError naming the flags otherwise. ``local_world_size``: processes per host
         (torchrun --nproc-per-node), for --dp-mode hierarchical."""
         pp = self.parallel.pipeline_model_parallel_size
-        if world_size % pp:
+        tp = self.parallel.tensor_model_parallel_size
+        if world_size % (pp * tp):
             raise ValueError(f"world size {world_size} (torchrun --nproc-per-node x --nnodes) "
-                             f"is not divisible by --pipeline-model-parallel-size {pp}")
-        dp = world_size // pp
+                             f"is not divisible by --pipeline-model-parallel-size {pp} x "
+                             f"--tensor-model-parallel-size {tp}")
+        dp = world_size // (pp * tp)
+        if self.model.hf_checkpoint is None and self.data.mock_data and \
+                self.model.vocab_size % tp:
+            raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
+                             f"--tensor-model-parallel-size {tp}")
         if dp > 1 and self.parallel.dp_mode == "collective" and self.data.load_balance == "lb-mini" and \
                 self.schedule.num_model_chunks > 1:
             raise ValueError(
@@ -348,10 +363,20 @@ def _validate(args: TrainingArgs) -> list[str]:
     if problems:
         return problems
     pp, schedule = args.parallel.pipeline_model_parallel_size, args.schedule.pipeline_schedule
-    if args.parallel.tensor_model_parallel_size != 1:
-        problems.append("--tensor-model-parallel-size other than 1 is not supported "
-                        "(odc-pp composes pipeline and data parallelism only)")
-    model = args.model
+    tp, model = args.parallel.tensor_model_parallel_size, args.model
+    if tp < 1:
+        problems.append(f"--tensor-model-parallel-size must be >= 1, got {tp}")
+    if args.parallel.sequence_parallel and tp == 1:
+        problems.append("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if args.parallel.keep_sp_input_for_w and not args.parallel.sequence_parallel:
+        problems.append("--keep-sp-input-for-w needs --sequence-parallel")
+    if tp > 1:
+        for flag, value in (("--num-attention-heads", model.num_attention_heads),
+                            ("--num-query-groups", model.num_query_groups),
+                            ("--ffn-hidden-size", model.ffn_hidden_size)):
+            if value is not None and value % tp:
+                problems.append(f"{flag} {value} is not divisible by "
+                                f"--tensor-model-parallel-size {tp}")
     if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
         problems.append(f"--hidden-size {model.hidden_size} must be divisible by "
                         f"--num-attention-heads {model.num_attention_heads} (or give "

@@ -113,8 +113,11 @@ def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
 
 
 def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
+    """This rank runs the last stage and reports the loss (tp rank 0: every tp rank of
+    the last stage computes the same losses)."""
     return last_stage_rank(placement_of(args.schedule.pipeline_schedule), topo.pp,
-                           args.schedule.num_model_chunks) == topo.pp_rank
+                           args.schedule.num_model_chunks) == topo.pp_rank and \
+        topo.tp_rank == 0
 
 
 def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
@@ -124,33 +127,53 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
     hierarchical data parallelism one host's ranks of every stage (one model copy)."""
     if args.parallel.dp_mode != "hierarchical":
         return topo.dp_group, None, dist.group.WORLD
-    per_host = args.parallel.dp_ranks_per_host or max(1, env_local_world // topo.pp)
+    per_host = args.parallel.dp_ranks_per_host or \
+        max(1, env_local_world // (topo.pp * topo.tp))
     if topo.dp % per_host:
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
     intra = inter = norm = None
     for stage in range(topo.pp):
-        members = [replica * topo.pp + stage for replica in range(topo.dp)]
-        for host in range(topo.dp // per_host):
-            group = dist.new_group(members[host * per_host:(host + 1) * per_host])
-            if stage == topo.pp_rank and host == topo.dp_rank // per_host:
-                intra = group
-        for slot in range(per_host):
-            group = dist.new_group(members[slot::per_host])
-            if stage == topo.pp_rank and slot == topo.dp_rank % per_host:
-                inter = group
+        for tp_rank in range(topo.tp):
+            members = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                       for replica in range(topo.dp)]
+            here = stage == topo.pp_rank and tp_rank == topo.tp_rank
+            for host in range(topo.dp // per_host):
+                group = dist.new_group(members[host * per_host:(host + 1) * per_host])
+                if here and host == topo.dp_rank // per_host:
+                    intra = group
+            for slot in range(per_host):
+                group = dist.new_group(members[slot::per_host])
+                if here and slot == topo.dp_rank % per_host:
+                    inter = group
     for host in range(topo.dp // per_host):
         replicas = range(host * per_host, (host + 1) * per_host)
-        group = dist.new_group([replica * topo.pp + stage for replica in replicas
-                                for stage in range(topo.pp)])
+        group = dist.new_group([topo.global_rank(dp_rank=replica, pp_rank=stage,
+                                                 tp_rank=tp_rank)
+                                for replica in replicas for stage in range(topo.pp)
+                                for tp_rank in range(topo.tp)])
         if host == topo.dp_rank // per_host:
             norm = group
     return intra, inter, norm
 
 
+def _counts_in_norm(topo: Topology):
+    """Tensor parallelism: a replicated parameter's gradient enters the global norm from
+    tp rank 0 only (every tp rank holds it whole); None without tensor parallelism."""
+    from odc_pp.megatron.tp_layout import partition_of
+
+    if topo.tp == 1:
+        return None
+    if topo.tp_rank == 0:
+        return lambda name, shape: True
+    # the gated flag does not change whether a parameter is split
+    return lambda name, shape: not partition_of(name, gated_mlp=False).replicated
+
+
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                      local_world_size: int = 1) -> Components:
     from odc_pp.megatron.model import build_chunks
+    from odc_pp.megatron.tp import TensorParallel
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
@@ -159,9 +182,13 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     dtype = "bfloat16" if args.model.bf16 else "float32"
     model = model_config(args, vocab_size=vocab_size, device=str(topo.device),
                          num_stages=topo.pp * args.schedule.num_model_chunks)
+    tensor_parallel = TensorParallel(group=topo.tp_group,
+                                     sequence_parallel=args.parallel.sequence_parallel,
+                                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
     chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=args.schedule.num_model_chunks,
-                          placement=placement_of(args.schedule.pipeline_schedule), seed=args.run.seed)
+                          placement=placement_of(args.schedule.pipeline_schedule),
+                          seed=args.run.seed, tensor_parallel=tensor_parallel)
     load_initial_weights(chunks, args, model)
     torch_group, inter_host, norm_group = _dp_groups(args, topo, local_world_size)
     timeout_s = args.parallel.distributed_timeout_minutes * 60
@@ -176,7 +203,7 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     optimizer = ShardedAdamW(engine, AdamWConfig(
         lr=args.optimizer.lr, betas=(args.optimizer.adam_beta1, args.optimizer.adam_beta2), eps=1e-8,
         weight_decay=args.optimizer.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
-        norm_group=norm_group)
+        norm_group=norm_group, counts_in_norm=_counts_in_norm(topo))
     post_validator = injection = None
     if args.schedule.enable_optimizer_post_validation:
         if args.run.inject_nonfinite_grad_iter is not None:

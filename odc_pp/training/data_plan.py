@@ -53,7 +53,9 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
         dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length)
     else:
         dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by)
+    # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
+    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
+                              args.parallel.tensor_model_parallel_size)
     if args.model.hf_checkpoint:  # the model's vocabulary is the checkpoint's
         if tokenizer.vocab_size > args.model.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
@@ -86,6 +88,9 @@ class DataPlanner:
         self.pp = pp
         self.token_cap = args.data.max_tokens_per_microbatch or args.data.micro_batch_size * args.model.seq_length
         self.packed = args.data.pack_sequences
+        # sequence parallelism splits every microbatch's sequence over the tp ranks
+        self.multiple = args.parallel.tensor_model_parallel_size \
+            if args.parallel.sequence_parallel else 1
         self.cost_model = sample_cost_model(args.model) if self.packed else None
 
     def plan(self, iteration: int) -> IterationPlan:
@@ -105,6 +110,7 @@ class DataPlanner:
 
     def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
         if self.packed:
-            return [pack([self.source[i] for i in group]) for group in groups]
-        return [collate([self.source[i] for i in group], pad_id=self.source.pad_id)
-                for group in groups]
+            return [pack([self.source[i] for i in group], pad_id=self.source.pad_id,
+                         multiple=self.multiple) for group in groups]
+        return [collate([self.source[i] for i in group], pad_id=self.source.pad_id,
+                        multiple=self.multiple) for group in groups]

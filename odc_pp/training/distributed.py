@@ -1,23 +1,28 @@
 """torchrun environment, process-group layout and failure handling.
 
-Layout: ``rank = dp_rank * pp + pp_rank``. The pp stages of one data-parallel replica are
-consecutive ranks (``[0, 1]``, ``[2, 3]`` for pp=2, dp=2), so a pipeline's point-to-point
-traffic stays inside a node when pp <= GPUs per node; data-parallel groups are strided
-(``[0, 2]``, ``[1, 3]``): the ranks that hold the same stage in every replica.
+Layout (Megatron's): tensor-parallel rank fastest, then pipeline, then data parallel,
+``rank = (dp_rank * pp + pp_rank) * tp + tp_rank``. A stage's tp ranks are consecutive
+(one node: tensor parallelism needs the fastest links); the pp stages of one replica
+follow (``[0, 1]``, ``[2, 3]`` for tp=1, pp=2, dp=2), so a pipeline's point-to-point
+traffic stays inside a node when pp x tp <= GPUs per node; data-parallel groups are
+strided (``[0, 2]``, ``[1, 3]``): the ranks that hold the same stage and tp shard in every
+replica. A pipeline is the ranks of one replica with the same tp rank; under tensor
+parallelism each tp rank runs its own pipeline of the same schedule.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from ..runtime.p2p_channels import create_pipeline_channels
 
-__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology"]
+__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology",
+           "layout_rank"]
 
 
 @dataclass(frozen=True)
@@ -45,19 +50,36 @@ class Topology:
     pp_rank: int
     dp_rank: int
     pp_group: object
-    """torch.distributed group of this replica's pipeline ranks."""
+    """torch.distributed group of this replica's pipeline ranks (same tp rank)."""
     dp_group: object
-    """torch.distributed group of the ranks holding the same stage in every replica."""
+    """torch.distributed group of the ranks holding the same stage and tp shard in every
+    replica."""
     pp_ranks: list[int]
     dp_ranks: list[int]
     device: torch.device
     pp_channels: object = None
     """This replica's point-to-point channels (one group per direction between
     neighbouring stages, :class:`odc_pp.runtime.p2p_channels.PipelineChannels`)."""
+    tp: int = 1
+    """Tensor-parallel size."""
+    tp_rank: int = 0
+    tp_group: object = None
+    """torch.distributed group of this stage's tensor-parallel ranks (None: tp = 1)."""
+    tp_ranks: list[int] = field(default_factory=list)
 
     @property
     def is_first_stage_rank(self) -> bool:
         return self.pp_rank == 0
+
+    def global_rank(self, *, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
+        """The global rank at these coordinates (the layout of the module docstring)."""
+        return layout_rank(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank, pp=self.pp,
+                           tp=self.tp)
+
+
+def layout_rank(*, dp_rank: int, pp_rank: int, tp_rank: int, pp: int, tp: int) -> int:
+    """``(dp_rank * pp + pp_rank) * tp + tp_rank``: the one statement of the layout."""
+    return (dp_rank * pp + pp_rank) * tp + tp_rank
 
 
 def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
@@ -77,24 +99,34 @@ def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
     return device
 
 
-def build_topology(env: DistEnv, pp: int, device: torch.device) -> Topology:
-    """Create every pp and dp group (collective: all ranks call it in the same order)."""
-    dp = env.world_size // pp
-    pp_rank, dp_rank = env.rank % pp, env.rank // pp
-    my_pp = my_dp = None
-    pp_ranks = dp_ranks = []
-    for replica in range(dp):
-        ranks = [replica * pp + stage for stage in range(pp)]
-        group = dist.new_group(ranks)
-        if replica == dp_rank:
-            my_pp, pp_ranks = group, ranks
-    for stage in range(pp):
-        ranks = [replica * pp + stage for replica in range(dp)]
-        group = dist.new_group(ranks)
-        if stage == pp_rank:
-            my_dp, dp_ranks = group, ranks
-    channels = create_pipeline_channels([[replica * pp + stage for stage in range(pp)]
-                                         for replica in range(dp)])
+def build_topology(env: DistEnv, pp: int, device: torch.device, *, tp: int = 1) -> Topology:
+    """Create every tp, pp and dp group and the pipelines' point-to-point channels
+    (collective: all ranks call it in the same order)."""
+    if env.world_size % (pp * tp):
+        raise ValueError(f"world size {env.world_size} is not divisible by "
+                         f"--pipeline-model-parallel-size {pp} x "
+                         f"--tensor-model-parallel-size {tp}")
+    dp = env.world_size // (pp * tp)
+    tp_rank, pp_rank, dp_rank = env.rank % tp, env.rank // tp % pp, env.rank // (tp * pp)
+
+    def rank_at(d: int, p: int, t: int) -> int:
+        return layout_rank(dp_rank=d, pp_rank=p, tp_rank=t, pp=pp, tp=tp)
+
+    mine = {}
+    pipelines = [[rank_at(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)]
+    for kind, groups in (
+            ("tp", [[rank_at(d, p, t) for t in range(tp)] for d in range(dp)
+                    for p in range(pp)]),
+            ("pp", pipelines),
+            ("dp", [[rank_at(d, p, t) for d in range(dp)] for p in range(pp)
+                    for t in range(tp)])):
+        for ranks in groups:
+            group = dist.new_group(ranks) if kind != "tp" or tp > 1 else None
+            if env.rank in ranks:
+                mine[kind] = (group, ranks)
+    channels = create_pipeline_channels(pipelines)
     return Topology(rank=env.rank, world_size=env.world_size, pp=pp, dp=dp, pp_rank=pp_rank,
-                    dp_rank=dp_rank, pp_group=my_pp, dp_group=my_dp, pp_ranks=pp_ranks,
-                    dp_ranks=dp_ranks, device=device, pp_channels=channels)
+                    dp_rank=dp_rank, pp_group=mine["pp"][0], dp_group=mine["dp"][0],
+                    pp_ranks=mine["pp"][1], dp_ranks=mine["dp"][1], device=device,
+                    pp_channels=channels, tp=tp, tp_rank=tp_rank, tp_group=mine["tp"][0],
+                    tp_ranks=mine["tp"][1])

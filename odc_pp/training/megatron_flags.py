@@ -89,9 +89,6 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
         "not run yet (its split backward is not implemented); drop the flag (attention runs "
         "megatron-core's local DotProductAttention)"),
     "--fp16": _rejected("--fp16 is not supported; use --bf16 (fp32 master weights)"),
-    "--sequence-parallel": _rejected(
-        "--sequence-parallel needs tensor parallelism, which odc-pp does not support yet; "
-        "drop it and scale with --pipeline-model-parallel-size and data parallelism"),
     "--recompute-activations": _mapped(
         "--recompute-activations (selective recompute) maps to --recompute-lgd: odc-pp "
         "recomputes layernorm, GeLU and dropout outputs rather than core attention",

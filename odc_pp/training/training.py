@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
-        topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device)
+        topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
+                              tp=args.parallel.tensor_model_parallel_size)
         train(args, topo)
         dist.barrier()
     except ValueError as exc:

@@ -47,11 +47,22 @@ def test_value_flags_honoured_mapped_or_rejected():
 
 
 @pytest.mark.parametrize("flag,equivalent", [("--use-flash-attn", "drop the flag"),
-                                              ("--fp16", "--bf16"),
-                                              ("--sequence-parallel", "drop it")])
+                                              ("--fp16", "--bf16")])
 def test_rejected_flags_name_what_to_use(flag, equivalent):
     with pytest.raises(ValueError, match=equivalent):
         parse_args_with_notes(BASE + [flag])
+
+
+def test_tensor_and_sequence_parallel_flags():
+    args, _ = parse_args_with_notes(BASE + ["--tensor-model-parallel-size", "2",
+                                            "--sequence-parallel", "--keep-sp-input-for-w"])
+    assert args.parallel.tensor_model_parallel_size == 2
+    assert args.parallel.sequence_parallel and args.parallel.keep_sp_input_for_w
+    with pytest.raises(ValueError, match="--tensor-model-parallel-size > 1"):
+        parse_args_with_notes(BASE + ["--sequence-parallel"])
+    with pytest.raises(ValueError, match="--keep-sp-input-for-w needs --sequence-parallel"):
+        parse_args_with_notes(BASE + ["--tensor-model-parallel-size", "2",
+                                      "--keep-sp-input-for-w"])
 
 
 def test_translate_keeps_other_tokens_and_their_order():
