@@ -254,6 +254,10 @@ class LoggingArgs:
     """Plain log lines instead of a progress bar."""
     schedule_png: str | None = None
     """Write the schedule timeline picture here (rank 0)."""
+    log_activation_memory: bool = False
+    """Count every microbatch's saved activations (saved-tensor hooks, a few % of step
+    time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
+    ones."""
 
 
 @dataclass(kw_only=True)

@@ -210,7 +210,9 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
             injection = NonfiniteInjection(optimizer)
         post_validator = build_post_validator(optimizer, args, topo, injection=injection)
     runtime = PipelineRuntime(
-        RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s), chunks=chunks,
+        RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s,
+                      track_activations=True if args.logging.log_activation_memory
+                      else None), chunks=chunks,
         pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
         channels=topo.pp_channels)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,

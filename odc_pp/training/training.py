@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
+        else:  # let rank 0 print first: torchrun stops the others when one exits
+            time.sleep(3)
         return 2
     if env.rank == 0:
         for note in notes:
