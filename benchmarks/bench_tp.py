@@ -5,7 +5,7 @@ memory per rank.
 Every layout trains the same GPT (mock data, same seed, same global batch) through
 ``pretrain_gpt.py`` under torchrun with 2 processes:
 
-* ``tp2``: ``--tensor-model-parallel-size 2`` (1F1B on one stage);
+* ``tp2``: ``--tensor-model-parallel-size 2`` (ZB-H1 on one stage: W deferred);
 * ``tp2_sp``: the same with ``--sequence-parallel``;
 * ``tp2_sp_keep``: and ``--keep-sp-input-for-w`` (W keeps B's gathered inputs);
 * ``pp2``: ``--pipeline-model-parallel-size 2`` with ZB-H1;
@@ -35,7 +35,7 @@ if ROOT not in sys.path:
 
 from tests.training.launcher import launch  # noqa: E402  (the one torchrun launcher)
 
-TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-schedule", "1f1b"]
+TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"]
 LAYOUTS = {
     "tp2": TP2,
     "tp2_sp": TP2 + ["--sequence-parallel"],
