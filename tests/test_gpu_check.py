@@ -35,7 +35,7 @@ ROWS = [{"mib": 16.0, "gather_alone_vs_d2d": 0.5, "gather_vs_d2d": 0.4,
 def test_stages_cover_the_issue_in_order_and_fit_ten_minutes():
     assert gpu_check.stage_names() == [
         "setup", "build", "pytest-gpu", "bench-transport", "train-zbv-bf16",
-        "train-1f1b-fp32", "train-offload", "train-zb-auto"]
+        "train-1f1b-fp32", "train-offload", "train-zb-auto", "bench-tp"]
     assert all(stage.timeout_s <= 600 for stage in gpu_check.STAGES)
     with pytest.raises(ValueError, match="timeout_s"):
         gpu_check.Stage(name="x", summary="x", timeout_s=601, run=lambda context: [])

@@ -21,6 +21,8 @@ Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME``
 * ``train-offload``: the offload schedule (``--cpu-offload``); the log's peak memory is the
   caching allocator's peak *reservation*.
 * ``train-zb-auto``: ZB-auto re-planned from measured costs (CUDA-event action timings).
+* ``bench-tp``: the GPU rows of ``benchmarks/bench_tp.py`` (tp=2 vs pp=2 vs pp=2 + offload,
+  ``benchmarks/results/tp_gpu.json``); needs two GPUs, so on one it fails saying so.
 
 Pipeline parallelism on one GPU: the training frontend gives rank r the device
 ``cuda:LOCAL_RANK`` and NCCL refuses two ranks on one GPU, and gloo's point-to-point
@@ -373,6 +375,26 @@ def _stage_zb_auto(context: Context) -> list[Check]:
                          else "no 'zb-auto re-planned' line in the output")]
 
 
+def _stage_bench_tp(context: Context) -> list[Check]:
+    """The GPU rows of benchmarks/bench_tp.py (tp=2 vs pp=2 vs pp=2 + offload): two
+    processes on two GPUs (NCCL refuses two ranks on one GPU)."""
+    status, output = run_command(
+        context, "gpu-count", [context.python, "-c",
+                               "import torch; print(torch.cuda.device_count())"],
+        timeout_s=60)
+    count = int(output.strip().splitlines()[-1]) if status == 0 and \
+        output.strip().splitlines()[-1].isdigit() else 0
+    if count < 2:
+        return [Check(name="bench_tp_gpu", passed=False,
+                      detail=f"not run: {count} GPU(s); tp=2 needs two GPUs")]
+    out = os.path.join(context.root, "benchmarks", "results", "tp_gpu.json")
+    status, output = run_command(
+        context, "bench-tp", [context.python, "benchmarks/bench_tp.py", "--json", "--out",
+                              out, "--rounds", "2"], timeout_s=540)
+    return [Check(name="bench_tp_gpu", passed=status == 0 and os.path.exists(out),
+                  detail=f"exit {status}: {_tail(output, 3)}")]
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(name="setup", summary="megatron-core importable (installed from .whl/ if missing)",
           timeout_s=540, run=_stage_setup),
@@ -389,6 +411,8 @@ STAGES: tuple[Stage, ...] = (
           timeout_s=560, run=_stage_offload),
     Stage(name="train-zb-auto", summary="pretrain_gpt.py: zb-auto re-planned from events",
           timeout_s=560, run=_stage_zb_auto),
+    Stage(name="bench-tp", summary="benchmarks/bench_tp.py on two GPUs (skipped on one)",
+          timeout_s=600, run=_stage_bench_tp),
 )
 
 
