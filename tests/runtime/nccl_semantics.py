@@ -34,7 +34,7 @@ from odc_pp.runtime.p2p_channels import ChannelLayout, PipelineChannels, neighbo
 
 __all__ = ["NcclSemanticsOps"]
 
-_SLICE = datetime.timedelta(milliseconds=50)
+_WORKER_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 class _Work:
@@ -133,12 +133,9 @@ class NcclSemanticsOps:
 
 
 def _wait(work) -> None:
-    """gloo's blocking wait holds the GIL while a peer is stopped; short slices let the
-    rank's other threads (the transport's deadline, result reporting) run."""
-    while True:
-        try:
-            work.wait(timeout=_SLICE)
-            return
-        except RuntimeError as error:
-            if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
-                raise
+    """One blocking wait (it releases the GIL, so the rank's other threads run). Never in
+    slices: a gloo point-to-point wait that times out closes the connection ("Application
+    timeout caused pair closure"), losing the message in flight -- with slices of 50 ms
+    every exchange that waited longer than that hung. The transport's deadline on the
+    rank's main thread reports a stuck operation; this wait only bounds the worker."""
+    work.wait(timeout=_WORKER_TIMEOUT)
