@@ -170,6 +170,8 @@ class GPTChunk(torch.nn.Module):
         self.model = model
         self.tensor_parallel = tensor_parallel or TensorParallel()
         """Tensor-parallel group and sequence-parallel setting (default: tp = 1)."""
+        self.gated_mlp = model.config.gated_linear_unit
+        """SwiGLU: ``linear_fc1`` holds [gate; up] (split as *gated*, tp_layout)."""
         self.stage = stage
         self.num_stages = num_stages
         self.layers = layers

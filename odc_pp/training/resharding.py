@@ -12,6 +12,14 @@ on from the same point; losses then match an uninterrupted run to rounding (summ
 order changes with the layout), not bit for bit. RNG states are per rank and do not carry
 over: dropout masks after a resharded resume differ from an uninterrupted run.
 
+Tensor parallelism. A tp rank's units hold shards; its layout records the tp rank and
+size and, per parameter, how it is split (:mod:`odc_pp.megatron.tp_layout`, the one
+table). :func:`assemble_by_name` puts the shards of a split parameter back together (the
+AdamW moments are elementwise, so they split like the parameter) and takes a replicated
+parameter from any tp rank; :func:`owned_state` cuts the shard of the tp rank loading.
+So a checkpoint saved at one tp size resumes at another. Layouts without tp entries
+(written before tensor parallelism) read as tp = 1.
+
 Every rank holds the whole model's fp32 state (three copies) in host memory while loading.
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ..megatron.tp_layout import Partition, partition_of
 from .checkpointing import load_rank_state, rank_file, read_meta
 
 __all__ = ["STATE_NAMES", "unit_layout", "assemble_by_name", "owned_state",
@@ -39,12 +48,33 @@ def unit_layout(engine) -> list[dict]:
                 unit.module.named_parameters(), unit.module.global_named_parameters())}
         else:
             local_to_global = {name: f"{unit.index}.{name}" for name in unit.names}
-        layout.append({"names": [local_to_global[name] for name in unit.names],
-                       "offsets": list(unit.offsets),
-                       "numels": [int(torch.Size(shape).numel()) for shape in unit.shapes],
-                       "shapes": [list(shape) for shape in unit.shapes],
-                       "start": unit.start, "end": unit.end})
+        names = [local_to_global[name] for name in unit.names]
+        entry = {"names": names, "offsets": list(unit.offsets),
+                 "numels": [int(torch.Size(shape).numel()) for shape in unit.shapes],
+                 "shapes": [list(shape) for shape in unit.shapes],
+                 "start": unit.start, "end": unit.end}
+        tp = getattr(unit.module, "tensor_parallel", None)
+        if tp is not None and tp.size > 1:
+            gated = bool(getattr(unit.module, "gated_mlp", False))
+            entry["tp"] = [tp.rank, tp.size]
+            entry["splits"] = [_split_of(partition_of(name, gated_mlp=gated))
+                               for name in names]
+        layout.append(entry)
     return layout
+
+
+def _split_of(partition: Partition) -> list | None:
+    return None if partition.replicated else [partition.dim, partition.gated]
+
+
+def _partition(split: list | None) -> Partition:
+    return Partition(None) if split is None else Partition(split[0], gated=bool(split[1]))
+
+
+def _unit_tp(unit: dict) -> tuple[int, int, list]:
+    """(tp rank, tp size, split per parameter) of a saved or current unit layout."""
+    rank, size = unit.get("tp", (0, 1))
+    return rank, size, unit.get("splits") or [None] * len(unit["names"])
 
 
 def assemble_by_name(directory: str, saved_world_size: int) -> tuple[int, dict[str, dict]]:
@@ -68,24 +98,51 @@ def assemble_by_name(directory: str, saved_world_size: int) -> tuple[int, dict[s
     if missing:
         raise ValueError(f"checkpoint {directory} lacks parts of {missing[:3]} "
                          f"({len(missing)} parameters): a rank file is incomplete")
-    return step or 0, tensors
+    return step or 0, _unshard(tensors, directory)
 
 
 def _scatter_unit(unit: dict, pieces: dict, tensors: dict, filled: dict) -> None:
-    """Copy a rank's owned range of one unit into the per-name flat tensors."""
+    """Copy a rank's owned range of one unit into the per-name flat tensors (a split
+    parameter's shards under ``(name, tp rank)``)."""
     start, end = unit["start"], unit["end"]
-    for name, offset, numel, shape in zip(unit["names"], unit["offsets"], unit["numels"],
-                                          unit["shapes"]):
+    tp_rank, tp_size, splits = _unit_tp(unit)
+    for name, offset, numel, shape, split in zip(unit["names"], unit["offsets"],
+                                                 unit["numels"], unit["shapes"], splits):
         low, high = max(start, offset), min(end, offset + numel)
         if high <= low:
             continue
-        if name not in tensors:
-            tensors[name] = {"shape": list(shape),
-                             **{key: torch.zeros(numel) for key in STATE_NAMES}}
-            filled[name] = torch.zeros(numel, dtype=torch.bool)
+        key_name = name if split is None else (name, tp_rank)
+        if key_name not in tensors:
+            tensors[key_name] = {"shape": list(shape), "split": split, "tp_size": tp_size,
+                                 **{key: torch.zeros(numel) for key in STATE_NAMES}}
+            filled[key_name] = torch.zeros(numel, dtype=torch.bool)
         for key in STATE_NAMES:
-            tensors[name][key][low - offset:high - offset] = pieces[key][low - start:high - start]
-        filled[name][low - offset:high - offset] = True
+            tensors[key_name][key][low - offset:high - offset] = \
+                pieces[key][low - start:high - start]
+        filled[key_name][low - offset:high - offset] = True
+
+
+def _unshard(tensors: dict, directory: str) -> dict[str, dict]:
+    """Full tensors by name: the tp shards ``(name, rank)`` of a split parameter put back
+    together in rank order (:class:`~odc_pp.megatron.tp_layout.Partition`)."""
+    full = {name: entry for name, entry in tensors.items() if isinstance(name, str)}
+    for name in sorted({key[0] for key in tensors if isinstance(key, tuple)}):
+        first = tensors[(name, 0)] if (name, 0) in tensors else None
+        size = (first or next(e for k, e in tensors.items()
+                              if isinstance(k, tuple) and k[0] == name))["tp_size"]
+        shards = [tensors.get((name, rank)) for rank in range(size)]
+        if any(shard is None for shard in shards):
+            raise ValueError(f"checkpoint {directory} lacks tensor-parallel shards of "
+                             f"{name!r}: a rank file is missing")
+        partition = _partition(shards[0]["split"])
+        shape = list(partition.full_shape(shards[0]["shape"], size))
+        full[name] = {"shape": shape, **{key: partition.unshard(
+            [shard[key].view(shard["shape"]) for shard in shards]).reshape(-1)
+            for key in STATE_NAMES}}
+    for entry in full.values():
+        entry.pop("split", None)
+        entry.pop("tp_size", None)
+    return full
 
 
 def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
@@ -97,19 +154,24 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
     for unit in layout:
         size = unit["end"] - unit["start"]
         owned = {key: torch.zeros(size) for key in STATE_NAMES}
-        for name, offset, numel, shape in zip(unit["names"], unit["offsets"], unit["numels"],
-                                              unit["shapes"]):
+        tp_rank, tp_size, splits = _unit_tp(unit)
+        for name, offset, numel, shape, split in zip(unit["names"], unit["offsets"],
+                                                     unit["numels"], unit["shapes"], splits):
+            partition = _partition(split)
+            full_shape = list(partition.full_shape(shape, tp_size))
             saved = tensors.get(name)
-            if saved is None or saved["shape"] != list(shape):
+            if saved is None or saved["shape"] != full_shape:
                 found = "missing" if saved is None else f"shape {saved['shape']}"
                 raise ValueError(f"checkpoint holds a different model: parameter {name!r} "
-                                 f"is {found}, the model needs shape {list(shape)}: resume "
+                                 f"is {found}, the model needs shape {full_shape}: resume "
                                  f"with the model flags it was saved with")
             low, high = max(unit["start"], offset), min(unit["end"], offset + numel)
             if high > low:
                 for key in STATE_NAMES:
+                    local = partition.shard(saved[key].view(full_shape), tp_rank,
+                                            tp_size).reshape(-1)
                     owned[key][low - unit["start"]:high - unit["start"]] = \
-                        saved[key][low - offset:high - offset]
+                        local[low - offset:high - offset]
         for key in STATE_NAMES:
             state[key].append(owned[key])
     for key in STATE_NAMES:

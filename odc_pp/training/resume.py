@@ -59,7 +59,10 @@ _ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
     "qk_layernorm")}
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
-LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size")
+LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size",
+               "tp", "sequence_parallel")
+# layout keys that checkpoints written before they existed lack
+_LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False}
 _STATE_OVERHEAD = 1 << 20  # RNG states and layout of a rank file, generously
 
 
@@ -71,6 +74,7 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "ffn_hidden_size": args.model.ffn_hidden_size,
             "max_position_embeddings": args.model.max_position_embeddings,
             "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
+            "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
             "hf_config": hf_config_of(args)}
 
@@ -188,7 +192,7 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
             return "ok", "finetune", (state, None)
-        changed = [k for k in LAYOUT_KEYS if meta.get(k) != now[k]]
+        changed = [k for k in LAYOUT_KEYS if meta.get(k, _LAYOUT_DEFAULTS.get(k)) != now[k]]
         state, saved = read_optimizer_state(directory, parts.engine, rank=topo.rank,
                                             saved_world_size=meta["world_size"],
                                             exact=not changed)

@@ -40,6 +40,29 @@ def test_layout_matches_single_process(name, reference, tmp_path):
     _assert_same_losses(run.losses(), reference, name)
 
 
+@pytest.mark.parametrize("saved,resumed", [
+    (["--pipeline-schedule", "1f1b"], TP2 + SP + ["--pipeline-schedule", "zb-h1"]),
+    (TP2 + SP + ["--pipeline-schedule", "zb-h1"], ["--pipeline-schedule", "1f1b"]),
+], ids=["tp1_to_tp2", "tp2_to_tp1"])
+def test_resume_across_tp_sizes_continues_the_loss_curve(saved, resumed, reference,
+                                                         tmp_path):
+    """Saved at iteration 2 under one tp size, resumed under the other: the optimizer
+    state is put back together from the tp shards and cut for the new size (resharding by
+    name), and iterations 3..4 continue the single-process curve to rounding."""
+    ckpt = str(tmp_path / "ckpt")
+    saved_nproc, resumed_nproc = (2 if "--tensor-model-parallel-size" in flags else 1
+                                  for flags in (saved, resumed))
+    first = launch(TINY_MODEL + ITERS + saved + ["--save", ckpt, "--exit-interval", "2"],
+                   nproc=saved_nproc, tmp_path=tmp_path, name="first")
+    assert first.returncode == 0, first.describe()
+    second = launch(TINY_MODEL + ITERS + resumed + ["--load", ckpt], nproc=resumed_nproc,
+                    tmp_path=tmp_path, name="second")
+    assert second.returncode == 0, second.describe()
+    assert "resharded (" in second.stdout and "tp " in second.stdout, second.stdout
+    assert [r["iteration"] for r in second.records()] == [3, 4]
+    _assert_same_losses(first.losses() + second.losses(), reference, "resumed")
+
+
 def test_bad_tp_layout_exits_naming_the_flag(tmp_path):
     run = launch(TINY_MODEL + ITERS + ["--tensor-model-parallel-size", "3"], nproc=3,
                  tmp_path=tmp_path, name="bad_tp", log=False, timeout=120)
