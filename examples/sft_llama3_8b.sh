@@ -9,7 +9,8 @@
 #              ({"messages": [...]}: the tokenizer's chat template, loss on assistant turns)
 #   TOKENIZER  tokenizer directory (default: HF_MODEL)
 #   CKPT       odc-pp checkpoint directory (resumed when it holds one: it wins over HF_MODEL)
-#   PP         pipeline-parallel size (default 4); dp = NNODES * GPUS_PER_NODE / PP
+#   TP         tensor-parallel size inside a node (default 1; >1 adds --sequence-parallel)
+#   PP         pipeline-parallel size (default 4); dp = NNODES * GPUS_PER_NODE / (TP * PP)
 #   HF_OUT     where node 0 exports the fine-tuned model (default $CKPT/hf)
 #
 # Architecture flags come from $HF_MODEL/config.json (32 layers, hidden 4096, GQA 8 groups,
@@ -31,7 +32,11 @@ if [[ "$NNODES" -gt 1 ]]; then DP_MODE=hierarchical; fi
 DISTRIBUTED_ARGS=(--nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"
                   --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT")
 MODEL_ARGS=(--hf-checkpoint "$HF_MODEL" --seq-length 4096 --bf16)
-PARALLEL_ARGS=(--pipeline-model-parallel-size "$PP" --tensor-model-parallel-size 1
+TP=${TP:-1}
+SP_ARGS=()
+if [[ "$TP" -gt 1 ]]; then SP_ARGS=(--sequence-parallel); fi
+PARALLEL_ARGS=(--pipeline-model-parallel-size "$PP" --tensor-model-parallel-size "$TP"
+               "${SP_ARGS[@]}"
                --pipeline-schedule zbv --num-model-chunks 2
                --enable-optimizer-post-validation
                --dp-mode "$DP_MODE" --load-balance lb-mini

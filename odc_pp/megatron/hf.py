@@ -28,6 +28,7 @@ import shutil
 
 import torch
 
+from .tp_layout import partition_of
 from .hf_config import megatron_to_hf_names
 
 __all__ = ["SafetensorsReader", "load_hf_weights", "to_megatron", "hf_state_dict",
@@ -153,12 +154,20 @@ def untie_for_layout(tied_in_hf: bool, num_stages: int) -> bool:
 @torch.no_grad()
 def load_hf_weights(chunks, directory: str, config, *, tied_in_hf: bool) -> set[str]:
     """Copy the HF weights into this rank's ``chunks`` (GPTChunk list); returns the HF
-    tensor names read. ValueError names a missing tensor or a shape that differs."""
+    tensor names read. Under tensor parallelism each rank takes its shard of the full
+    megatron tensor (qkv rows per query group, SwiGLU's [gate_r; up_r]:
+    :mod:`odc_pp.megatron.tp_layout`). ValueError names a missing tensor or a shape that
+    differs."""
     reader = SafetensorsReader(directory)
     for chunk in chunks:
+        tp = chunk.tensor_parallel
         for name, param in chunk.global_named_parameters():
             sources = megatron_to_hf_names(name, tied_in_hf=tied_in_hf)
             value = to_megatron(name, [reader.get(source) for source in sources], config)
+            if tp.size > 1:  # this rank's shard of the full megatron tensor
+                partition = partition_of(name, gated_mlp=chunk.gated_mlp)
+                partition.check(value.shape, tp.size, name)
+                value = partition.shard(value, tp.rank, tp.size)
             if tuple(value.shape) != tuple(param.shape):
                 raise ValueError(f"--hf-checkpoint {directory}: {', '.join(sources)} give "
                                  f"shape {tuple(value.shape)} for {name}, the model needs "

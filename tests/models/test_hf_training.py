@@ -1,5 +1,5 @@
-"""pretrain_gpt.py --hf-checkpoint: with --lr 0 the iteration-1 loss of pp=2 x dp=2 is
-transformers' token-weighted loss on the same samples; tools/export_hf.py writes back the
+"""pretrain_gpt.py --hf-checkpoint: with --lr 0 the iteration-1 loss of pp=2 x dp=2 (and
+of tp=2 + SP x pp=2) is transformers' token-weighted loss on the same samples; tools/export_hf.py writes back the
 weights bit for bit (tied embeddings stay tied); with --load the checkpoint wins; a
 contradicting flag exits 2 naming it."""
 
@@ -53,11 +53,15 @@ def _hf_loss_of_iteration(flags, hf_model, iteration: int = 1) -> float:
 
 CASES = {
     # Llama 3 (untied, rope scaling, GQA) on pp=2 zbv x dp=2 odc
-    "llama": ["--pipeline-schedule", "zbv", "--dp-mode", "odc"],
+    "llama": ("llama", ["--pipeline-schedule", "zbv", "--dp-mode", "odc"]),
     # Qwen2 (qkv bias, tied embeddings: two copies across stages, --untie-embeddings) on
     # 1f1b x collective, recomputing RMSNorm/SwiGLU
-    "qwen2": ["--pipeline-schedule", "1f1b", "--dp-mode", "collective", "--recompute-lgd",
-              "--untie-embeddings"],
+    "qwen2": ("qwen2", ["--pipeline-schedule", "1f1b", "--dp-mode", "collective",
+                        "--recompute-lgd", "--untie-embeddings"]),
+    # Llama 3 under tp=2 + SP x pp=2 zbv: qkv split per query group (GQA: one kv head per
+    # rank), SwiGLU's gate/up per partition, vocab-parallel embedding and output layer
+    "llama_tp2": ("llama", ["--pipeline-schedule", "zbv", "--dp-mode", "odc",
+                            "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
 }
 
 
@@ -68,14 +72,15 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     import transformers
 
     hf_dir = str(tmp_path / "hf")
-    hf_model = make_hf_model(kind, hf_dir, vocab_size=264, max_shard_size="40KB")
+    arch, case_flags = CASES[kind]
+    hf_model = make_hf_model(arch, hf_dir, vocab_size=264, max_shard_size="40KB")
     data = str(tmp_path / "data.jsonl")
     _write_pretokenized_data(data)
     flags = ["--hf-checkpoint", hf_dir, "--seq-length", "48", "--data-path", data,
              "--global-batch-size", "8", "--micro-batch-size", "1",
              "--pipeline-model-parallel-size", "2", "--lr", "0", "--train-iters", "1",
              "--seed", "3", "--no-progress-bar", "--distributed-timeout-minutes", "1.5",
-             *CASES[kind]]
+             *case_flags]
     save = str(tmp_path / "ckpt")
     run = launch(flags + ["--save", save], nproc=4, tmp_path=tmp_path, name=kind)
     assert run.returncode == 0, run.describe()
@@ -103,7 +108,7 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
         return
     # with --load, the checkpoint wins over --hf-checkpoint (here another random model)
     other = str(tmp_path / "other")
-    make_hf_model(kind, other, seed=1, vocab_size=264)
+    make_hf_model(arch, other, seed=1, vocab_size=264)
     resumed = [other if flag == hf_dir else flag for flag in flags]
     resumed[resumed.index("--train-iters") + 1] = "2"
     run = launch(resumed + ["--load", save], nproc=4, tmp_path=tmp_path, name="resumed")
