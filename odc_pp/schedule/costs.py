@@ -8,7 +8,8 @@ from typing import Sequence
 
 from .ir import ActionKind
 
-__all__ = ["transformer_layer_flops", "CostModel"]
+__all__ = ["transformer_layer_flops", "CostModel", "tensor_parallel_comm_seconds",
+           "tensor_parallel_activation_factor"]
 
 Number = float | int
 
@@ -126,3 +127,44 @@ def transformer_layer_flops(batch: int, seq: int, hidden: int,
     attention = 4 * batch * seq * seq * hidden
     return float(dense + attention), float(dense + 2 * attention), float(dense)
 
+
+
+def tensor_parallel_comm_seconds(*, tokens: int, hidden: int, bytes_per_value: int, tp: int,
+                                 link_bytes_per_s: float, sequence_parallel: bool,
+                                 keep_sp_input_for_w: bool) -> tuple[float, float, float]:
+    """Communication time of one transformer layer's F, B and W under Megatron tensor
+    parallelism, on a ring of ``tp`` ranks over a link of ``link_bytes_per_s``
+    (``tokens`` = s x b of one microbatch). An all-gather or reduce-scatter of the
+    ``[s, b, h]`` activation (v bytes) moves ``(tp-1)/tp * v`` per rank, an all-reduce
+    twice that.
+
+    * F: two all-reduces (attention and MLP outputs); with sequence parallelism two
+      all-gathers + two reduce-scatters, the same bytes.
+    * B: the same again (input gradients of the column-parallel linears; with SP their
+      reduce-scatters and the all-gathers of the row-parallel outputs' gradients).
+    * W: with SP and without ``keep_sp_input_for_w`` the two column-parallel linears
+      gather their input again (two all-gathers); otherwise nothing.
+
+    Zero at tp = 1. This is the estimate the tuner folds into t_f / t_b / t_w; training
+    measures the same communication inside each action's time (the profiler)."""
+    if tp == 1:
+        return 0.0, 0.0, 0.0
+    if not (math.isfinite(link_bytes_per_s) and link_bytes_per_s > 0):
+        raise ValueError("tensor parallelism needs the tensor-parallel link bandwidth "
+                         "(> 0 bytes/s)")
+    one = (tp - 1) / tp * tokens * hidden * bytes_per_value / link_bytes_per_s
+    w = 2 * one if sequence_parallel and not keep_sp_input_for_w else 0.0
+    return 4 * one, 4 * one, w
+
+
+def tensor_parallel_activation_factor(*, tp: int, sequence_parallel: bool,
+                                      replicated_share: float) -> float:
+    """Per-rank share of a layer's saved activations under tensor parallelism: all of it
+    splits over tp with sequence parallelism; without, the ``replicated_share`` saved
+    outside the tensor-parallel regions (layernorm inputs, dropout masks: 10 of
+    Korthikanti et al.'s 34 sbh) stays whole on every rank."""
+    if tp == 1:
+        return 1.0
+    if sequence_parallel:
+        return 1.0 / tp
+    return replicated_share + (1.0 - replicated_share) / tp

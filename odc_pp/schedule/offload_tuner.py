@@ -27,6 +27,16 @@ effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen
 
 ``--measure`` instead times a matmul and a host-memory copy on this machine.
 
+Tensor parallelism (``--devices N --tp-sizes 1,2,4,8``): at equal device count each tp
+size gets ``pp = N / tp`` and every candidate below; for tp > 1 with
+``--sequence-parallel``, re-gathering W's inputs and keeping them
+(``--keep-sp-input-for-w``). Per rank the layer FLOPs and parameters divide by tp, the
+activations by tp under SP (without SP the 10 sbh outside the tensor-parallel regions
+stay whole: sbh (10 + 24/t), Korthikanti et al.), and F/B/W gain the ring collectives of
+:func:`odc_pp.schedule.costs.tensor_parallel_comm_seconds` over the NVLink bandwidth
+(presets: A100 NVLink3 240 GB/s, H100/H200 NVLink4 360 GB/s effective per direction);
+keeping W's inputs holds ``2 (1 - 1/t) sbh`` bytes per layer from B to W.
+
 Candidates are exactly what ``pretrain_gpt.py`` can run: every deterministic schedule
 family of the registry (``odc_pp.schedule.generators.families``; zb-auto is left out:
 training re-plans it from measured costs, so the simulated order is not what runs), with and without
@@ -49,13 +59,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .costs import CostModel, transformer_layer_flops
+from .costs import (CostModel, tensor_parallel_activation_factor, tensor_parallel_comm_seconds,
+                    transformer_layer_flops)
 from .generators import FAMILIES, family, training_schedule
 from .ir import Schedule
 from .placement import rank_stages
 from .simulator import simulate
 
 __all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
+           "tune_devices",
            "estimate_costs", "candidate_schedule", "format_ranking", "measure_hardware",
            "main"]
 
@@ -106,9 +118,13 @@ class Hardware:
     """Effective device<->host bandwidth, GB/s."""
     mfu: float = 0.45
     """Fraction of peak that transformer layers reach."""
+    tp_link_gbps: float | None = None
+    """Effective per-direction bandwidth between the tensor-parallel ranks (NVLink),
+    GB/s; None: unknown (tensor parallelism cannot be estimated)."""
 
     def __post_init__(self) -> None:
-        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps)
+        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps) + \
+            ((self.tp_link_gbps,) if self.tp_link_gbps is not None else ())
         if not all(math.isfinite(n) and n > 0 for n in numbers):
             raise ValueError(f"hardware numbers must be finite and positive, got peak "
                              f"{self.peak_tflops} TFLOP/s, memory {self.memory_gb} GB, host "
@@ -119,11 +135,11 @@ class Hardware:
 
 PRESETS = {
     "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
-                     host_link_gbps=25.0),
+                     host_link_gbps=25.0, tp_link_gbps=240.0),
     "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
-                     host_link_gbps=50.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0),
     "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
-                     host_link_gbps=50.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0),
 }
 
 
@@ -151,8 +167,24 @@ class TunerConfig:
     (default: the frontend's default, ``CostModel()``)."""
     plan_costs_path: str | None = None
     """Path of that ``--cost-model`` file, repeated in the printed flags (None: no file)."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage."""
+    sequence_parallel: bool = False
+    """``--sequence-parallel`` (needs tp > 1)."""
+    keep_sp_input_for_w: bool = False
+    """``--keep-sp-input-for-w`` (needs sequence_parallel)."""
 
     def __post_init__(self) -> None:
+        if self.tp < 1 or self.shape.num_attention_heads % self.tp:
+            raise ValueError(f"tensor-parallel size {self.tp} must be >= 1 and divide "
+                             f"--num-attention-heads {self.shape.num_attention_heads}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs a tensor-parallel size > 1")
+        if self.keep_sp_input_for_w and not self.sequence_parallel:
+            raise ValueError("keeping W's inputs needs sequence parallelism")
+        if self.tp > 1 and self.hardware.tp_link_gbps is None:
+            raise ValueError("tensor parallelism needs the NVLink bandwidth: use a --preset "
+                             "or give --tp-link-gbps")
         if self.pp < 1 or self.num_microbatches < 1 or self.dp < 1:
             raise ValueError("--pp, --num-microbatches and --dp must be >= 1")
         if self.num_microbatches < self.pp:
@@ -196,6 +228,12 @@ class Candidate:
     data flags and run on pp x dp ranks)."""
     per_rank_peak_gb: list[float] = field(default_factory=list)
     """Per-rank peaks."""
+    tp: int = 1
+    """Tensor-parallel size (with pp, the devices of one replica: tp x pp)."""
+    pp: int = 1
+    """Pipeline size."""
+    sequence_parallel: bool = False
+    keep_sp_input_for_w: bool = False
 
 
 def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int, ...],
@@ -216,6 +254,12 @@ def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int,
         out += ["--cpu-offload", "--offload-chunks", *map(str, offload_chunks)]
     if recompute:
         out.append("--recompute-lgd")
+    if config.tp > 1:
+        out += ["--tensor-model-parallel-size", str(config.tp)]
+    if config.sequence_parallel:
+        out.append("--sequence-parallel")
+    if config.keep_sp_input_for_w:
+        out.append("--keep-sp-input-for-w")
     if config.plan_costs_path is not None:
         out += ["--cost-model", config.plan_costs_path]
     return out
@@ -228,15 +272,22 @@ def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
     return transformer_layer_flops(shape.micro_batch_size, shape.seq_length, h, 4 * h)
 
 
-def layer_activation_bytes(shape: ModelShape, *, recompute: bool) -> float:
+def layer_activation_bytes(shape: ModelShape, *, recompute: bool, tp: int = 1,
+                           sequence_parallel: bool = False) -> float:
+    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
     b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
                   shape.num_attention_heads)
     from odc_pp.megatron.activation_memory import lgd_saving_per_token_hidden
 
-    # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime
+    # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime.
+    # Outside the tensor-parallel regions 10 of the 34 (6 of them -- layernorm inputs
+    # and dropout masks -- recomputed by lgd, which also drops the split GeLU input, 8)
     per_value = 34 - (lgd_saving_per_token_hidden() if recompute else 0)
-    attention = 0.0 if shape.flash_attention else 5 * a * s / h
-    return s * b * h * (per_value + attention) * shape.bytes_per_value / 2
+    replicated = (10 - (6 if recompute else 0)) / per_value
+    factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
+                                               replicated_share=replicated)
+    attention = 0.0 if shape.flash_attention else 5 * a * s / h / tp
+    return s * b * h * (per_value * factor + attention) * shape.bytes_per_value / 2
 
 
 def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
@@ -251,22 +302,33 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
         raise ValueError(f"--num-layers {shape.num_layers} is not divisible by pp x chunks "
                          f"= {stages} (schedule {schedule})")
     layers = shape.num_layers // stages
+    tp = config.tp
     flops_f, flops_b, flops_w = layer_flops(shape)
-    speed = hw.peak_tflops * 1e12 * hw.mfu
-    t_f = layers * flops_f / speed
-    t_b = layers * flops_b / speed + (0.05 * t_f if recompute else 0.0)
-    t_w = layers * flops_w / speed
-    chunk_bytes = layers * layer_activation_bytes(shape, recompute=recompute)
+    speed = hw.peak_tflops * 1e12 * hw.mfu * tp  # one tp rank does 1/tp of the FLOPs
+    tokens, h = shape.seq_length * shape.micro_batch_size, shape.hidden_size
+    comm_f, comm_b, comm_w = tensor_parallel_comm_seconds(
+        tokens=tokens, hidden=h, bytes_per_value=shape.bytes_per_value, tp=tp,
+        link_bytes_per_s=(hw.tp_link_gbps or 0.0) * GB,
+        sequence_parallel=config.sequence_parallel,
+        keep_sp_input_for_w=config.keep_sp_input_for_w)
+    t_f = layers * (flops_f / speed + comm_f)
+    t_b = layers * (flops_b / speed + comm_b) + (0.05 * t_f if recompute else 0.0)
+    t_w = layers * (flops_w / speed + comm_w)
+    chunk_bytes = layers * layer_activation_bytes(
+        shape, recompute=recompute, tp=tp, sequence_parallel=config.sequence_parallel)
+    # --keep-sp-input-for-w: B gathers the two column-parallel inputs, W frees them
+    kept = (2 * (1 - 1 / tp) * tokens * h * shape.bytes_per_value * layers / chunk_bytes
+            if config.keep_sp_input_for_w else 0.0)
     costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
-                      offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes)
-    h = shape.hidden_size
-    layer_params = 12 * h * h + 13 * h
+                      offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes,
+                      mem_f=1.0, mem_b=kept, mem_w=-1.0 - kept)
+    layer_params = (12 * h * h + 13 * h) / tp
     bytes_per_param = 2 + 4 + 12 / config.dp
     static = []
     for rank in range(config.pp):
         params = layers * chunks * layer_params
         holds = {0, stages - 1}
-        params += shape.vocab_size * h * len(
+        params += shape.vocab_size * h / tp * len(
             holds.intersection(rank_stages(fam.placement, config.pp, chunks, rank)))
         static.append(params * bytes_per_param)
     return costs, chunk_bytes, static
@@ -293,7 +355,9 @@ def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
                      fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
                      flags=training_flags(config, name, offload_chunks=chunks,
                                           recompute=recompute),
-                     per_rank_peak_gb=[p / GB for p in peaks])
+                     per_rank_peak_gb=[p / GB for p in peaks], tp=config.tp, pp=config.pp,
+                     sequence_parallel=config.sequence_parallel,
+                     keep_sp_input_for_w=config.keep_sp_input_for_w)
 
 
 def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
@@ -320,13 +384,44 @@ def tune(config: TunerConfig) -> list[Candidate]:
                                              else c.peak_memory_gb))
 
 
+def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
+                 ) -> list[Candidate]:
+    """TP against PP (+ offload) at equal device count and memory budget: every candidate
+    of :func:`tune` for each tp size with ``pp = devices / tp`` (tp > 1: sequence
+    parallel, W's inputs re-gathered or kept), ranked together. Sizes that do not divide
+    the devices, the heads or the layers are skipped."""
+    from dataclasses import replace
+
+    candidates = []
+    for tp in sorted(set(tp_sizes)):
+        if tp < 1 or devices % tp or config.shape.num_attention_heads % tp:
+            continue
+        pp = devices // tp
+        if config.num_microbatches < pp:
+            continue
+        variants = [(False, False)] if tp == 1 else [(True, False), (True, True)]
+        for sequence_parallel, keep in variants:
+            sized = replace(config, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
+                            keep_sp_input_for_w=keep)
+            try:
+                candidates += tune(sized)
+            except ValueError:  # no schedule divides the layers at this pp
+                continue
+    if not candidates:
+        raise ValueError(f"no tensor-parallel size of {sorted(tp_sizes)} divides "
+                         f"--devices {devices}, the heads and the layers")
+    return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
+                                             else c.peak_memory_gb))
+
+
 def format_ranking(candidates: list[Candidate], *, budget_gb: float, top: int = 15) -> str:
-    header = (f"{'#':>3} {'schedule':<12} {'offload chunks':<14} "
+    header = (f"{'#':>3} {'tp':>2} {'pp':>3} {'schedule':<12} {'offload chunks':<14} "
               f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
     lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
     for rank, c in enumerate(candidates[:top], 1):
         chunks = ",".join(map(str, c.offload_chunks)) or "-"
-        lines.append(f"{rank:>3} {c.schedule:<12} {chunks:<14} "
+        tp = f"{c.tp}{'s' if c.sequence_parallel else ''}{'k' if c.keep_sp_input_for_w else ''}"
+        lines.append(f"{rank:>3} {tp:>2} {c.pp:>3} {c.schedule:<12} {chunks:<14} "
                      f"{'lgd' if c.recompute else 'no':<9} {c.step_s * 1e3:>10.2f} "
                      f"{c.peak_memory_gb:>10.2f} {c.bubble_rate:>7.3f} "
                      f"{'yes' if c.fits else 'NO'}")
@@ -382,7 +477,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--no-flash-attention", action="store_true",
                    help="count the 5as/h attention-matrix activations")
-    p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
+    p.add_argument("--pp", type=int, default=None,
+                   help="pipeline ranks (or give --devices to rank tensor parallelism too)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices per replica: rank every tp size of --tp-sizes at pp = "
+                        "devices / tp")
+    p.add_argument("--tp-sizes", default="1,2,4,8",
+                   help="tensor-parallel sizes tried with --devices (comma-separated)")
+    p.add_argument("--tp-link-gbps", type=_finite_positive, default=None,
+                   help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (optimizer sharding)")
     p.add_argument("--num-microbatches", type=int, required=True)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None)
@@ -418,21 +521,30 @@ def main(argv: list[str] | None = None) -> int:
             hardware = measure_hardware(memory_gb=args.memory_budget_gb or 16.0)
         else:
             hardware = PRESETS[args.preset]
+        from dataclasses import replace
+
         if args.mfu is not None:
-            hardware = Hardware(name=hardware.name, peak_tflops=hardware.peak_tflops,
-                                memory_gb=hardware.memory_gb,
-                                host_link_gbps=hardware.host_link_gbps, mfu=args.mfu)
+            hardware = replace(hardware, mfu=args.mfu)
+        if args.tp_link_gbps is not None:
+            hardware = replace(hardware, tp_link_gbps=args.tp_link_gbps)
+        if (args.pp is None) == (args.devices is None):
+            raise ValueError("give exactly one of --pp (pipeline only) and --devices "
+                             "(tensor and pipeline parallelism ranked together)")
         shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
                            num_attention_heads=args.num_attention_heads,
                            seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
                            vocab_size=args.vocab_size,
                            flash_attention=not args.no_flash_attention)
-        config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp, dp=args.dp,
+        config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp or 1, dp=args.dp,
                              num_microbatches=args.num_microbatches,
                              memory_budget_gb=args.memory_budget_gb,
                              plan_costs=_plan_costs(args.cost_model),
                              plan_costs_path=args.cost_model)
-        ranking = tune(config)
+        if args.devices is None:
+            ranking = tune(config)
+        else:
+            sizes = tuple(int(x) for x in args.tp_sizes.split(",") if x.strip())
+            ranking = tune_devices(config, devices=args.devices, tp_sizes=sizes)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -452,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
               "--seq-length.", file=sys.stderr)
         return 2
     if not args.json:
-        print(f"\nbest: {' '.join(best.flags)}\n  (on {config.pp * config.dp} ranks, add "
+        print(f"\nbest: {' '.join(best.flags)}\n  (on {best.tp * best.pp * config.dp} ranks, add "
               f"the data flags; predicted {best.step_s * 1e3:.2f} ms/step, peak "
               f"{best.peak_memory_gb:.2f} GB)")
     return 0

@@ -144,3 +144,85 @@ def test_non_finite_or_non_positive_budget_names_the_flag(budget, capsys):
     assert "argument --memory-budget-gb: must be a finite number > 0" in err, err
     with pytest.raises(ValueError, match="--memory-budget-gb must be a finite number > 0"):
         _config("h100", float(budget))
+
+
+# ----- tensor parallelism ----------------------------------------------------------------
+def test_tensor_parallel_comm_terms():
+    from odc_pp.schedule.costs import tensor_parallel_comm_seconds
+
+    common = dict(tokens=4096, hidden=4096, bytes_per_value=2, link_bytes_per_s=1e11)
+    assert tensor_parallel_comm_seconds(tp=1, sequence_parallel=False,
+                                        keep_sp_input_for_w=False, **common) == (0, 0, 0)
+    volume = 4096 * 4096 * 2 / 1e11
+    f2, b2, w2 = tensor_parallel_comm_seconds(tp=2, sequence_parallel=True,
+                                              keep_sp_input_for_w=False, **common)
+    f8, _, w8 = tensor_parallel_comm_seconds(tp=8, sequence_parallel=True,
+                                             keep_sp_input_for_w=False, **common)
+    assert f2 == pytest.approx(4 * 0.5 * volume) and b2 == f2  # ring factor (tp-1)/tp
+    assert f8 == pytest.approx(4 * 7 / 8 * volume)
+    assert w2 == pytest.approx(2 * 0.5 * volume) and w8 == pytest.approx(2 * 7 / 8 * volume)
+    # keeping W's inputs (or no SP: the input is whole) moves W's gathers out of W
+    assert tensor_parallel_comm_seconds(tp=2, sequence_parallel=True,
+                                        keep_sp_input_for_w=True, **common)[2] == 0
+    assert tensor_parallel_comm_seconds(tp=2, sequence_parallel=False,
+                                        keep_sp_input_for_w=False, **common) == (f2, b2, 0)
+
+
+def _tp_config(**changes):
+    shape = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                       seq_length=8192)
+    return TunerConfig(**{"shape": shape, "hardware": PRESETS["h100"], "pp": 1,
+                          "num_microbatches": 32, **changes})
+
+
+def test_keeping_sp_inputs_trades_w_time_for_memory():
+    from odc_pp.schedule.offload_tuner import estimate_costs
+
+    regather, chunk, _ = estimate_costs(_tp_config(tp=2, pp=4, sequence_parallel=True),
+                                        "zb-h1", recompute=False)
+    keep, chunk_keep, _ = estimate_costs(
+        _tp_config(tp=2, pp=4, sequence_parallel=True, keep_sp_input_for_w=True), "zb-h1",
+        recompute=False)
+    assert keep.t_w < regather.t_w and keep.t_f == regather.t_f and chunk_keep == chunk
+    assert regather.mem_b == 0 and keep.mem_b > 0 and keep.mem_w == -1 - keep.mem_b
+    # SP splits all activations; without SP the non-TP regions stay whole
+    no_sp, chunk_no_sp, _ = estimate_costs(_tp_config(tp=2, pp=4), "zb-h1", recompute=False)
+    assert chunk < chunk_no_sp < 2 * chunk
+
+
+def test_tuner_ranks_tp_against_pp_and_offload_at_equal_devices():
+    from dataclasses import replace
+
+    from odc_pp.schedule.offload_tuner import tune_devices
+    from odc_pp.training.arguments import parse_args
+
+    budget = dict(memory_budget_gb=30)
+    fast = tune_devices(_tp_config(**budget), devices=8, tp_sizes=(1, 2, 4))
+    assert {c.tp for c in fast} == {1, 2, 4} and fast[0].fits
+    assert fast[0].tp > 1  # NVLink: tensor parallelism is worth its communication
+    slow_link = replace(PRESETS["h100"], tp_link_gbps=10.0)
+    slow = tune_devices(_tp_config(hardware=slow_link, **budget), devices=8,
+                        tp_sizes=(1, 2, 4))
+    assert slow[0].tp == 1 and slow[0].fits  # communication-bound: PP (+ offload) wins
+    for best in (fast[0], slow[0]):
+        assert best.tp * best.pp == 8
+        args = parse_args(best.flags + ["--mock-data", "--vocab-size", "32000"])
+        assert args.parallel.tensor_model_parallel_size == best.tp
+        assert args.parallel.pipeline_model_parallel_size == best.pp
+        assert args.parallel.sequence_parallel == best.sequence_parallel
+        assert args.parallel.keep_sp_input_for_w == best.keep_sp_input_for_w
+
+
+def test_tp_without_link_bandwidth_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match="NVLink"):
+        _tp_config(tp=2, hardware=replace_link(None))
+    assert main(["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8",
+                 "--seq-length", "128", "--num-microbatches", "8", "--preset", "h100",
+                 "--pp", "2", "--devices", "4"]) == 2
+    assert "exactly one of --pp" in capsys.readouterr().err
+
+
+def replace_link(value):
+    from dataclasses import replace
+
+    return replace(PRESETS["h100"], tp_link_gbps=value)
