@@ -13,6 +13,7 @@ TP2 = ["--tensor-model-parallel-size", "2"]
 SP = ["--sequence-parallel"]
 LAYOUTS = {
     "tp2": (2, TP2 + ["--pipeline-schedule", "1f1b"]),
+    "tp2_sp": (2, TP2 + SP + ["--pipeline-schedule", "zb-h1"]),
     "tp2_sp_pp2_zbv": (4, TP2 + SP + ["--pipeline-model-parallel-size", "2",
                                       "--pipeline-schedule", "zbv"]),
     "tp2_sp_dp2_odc": (4, TP2 + SP + ["--dp-mode", "odc", "--pipeline-schedule", "1f1b"]),
