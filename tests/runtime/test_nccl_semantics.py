@@ -123,8 +123,14 @@ def stall_worker(rank, world_size, messages, backend):
     microbatches = make_microbatches(4, batch=1, equal_lengths=True)
     dist.barrier()
     if rank == 1:
-        messages.put(("stop-me", os.getpid()))
-        time.sleep(120)  # stopped by the parent before it wakes
+        # stop only once the message is wholly in the pipe and the feeder thread is gone:
+        # a process stopped while its feeder holds the queue's shared write lock blocks
+        # every other rank's result behind it (what made this test hang before)
+        messages.put(("stopping", os.getpid()))
+        messages.close()
+        messages.join_thread()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(120)  # killed by run_workers while stopped
         return None
     started = time.monotonic()
     try:
@@ -135,22 +141,10 @@ def stall_worker(rank, world_size, messages, backend):
     return time.monotonic() - started, outcome
 
 
-_STALL_UNDER_TEST_BACKEND = pytest.param(
-    "nccl-semantics", marks=pytest.mark.skipif(
-        not os.environ.get("ODC_PP_NCCL_STALL_TEST"),
-        reason="known flake: rank 0 hung past 120 s in 1 of 3 clean-clone runs (the test "
-               "backend's worker threads over gloo with a SIGSTOPped peer); opt in with "
-               "ODC_PP_NCCL_STALL_TEST=1"))
-
-
 @pytest.mark.multiproc
-@pytest.mark.parametrize("backend", ["gloo", _STALL_UNDER_TEST_BACKEND])
+@pytest.mark.parametrize("backend", ["gloo", "nccl-semantics"])
 def test_stalled_peer_raises_within_the_timeout_naming_it(backend):
-    def on_message(message, processes):
-        if message[0] == "stop-me":
-            os.kill(message[1], signal.SIGSTOP)
-
-    results = run_workers(stall_worker, 2, backend, on_message=on_message,
+    results = run_workers(stall_worker, 2, backend,
                           config=LaunchConfig(timeout_s=120, pass_queue=True, expect=(0,),
                                               process_group_timeout_s=8))
     elapsed, text = results[0]
