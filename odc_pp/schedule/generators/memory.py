@@ -6,8 +6,10 @@ microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the g
 keeps the candidate with the smallest worst per-rank bubble under the given costs among
 those whose peak fits the cap. Candidates are the greedy engine's variants (see
 ``_engine``; under a V cap below ZB-V's also paced runs without the admission reserve, see
-``_paced_candidates``), the handcrafted ZB-V pattern where its peak fits, and for V
-placements the repeating building block of ``_block`` at the shortest interval that fits.
+``_paced_candidates``), the handcrafted ZB-V pattern where its peak fits, the repeating
+building block of ``_block`` at the shortest interval that fits, and at ZB-V's budget the
+zero-bubble paper's round-based construction (``_rounds``: its W placement adapts to
+unequal costs and latency, where the handcrafted pattern stalls every microbatch).
 
 The nominal caps (in ``mem_f`` units as a function of pp) are rows of the family
 registry (``families.FAMILIES``, ``Family.nominal_cap``); the builders here take the cap
@@ -36,6 +38,7 @@ from ..placement import locate, num_stages, stage_of
 from ..simulator import score, simulate
 from ._block import order_peak, v_block_orders, v_block_peak
 from ._engine import EngineConfig, EngineCutOff, EngineStalled, run_engine
+from ._rounds import v_rounds_orders
 from .classic import zbv_handcrafted
 
 __all__ = ["v_family"]
@@ -198,6 +201,27 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
     return run
 
 
+def _rounds_candidates(pp: int, num_microbatches: int, costs: CostModel,
+                       cap: float) -> list:
+    """The zero-bubble paper's round-based ZB-V construction (``_rounds``), one thunk
+    per (fill_b, fill_f) variant; scored by the simulator, abandoned past the cutoff."""
+    busiest = num_microbatches * _rank_work(pp, 2, Placement.V, costs)
+
+    def thunk(fill_b: bool, fill_f: bool):
+        def run(best: float) -> _Candidate | None:
+            orders = v_rounds_orders(pp, num_microbatches, costs, cap, fill_f=fill_f,
+                                     fill_b=fill_b)
+            if orders is None:
+                return None
+            schedule = Schedule(name="rounds", pp=pp, num_microbatches=num_microbatches,
+                                num_chunks=2, placement=Placement.V, ranks=orders)
+            if score(schedule, costs, cutoff=_cutoff(best) + busiest) is None:
+                return None
+            return _Candidate(orders, *_score(schedule, costs))
+        return run
+    return [thunk(fill_b, fill_f) for fill_b in (True, False) for fill_f in (True, False)]
+
+
 def _evaluation_order(count: int, pp: int, costs: CostModel, cap: float) -> list[int]:
     """Which candidate thunks to evaluate first (speed only: the result does not depend
     on it). The likely winner goes first so that the others are abandoned early: at
@@ -226,9 +250,10 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
     the admission reserve, paced in pairs (they win under tight caps) or steadily at half
     a rank's work (between V-Half's and ZB-V's budgets); the handcrafted ZB-V
     pattern when its peak fits; the repeating building block at the shortest interval
-    that fits. The one with the smallest worst per-rank bubble (then makespan, then the
-    order listed here) wins; a handcrafted ZB-V with zero bubble is taken without building
-    the others. Candidates are evaluated best-guess first and each is abandoned as soon
+    that fits; at ZB-V's budget (``2 pp mem_f``) the paper's round-based construction in
+    its four W-fill variants (evaluated first). The one with the smallest worst per-rank
+    bubble (then makespan, then the order listed here) wins; a handcrafted ZB-V with zero
+    bubble is taken without building the others. Candidates are evaluated best-guess first and each is abandoned as soon
     as its bubble is certain to exceed the best so far (engine ``bubble_cutoff``,
     simulator ``score`` cutoff), which changes the time taken, never the result.
     """
@@ -248,7 +273,11 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
         block = _block_candidate(pp, num_microbatches, costs, cap)
         if block is not None:
             thunks.append(block)
-        for index in _evaluation_order(len(thunks), pp, costs, cap):
+        order = _evaluation_order(len(thunks), pp, costs, cap)
+        if cap >= 2 * pp * costs.mem_f - 1e-9:  # at ZB-V's budget: the paper's rounds
+            order = list(range(len(thunks), len(thunks) + 4)) + order
+            thunks += _rounds_candidates(pp, num_microbatches, costs, cap)
+        for index in order:
             candidate = thunks[index](best[1].bubble if best else float("inf"))
             if candidate is None:
                 continue
