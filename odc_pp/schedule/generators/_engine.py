@@ -241,6 +241,7 @@ class _Engine:
         self.total = config.pp * config.num_chunks * config.num_microbatches * (
             3 if config.split_backward else 2)
         self.done = 0
+        self.bubble_cutoff = config.bubble_cutoff
         chunks = range(config.num_chunks)
         self.stage = [[stage_of(config.placement, config.pp, r, c) for c in chunks]
                       for r in range(config.pp)]
@@ -405,7 +406,7 @@ class _Engine:
             state.first_start = now
         else:
             state.idle += now - state.free_at
-            if state.idle > self.cfg.bubble_cutoff:
+            if state.idle > self.bubble_cutoff:
                 raise EngineCutOff(f"rank {rank} idle {state.idle:g} > cutoff "
                                    f"{self.cfg.bubble_cutoff:g}")
         state.busy += duration
@@ -430,7 +431,8 @@ class _Engine:
         for rank in range(self.cfg.pp):
             self._wake(rank, 0.0)
         heap, scheduled, states = self.heap, self.scheduled, self.states
-        decide, priority, heappop = self._decision, self.priority, heapq.heappop
+        decide, priority = self._decision, self.priority
+        heappop, heappush = heapq.heappop, heapq.heappush
         while heap:
             now, rank = heappop(heap)
             if now != scheduled[rank]:
@@ -456,8 +458,9 @@ class _Engine:
             else:
                 mb, _, chunk = item
                 end = self._execute(rank, now, bkind if what == "B" else _F, chunk, mb)
-            if self.done < self.total:
-                self._wake(rank, end)
+            if self.done < self.total and end < scheduled[rank]:
+                scheduled[rank] = end  # the rank is free again at ``end`` (its free_at)
+                heappush(heap, (end, rank))
         if self.done < self.total:
             raise EngineStalled(self._stuck_message())
         ends = [s.free_at for s in self.states]
