@@ -20,8 +20,10 @@ module follows that construction as described by its authors (our own code):
 
 A pass that ends with a smaller worst idle time than the allowances it was given is
 repeated with its own idle times as the new allowances; the best of the passes is kept.
-The builder tracks in-order start times only to make these choices (like the list
-scheduler's clock); candidates are scored by ``odc_pp.schedule.simulator``. A pass that
+The builder tracks in-order start times to make these choices (like the list
+scheduler's clock, the simulator's in-order timing with implicit transfers); the caller
+may drop a variant whose idle time by that clock is past its cutoff, and scores the
+others with ``odc_pp.schedule.simulator``. A pass that
 the memory cap or a missing input would break returns None (the candidate is dropped).
 """
 
@@ -60,7 +62,7 @@ class _Pass:
         self.idle = [0.0] * pp
         self.mem = [0.0] * pp
         self.pending: list[deque] = [deque() for _ in range(pp)]
-        self.orders: list[list[Action]] = [[] for _ in range(pp)]
+        self.orders: list[list[tuple]] = [[] for _ in range(pp)]  # (kind, chunk, mb)
         self.approved = approved
         self.top_approved = max(approved) if approved else 0.0
 
@@ -129,7 +131,7 @@ class _Pass:
             self.count[rank][(kind, chunk)] += 1
         if kind is _B:
             self.pending[rank].append((chunk, mb))
-        self.orders[rank].append(Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb))
+        self.orders[rank].append((kind, chunk, mb))
 
     def allowance(self, rank: int) -> float:
         worst = max(self.idle)
@@ -249,8 +251,14 @@ def _search(pp: int, m: int, costs: CostModel, cap: float, fill_f: bool, fill_b:
 
 
 def v_rounds_orders(pp: int, num_microbatches: int, costs: CostModel, cap: float, *,
-                    fill_f: bool, fill_b: bool, max_passes: int = 8) -> list | None:
-    """Per-rank orders of the round-based V construction with the given W-fill switches
-    (the best of at most ``max_passes`` passes), or None when no pass fits ``cap``."""
+                    fill_f: bool, fill_b: bool,
+                    max_passes: int = 8) -> tuple[float, list[list[Action]]] | None:
+    """(worst per-rank idle time by the builder's own in-order clock, per-rank orders) of
+    the round-based V construction with the given W-fill switches (the best of at most
+    ``max_passes`` passes), or None when no pass fits ``cap``."""
     best = _search(pp, num_microbatches, costs, cap, fill_f, fill_b, max_passes)
-    return None if best is None else best[1]
+    if best is None:
+        return None
+    worst, orders = best
+    return worst, [[Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb)
+                    for kind, chunk, mb in actions] for rank, actions in enumerate(orders)]

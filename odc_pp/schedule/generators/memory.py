@@ -204,20 +204,21 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
 def _rounds_candidates(pp: int, num_microbatches: int, costs: CostModel,
                        cap: float) -> list:
     """The zero-bubble paper's round-based ZB-V construction (``_rounds``), one thunk
-    per (fill_b, fill_f) variant; scored by the simulator, abandoned past the cutoff."""
-    busiest = num_microbatches * _rank_work(pp, 2, Placement.V, costs)
+    per (fill_b, fill_f) variant: dropped when its builder's clock already puts its
+    bubble past the cutoff (as for the engine runs) or when it repeats an earlier
+    variant's orders (which would lose the tie), else scored by the simulator."""
+    seen: list = []
 
     def thunk(fill_b: bool, fill_f: bool):
         def run(best: float) -> _Candidate | None:
-            orders = v_rounds_orders(pp, num_microbatches, costs, cap, fill_f=fill_f,
-                                     fill_b=fill_b)
-            if orders is None:
+            built = v_rounds_orders(pp, num_microbatches, costs, cap, fill_f=fill_f,
+                                    fill_b=fill_b)
+            if built is None or built[0] > _cutoff(best) or built[1] in seen:
                 return None
+            seen.append(built[1])
             schedule = Schedule(name="rounds", pp=pp, num_microbatches=num_microbatches,
-                                num_chunks=2, placement=Placement.V, ranks=orders)
-            if score(schedule, costs, cutoff=_cutoff(best) + busiest) is None:
-                return None
-            return _Candidate(orders, *_score(schedule, costs))
+                                num_chunks=2, placement=Placement.V, ranks=built[1])
+            return _Candidate(built[1], *_score(schedule, costs))
         return run
     return [thunk(fill_b, fill_f) for fill_b in (True, False) for fill_f in (True, False)]
 
