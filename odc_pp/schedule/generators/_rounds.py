@@ -49,17 +49,22 @@ class _Pass:
                  approved: list[float] | None) -> None:
         self.pp, self.m, self.cap = pp, m, cap + 1e-9
         stages = num_stages(pp, 2)
-        self.stage = [[stage_of(Placement.V, pp, r, c) for c in (0, 1)] for r in range(pp)]
-        self.time = {(kind, r, c): costs.compute_time(kind, stage=self.stage[r][c], rank=r,
-                                                      pp=pp, num_stages=stages)
-                     for kind in (_F, _B, _W) for r in range(pp) for c in (0, 1)}
+        stage = [[stage_of(Placement.V, pp, r, c) for c in (0, 1)] for r in range(pp)]
+        # per kind, rank, chunk: duration; per kind, rank, chunk, microbatch: end time
+        self.time = {kind: [[costs.compute_time(kind, stage=stage[r][c], rank=r, pp=pp,
+                                                num_stages=stages) for c in (0, 1)]
+                            for r in range(pp)] for kind in (_F, _B, _W)}
+        self.end = {kind: [[[None] * m for _ in (0, 1)] for _ in range(pp)]
+                    for kind in (_F, _B, _W)}
+        self.source = {kind: [[self._source(kind, r, c, costs.t_comm) for c in (0, 1)]
+                              for r in range(pp)] for kind in (_F, _B)}
         self.delta = {_F: costs.mem_f, _B: costs.mem_b, _W: costs.mem_w}
         self.comm = costs.t_comm
-        self.count = [{(kind, c): 0 for kind in (_F, _B) for c in (0, 1)} for _ in range(pp)]
-        self.end: dict[tuple, float] = {}  # (kind, rank, chunk, mb) -> end time
+        self.count = {kind: [[0, 0] for _ in range(pp)] for kind in (_F, _B)}
         self.free = [0.0] * pp
         self.started = [False] * pp
         self.idle = [0.0] * pp
+        self.worst = 0.0  # max(self.idle)
         self.mem = [0.0] * pp
         self.pending: list[deque] = [deque() for _ in range(pp)]
         self.orders: list[list[tuple]] = [[] for _ in range(pp)]  # (kind, chunk, mb)
@@ -67,74 +72,77 @@ class _Pass:
         self.top_approved = max(approved) if approved else 0.0
 
     # ----- inputs ---------------------------------------------------------------------
-    def source(self, kind: ActionKind, rank: int, chunk: int, mb: int):
-        """(key, latency) of the input an action needs from another action (None: the
-        start of the V, or a backward's own forward is its only need)."""
+    def _source(self, kind: ActionKind, rank: int, chunk: int, comm: float):
+        """(kind, rank, chunk, latency) of the action whose output a (kind, rank, chunk)
+        action of the same microbatch needs (None: the start of the V, or for the last
+        stage's backward only its own forward)."""
         pp = self.pp
         if kind is _F:
             if chunk == 0:
-                return None if rank == 0 else ((_F, rank - 1, 0, mb), self.comm)
-            return (((_F, rank, 0, mb), 0.0) if rank == pp - 1
-                    else ((_F, rank + 1, 1, mb), self.comm))
+                return None if rank == 0 else (_F, rank - 1, 0, comm)
+            return (_F, rank, 0, 0.0) if rank == pp - 1 else (_F, rank + 1, 1, comm)
         if chunk == 1:
-            return None if rank == 0 else ((_B, rank - 1, 1, mb), self.comm)
-        return (((_B, rank, 1, mb), 0.0) if rank == pp - 1
-                else ((_B, rank + 1, 0, mb), self.comm))
+            return None if rank == 0 else (_B, rank - 1, 1, comm)
+        return (_B, rank, 1, 0.0) if rank == pp - 1 else (_B, rank + 1, 0, comm)
 
     def arrival(self, kind: ActionKind, rank: int, chunk: int) -> float | None:
         """When the next (kind, chunk) action's input is there (None: no input needed);
         raises _Infeasible when its producer has not been placed."""
-        mb = self.count[rank][(kind, chunk)]
-        need = self.source(kind, rank, chunk, mb)
+        need = self.source[kind][rank][chunk]
         if need is None:
             return None
-        key, latency = need
-        if key not in self.end:
+        mb = self.count[kind][rank][chunk]
+        producer, other, other_chunk, latency = need
+        end = self.end[producer][other][other_chunk][mb]
+        if end is None:
             raise _Infeasible(f"{kind.value}{chunk}.{mb} on rank {rank} has no input yet")
-        return self.end[key] + latency
+        return end + latency
 
     def placed(self, kind: ActionKind, rank: int, chunk: int) -> bool:
-        mb = self.count[rank][(kind, chunk)]
-        need = self.source(kind, rank, chunk, mb)
-        return need is None or need[0] in self.end
+        need = self.source[kind][rank][chunk]
+        if need is None:
+            return True
+        producer, other, other_chunk, _ = need
+        return self.end[producer][other][other_chunk][self.count[kind][rank][chunk]] \
+            is not None
 
     # ----- placing ----------------------------------------------------------------------
     def put(self, kind: ActionKind, rank: int, chunk: int) -> None:
         if kind is _W:
             chunk, mb = self.pending[rank].popleft()
+            ready = self.end[_B][rank][chunk][mb]
         else:
-            mb = self.count[rank][(kind, chunk)]
+            mb = self.count[kind][rank][chunk]
             if mb >= self.m:
                 raise _Infeasible(f"no {kind.value}{chunk} left on rank {rank}")
-        if self.mem[rank] + self.delta[kind] > self.cap:
+            ready = self.arrival(kind, rank, chunk)
+            if kind is _B:
+                own = self.end[_F][rank][chunk][mb]
+                if own is None:
+                    raise _Infeasible(f"B{chunk}.{mb} on rank {rank} before its F")
+                ready = own if ready is None else max(ready, own)
+        delta = self.delta[kind]
+        if self.mem[rank] + delta > self.cap:
             raise _Infeasible(f"memory cap on rank {rank}")
         start = self.free[rank]
-        ready = None
-        if kind is not _W:
-            ready = self.arrival(kind, rank, chunk)
-        else:
-            ready = self.end[(_B, rank, chunk, mb)]
-        if kind is _B:
-            own = self.end.get((_F, rank, chunk, mb))
-            if own is None:
-                raise _Infeasible(f"B{chunk}.{mb} on rank {rank} before its F")
-            ready = own if ready is None else max(ready, own)
         if ready is not None and ready > start:
             if self.started[rank]:
-                self.idle[rank] += ready - start
+                idle = self.idle[rank] = self.idle[rank] + (ready - start)
+                if idle > self.worst:
+                    self.worst = idle
             start = ready
         self.started[rank] = True
-        self.free[rank] = start + self.time[(kind, rank, chunk)]
-        self.end[(kind, rank, chunk, mb)] = self.free[rank]
-        self.mem[rank] += self.delta[kind]
+        end = self.free[rank] = start + self.time[kind][rank][chunk]
+        self.end[kind][rank][chunk][mb] = end
+        self.mem[rank] += delta
         if kind is not _W:
-            self.count[rank][(kind, chunk)] += 1
-        if kind is _B:
-            self.pending[rank].append((chunk, mb))
+            self.count[kind][rank][chunk] += 1
+            if kind is _B:
+                self.pending[rank].append((chunk, mb))
         self.orders[rank].append((kind, chunk, mb))
 
     def allowance(self, rank: int) -> float:
-        worst = max(self.idle)
+        worst = self.worst
         if self.approved is not None:
             worst = max(worst, self.top_approved - self.approved[rank])
         return worst
@@ -142,15 +150,14 @@ class _Pass:
     def fill_before(self, kind: ActionKind, rank: int, chunk: int, extra: bool) -> None:
         """W passes that end before the input of the next (kind, chunk) arrives; one more
         if ``extra`` and the wait would exceed the rank's allowance."""
-        need = self.source(kind, rank, chunk, self.count[rank][(kind, chunk)])
-        if need is None or need[0][1] == rank:
+        need = self.source[kind][rank][chunk]
+        if need is None or need[1] == rank:
             return  # no input from another rank: no wait to fill
         arrival = self.arrival(kind, rank, chunk)
         pending = self.pending[rank]
-        t_w = self.time[(_W, rank, pending[0][0])] if pending else 0.0
-        while pending and arrival >= self.free[rank] + t_w:
+        t_w = self.time[_W][rank]
+        while pending and arrival >= self.free[rank] + t_w[pending[0][0]]:
             self.put(_W, rank, 0)
-            t_w = self.time[(_W, rank, pending[0][0])] if pending else 0.0
         if extra and pending and arrival - self.free[rank] > \
                 self.allowance(rank) - self.idle[rank]:
             self.put(_W, rank, 0)
@@ -168,38 +175,38 @@ class _Pass:
             self.put(_F, rank, 0)
         for rank in range(pp - 1, -1, -1):
             if rank < pp - 1:
-                turn = self.end[(_F, rank + 1, 1, 0)] + self.comm
+                turn = self.end[_F][rank + 1][1][0] + self.comm
                 while (self.mem[rank] + self.delta[_F] * (2 + 2 * rank) <= self.cap and
-                       self.free[rank] + self.time[(_F, rank, 0)] <= turn and
-                       self.count[rank][(_F, 0)] < m - rank):
+                       self.free[rank] + self.time[_F][rank][0] <= turn and
+                       self.count[_F][rank][0] < m - rank):
                     for lower in range(rank + 1):
                         self.put(_F, lower, 0)
             self.put(_F, rank, 1)
         chunk = 0
         for rank in range(1, pp):
-            mine, before = self.count[rank], self.count[rank - 1]
-            while (mine[(_F, 0)] + mine[(_F, 1)] < before[(_F, 0)] + before[(_F, 1)] or
-                   mine[(_F, 1)] <= before[(_F, 1)] < m):
+            mine, before = self.count[_F][rank], self.count[_F][rank - 1]
+            while (mine[0] + mine[1] < before[0] + before[1] or
+                   mine[1] <= before[1] < m):
                 for other in range(pp - 1, rank - 1, -1):
-                    if self.count[other][(_F, chunk)] < m:
+                    if self.count[_F][other][chunk] < m:
                         self.put(_F, other, chunk)
                 chunk = 1 - chunk
 
     def backward_chunk(self, rank: int) -> int:
-        count = self.count[rank]
-        if count[(_B, 1)] <= count[(_B, 0)]:
+        count = self.count[_B][rank]
+        if count[1] <= count[0]:
             return 1
         if rank == self.pp - 1:
             return 0
-        return 0 if self.placed(_B, rank, 0) or count[(_B, 1)] >= self.m else 1
+        return 0 if self.placed(_B, rank, 0) or count[1] >= self.m else 1
 
     def forward_chunk(self, rank: int) -> int | None:
-        count = self.count[rank]
-        if count[(_F, 1)] >= count[(_F, 0)]:
+        count = self.count[_F][rank]
+        if count[1] >= count[0]:
             return 0
         if rank == self.pp - 1 or self.placed(_F, rank, 1):
             return 1
-        if count[(_F, 0)] < self.m and (rank == 0 or self.placed(_F, rank, 0)):
+        if count[0] < self.m and (rank == 0 or self.placed(_F, rank, 0)):
             return 0
         return None
 
@@ -213,15 +220,15 @@ class _Pass:
             order = [(rank, 0) for rank in range(pp - 1, -1, -1) if chunks[rank] == 0]
             order += [(rank, 1) for rank in range(pp) if chunks[rank] == 1]
             for rank, chunk in order:
-                if self.count[rank][(_B, chunk)] >= m:
+                if self.count[_B][rank][chunk] >= m:
                     continue
                 self.fill_before(_B, rank, chunk, extra=chunk == 0 or fill_b)
                 self.put(_B, rank, chunk)
             for rank in range(pp):
-                if self.count[rank][(_F, 1)] >= m:
+                if self.count[_F][rank][1] >= m:
                     continue
                 chunk = self.forward_chunk(rank)
-                if chunk is None or self.count[rank][(_F, chunk)] >= m:
+                if chunk is None or self.count[_F][rank][chunk] >= m:
                     continue
                 self.make_room(_F, rank)
                 self.fill_before(_F, rank, chunk, extra=fill_f)
@@ -229,7 +236,7 @@ class _Pass:
         for rank in range(pp):
             while self.pending[rank]:
                 self.put(_W, rank, 0)
-        if any(self.count[r][key] != m for r in range(pp) for key in self.count[r]):
+        if any(n != m for counts in self.count.values() for rank in counts for n in rank):
             raise _Infeasible("a pass left actions unplaced")
 
 
