@@ -36,10 +36,10 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement, Schedule
 from ..placement import locate, num_stages, stage_of
 from ..simulator import score, simulate
-from ._block import order_peak, v_block_orders, v_block_peak
+from ._block import v_block_orders, v_block_peak
 from ._engine import EngineConfig, EngineCutOff, EngineStalled, run_engine
 from ._rounds import v_rounds_orders
-from .classic import zbv_handcrafted
+from .classic import zbv_handcrafted, zbv_handcrafted_fits
 
 __all__ = ["v_family"]
 
@@ -260,8 +260,8 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
     """
     best: tuple | None = None  # (bubble, makespan, index) rounded, candidate
     if num_microbatches >= 2 * pp - 1:
-        hand = zbv_handcrafted(pp, num_microbatches)
-        if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
+        if zbv_handcrafted_fits(pp, num_microbatches, costs.memory_delta, cap + 1e-9):
+            hand = zbv_handcrafted(pp, num_microbatches)
             candidate = _Candidate(hand.ranks, *_score(hand, costs))
             best = ((round(candidate.bubble, 9), round(candidate.makespan, 9), 0), candidate)
     if best is None or best[1].bubble > 1e-9:  # nothing beats zero bubble
