@@ -7,19 +7,26 @@ the profiled costs of its Table 9, Table 8 with per-V-chunk costs; provenance in
 longest per-stage span: the simulator's ``bubble_rate``.
 
 Table 5, per row (model, p, m): 1F1B, ZB-H1, ZB-H2 (the generators), ZB-1p (zb-auto,
-limit p) and ZB-2p (zb-auto, limit 2p) under two memory models, each expressed with the
-CLI's ``--mem-f/--mem-b/--mem-w``:
+limit p) under our memory model and ZB-2p (zb-auto, limit 2p) under three, each
+expressed with the CLI's ``--mem-f/--mem-b/--mem-w``:
 
-* ours: F +1, B 0, W -1 (a microbatch's activations stay until its W);
-* the paper's: F +1, B -(1 - r), W -r, with the row's r = M_W / M_F (B frees what W
-  does not need).
+* ours, measured: our runtime keeps after a B only what its W needs (the deferred
+  linears' inputs and output gradients). One transformer layer of the row's model (h and
+  s scaled down by ``MEASURE_SCALE``, a s / h kept; bf16, dropout 0.1, CPU) runs one
+  microbatch through ``PipelineRuntime``; the bytes its F saves and its B leaves held give
+  F +1, B r - 1, W -r exactly as the profiler derives them
+  (``odc_pp.runtime.profiler.memory_deltas``). On CPU r is below the paper's: W holds the
+  paper's 32 sbh bytes, but F saves more (2-byte dropout masks, the unfused attention);
+* the paper's: F +1, B -(1 - r), W -r, with the row's r = M_W / M_F = 32h / (34h + 5as);
+* held-all: F +1, B 0, W -1 (B frees nothing), reported with its lower bound, not
+  checked: under it the paper's ZB-2p is provably out of reach.
 
 plus ZB-auto at equal costs (F = B = W = 1, no latency, limit 2p), which must have zero
 bubble whenever m >= 2p. Table 8, per row (p, m): ZB-H2 with twice the per-chunk costs
 (one chunk holds both V chunks' layers) and ZB-V (V placement, limit 2p V-chunks = p
 microbatches).
 
-Check: in every row ZB-H1, ZB-H2, ZB-2p (both memory models) and ZB-V are at or below
+Check: in every row ZB-H1, ZB-H2, ZB-2p (ours and the paper's model) and ZB-V are at or below
 the paper's bubble within 4-decimal tolerance (5e-5), strictly below in some rows. Each
 ZB-2p value comes with ZB-auto's lower bound (``bubble_lower_bound``, span objective)
 under the same memory model: where the bound exceeds the paper's number, no schedule
@@ -57,10 +64,107 @@ def load_tables(path: str = DATA) -> dict:
         return json.load(handle)
 
 
-def memory_models(r: float) -> dict[str, dict[str, float]]:
-    """The two memory models as ``--mem-f/--mem-b/--mem-w`` deltas."""
-    return {"ours": {"mem_f": 1.0, "mem_b": 0.0, "mem_w": -1.0},
-            "paper": {"mem_f": 1.0, "mem_b": -(1.0 - r), "mem_w": -r}}
+MODEL_SHAPES = {"1.5B": (2304, 24, 1024), "6.2B": (4096, 32, 1024),
+                "14.6B": (5120, 40, 1024), "28.3B": (6144, 48, 1024)}
+"""The paper's GPT shapes (hidden size h, attention heads a, sequence length s) per model
+name; ``32 h / (34 h + 5 a s)`` of each is the data file's ``paper_memory_r``
+(``check_shapes``)."""
+
+MEASURE_SCALE = {"1.5B": 8, "6.2B": 16, "14.6B": 16, "28.3B": 16}
+"""h and s are divided by this for the measurement (a s / h, the one shape ratio the
+per-layer bytes depend on beyond their s h scale, and the heads stay; head dims 12, 8, 8,
+8): a CPU run of the full shape would take minutes."""
+
+MEASURE_DTYPE, MEASURE_DROPOUT = "bfloat16", 0.1
+"""The paper's precision and (Megatron's default) hidden and attention dropout."""
+
+HELD_ALL = {"mem_f": 1.0, "mem_b": 0.0, "mem_w": -1.0}
+"""B frees nothing: a microbatch's activations stay until its W (reported for
+reference, not checked: ZB-auto's lower bound shows the paper's ZB-2p is out of reach)."""
+
+
+def check_shapes(tables: dict) -> None:
+    """ValueError unless every Table 5 row's model has a shape whose r is the row's."""
+    for row in tables["table5"]:
+        if row["model"] not in MODEL_SHAPES:
+            raise ValueError(f"no shape for model {row['model']!r} in MODEL_SHAPES")
+        h, a, s = MODEL_SHAPES[row["model"]]
+        if abs(32 * h / (34 * h + 5 * a * s) - row["paper_memory_r"]) > 5e-5:
+            raise ValueError(f"MODEL_SHAPES[{row['model']!r}] does not give the data "
+                             f"file's paper_memory_r {row['paper_memory_r']}")
+
+
+def _layer_bytes(hidden: int, heads: int, seq: int, layers: int) -> tuple[int, int]:
+    """(saved by every F, held by every B for its W) in bytes, summed over one
+    microbatch's F and B on a one-stage GPT of ``layers`` layers run by our runtime."""
+    import torch
+    import torch.distributed as dist
+
+    from odc_pp.data import Microbatch
+    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.megatron.model import ModelConfig, build_chunks
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
+
+    vocab = 64
+    config = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_layers=layers,
+                         num_attention_heads=heads, max_sequence_length=seq,
+                         params_dtype=MEASURE_DTYPE, hidden_dropout=MEASURE_DROPOUT,
+                         attention_dropout=MEASURE_DROPOUT)
+    chunks = build_chunks(config, pp_rank=0, pp_size=1,
+                          process_groups=singleton_process_groups())
+    generator = torch.Generator().manual_seed(0)
+    batch = [Microbatch(tokens=torch.randint(0, vocab, (1, seq), generator=generator),
+                        labels=torch.randint(0, vocab, (1, seq), generator=generator),
+                        loss_mask=torch.ones(1, seq))]
+    runtime = PipelineRuntime(RuntimeConfig(track_activations=True), chunks=chunks,
+                              pp_group=dist.group.WORLD)
+    result = runtime.run_minibatch(generate("zb-h1", pp=1, num_microbatches=1), batch)
+    return sum(result.activation_bytes.values()), sum(result.wgrad_bytes.values())
+
+
+def _measure_worker(rank: int, world_size: int, shapes: dict) -> dict:
+    out = {}
+    for name, (hidden, heads, seq) in shapes.items():
+        one, two = _layer_bytes(hidden, heads, seq, 1), _layer_bytes(hidden, heads, seq, 2)
+        # one layer's bytes: the difference (embedding and output layer cancel)
+        out[name] = {"activation_bytes": two[0] - one[0], "wgrad_bytes": two[1] - one[1],
+                     "hidden": hidden, "heads": heads, "seq": seq}
+    return out
+
+
+def measure_layer_bytes(models: list[str]) -> dict[str, dict]:
+    """Per model: the bytes one transformer layer saves in F (``activation_bytes``) and
+    keeps after B for W (``wgrad_bytes``) in our runtime (one microbatch of batch 1, the
+    shape scaled by ``MEASURE_SCALE``), measured in a one-process gloo world."""
+    from tests.launch import LaunchConfig, run_workers  # the one test/bench launcher
+
+    shapes = {}
+    for name in models:
+        h, a, s = MODEL_SHAPES[name]
+        k = MEASURE_SCALE[name]
+        shapes[name] = (h // k, a, s // k)
+    (measured,) = run_workers(_measure_worker, 1, shapes,
+                              config=LaunchConfig(timeout_s=300))
+    return measured
+
+
+def measured_memory_model(layer: dict) -> dict[str, float]:
+    """``--mem-f/--mem-b/--mem-w`` from a layer's measured bytes, exactly as the
+    runtime's profiler derives them (``odc_pp.runtime.profiler.memory_deltas``)."""
+    from odc_pp.runtime.profiler import memory_deltas
+
+    mem_f, mem_b, mem_w = memory_deltas({0: {"activation_bytes": [layer["activation_bytes"]],
+                                             "wgrad_bytes": [layer["wgrad_bytes"]]}})
+    return {"mem_f": mem_f, "mem_b": mem_b, "mem_w": mem_w}
+
+
+def memory_models(r: float, ours: dict[str, float] | None = None) -> dict[str, dict]:
+    """The memory models as ``--mem-f/--mem-b/--mem-w`` deltas: ours (the measured
+    deltas of our runtime, ``measured_memory_model``; ``HELD_ALL`` when not given), the
+    paper's with its r, and B-frees-nothing."""
+    return {"ours": dict(ours or HELD_ALL),
+            "paper": {"mem_f": 1.0, "mem_b": -(1.0 - r), "mem_w": -r},
+            "held-all": dict(HELD_ALL)}
 
 
 def _bubble(name: str, pp: int, m: int, costs: CostModel, limit: float | None,
@@ -73,10 +177,14 @@ def _bubble(name: str, pp: int, m: int, costs: CostModel, limit: float | None,
     return result.bubble_rate
 
 
-def table5_row(row: dict, *, max_evaluations: int | None = None) -> dict:
+def table5_row(row: dict, *, max_evaluations: int | None = None,
+               layer: dict | None = None) -> dict:
+    """One Table 5 row; ``layer``: the model's measured bytes (``measure_layer_bytes``)
+    that set our memory model (None: ``HELD_ALL``)."""
     pp, m = row["pp"], row["microbatches"]
     times = dict(t_f=row["t_f"], t_b=row["t_b"], t_w=row["t_w"], t_comm=row["t_comm"])
-    models = memory_models(row["paper_memory_r"])
+    models = memory_models(row["paper_memory_r"],
+                           measured_memory_model(layer) if layer else None)
     ours = CostModel(**times, **models["ours"])
     search = {"max_evaluations": max_evaluations} if max_evaluations else {}
     began = time.process_time()
@@ -97,6 +205,7 @@ def table5_row(row: dict, *, max_evaluations: int | None = None) -> dict:
     for model in models:
         paper[f"zb-2p/{model}"] = paper["zb-2p"]
     return {"table": 5, "model": row["model"], "pp": pp, "microbatches": m,
+            "memory_model_ours": {k: round(v, 6) for k, v in models["ours"].items()},
             "ours": {k: round(v, 6) for k, v in got.items()},
             "paper": {k: paper[k] for k in got},
             "lower_bound": bounds,
@@ -152,7 +261,7 @@ def check(rows: list[dict]) -> dict:
 
 def _print(rows: list[dict], summary: dict) -> None:
     for table, names in ((5, ("1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p/ours",
-                              "zb-2p/paper")), (8, CHECKED_TABLE8)):
+                              "zb-2p/paper", "zb-2p/held-all")), (8, CHECKED_TABLE8)):
         part = [row for row in rows if row["table"] == table]
         if not part:
             continue
@@ -175,15 +284,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=DATA, help="the paper's numbers (JSON)")
     args = parser.parse_args(argv)
     tables = load_tables(args.data)
+    check_shapes(tables)
     began = time.perf_counter()
-    rows = [table5_row(row) for row in tables["table5"][:args.rows]]
+    table5 = tables["table5"][:args.rows]
+    measured = measure_layer_bytes(sorted({row["model"] for row in table5}))
+    rows = [table5_row(row, layer=measured[row["model"]]) for row in table5]
     rows += [table8_row(row) for row in tables["table8"][:args.rows]]
     summary = check(rows)
     summary["total_seconds"] = round(time.perf_counter() - began, 1)
     doc = {"benchmark": "paper_tables", "source": tables["source"],
-           "memory_models": {"ours": "F +1, B 0, W -1 (--mem-f 1 --mem-b 0 --mem-w -1)",
+           "memory_models": {"ours": "measured: F +1, B r-1, W -r with r = bytes one "
+                                     "layer keeps after B for W / bytes its F saves, from "
+                                     "our runtime (profiler.memory_deltas), per model",
                              "paper": "F +1, B -(1-r), W -r (--mem-f 1 --mem-b -(1-r) "
-                                      "--mem-w -r), r per row"},
+                                      "--mem-w -r), r = 32h/(34h+5as) per row",
+                             "held-all": "F +1, B 0, W -1 (B frees nothing; reported, "
+                                         "not checked)"},
+           "measured_layer_bytes": {
+               name: dict(layer, r=round(layer["wgrad_bytes"] / layer["activation_bytes"], 6),
+                          dtype=MEASURE_DTYPE, dropout=MEASURE_DROPOUT,
+                          scale=MEASURE_SCALE[name], device="cpu")
+               for name, layer in measured.items()},
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
            "rows": rows, "summary": summary}
     if args.output:

@@ -402,3 +402,16 @@ def test_engine_bubble_cutoff_abandons_only_worse_runs():
         run_engine(EngineConfig(**base, bubble_cutoff=full.max_bubble * 0.5))
     with pytest.raises(ValueError, match="bubble_cutoff"):
         EngineConfig(**base, bubble_cutoff=-1.0)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 3), (3, 5), (4, 8), (5, 13)])
+@pytest.mark.parametrize("deltas", [(1.0, 0.0, -1.0), (1.0, -0.6, -0.4), (1.0, 0.5, -1.5)])
+def test_zbv_handcrafted_fits_is_its_order_peak(pp, m, deltas):
+    """The streamed peak check of the handcrafted ZB-V pattern decides exactly as the peak
+    of the built orders, at the peak itself and just below it."""
+    from odc_pp.schedule.generators.classic import zbv_handcrafted, zbv_handcrafted_fits
+
+    costs = CostModel(mem_f=deltas[0], mem_b=deltas[1], mem_w=deltas[2])
+    peak = max(order_peak(zbv_handcrafted(pp, m).ranks, costs))
+    assert zbv_handcrafted_fits(pp, m, costs.memory_delta, peak)
+    assert not zbv_handcrafted_fits(pp, m, costs.memory_delta, peak - 0.25)

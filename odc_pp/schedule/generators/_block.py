@@ -104,11 +104,13 @@ def v_block_peak(pp: int, num_microbatches: int, interval: int,
 
 def order_peak(orders: list[list[Action]], costs: CostModel) -> list[float]:
     """Per-rank peak of the running sum of activation deltas, in order."""
+    delta = {kind: costs.memory_delta(kind) for kind in ActionKind}
     peaks = []
     for actions in orders:
         memory = peak = 0.0
         for action in actions:
-            memory += costs.memory_delta(action.kind)
-            peak = max(peak, memory)
+            memory += delta[action.kind]
+            if memory > peak:
+                peak = memory
         peaks.append(peak)
     return peaks

@@ -40,6 +40,10 @@ __all__ = ["EngineConfig", "EngineResult", "EngineStalled", "EngineCutOff", "run
 
 _EPS = 1e-9
 _INF = float("inf")
+_F, _B, _W = ActionKind.F, ActionKind.B, ActionKind.W
+_KINDS = (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW)
+_CODE = {kind: code for code, kind in enumerate(_KINDS)}
+_NUM_CODES = len(_KINDS)
 
 
 class Decision(NamedTuple):
@@ -203,6 +207,9 @@ class EngineResult:
 
 
 class _RankState:
+    __slots__ = ("f_next", "b_next", "w_queue", "mem", "peak", "free_at", "first_start",
+                 "idle", "busy", "order")
+
     def __init__(self, num_chunks: int) -> None:
         self.f_next = [0] * num_chunks
         self.b_next = [0] * num_chunks
@@ -213,7 +220,7 @@ class _RankState:
         self.first_start: float | None = None
         self.idle = 0.0
         self.busy = 0.0
-        self.order: list[Action] = []
+        self.order: list[int] = []  # (microbatch, chunk, kind) packed, see _Engine._action
 
 
 class _Engine:
@@ -234,12 +241,15 @@ class _Engine:
         self.total = config.pp * config.num_chunks * config.num_microbatches * (
             3 if config.split_backward else 2)
         self.done = 0
+        self.bubble_cutoff = config.bubble_cutoff
         chunks = range(config.num_chunks)
         self.stage = [[stage_of(config.placement, config.pp, r, c) for c in chunks]
                       for r in range(config.pp)]
         self.owner = [locate(config.placement, config.pp, config.num_chunks, s)
                       for s in range(self.num_stages)]
-        t_comm = costs.t_comm
+        t_comm = self.t_comm = costs.t_comm
+        self.owner_rank = [rank for rank, _ in self.owner]
+        self.last_stage = self.num_stages - 1
 
         def latency(rank: int, stage: int) -> float:
             return (t_comm if 0 <= stage < self.num_stages and self.owner[stage][0] != rank
@@ -274,20 +284,31 @@ class _Engine:
                             for c in chunks] for r in range(config.pp)]
         self.f_producer = [[producer(ActionKind.F, self.stage[r][c] - 1) + self.f_latency[r][c]
                             for c in chunks] for r in range(config.pp)]
+        # admission: the cap with its tolerance, and the room a chunk-0 F needs
+        self.caps_eps = [cap + _EPS for cap in config.caps]
+        self.mem_f_all = self.mem_f * config.num_chunks
+        # stage-0 injection time of each microbatch (paced, steadily or in pairs)
+        interval, gap = config.inject_interval, config.pair_gap
+        self.inject_at = [mb * interval if gap is None else
+                          (mb // 2) * 2 * interval + (mb % 2) * gap
+                          for mb in range(config.num_microbatches)]
         self.estimating = config.w_slack is not None  # only the W-slack rule reads them
         self.yielding = config.forward_yields is not None
 
     # ----- admission --------------------------------------------------------------
-    def _admissible(self, rank: int, chunk: int) -> bool:
+    def _admission(self, rank: int) -> tuple[bool, bool]:
+        """Whether a forward of chunk 0 (admitting a microbatch) and of chunk 1 fits now
+        (chunk 0: ``inflight``, and with ``reserve_slot`` one ``mem_f`` kept free for the
+        oldest microbatch's chunk-1 F)."""
         state, cfg = self.states[rank], self.cfg
-        if chunk == 0 and cfg.inflight is not None and \
+        cap = self.caps_eps[rank]
+        fits = state.mem + self.mem_f <= cap
+        if cfg.inflight is not None and \
                 state.f_next[0] - state.b_next[0] >= cfg.inflight[rank]:
-            return False
-        cap = cfg.caps[rank] + _EPS
-        if chunk == 0 and cfg.reserve_slot:
-            # admission keeps one slot for the oldest microbatch's chunk-1 F
-            return state.mem + self.mem_f * cfg.num_chunks <= cap
-        return state.mem + self.mem_f <= cap
+            return False, fits
+        if cfg.reserve_slot:
+            return state.mem + self.mem_f_all <= cap, fits
+        return fits, fits
 
     # ----- choosing -----------------------------------------------------------------
     def _decision(self, rank: int, now: float) -> Decision:
@@ -298,16 +319,24 @@ class _Engine:
         estimating, yielding = self.estimating, self.yielding
         soon = now + _EPS
         f_end, b_end, m = self.f_end, self.b_end, cfg.num_microbatches
-        last_stage = self.num_stages - 1
+        last_stage = self.last_stage
+        b_latency, f_latency = self.b_latency[rank], self.f_latency[rank]
+        f_next, b_next = state.f_next, state.b_next
+        admission = None
         for c in range(cfg.num_chunks):
             stage = stages[c]
-            b_mb, f_mb = state.b_next[c], state.f_next[c]
+            b_mb, f_mb = b_next[c], f_next[c]
             # the next backward: ready once its own F and the next stage's B are done
             if b_mb < f_mb:
                 t = f_end[stage][b_mb]
                 if stage != last_stage:
                     end = b_end[stage + 1][b_mb]
-                    t = None if end is None else max(t, end + self.b_latency[rank][c])
+                    if end is None:
+                        t = None
+                    else:
+                        end += b_latency[c]
+                        if end > t:
+                            t = end
                 if t is None:
                     if estimating:  # producer not started
                         estimate = min(estimate, now + self.b_producer[rank][c])
@@ -321,17 +350,18 @@ class _Engine:
             # the next forward: paced injection on stage 0, else the previous stage's F
             if f_mb >= m:
                 continue
+            if admission is None:
+                admission = self._admission(rank)
+            admissible = admission[c]
             if stage == 0:
-                t = (f_mb * cfg.inject_interval if cfg.pair_gap is None else
-                     (f_mb // 2) * 2 * cfg.inject_interval + (f_mb % 2) * cfg.pair_gap)
+                t = self.inject_at[f_mb]
             else:
                 end = f_end[stage - 1][f_mb]
                 if end is None:
-                    if estimating and self._admissible(rank, c):
+                    if estimating and admissible:
                         estimate = min(estimate, now + self.f_producer[rank][c])
                     continue
-                t = end + self.f_latency[rank][c]
-            admissible = self._admissible(rank, c)
+                t = end + f_latency[c]
             if t <= soon:
                 if admissible:
                     forward.append((f_mb, -stage, c))
@@ -340,52 +370,57 @@ class _Engine:
             elif admissible and t < next_input:
                 next_input = t
         t_w = self.w_duration[rank][state.w_queue[0][0]] if state.w_queue else 0.0
-        t_f = self.f_duration[rank][min(forward)[2]] if forward else 0.0
+        t_f = self.f_duration[rank][min(forward)[2] if len(forward) > 1 else
+                                    forward[0][2]] if forward else 0.0
         return Decision(rank, now, backward, forward, blocked, state.w_queue, next_input,
-                        t_w, cfg, next_backward, t_f, min(estimate, next_input))
+                        t_w, cfg, next_backward, t_f,
+                        next_input if next_input < estimate else estimate)
 
     def _execute(self, rank: int, now: float, kind: ActionKind, chunk: int, mb: int) -> float:
         state = self.states[rank]
         duration = self.kind_durations[kind][rank][chunk]
         end = now + duration
         stage = self.stage[rank][chunk]
-        if kind is ActionKind.F:
+        if kind is _F:
             state.f_next[chunk] += 1
             self.f_end[stage][mb] = end
             state.mem += self.mem_f
-            if stage + 1 < self.num_stages:
-                consumer = self.owner[stage + 1][0]
-                self._wake(consumer, end + (self.cfg.costs.t_comm if consumer != rank
-                                            else 0.0))
-        elif kind in (ActionKind.B, ActionKind.BW):
+            if stage < self.last_stage:
+                consumer = self.owner_rank[stage + 1]
+                self._wake(consumer, end + self.t_comm if consumer != rank else end)
+        elif kind is _W:
+            state.w_queue.popleft()
+            state.mem += self.mem_w
+        else:  # B or BW
             state.b_next[chunk] += 1
             self.b_end[stage][mb] = end
             state.mem += self.mem_b
-            if kind is ActionKind.B:
+            if kind is _B:
                 state.w_queue.append((chunk, mb))
             if stage > 0:
-                consumer = self.owner[stage - 1][0]
-                self._wake(consumer, end + (self.cfg.costs.t_comm if consumer != rank
-                                            else 0.0))
-        else:
-            state.w_queue.popleft()
-            state.mem += self.mem_w
-        state.peak = max(state.peak, state.mem)
+                consumer = self.owner_rank[stage - 1]
+                self._wake(consumer, end + self.t_comm if consumer != rank else end)
+        if state.mem > state.peak:
+            state.peak = state.mem
         if state.first_start is None:
             state.first_start = now
         else:
             state.idle += now - state.free_at
-            if state.idle > self.cfg.bubble_cutoff:
+            if state.idle > self.bubble_cutoff:
                 raise EngineCutOff(f"rank {rank} idle {state.idle:g} > cutoff "
                                    f"{self.cfg.bubble_cutoff:g}")
         state.busy += duration
         state.free_at = end
-        state.order.append(Action(rank=rank, kind=kind, chunk=chunk, microbatch=mb))
+        # one int per action (no container for the collector to track); Actions are
+        # built for finished runs only
+        state.order.append((mb * self.cfg.num_chunks + chunk) * _NUM_CODES + _CODE[kind])
         self.done += 1
         return end
 
     def _wake(self, rank: int, at: float) -> None:
-        at = max(at, self.states[rank].free_at)
+        free = self.states[rank].free_at
+        if free > at:
+            at = free
         if at < self.scheduled[rank]:
             self.scheduled[rank] = at
             heapq.heappush(self.heap, (at, rank))
@@ -395,18 +430,20 @@ class _Engine:
         bkind = ActionKind.B if self.cfg.split_backward else ActionKind.BW
         for rank in range(self.cfg.pp):
             self._wake(rank, 0.0)
-        heap = self.heap
+        heap, scheduled, states = self.heap, self.scheduled, self.states
+        decide, priority = self._decision, self.priority
+        heappop, heappush = heapq.heappop, heapq.heappush
         while heap:
-            now, rank = heapq.heappop(heap)
-            if now != self.scheduled[rank]:
+            now, rank = heappop(heap)
+            if now != scheduled[rank]:
                 continue  # superseded by an earlier wake-up
-            self.scheduled[rank] = _INF
-            state = self.states[rank]
+            scheduled[rank] = _INF
+            state = states[rank]
             if state.free_at > now + _EPS:
                 self._wake(rank, state.free_at)
                 continue
-            decision = self._decision(rank, now)
-            choice = self.priority(decision)
+            decision = decide(rank, now)
+            choice = priority(decision)
             if choice is None or choice[0] == "idle":
                 wake = decision.next_input if choice is None else choice[1]
                 if wake < _INF:
@@ -417,21 +454,27 @@ class _Engine:
                 if not state.w_queue:
                     raise ValueError(f"priority chose W on rank {rank} with none pending")
                 chunk, mb = state.w_queue[0]
-                end = self._execute(rank, now, ActionKind.W, chunk, mb)
+                end = self._execute(rank, now, _W, chunk, mb)
             else:
                 mb, _, chunk = item
-                end = self._execute(rank, now, bkind if what == "B" else ActionKind.F,
-                                    chunk, mb)
-            if self.done < self.total:
-                self._wake(rank, end)
+                end = self._execute(rank, now, bkind if what == "B" else _F, chunk, mb)
+            if self.done < self.total and end < scheduled[rank]:
+                scheduled[rank] = end  # the rank is free again at ``end`` (its free_at)
+                heappush(heap, (end, rank))
         if self.done < self.total:
             raise EngineStalled(self._stuck_message())
         ends = [s.free_at for s in self.states]
         return EngineResult(
-            ranks=[s.order for s in self.states],
+            ranks=[[self._action(rank, code) for code in state.order]
+                   for rank, state in enumerate(self.states)],
             span=[s.free_at - (s.first_start or 0.0) for s in self.states],
             busy=[s.busy for s in self.states], makespan=max(ends),
             peak=[s.peak for s in self.states])
+
+    def _action(self, rank: int, code: int) -> Action:
+        rest, kind = divmod(code, _NUM_CODES)
+        mb, chunk = divmod(rest, self.cfg.num_chunks)
+        return Action(rank=rank, kind=_KINDS[kind], chunk=chunk, microbatch=mb)
 
     def _stuck_message(self) -> str:
         worst = min(range(self.cfg.pp), key=lambda r: self.cfg.caps[r])

@@ -6,9 +6,12 @@ property of the pattern and is checked by the caller against any limit.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from ..ir import Action, ActionKind, Placement, Schedule
 
-__all__ = ["one_f_one_b", "interleaved", "zb_h1", "zb_h2", "zbv_handcrafted", "dualpipev",
+__all__ = ["one_f_one_b", "interleaved", "zb_h1", "zb_h2", "zbv_handcrafted",
+           "zbv_handcrafted_fits", "zbv_rank_plan", "dualpipev",
            "interleaved_order", "microbatch_groups"]
 
 
@@ -171,37 +174,61 @@ def zb_h2(pp: int, num_microbatches: int, inflight: int | None = None) -> Schedu
     return schedule
 
 
+def zbv_rank_plan(pp: int, num_microbatches: int, rank: int) -> Iterator[tuple]:
+    """The (kind, chunk) sequence of rank ``rank`` in the handcrafted ZB-V order (each
+    kind/chunk pair takes its microbatches in order; see ``zbv_handcrafted``)."""
+    F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
+    count = {(kind, chunk): 0 for kind in (F, B, W) for chunk in (0, 1)}
+    m = num_microbatches
+
+    def step(kind: ActionKind, chunk: int) -> tuple:
+        count[(kind, chunk)] += 1
+        return kind, chunk
+    seq = [(F, 0)] * (2 * (pp - rank) - 1) + [(F, 1), (F, 0)] * rank
+    seq += [(F, 1), (B, 1), (W, 1)] * (pp - rank)
+    for kind, chunk in seq:
+        yield step(kind, chunk)
+    while count[(F, 1)] < count[(F, 0)] or count[(F, 0)] < m:
+        if count[(F, 0)] < m:
+            yield step(F, 0)
+        for kind, chunk in [(B, 0), (W, 0), (F, 1), (B, 1), (W, 1)]:
+            yield step(kind, chunk)
+    for _ in range(rank):
+        yield step(B, 0)
+        yield step(B, 1)
+    for _ in range(pp - rank):
+        yield step(B, 0)
+        yield step(W, 0)
+    for chunk in (1, 0):
+        while count[(W, chunk)] < m:
+            yield step(W, chunk)
+
+
+def zbv_handcrafted_fits(pp: int, num_microbatches: int, memory_delta, cap: float) -> bool:
+    """Whether every rank's running sum of ``memory_delta(kind)`` over the handcrafted
+    ZB-V order stays within ``cap`` (stops at the first excess; no orders built)."""
+    for rank in range(pp):
+        memory = 0.0
+        for kind, _ in zbv_rank_plan(pp, num_microbatches, rank):
+            memory += memory_delta(kind)
+            if memory > cap:
+                return False
+    return True
+
+
 def zbv_handcrafted(pp: int, num_microbatches: int) -> Schedule:
     """ZB-V (needs ``num_microbatches >= 2 pp - 1``): rank r runs ``2 (pp - r) - 1``
     chunk-0 forwards, ``r`` (F1, F0) pairs, ``pp - r`` (F1, B1, W1) triples, then the
     steady (F0, B0, W0, F1, B1, W1) pattern; the cool-down runs the remaining backwards
-    first and defers W passes to the end."""
+    first and defers W passes to the end (``zbv_rank_plan``)."""
     if num_microbatches < 2 * pp - 1:
         raise ValueError(f"handcrafted ZB-V needs num_microbatches >= 2*pp-1 = {2 * pp - 1}")
     schedule = Schedule(name="zbv", pp=pp, num_microbatches=num_microbatches, num_chunks=2,
                         placement=Placement.V)
-    F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
     for rank in range(pp):
         writer = _RankWriter(schedule, rank)
-        seq = [(F, 0)] * (2 * (pp - rank) - 1) + [(F, 1), (F, 0)] * rank
-        seq += [(F, 1), (B, 1), (W, 1)] * (pp - rank)
-        for kind, chunk in seq:
+        for kind, chunk in zbv_rank_plan(pp, num_microbatches, rank):
             writer.add(kind, chunk)
-        while (writer.next_mb(F, 1) < writer.next_mb(F, 0)
-               or writer.next_mb(F, 0) < num_microbatches):
-            if writer.next_mb(F, 0) < num_microbatches:
-                writer.add(F, 0)
-            for kind, chunk in [(B, 0), (W, 0), (F, 1), (B, 1), (W, 1)]:
-                writer.add(kind, chunk)
-        for _ in range(rank):
-            writer.add(B, 0)
-            writer.add(B, 1)
-        for _ in range(pp - rank):
-            writer.add(B, 0)
-            writer.add(W, 0)
-        for chunk in (1, 0):
-            while writer.next_mb(W, chunk) < num_microbatches:
-                writer.add(W, chunk)
     return schedule
 
 

@@ -6,8 +6,10 @@ microbatch-chunk's forward adds ``mem_f``) plus a set of candidate orders; the g
 keeps the candidate with the smallest worst per-rank bubble under the given costs among
 those whose peak fits the cap. Candidates are the greedy engine's variants (see
 ``_engine``; under a V cap below ZB-V's also paced runs without the admission reserve, see
-``_paced_candidates``), the handcrafted ZB-V pattern where its peak fits, and for V
-placements the repeating building block of ``_block`` at the shortest interval that fits.
+``_paced_candidates``), the handcrafted ZB-V pattern where its peak fits, the repeating
+building block of ``_block`` at the shortest interval that fits, and at ZB-V's budget the
+zero-bubble paper's round-based construction (``_rounds``: its W placement adapts to
+unequal costs and latency, where the handcrafted pattern stalls every microbatch).
 
 The nominal caps (in ``mem_f`` units as a function of pp) are rows of the family
 registry (``families.FAMILIES``, ``Family.nominal_cap``); the builders here take the cap
@@ -34,9 +36,10 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind, Placement, Schedule
 from ..placement import locate, num_stages, stage_of
 from ..simulator import score, simulate
-from ._block import order_peak, v_block_orders, v_block_peak
+from ._block import v_block_orders, v_block_peak
 from ._engine import EngineConfig, EngineCutOff, EngineStalled, run_engine
-from .classic import zbv_handcrafted
+from ._rounds import v_rounds_orders
+from .classic import zbv_handcrafted, zbv_handcrafted_fits
 
 __all__ = ["v_family"]
 
@@ -198,6 +201,28 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
     return run
 
 
+def _rounds_candidates(pp: int, num_microbatches: int, costs: CostModel,
+                       cap: float) -> list:
+    """The zero-bubble paper's round-based ZB-V construction (``_rounds``), one thunk
+    per (fill_b, fill_f) variant: dropped when its builder's clock already puts its
+    bubble past the cutoff (as for the engine runs) or when it repeats an earlier
+    variant's orders (which would lose the tie), else scored by the simulator."""
+    seen: list = []
+
+    def thunk(fill_b: bool, fill_f: bool):
+        def run(best: float) -> _Candidate | None:
+            built = v_rounds_orders(pp, num_microbatches, costs, cap, fill_f=fill_f,
+                                    fill_b=fill_b)
+            if built is None or built[0] > _cutoff(best) or built[1] in seen:
+                return None
+            seen.append(built[1])
+            schedule = Schedule(name="rounds", pp=pp, num_microbatches=num_microbatches,
+                                num_chunks=2, placement=Placement.V, ranks=built[1])
+            return _Candidate(built[1], *_score(schedule, costs))
+        return run
+    return [thunk(fill_b, fill_f) for fill_b in (True, False) for fill_f in (True, False)]
+
+
 def _evaluation_order(count: int, pp: int, costs: CostModel, cap: float) -> list[int]:
     """Which candidate thunks to evaluate first (speed only: the result does not depend
     on it). The likely winner goes first so that the others are abandoned early: at
@@ -226,16 +251,17 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
     the admission reserve, paced in pairs (they win under tight caps) or steadily at half
     a rank's work (between V-Half's and ZB-V's budgets); the handcrafted ZB-V
     pattern when its peak fits; the repeating building block at the shortest interval
-    that fits. The one with the smallest worst per-rank bubble (then makespan, then the
-    order listed here) wins; a handcrafted ZB-V with zero bubble is taken without building
-    the others. Candidates are evaluated best-guess first and each is abandoned as soon
+    that fits; at ZB-V's budget (``2 pp mem_f``) the paper's round-based construction in
+    its four W-fill variants (evaluated first). The one with the smallest worst per-rank
+    bubble (then makespan, then the order listed here) wins; a handcrafted ZB-V with zero
+    bubble is taken without building the others. Candidates are evaluated best-guess first and each is abandoned as soon
     as its bubble is certain to exceed the best so far (engine ``bubble_cutoff``,
     simulator ``score`` cutoff), which changes the time taken, never the result.
     """
     best: tuple | None = None  # (bubble, makespan, index) rounded, candidate
     if num_microbatches >= 2 * pp - 1:
-        hand = zbv_handcrafted(pp, num_microbatches)
-        if max(order_peak(hand.ranks, costs)) <= cap + 1e-9:
+        if zbv_handcrafted_fits(pp, num_microbatches, costs.memory_delta, cap + 1e-9):
+            hand = zbv_handcrafted(pp, num_microbatches)
             candidate = _Candidate(hand.ranks, *_score(hand, costs))
             best = ((round(candidate.bubble, 9), round(candidate.makespan, 9), 0), candidate)
     if best is None or best[1].bubble > 1e-9:  # nothing beats zero bubble
@@ -248,7 +274,11 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
         block = _block_candidate(pp, num_microbatches, costs, cap)
         if block is not None:
             thunks.append(block)
-        for index in _evaluation_order(len(thunks), pp, costs, cap):
+        order = _evaluation_order(len(thunks), pp, costs, cap)
+        if cap >= 2 * pp * costs.mem_f - 1e-9:  # at ZB-V's budget: the paper's rounds
+            order = list(range(len(thunks), len(thunks) + 4)) + order
+            thunks += _rounds_candidates(pp, num_microbatches, costs, cap)
+        for index in order:
             candidate = thunks[index](best[1].bubble if best else float("inf"))
             if candidate is None:
                 continue
