@@ -255,7 +255,7 @@ class LoggingArgs:
     schedule_png: str | None = None
     """Write the schedule timeline picture here (rank 0)."""
     log_activation_memory: bool = False
-    """Count every microbatch's saved activations (saved-tensor hooks, a few % of step
+    """Count every microbatch's saved activations (saved-tensor hooks, a few percent of step
     time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
     ones."""
 

@@ -33,7 +33,7 @@ def test_deferred_wgrad_runs_at_flush_and_matches_autograd():
     queue = WeightGradQueue()
     layer = types.SimpleNamespace(wgrad_queue=queue)
     x, weight, bias, upstream = _linear_problem()
-    out = _DeferrableLinearFunction.apply(x, weight, bias, layer)
+    out = _DeferrableLinearFunction.apply(x, weight, bias, layer, None)
     with queue.deferring(chunk=1, microbatch=4):
         out.backward(upstream)
     assert weight.grad is None  # deferred
@@ -52,7 +52,7 @@ def test_wgrad_is_immediate_without_deferral_and_accumulates():
     layer = types.SimpleNamespace(wgrad_queue=WeightGradQueue())
     x, weight, bias, upstream = _linear_problem()
     for _ in range(2):
-        _DeferrableLinearFunction.apply(x, weight, bias, layer).backward(upstream)
+        _DeferrableLinearFunction.apply(x, weight, bias, layer, None).backward(upstream)
     assert torch.allclose(weight.grad, 2 * ref_w, rtol=1e-6, atol=1e-6)
 
 

@@ -273,7 +273,7 @@ def test_bad_flags_fail_fast(tmp_path):
     script = os.path.join(ROOT, "pretrain_gpt.py")
     direct = subprocess.run([sys.executable, script, "--mock-data", "--vocab-size", "32",
                              "--pipeline-schedule", "zbv", "--num-layers", "3",
-                             "--tensor-model-parallel-size", "2"],
+                             "--tensor-model-parallel-size", "3"],
                             capture_output=True, text=True, timeout=60, env=env)
     assert direct.returncode == 2
     assert "--tensor-model-parallel-size" in direct.stderr and "--num-layers 3" in direct.stderr

@@ -43,7 +43,8 @@ def test_defaults_fill_in():
 
 
 @pytest.mark.parametrize("extra, flags", [
-    (["--tensor-model-parallel-size", "2"], ["--tensor-model-parallel-size"]),
+    (["--tensor-model-parallel-size", "3"], ["--tensor-model-parallel-size", "--num-attention-heads"]),
+    (["--sequence-parallel"], ["--sequence-parallel", "--tensor-model-parallel-size"]),
     (["--pipeline-schedule", "zbv", "--num-model-chunks", "3"], ["--num-model-chunks"]),
     (["--pipeline-schedule", "zbv", "--pipeline-model-parallel-size", "2", "--num-layers", "6"],
      ["--num-layers", "--pipeline-model-parallel-size"]),
