@@ -12,8 +12,9 @@ Every layout trains the same GPT (mock data, same seed, same global batch) throu
 * ``pp2_offload``: pp=2 with the offload schedule (``--cpu-offload``).
 
 Peak activation memory is the runtime's count of saved activation bytes resident on the
-compute device (``--log-activation-memory``; offloaded bytes are not resident), the max
-over ranks and iterations. Step time is the median over the iterations after the first
+compute device (``--log-activation-memory``; offloaded bytes are not resident), including
+what deferred weight-gradient work holds from B to W (under SP: the input shard W
+re-gathers, or the gathered input it keeps), the max over ranks and iterations. Step time is the median over the iterations after the first
 (warm-up), then the median over rounds; layouts alternate within a round, so load from
 other processes hits them alike. Ratios are against ``pp2`` in the same run.
 

@@ -29,8 +29,10 @@ offload bandwidth is the copies' device time, not the launch time.
 
 Accounting is per distinct tensor (same storage, shape and strides counted once), for
 tensors on the compute device's type only (host tensors of a GPU run pass through).
-Tensors that a deferred W closure still holds after B are not counted (the weight
-gradient queue owns them).
+Tensors that a deferred W closure still holds after B (the weight-gradient queue owns
+them: saved inputs, output gradients, a kept or re-gathered sequence-parallel input) count
+as resident from that B to its W: the runtime passes their bytes to
+:meth:`ActivationStore.hold_for_weight_grad` and drops them at W.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class ActivationStore:
         self.host_bytes = 0
         self.peak_resident_bytes = 0
         self.captured_bytes: dict[Key, int] = {}
+        self._held_for_w: dict[Key, int] = {}
         use_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if use_cuda else None
         self._clock = clock
@@ -174,6 +177,16 @@ class ActivationStore:
             else:
                 self.host_bytes -= slot.nbytes
             slot.device_tensor = slot.host_tensor = None
+
+    def hold_for_weight_grad(self, key: Key, nbytes: int) -> None:
+        """The backward of ``key`` left ``nbytes`` of tensors to its deferred W."""
+        if nbytes:
+            self._held_for_w[key] = self._held_for_w.get(key, 0) + nbytes
+            self._add_resident(nbytes)
+
+    def release_weight_grad(self, key: Key) -> None:
+        """The W of ``key`` has run: its held tensors are gone."""
+        self.resident_bytes -= self._held_for_w.pop(key, 0)
 
     def reset_peak(self) -> None:
         self.peak_resident_bytes = self.resident_bytes

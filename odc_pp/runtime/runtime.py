@@ -366,6 +366,8 @@ class PipelineRuntime:
         with self.wgrad_queue.deferring(chunk, microbatch):
             torch.autograd.backward(output, grad_tensors=grad_output)
         self.store.release(key)
+        if self._track:
+            self.store.hold_for_weight_grad(key, self.wgrad_queue.pending_bytes(*key))
         hidden = self._inputs.pop(key)
         if fused:
             self._weight_grad(chunk, microbatch)
@@ -375,6 +377,7 @@ class PipelineRuntime:
 
     def _weight_grad(self, chunk: int, microbatch: int) -> None:
         self.wgrad_queue.flush(chunk, microbatch)
+        self.store.release_weight_grad((chunk, microbatch))
         self.dp_hooks.after_weight_grad(chunk, microbatch)
 
     # ----- data movement ---------------------------------------------------------

@@ -63,6 +63,11 @@ class WeightGradQueue:
         self._pending[self._active].append(work)
         self.held_bytes[self._active] += _tensor_bytes(work)
 
+    def pending_bytes(self, chunk: int, microbatch: int) -> int:
+        """Bytes the still-queued work of (chunk, microbatch) holds (0 once flushed)."""
+        key = (chunk, microbatch)
+        return self.held_bytes.get(key, 0) if self._pending.get(key) else 0
+
     def reset_held_bytes(self) -> None:
         self.held_bytes.clear()
 

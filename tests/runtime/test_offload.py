@@ -14,9 +14,11 @@ from tests.runtime._parity import make_microbatches, model_config
 NUM_MICROBATCHES = 8
 
 
-def predicted_peak(actions, saved_bytes, *, use_offload):
+def predicted_peak(actions, saved_bytes, *, use_offload, wgrad_bytes=None):
     """Walk a rank's actions: +bytes at F, -bytes at OFFLOAD, +bytes at RELOAD, -bytes at
-    B/BW (the saved tensors are released after the input-gradient pass)."""
+    B/BW (the saved tensors are released after the input-gradient pass), +the bytes the
+    deferred weight-gradient work holds from B until its W (-them at W; BW both at once)."""
+    wgrad_bytes = wgrad_bytes or {}
     resident = peak = 0
     offloaded = set()
     for action in actions:
@@ -32,8 +34,11 @@ def predicted_peak(actions, saved_bytes, *, use_offload):
             offloaded.discard(key)
         elif kind in ("B", "BW"):
             resident -= 0 if key in offloaded else saved_bytes[key]
+            resident += wgrad_bytes.get(key, 0)
             offloaded.discard(key)
         peak = max(peak, resident)
+        if kind in ("W", "BW"):
+            resident -= wgrad_bytes.get(key, 0)
     return peak
 
 
@@ -65,7 +70,9 @@ def worker(rank, world_size, out_path):
         report[label] = {
             "measured_peak": result.peak_activation_bytes,
             "predicted_peak": predicted_peak(schedule.ranks[rank], saved,
-                                             use_offload=label == "with"),
+                                             use_offload=label == "with",
+                                             wgrad_bytes=result.wgrad_bytes),
+            "wgrad_bytes_total": sum(result.wgrad_bytes.values()),
             "offload_actions": sum(a.kind.value == "OFFLOAD" for a in schedule.ranks[rank]),
             "loss_sum": result.loss_sum,
             "grads": [p.grad.clone() for chunk in chunks for p in chunk.parameters()],
@@ -80,7 +87,7 @@ def worker(rank, world_size, out_path):
 @pytest.mark.multiproc
 def test_offload_drops_resident_bytes_as_predicted(tmp_path):
     run_workers(worker, 2, str(tmp_path / "offload"), config=LaunchConfig(timeout_s=180))
-    total_offloads = 0
+    total_offloads = wgrad_held = 0
     for rank in range(2):
         report = json.loads((tmp_path / f"offload.{rank}").read_text())
         with_offload, without = report["with"], report["without"]
@@ -89,9 +96,11 @@ def test_offload_drops_resident_bytes_as_predicted(tmp_path):
         assert without["measured_peak"] == without["predicted_peak"], report
         assert with_offload["measured_peak"] == with_offload["predicted_peak"], report
         total_offloads += with_offload["offload_actions"]
+        wgrad_held += without["wgrad_bytes_total"]
         if with_offload["offload_actions"]:
             predicted_fraction = with_offload["predicted_peak"] / without["predicted_peak"]
             measured_fraction = with_offload["measured_peak"] / without["measured_peak"]
             assert predicted_fraction < 0.95, report  # the schedule does save memory here
             assert measured_fraction == pytest.approx(predicted_fraction, rel=1e-9)
     assert total_offloads > 0
+    assert wgrad_held > 0  # deferred weight gradients held memory, and the peaks count it

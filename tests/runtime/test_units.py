@@ -39,8 +39,12 @@ def test_deferred_wgrad_runs_at_flush_and_matches_autograd():
     assert weight.grad is None  # deferred
     assert torch.allclose(x.grad, ref_x) and torch.allclose(bias.grad, ref_b)
     assert queue.pending_keys() == [(1, 4)]
+    # W holds the layer input and the output gradient (float32) until it runs
+    assert queue.pending_bytes(1, 4) == (x.numel() + upstream.numel()) * 4
+    assert queue.pending_bytes(1, 0) == 0
     assert queue.flush(1, 0) == 0  # another microbatch has nothing queued
     assert queue.flush(1, 4) == 1
+    assert queue.pending_bytes(1, 4) == 0
     assert torch.allclose(weight.grad, ref_w, rtol=1e-6, atol=1e-6)
     assert len(queue) == 0
 
@@ -75,6 +79,21 @@ def test_activation_store_offload_reload_accounting_and_values():
     store.release((0, 0))
     assert store.resident_bytes == 0 and store.host_bytes == 0 and len(store) == 0
     assert store.peak_resident_bytes == resident
+
+
+def test_activation_store_counts_what_weight_gradients_hold_until_w():
+    store = ActivationStore(parameters=[], device="cpu", min_offload_bytes=0)
+    x = torch.randn(32, 16, requires_grad=True)
+    with store.capture((0, 0)):
+        out = torch.tanh(x).sum()
+    saved = store.resident_bytes
+    out.backward()
+    store.release((0, 0))
+    store.hold_for_weight_grad((0, 0), 3 * saved)  # e.g. a kept gathered input
+    assert store.resident_bytes == 3 * saved and store.peak_resident_bytes == 3 * saved
+    store.release_weight_grad((0, 0))
+    store.release_weight_grad((0, 0))  # nothing held any more: no change
+    assert store.resident_bytes == 0 and store.peak_resident_bytes == 3 * saved
 
 
 def test_offload_before_forward_is_a_clear_error():
