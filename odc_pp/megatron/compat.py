@@ -22,6 +22,10 @@ Unfused bias-dropout-add               private                                  
 (:func:`unfused_bias_dropout_add`)     ``fused_bias_dropout._bias_dropout_add_func``
 Deferrable linears                     ``ColumnParallelLinear`` / ``RowParallelLinear``:  0.16.1
 (:mod:`odc_pp.megatron.layers`)        ``_forward_impl``, ``tp_group``, ``input_size``
+Deferrable output layer                ``GPTModel.output_layer`` attributes              0.16.1
+(:func:`deferrable_output_layer`)      ``input_size``, ``output_size``, ``config``,
+                                       ``bias``, ``skip_bias_add``, ``gather_output``,
+                                       ``weight`` (None when tied), ``tp_group``
 Layer spec                             ``get_gpt_layer_local_spec(normalization=,         0.16.1
 (:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec
                                        activation under ``use_te_activation_func=True``
@@ -85,7 +89,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
-           "rotary_embedding", "rope_fusion_available", "sequence_parallel_output_layer",
+           "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
            "TorchNorm"]
 
 
@@ -144,15 +148,26 @@ class TorchNorm:
         return norms[config.normalization](normalized_shape=hidden_size, eps=eps)
 
 
-def sequence_parallel_output_layer(model) -> None:
-    """Make the last stage's output layer take the full sequence under sequence
-    parallelism: megatron's own gather inside the layer allocates from the CUDA-only
-    global memory buffer, so :func:`gpt_chunk_forward` gathers the sequence itself and
-    the layer runs as a plain column-parallel linear whose input gradient is all-reduced
-    (``ColumnParallelLinear`` attributes ``sequence_parallel`` / ``allreduce_dgrad``)."""
-    layer = model.output_layer
-    layer.sequence_parallel = False
-    layer.allreduce_dgrad = True
+def deferrable_output_layer(model) -> None:
+    """Give the last stage's output layer a deferrable weight gradient: megatron builds it
+    inside ``GPTModel`` as a plain ``ColumnParallelLinear`` (not from the layer spec), so
+    it is rebuilt here with the same arguments as
+    :class:`~odc_pp.megatron.layers.DeferrableColumnParallelLinear` (parameters are
+    re-initialised by name afterwards; a tied layer keeps no weight of its own). Its
+    W is then the deferred ``grad_logits^T @ hidden`` like every other linear's, and under
+    sequence parallelism the layer gathers the sequence itself in F and reduce-scatters
+    the input gradient in B (megatron's gather allocates from a CUDA-only buffer)."""
+    from .layers import DeferrableColumnParallelLinear
+
+    old = model.output_layer
+    new = DeferrableColumnParallelLinear(
+        old.input_size, old.output_size, config=old.config,
+        init_method=old.config.init_method, bias=old.bias is not None,
+        skip_bias_add=old.skip_bias_add, gather_output=old.gather_output,
+        skip_weight_param_allocation=old.weight is None, tp_group=old.tp_group)
+    if new.weight is not None:
+        new.weight.is_embedding_or_output_parameter = True
+    model.output_layer = new
 
 
 def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
@@ -194,9 +209,10 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
     (later stages read the tensor of ``set_input_tensor``), output layer (last stage;
     logits ``[batch, seq, vocab / tp]``); otherwise the hidden states
     ``[seq, batch, hidden]`` (under sequence parallelism this rank's sequence shard).
-    ``sequence_group``: sequence parallelism on that group; the output layer gets the
-    gathered sequence (:func:`sequence_parallel_output_layer`)."""
-    from .tp import gather_sequence, scatter_sequence
+    ``sequence_group``: sequence parallelism on that group (the embedding output is
+    scattered here; the output layer gathers the sequence itself,
+    :func:`deferrable_output_layer`)."""
+    from .tp import scatter_sequence
 
     hidden = None
     if model.pre_process:
@@ -207,8 +223,6 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
                            rotary_pos_emb=rotary_pos_emb)
     if not model.post_process:
         return hidden
-    if sequence_group is not None:
-        hidden = gather_sequence(hidden, sequence_group)
     weight = model.shared_embedding_or_output_weight() \
         if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)

@@ -32,7 +32,7 @@ from ..data.microbatch import Microbatch
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
-                     rotary_embedding, sequence_parallel_output_layer,
+                     rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
@@ -329,8 +329,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         inv_freq = None
         if config.position_embedding_type == "rope":
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
-        if tensor_parallel.sequence_parallel and stage == num_stages - 1:
-            sequence_parallel_output_layer(model)
+        if stage == num_stages - 1:
+            deferrable_output_layer(model)
         for module in model.modules():
             if hasattr(module, "keep_sp_input_for_w"):
                 module.keep_sp_input_for_w = tensor_parallel.keep_sp_input_for_w

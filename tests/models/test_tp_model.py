@@ -101,10 +101,13 @@ def test_tp_matches_tp1(tmp_path, arch, sequence_parallel, keep, recompute):
         for loss, ref in zip(report["losses"], report["ref_losses"]):
             assert abs(loss - ref) <= 1e-5 * abs(ref), (loss, ref)
         assert report["grad_rel"] < 1e-5, report
-        # W really was deferred: exactly the decoder linears' weights changed in W
+        # W really was deferred: exactly the linears' weights changed in W (the decoder's
+        # and the output layer's)
         assert report["deferred"] and all(name.endswith((
             "linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
-            "linear_fc2.weight")) for name in report["deferred"]), report["deferred"]
+            "linear_fc2.weight", "output_layer.weight")) for name in report["deferred"]), \
+            report["deferred"]
+        assert "model.output_layer.weight" in report["deferred"]
 
 
 def test_layout_table_round_trips():

@@ -46,7 +46,8 @@ def worker(rank, world_size, out_path):
     deferred = [name for name, p in full.global_named_parameters() if p.grad is None]
     report["deferred_are_linear_weights"] = bool(deferred) and all(
         name.endswith(("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
-                       "linear_fc2.weight")) for name in deferred)
+                       "linear_fc2.weight", "output_layer.weight")) for name in deferred)
+    report["output_layer_deferred"] = "model.output_layer.weight" in deferred
     queue.flush(0, 0)
     report["split_matches"] = all(
         torch.allclose(p.grad, expected[name], rtol=1e-5, atol=1e-7)
@@ -60,5 +61,5 @@ def test_layout_independent_init_and_split_backward(tmp_path):
     out = tmp_path / "model.json"
     run_workers(worker, 1, str(out), config=LaunchConfig(timeout_s=120))
     report = json.loads(out.read_text())
-    assert report.pop("bound_layers") == 8 * 4
+    assert report.pop("bound_layers") == 8 * 4 + 1  # 4 linears per layer + output layer
     assert all(report.values()), report
