@@ -14,7 +14,10 @@ Every layout trains the same GPT (mock data, same seed, same global batch) throu
 Peak activation memory is the runtime's count of saved activation bytes resident on the
 compute device (``--log-activation-memory``; offloaded bytes are not resident), including
 what deferred weight-gradient work holds from B to W (under SP: the input shard W
-re-gathers, or the gathered input it keeps), the max over ranks and iterations. Step time is the median over the iterations after the first
+re-gathers, or the gathered input it keeps), the max over ranks and iterations; one
+stage of these layouts runs each W right after its B, so that peak hardly sees W's
+holdings, and ``wgrad_held_mb`` reports them directly: the most one (chunk,
+microbatch)'s deferred W holds from its B (the re-gather vs keep trade). Step time is the median over the iterations after the first
 (warm-up), then the median over rounds; layouts alternate within a round, so load from
 other processes hits them alike. Ratios are against ``pp2`` in the same run.
 
@@ -79,6 +82,7 @@ def run_once(args, layout: str, tmp, name: str) -> dict:
     return {"step_s": statistics.median(r["step_s"] for r in records[1:]),
             "peak_activation_mb": max(r["peak_activation_mb"] for r in records),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in records),
+            "wgrad_held_mb": max(r["wgrad_held_mb"] for r in records),
             "losses": [r["loss"] for r in records]}
 
 
@@ -106,6 +110,7 @@ def main(argv=None):
             "step_s_rounds": [r["step_s"] for r in rounds],
             "peak_activation_mb": max(r["peak_activation_mb"] for r in rounds),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rounds),
+            "wgrad_held_mb": max(r["wgrad_held_mb"] for r in rounds),
             "losses": rounds[-1]["losses"]}
     if "pp2" in result["layouts"]:
         base = result["layouts"]["pp2"]

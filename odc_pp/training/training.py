@@ -131,9 +131,11 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         resolve_loss(result)
         skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
         if done % args.logging.log_interval == 0 or done == args.run.train_iters:
+            held = getattr(result.minibatch, "wgrad_bytes", None) or {}
             stats = _gather_floats([result.busy_s, entry["step_s"] - result.busy_s,
                                     result.peak_memory_mb, peak_memory_mb(topo.device),
-                                    entry["window_flops"], entry["window_time"]], topo)
+                                    entry["window_flops"], entry["window_time"],
+                                    max(held.values(), default=0) / 2 ** 20], topo)
             tflops = sum(s[4] / max(s[5], 1e-9) for s in stats) / topo.world_size / 1e12
             record = {"iteration": done, "loss": result.loss, "lr": entry["lr"],
                       "grad_norm": result.grad_norm,
@@ -144,6 +146,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                       "idle_s": [s[1] for s in stats],
                       "peak_activation_mb": max(s[2] for s in stats),
                       "peak_memory_mb": max(s[3] for s in stats),
+                      # bytes one (chunk, microbatch)'s deferred W holds from its B
+                      "wgrad_held_mb": max(s[6] for s in stats),
                       "skipped": result.skipped,
                       "microbatches_per_replica": entry["microbatches_per_replica"]}
             if logger is not None:
