@@ -232,8 +232,13 @@ def schedule_for(parts: Components, args: TrainingArgs, topo: Topology,
         schedule = build_schedule(args.schedule, pp=topo.pp,
                                   num_microbatches=num_microbatches, costs=parts.costs,
                                   post_validation=parts.post_validator is not None)
-        # before the first step with it: every rank of the pipeline must run this plan
+        # before the first step with it: every rank of the pipeline must run this plan,
+        # and so must the stage's tensor-parallel ranks (their collectives inside F/B/W
+        # pair up only if they run the same actions in the same order)
         check_same_schedule(schedule, topo.pp_group, what="pipeline schedule")
+        if topo.tp_group is not None:
+            check_same_schedule(schedule, topo.tp_group,
+                                what="pipeline schedule of the tensor-parallel ranks")
         parts.schedules[num_microbatches] = schedule
     return schedule
 
