@@ -26,6 +26,11 @@ Deferrable output layer                ``GPTModel.output_layer`` attributes     
 (:func:`deferrable_output_layer`)      ``input_size``, ``output_size``, ``config``,
                                        ``bias``, ``skip_bias_add``, ``gather_output``,
                                        ``weight`` (None when tied), ``tp_group``
+SP embedding reduce-scatter            ``LanguageModelEmbedding`` attributes               0.16.1
+(:func:`sequence_parallel_embedding`)  ``word_embeddings`` (``vocab_start_index``,
+                                       ``vocab_end_index``, ``weight``,
+                                       ``deterministic_mode``), ``add_position_embedding``,
+                                       ``tokentype_embeddings``, ``embedding_dropout``
 Layer spec                             ``get_gpt_layer_local_spec(normalization=,         0.16.1
 (:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec
                                        activation under ``use_te_activation_func=True``
@@ -90,6 +95,7 @@ __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_ma
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
            "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
+           "sequence_parallel_embedding",
            "TorchNorm"]
 
 
@@ -197,7 +203,8 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
                     share_embeddings_and_output_weights=tie_embeddings,
                     position_embedding_type=position_embedding_type,
                     # under sequence parallelism gpt_chunk_forward scatters the embedding
-                    # output itself (megatron's scatter gathers on CUDA in backward)
+                    # output itself, or reduce-scatters it without learned positions
+                    # (sequence_parallel_embedding; megatron's allocate on CUDA)
                     scatter_embedding_sequence_parallel=False,
                     pg_collection=process_groups, **extra)
 
@@ -216,9 +223,14 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
 
     hidden = None
     if model.pre_process:
-        hidden = model.embedding(input_ids=tokens, position_ids=positions)
-        if sequence_group is not None:
-            hidden = scatter_sequence(hidden, sequence_group)
+        embedding = model.embedding
+        if sequence_group is not None and not embedding.add_position_embedding and \
+                embedding.tokentype_embeddings is None:
+            hidden = sequence_parallel_embedding(embedding, tokens, sequence_group)
+        else:
+            hidden = embedding(input_ids=tokens, position_ids=positions)
+            if sequence_group is not None:
+                hidden = scatter_sequence(hidden, sequence_group)
     hidden = model.decoder(hidden_states=hidden, attention_mask=attention_mask,
                            rotary_pos_emb=rotary_pos_emb)
     if not model.post_process:
@@ -227,6 +239,30 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
         if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)
     return logits.transpose(0, 1).contiguous()
+
+
+def sequence_parallel_embedding(embedding, tokens: torch.Tensor, group) -> torch.Tensor:
+    """``LanguageModelEmbedding.forward`` under sequence parallelism without learned
+    positions (RoPE models), as megatron's ``reduce_scatter_embeddings`` path does it:
+    this rank's vocabulary rows looked up, the partial ``[s, b, h]`` reduce-scattered
+    along the sequence (megatron's reduce-scatter allocates on CUDA, so
+    :func:`~odc_pp.megatron.tp.reduce_scatter_sequence`), then dropout on the shard in
+    the tensor-parallel RNG fork. Half the bytes of all-reducing then splitting."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    from .tp import reduce_scatter_sequence
+
+    words = embedding.word_embeddings
+    outside = (tokens < words.vocab_start_index) | (tokens >= words.vocab_end_index)
+    local = (tokens - words.vocab_start_index).masked_fill(outside, 0)
+    rows = words.weight[local] if words.deterministic_mode else \
+        torch.nn.functional.embedding(local, words.weight)
+    rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+    hidden = reduce_scatter_sequence(rows.transpose(0, 1).contiguous(), group)
+    if embedding.config.fp32_residual_connection:
+        hidden = hidden.float()
+    with get_cuda_rng_tracker().fork():
+        return embedding.embedding_dropout(hidden)
 
 
 def rope_inv_freq(model, *, scaling: dict | None = None) -> torch.Tensor:
