@@ -17,9 +17,9 @@ what deferred weight-gradient work holds from B to W (under SP: the input shard 
 re-gathers, or the gathered input it keeps), the max over ranks and iterations; one
 stage of these layouts runs each W right after its B, so that peak hardly sees W's
 holdings, and ``wgrad_held_mb`` reports them directly: the most one (chunk,
-microbatch)'s deferred W holds from its B (the re-gather vs keep trade). Step time is the median over the iterations after the first
-(warm-up), then the median over rounds; layouts alternate within a round, so load from
-other processes hits them alike. Ratios are against ``pp2`` in the same run.
+microbatch)'s deferred W holds from its B (the re-gather vs keep trade). Step time is the
+median over the iterations after the first (warm-up), then the median over rounds;
+layouts alternate within a round, so load from other processes hits them alike. Ratios are against ``pp2`` in the same run.
 
     .venv/bin/python benchmarks/bench_tp.py --json
 """

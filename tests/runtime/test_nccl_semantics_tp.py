@@ -1,7 +1,8 @@
 """Tensor-parallel collectives interleaved with pipeline point-to-point under NCCL's
 ordering (tests/runtime/nccl_semantics.py): tp=2 (with sequence parallelism) x pp=2, four
-processes, each tp rank's pipeline on its own NCCL-semantics channels while the tp
-all-gathers / reduce-scatters / all-reduces of the same stage run between the pipelines.
+processes, GPT and RoPE/SwiGLU models in turn, each tp rank's pipeline on its own
+NCCL-semantics channels while the tp all-gathers / reduce-scatters / all-reduces of the
+same stage run between the pipelines.
 Every family finishes, with the same losses and gradients as under gloo's tag matching,
 and the loss equals the tp=1 model's."""
 
@@ -15,6 +16,10 @@ from tests.launch import LaunchConfig, run_workers
 
 FAMILIES = ["1f1b", "interleaved", "zb-h1", "zbv", "v-half", "dualpipev", "offload"]
 MODEL = dict(num_layers=8, hidden_size=32, num_attention_heads=2)
+# every other family runs a RoPE/SwiGLU model: its embedding output is reduce-scattered
+# along the sequence (learned positions: all-reduced, then split)
+ROPE = dict(position_embedding_type="rope", normalization="RMSNorm", activation="swiglu",
+            add_bias_linear=False)
 TP, PP = 2, 2
 
 
@@ -55,9 +60,9 @@ def worker(rank, world_size):
     ops = _nccl_ops_for(pipelines, channels)
     tensor_parallel = TensorParallel(group=tp_groups[pp_rank], sequence_parallel=True)
     reference_groups = singleton_process_groups()
-    config = model_config(**MODEL)
     report = {}
-    for name in FAMILIES:
+    for index, name in enumerate(FAMILIES):
+        config = model_config(**MODEL, **(ROPE if index % 2 else {}))
         schedule = build_schedule(name, PP, 2 * PP)
         microbatches = make_microbatches(schedule.num_microbatches, batch=1,
                                          equal_lengths=True)
