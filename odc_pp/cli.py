@@ -1,4 +1,4 @@
-"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``."""
+"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``, ``odc-pp memory ...`` (the dry run)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
     "tune-offload": "odc_pp.schedule.offload_tuner",
+    "memory": "odc_pp.training.dry_run",
 }
 
 

@@ -343,8 +343,24 @@ class ShardedDataParallel:
         self._pending.append((work, flat_grad))
         unit.pushes += 1
         self._ops.append(("S", unit.index))
+        self._reap_pushes()
         while len(self._pending) > self.config.max_inflight_pushes:
             self._pending.pop(0)[0].wait()
+
+    def _reap_pushes(self) -> None:
+        """Drop the pushes whose Work completed (their flat gradients are free at once;
+        ``wait`` on a completed Work returns at once or raises its error)."""
+        still = []
+        for work, flat_grad in self._pending:
+            if work.is_completed():
+                work.wait()
+            else:
+                still.append((work, flat_grad))
+        self._pending = still
+
+    def pending_push_bytes(self) -> int:
+        """Bytes of flattened gradients held for pushes still in flight."""
+        return sum(t.numel() * t.element_size() for _, t in self._pending)
 
     def _wait_pushes(self) -> None:
         while self._pending:

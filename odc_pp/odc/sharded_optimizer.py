@@ -101,12 +101,17 @@ class ShardedAdamW:
         when nothing is excluded (or no predicate)."""
         if excluded is None:
             return None
-        mask = torch.ones(unit.numel, dtype=torch.bool)
+        cut = []  # excluded pieces inside the owned range (decided without reading data)
         for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
-            if excluded(name, shape):
-                mask[offset:offset + math.prod(shape)] = False
-        mask = mask[unit.start:unit.end]
-        return None if bool(mask.all()) else mask.to(unit.grad_acc.device)
+            start, end = max(offset, unit.start), min(offset + math.prod(shape), unit.end)
+            if end > start and excluded(name, shape):
+                cut.append((start - unit.start, end - unit.start))
+        if not cut:
+            return None
+        mask = torch.ones(unit.end - unit.start, dtype=torch.bool, device=unit.grad_acc.device)
+        for start, end in cut:
+            mask[start:end] = False
+        return mask
 
     # ----- global norm and clipping (odc_pp.runtime.clip) -------------------------------
     def local_grad_norm_sq(self) -> torch.Tensor:

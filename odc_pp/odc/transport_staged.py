@@ -22,6 +22,9 @@ read-modify-write.
   cross-host link and each owner applies what it receives itself, in source rank order,
   inside its own sync.
 
+Memory: a staging buffer exists only while it holds contributions, from the first
+``stage`` into an accumulator view after a sync to the next sync, which frees it (fp32,
+4 bytes per element of the staged input; see :mod:`odc_pp.runtime.memory_model`).
 Buffers that received nothing since the previous sync are not applied (nothing to add);
 every member still takes its turns, so the counters stay in step. The turn epochs count
 this object's applies (1, 2, ...), so a staged accumulation made after some syncs (the
@@ -113,9 +116,12 @@ class StagedAccumulation:
             self._apply_ordered(items)
         else:
             self._apply_turns(self._applies, items)
-        for _, staging in items:
-            staging.buffer.zero_()
-            staging.dirty = False
+        for key, _ in items:  # sized by what is pending: made again at the next stage
+            del self._staged[key]
+
+    def staged_bytes(self) -> int:
+        """Bytes of the staging buffers held now (contributions awaiting a sync)."""
+        return sum(s.buffer.numel() * s.buffer.element_size() for s in self._staged.values())
 
     def _apply_turns(self, epoch: int, items) -> None:
         self.host.open_turns(epoch)  # our own writes are complete: sources may add

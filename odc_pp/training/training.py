@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
     training), 1 failure."""
     env = read_env()
+    if "--dry-run" in (sys.argv[1:] if argv is None else argv):  # one rank, fake memory
+        from .dry_run import main as dry_run_main
+        return dry_run_main(argv)
     try:
         args, notes = parse_args_with_notes(argv)
         args.data_parallel_size(env.world_size, env.local_world_size)

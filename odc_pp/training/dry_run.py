@@ -1,0 +1,438 @@
+"""Memory dry run: one rank of an N-rank job at real model size, without its memory.
+
+``pretrain_gpt.py <flags> --dry-run --dry-run-rank R --dry-run-world-size N`` (or
+``odc-pp memory <flags> --dry-run-rank R --dry-run-world-size N``) builds rank R's real
+model chunks (``odc_pp.megatron``), its real ODC engine and sharded AdamW on a fake ODC
+group (:class:`~odc_pp.odc.transport_fake.FakeOdcGroup`) and its tensor-parallel groups
+on torch's ``fake`` process-group backend, all under ``FakeTensorMode`` (no bytes are
+allocated), and reports the rank's peak memory by category
+(:data:`odc_pp.runtime.memory_model.CATEGORIES`) before and after issue 21's fixes, whether
+it fits ``--memory-gb`` (default 80) and, when not, which flags to change.
+
+What is measured and what is computed:
+
+* measured with ``torch.distributed._tools.mem_tracker.MemTracker`` on fake tensors: one
+  microbatch of each local chunk through F, B (weight gradients deferred through the
+  runtime's WeightGradQueue) and W at the flags' sequence length and microbatch size --
+  saved activations, W-held tensors, temporaries -- and the engine's push (flattened
+  gradient, deterministic staging) and the post-validation snapshot;
+* read from the real engine/optimizer tensors: parameter shards, gathered buffers,
+  accumulators, optimizer state; the formulas of :func:`~odc_pp.runtime.memory_model.
+  state_bytes` are checked against them (``measured`` in the report; a mismatch above 1%
+  raises);
+* computed: the per-microbatch quantities are placed in time by walking this rank's
+  lowered schedule (:func:`~odc_pp.runtime.memory_model.schedule_peak`, with the
+  simulator's times for send completion). The full pipeline is not executed: layers of a
+  chunk are identical, so one microbatch per chunk gives every per-microbatch size.
+
+Attention is measured with ``--attention-backend sdpa`` (what GPUs run) on CPU fake
+tensors: one causal sequence per microbatch (packed documents change only the mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from odc_pp.runtime.memory_model import (GB, NEW_POLICY, OLD_POLICY, ChunkBytes,
+                                         MemoryReport, StatePolicy, UnitSizes, count_sends,
+                                         schedule_peak, state_bytes)
+
+from .arguments import TrainingArgs, parse_args
+
+__all__ = ["DryRunFlags", "MemoryPhases", "dry_run", "main", "split_dry_run_flags"]
+
+_CPU = torch.device("cpu")
+
+
+class DryRunFlags(argparse.Namespace):
+    rank: int = 0
+    world_size: int = 1
+    memory_gb: float = 80.0
+    json: str | None = None
+    receives_preposted: bool = False
+    """Every receive of a minibatch is posted when it starts (the runtime does so on
+    gloo); False: at its RECV action (NCCL)."""
+
+
+def split_dry_run_flags(argv: list[str]) -> tuple[DryRunFlags, list[str]]:
+    """(the dry run's own flags, the training flags)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--dry-run-rank", dest="rank", type=int, default=0)
+    parser.add_argument("--dry-run-world-size", dest="world_size", type=int, default=None)
+    parser.add_argument("--memory-gb", dest="memory_gb", type=float, default=80.0)
+    parser.add_argument("--dry-run-json", dest="json", default=None)
+    flags, rest = parser.parse_known_args(argv, namespace=DryRunFlags())
+    if flags.world_size is None:
+        raise ValueError("--dry-run needs --dry-run-world-size N (the job's GPU count)")
+    if not 0 <= flags.rank < flags.world_size:
+        raise ValueError(f"--dry-run-rank {flags.rank} outside 0..{flags.world_size - 1}")
+    if not (math.isfinite(flags.memory_gb) and flags.memory_gb > 0):
+        raise ValueError(f"--memory-gb must be > 0, got {flags.memory_gb}")
+    return flags, rest
+
+
+@contextlib.contextmanager
+def _fake_module_to():
+    """``nn.Module.to`` re-wraps parameters instead of swapping them (torch cannot swap
+    fake tensors: the fake mode holds weak references to them)."""
+    original = nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+
+        def convert(t):
+            wanted = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            return t.detach().to(device=device or t.device, dtype=wanted)
+
+        for module in self.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    new = nn.Parameter(convert(param), requires_grad=param.requires_grad)
+                    new.__dict__.update(param.__dict__)
+                    module._parameters[name] = new
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = convert(buffer)
+        return self
+
+    nn.Module.to = to
+    try:
+        yield
+    finally:
+        nn.Module.to = original
+
+
+def _fake_world(rank: int, world_size: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_backend() != "fake" or dist.get_world_size() != world_size:
+            raise ValueError("the dry run needs its own process (a real process group is "
+                             "initialised here)")
+        return
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
+class MemoryPhases:
+    """MemTracker entered once before anything is built (it counts a storage from the
+    first op that produces it, so earlier tensors would be missed); :meth:`phase` gives
+    the peak and the still-live bytes that a block added."""
+
+    def __init__(self) -> None:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        self.tracker = MemTracker()
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        # only the totals are wanted: its per-module statistics refuse a module called
+        # once per microbatch
+        self.tracker._mod_tracker.clear_user_hooks()
+        return self
+
+    def __exit__(self, *exc):
+        self.tracker.__exit__(*exc)
+
+    def now(self) -> int:
+        return self.tracker.get_tracker_snapshot("current").get(_CPU, {}).get("Total", 0)
+
+    @contextlib.contextmanager
+    def phase(self):
+        """Yields a dict that gets ``peak`` and ``live`` (bytes above the start)."""
+        base = self.now()
+        self.tracker._peak_mem = {_CPU: base}  # restart the peak at the phase
+        result = {}
+        yield result
+        result["peak"] = max(0, self.tracker._peak_mem.get(_CPU, base) - base)
+        result["live"] = self.now() - base
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _layout(args: TrainingArgs, rank: int, world_size: int) -> dict:
+    pp = args.parallel.pipeline_model_parallel_size
+    tp = args.parallel.tensor_model_parallel_size
+    dp = args.data_parallel_size(world_size, world_size)
+    return dict(pp=pp, tp=tp, dp=dp, tp_rank=rank % tp, pp_rank=rank // tp % pp,
+                dp_rank=rank // (tp * pp))
+
+
+def _build(args: TrainingArgs, layout: dict, rank: int, vocab_size: int):
+    """This rank's chunks, engine and optimizer on fake tensors and the fake group."""
+    from odc_pp.megatron.compat import singleton_process_groups  # noqa: F401 (megatron init)
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.megatron.tp import TensorParallel
+    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
+    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
+    from odc_pp.odc.transport_fake import FakeOdcGroup
+
+    from .components import placement_of
+    from .model_setup import model_config
+
+    pp, tp = layout["pp"], layout["tp"]
+    base = rank - layout["tp_rank"]
+    tp_group = dist.new_group(list(range(base, base + tp))) if tp > 1 else None
+    model = model_config(args, vocab_size=vocab_size, device="cpu",
+                         num_stages=pp * args.schedule.num_model_chunks)
+    model.attention_backend = "sdpa" if model.attention_backend == "auto" else \
+        model.attention_backend
+    tensor_parallel = TensorParallel(group=tp_group,
+                                     sequence_parallel=args.parallel.sequence_parallel,
+                                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
+    with _fake_module_to():
+        chunks = build_chunks(model, pp_rank=layout["pp_rank"], pp_size=pp,
+                              num_chunks=args.schedule.num_model_chunks,
+                              placement=placement_of(args.schedule.pipeline_schedule),
+                              seed=args.run.seed, tensor_parallel=tensor_parallel)
+    group = FakeOdcGroup(rank=layout["dp_rank"], world_size=layout["dp"],
+                         deterministic=not args.parallel.nondeterministic_dp)
+    engine = ShardedDataParallel(
+        chunks, OdcConfig(mode="odc", unit_driver="pipeline",
+                          param_dtype="bfloat16" if args.model.bf16 else "float32"), group)
+    optimizer = ShardedAdamW(engine, AdamWConfig(
+        lr=args.optimizer.lr, weight_decay=args.optimizer.weight_decay,
+        no_decay=lambda name, shape: len(shape) == 1), norm_group=dist.group.WORLD)
+    return model, chunks, engine, optimizer
+
+
+def _microbatch(args: TrainingArgs, vocab_size: int):
+    from odc_pp.data import Microbatch
+
+    packed = args.data.max_tokens_per_microbatch
+    shape = (1, packed) if packed else (args.data.micro_batch_size, args.model.seq_length)
+    tokens = torch.randint(0, vocab_size, shape)
+    return Microbatch(tokens=tokens, labels=tokens.clone(), loss_mask=torch.ones(shape))
+
+
+def _num_microbatches(args: TrainingArgs, dp: int) -> int:
+    """Microbatches of one replica: samples / micro batch size, or with
+    --max-tokens-per-microbatch the packed count (full sequences assumed)."""
+    samples = args.data.global_batch_size // dp
+    packed = args.data.max_tokens_per_microbatch
+    if packed:
+        return max(1, math.ceil(samples * args.model.seq_length / packed))
+    return samples // args.data.micro_batch_size
+
+
+def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch) -> tuple[
+        list[ChunkBytes], int, dict]:
+    """Per local chunk: one microbatch through F, B (deferred wgrads), W and the push."""
+    from odc_pp.runtime.wgrad import WeightGradQueue
+
+    queue = WeightGradQueue()
+    for index, chunk in enumerate(chunks):
+        queue.attach(index, chunk)
+    shape, dtype = chunks[0].input_shape(microbatch)
+    message = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    sizes, pushes = [], {}
+    for index, chunk in enumerate(chunks):
+        stage = schedule.stage_of(pp_rank, index)
+        last = stage == schedule.num_stages - 1
+        engine.before_forward(index, 0)
+        hidden = None
+        if stage > 0:
+            shape, dtype = chunk.input_shape(microbatch)
+            hidden = torch.empty(shape, dtype=dtype).requires_grad_()
+        with tracker.phase() as forward:
+            output = chunk(hidden, microbatch)
+            if last:
+                output = output.float().sum()
+        grad = None if last else torch.empty_like(output)
+        with tracker.phase() as backward, queue.deferring(index, 0):
+            torch.autograd.backward(output, grad_tensors=grad)
+        del output, grad
+        held = queue.pending_bytes(index, 0)
+        with tracker.phase() as weight:
+            queue.flush(index, 0)
+        grads = _nbytes(p.grad for p in chunk.parameters())
+        with tracker.phase() as push:
+            engine.after_weight_grad(index, 0)
+        pushes[index] = (push["peak"], grads)
+        saved = forward["live"] + (message if hidden is not None else 0)
+        sizes.append(ChunkBytes(
+            saved=saved, w_held=held,
+            transient_f=max(0, forward["peak"] - forward["live"]),
+            transient_b=backward["peak"], transient_w=max(0, weight["peak"] - grads)))
+        del hidden
+    measured = {f"chunk{i}_{k}": v for i, s in enumerate(sizes) for k, v in vars(s).items()}
+    measured.update({f"chunk{i}_push_peak": v[0] for i, v in pushes.items()})
+    measured.update({f"chunk{i}_weight_grads": v[1] for i, v in pushes.items()})
+    return sizes, message, measured
+
+
+def _engine_bytes(engine, optimizer) -> dict[str, int]:
+    """Bytes of the real engine's and optimizer's tensors (fake: nothing allocated)."""
+    units = engine.units
+    owned_params = [p for p in optimizer.master]
+    shard = _nbytes(u.param_shard for u in units)
+    master = sum(m.numel() * 4 for m, u in zip(owned_params, units)
+                 if m.dtype != u.param_shard.dtype)  # fp32 params: the shard is the master
+    masks = _nbytes(m for m in optimizer.decay_mask) + _nbytes(m for m in optimizer.norm_mask)
+    return {"params_gathered": sum(u.full_nbytes for u in units),
+            "params_sharded": shard,
+            "grad_accumulators": _nbytes(u.grad_acc for u in units),
+            "optimizer_state": master + _nbytes(optimizer.exp_avg) +
+            _nbytes(optimizer.exp_avg_sq) + masks}
+
+
+def _check(formula: dict[str, int], measured: dict[str, int], tolerance: float = 0.01):
+    for name, value in measured.items():
+        want = formula[name]
+        if abs(want - value) > tolerance * max(value, 1) + 4096:
+            raise AssertionError(f"memory formula of {name} gives {want} bytes but the "
+                                 f"engine holds {value}: fix odc_pp.runtime.memory_model")
+
+
+_LIMITED = ("zbv", "v-half", "v-min", "zb-h2", "zb-auto")
+"""Families whose in-flight activations --memory-limit caps."""
+
+
+def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> list[str]:
+    """Flags that bring ``report`` under its budget, cheapest first (empty: it fits).
+    Exact where the dry run can re-evaluate without measuring again: dropping the
+    post-validation snapshot, the deterministic staging, and --memory-limit N (the
+    schedule rebuilt and walked again by ``limit_peak(N)`` -> per-microbatch bytes)."""
+    budget = report.memory_gb * GB
+    over = report.total - budget
+    if over <= 0:
+        return []
+    advice = []
+    for name, flag in (("odc_staging", "--nondeterministic-dp"),
+                       ("post_validation_snapshot",
+                        "drop --enable-optimizer-post-validation")):
+        freed = report.categories.get(name, 0)
+        if freed > 0:
+            advice.append(f"{flag} (frees {freed / GB:.1f} GB)")
+            over -= freed
+            if over <= 0:
+                return advice
+    if args.schedule.pipeline_schedule in _LIMITED:
+        timeline = sum(report.categories.get(k, 0) for k in _TIMELINE)
+        current = args.schedule.memory_limit
+        for limit in range(int(current or 4 * args.parallel.pipeline_model_parallel_size),
+                           0, -1):
+            peak = limit_peak(limit)
+            if peak is not None and peak - timeline + over <= 0:
+                advice.append(f"--memory-limit {limit} (per-microbatch peak "
+                              f"{peak / GB:.1f} GB instead of {timeline / GB:.1f} GB)")
+                return advice
+    if not args.model.recompute_lgd:
+        advice.append("--recompute-lgd (drops the norm/activation outputs, about 14 of "
+                      "each layer's ~34 bytes per token x hidden; run the dry run again)")
+    advice.append(f"or fewer tokens per microbatch (--max-tokens-per-microbatch / "
+                  f"--micro-batch-size), a larger --pipeline-model-parallel-size or "
+                  f"--tensor-model-parallel-size: {over / GB:.1f} GB over after the above")
+    return advice
+
+
+_TIMELINE = ("sends", "receives", "activations", "w_held", "offload_device", "transient")
+
+
+def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
+    """{"before": report, "after": report} of rank ``flags.rank`` (see module doc)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .components import build_schedule, load_cost_model
+
+    if not args.model.vocab_size:
+        raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
+    layout = _layout(args, flags.rank, flags.world_size)
+    _fake_world(flags.rank, flags.world_size)
+    m = _num_microbatches(args, layout["dp"])
+    schedule = build_schedule(args.schedule, pp=layout["pp"], num_microbatches=m,
+                              costs=load_cost_model(args.schedule),
+                              post_validation=args.schedule.enable_optimizer_post_validation)
+    pp_rank = layout["pp_rank"]
+    with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
+        model, chunks, engine, optimizer = _build(args, layout, flags.rank,
+                                                  args.model.vocab_size)
+        held = _engine_bytes(engine, optimizer)
+        built = tracker.now()
+        microbatch = _microbatch(args, args.model.vocab_size)
+        sizes, message, measured = _measure_chunks(tracker, chunks, engine, schedule,
+                                                   pp_rank, microbatch)
+        with tracker.phase() as snapshot:
+            kept = optimizer.snapshot() if args.schedule.enable_optimizer_post_validation \
+                else None
+        del kept
+    measured.update(held, post_validation_snapshot=snapshot["live"], message_bytes=message,
+                    num_microbatches=m, tracked_after_build=built)
+    units = UnitSizes(
+        unit_params=tuple(u.numel for u in engine.units), dp=layout["dp"],
+        param_bytes=engine.units[0].param_shard.element_size(),
+        deterministic=not args.parallel.nondeterministic_dp,
+        post_validation=args.schedule.enable_optimizer_post_validation,
+        decay_mask=tuple(mask is not None for mask in optimizer.decay_mask),
+        pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
+                                 for a in schedule.ranks[pp_rank]))
+    reports = {}
+    for policy in (OLD_POLICY, NEW_POLICY):
+        reports[policy.name] = _report(args, flags, schedule, pp_rank, units, policy,
+                                       sizes, message, measured)
+    _check(state_bytes(units, NEW_POLICY), {**held, "post_validation_snapshot":
+                                           snapshot["live"]})
+    return reports
+
+
+def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, message,
+            measured) -> MemoryReport:
+    import dataclasses
+
+    from .components import build_schedule, load_cost_model
+
+    costs = load_cost_model(args.schedule)
+
+    def timeline(schedule) -> dict[str, int]:
+        out = schedule_peak(schedule, pp_rank, sizes, message_bytes=message, policy=policy,
+                            costs=costs, receives_preposted=flags.receives_preposted)
+        if policy.keep_all_sends:
+            out["sends"] = count_sends(schedule, pp_rank) * message
+        return out
+
+    def limit_peak(limit: int) -> int | None:
+        limited = dataclasses.replace(args.schedule, memory_limit=float(limit))
+        try:
+            other = build_schedule(limited, pp=schedule.pp,
+                                   num_microbatches=schedule.num_microbatches, costs=costs,
+                                   post_validation=args.schedule.enable_optimizer_post_validation)
+        except ValueError:
+            return None
+        return sum(timeline(other).values())
+
+    categories = dict(state_bytes(units, policy), **timeline(schedule))
+    report = MemoryReport(rank=flags.rank, policy=policy.name, categories=categories,
+                          memory_gb=flags.memory_gb, measured=dict(measured))
+    report.advice = _advice(report, args, limit_peak)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``odc-pp memory`` / ``pretrain_gpt.py --dry-run``: print the reports (and write
+    them as JSON with --dry-run-json PATH); 0 when the job fits after the fixes, 1 when
+    not, 2 on bad flags."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        flags, rest = split_dry_run_flags(argv)
+        args = parse_args(rest)
+        args.data_parallel_size(flags.world_size, flags.world_size)
+        reports = dry_run(args, flags)
+    except ValueError as exc:
+        print(f"dry run: error: {exc}", file=sys.stderr)
+        return 2
+    for report in reports.values():
+        print(report.format())
+    if flags.json:
+        with open(flags.json, "w") as handle:
+            json.dump({k: r.to_dict() for k, r in reports.items()}, handle, indent=1)
+    return 0 if reports["after"].fits else 1
