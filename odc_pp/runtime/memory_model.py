@@ -134,6 +134,12 @@ class MemoryReport:
     """Values tracked under FakeTensorMode that the formulas were checked against."""
     advice: list[str] = field(default_factory=list)
     """Flags that would make the job fit (empty when it fits)."""
+    advised: dict[str, int] = field(default_factory=dict)
+    """:attr:`categories` with the exactly re-evaluated advice applied."""
+
+    @property
+    def advised_total(self) -> int:
+        return sum((self.advised or self.categories).values())
 
     @property
     def total(self) -> int:
@@ -146,7 +152,9 @@ class MemoryReport:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(total_gb=self.total / GB, fits=self.fits,
-                   categories_gb={k: round(v / GB, 3) for k, v in self.categories.items()})
+                   categories_gb={k: round(v / GB, 3) for k, v in self.categories.items()},
+                   advised_total_gb=self.advised_total / GB,
+                   advised_fits=self.advised_total <= self.memory_gb * GB)
         return out
 
     def format(self) -> str:
@@ -156,6 +164,8 @@ class MemoryReport:
             lines.append(f"  {name:26s} {self.categories.get(name, 0) / GB:9.3f} GB")
         for line in self.advice:
             lines.append(f"  advice: {line}")
+        if self.advice:
+            lines.append(f"  with the exact advice above: {self.advised_total / GB:.2f} GB")
         return "\n".join(lines)
 
 

@@ -298,42 +298,58 @@ _LIMITED = ("zbv", "v-half", "v-min", "zb-h2", "zb-auto")
 """Families whose in-flight activations --memory-limit caps."""
 
 
-def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> list[str]:
-    """Flags that bring ``report`` under its budget, cheapest first (empty: it fits).
-    Exact where the dry run can re-evaluate without measuring again: dropping the
-    post-validation snapshot, the deterministic staging, and --memory-limit N (the
-    schedule rebuilt and walked again by ``limit_peak(N)`` -> per-microbatch bytes)."""
-    budget = report.memory_gb * GB
-    over = report.total - budget
+def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[str], dict]:
+    """(flags that bring ``report`` under its budget, cheapest first; the categories
+    with them applied where the dry run can re-evaluate without measuring again: dropping
+    the post-validation snapshot, the deterministic staging, and --memory-limit N, whose
+    schedule is rebuilt and walked by ``limit_peak(N)`` -> per-microbatch categories or
+    None). Empty and unchanged when it fits."""
+    categories = dict(report.categories)
+    over = report.total - report.memory_gb * GB
+    advice: list[str] = []
     if over <= 0:
-        return []
-    advice = []
+        return advice, categories
     for name, flag in (("odc_staging", "--nondeterministic-dp"),
                        ("post_validation_snapshot",
                         "drop --enable-optimizer-post-validation")):
-        freed = report.categories.get(name, 0)
+        freed = categories.get(name, 0)
         if freed > 0:
             advice.append(f"{flag} (frees {freed / GB:.1f} GB)")
+            categories[name] = 0
             over -= freed
             if over <= 0:
-                return advice
+                return advice, categories
     if args.schedule.pipeline_schedule in _LIMITED:
-        timeline = sum(report.categories.get(k, 0) for k in _TIMELINE)
+        timeline = sum(categories.get(k, 0) for k in _TIMELINE)
         current = args.schedule.memory_limit
         for limit in range(int(current or 4 * args.parallel.pipeline_model_parallel_size),
                            0, -1):
-            peak = limit_peak(limit)
-            if peak is not None and peak - timeline + over <= 0:
+            limited = limit_peak(limit)
+            if limited is not None and sum(limited.values()) - timeline + over <= 0:
                 advice.append(f"--memory-limit {limit} (per-microbatch peak "
-                              f"{peak / GB:.1f} GB instead of {timeline / GB:.1f} GB)")
-                return advice
+                              f"{sum(limited.values()) / GB:.1f} GB instead of "
+                              f"{timeline / GB:.1f} GB)")
+                categories.update(limited)
+                return advice, categories
+    timeline = sum(categories.get(k, 0) for k in _TIMELINE)
+    if args.schedule.num_model_chunks == 1 and args.schedule.pipeline_schedule != "1f1b" \
+            and categories.get("w_held", 0) > 0:
+        other = limit_peak(None, "1f1b")  # W fused into B: no W-held tensors
+        if other is not None and sum(other.values()) < timeline:
+            advice.append(f"--pipeline-schedule 1f1b (no W-held tensors; per-microbatch "
+                          f"peak {sum(other.values()) / GB:.1f} GB instead of "
+                          f"{timeline / GB:.1f} GB, more pipeline bubble)")
+            over += sum(other.values()) - timeline
+            categories.update(other)
+            if over <= 0:
+                return advice, categories
     if not args.model.recompute_lgd:
         advice.append("--recompute-lgd (drops the norm/activation outputs, about 14 of "
                       "each layer's ~34 bytes per token x hidden; run the dry run again)")
     advice.append(f"or fewer tokens per microbatch (--max-tokens-per-microbatch / "
                   f"--micro-batch-size), a larger --pipeline-model-parallel-size or "
                   f"--tensor-model-parallel-size: {over / GB:.1f} GB over after the above")
-    return advice
+    return advice, categories
 
 
 _TIMELINE = ("sends", "receives", "activations", "w_held", "offload_device", "transient")
@@ -400,20 +416,24 @@ def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, m
             out["sends"] = count_sends(schedule, pp_rank) * message
         return out
 
-    def limit_peak(limit: int) -> int | None:
-        limited = dataclasses.replace(args.schedule, memory_limit=float(limit))
+    def limit_peak(limit: int | None, name: str | None = None) -> dict[str, int] | None:
+        """Per-microbatch categories with --memory-limit ``limit`` (or the schedule
+        family ``name``): the same measured chunk sizes, another schedule."""
+        limited = dataclasses.replace(
+            args.schedule, memory_limit=None if limit is None else float(limit),
+            pipeline_schedule=name or args.schedule.pipeline_schedule)
         try:
             other = build_schedule(limited, pp=schedule.pp,
                                    num_microbatches=schedule.num_microbatches, costs=costs,
                                    post_validation=args.schedule.enable_optimizer_post_validation)
         except ValueError:
             return None
-        return sum(timeline(other).values())
+        return timeline(other)
 
     categories = dict(state_bytes(units, policy), **timeline(schedule))
     report = MemoryReport(rank=flags.rank, policy=policy.name, categories=categories,
                           memory_gb=flags.memory_gb, measured=dict(measured))
-    report.advice = _advice(report, args, limit_peak)
+    report.advice, report.advised = _advice(report, args, limit_peak)
     return report
 
 

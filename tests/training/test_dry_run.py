@@ -6,6 +6,8 @@ MemTracker entered before anything was built; the peak live bytes of the second 
 (with the symmetric shards and accumulators, which live in shared memory) must agree within 10% with what the dry run of that rank predicts for the same
 flags on fake tensors and the fake process group. The dry run also checks its formulas
 against the engine's tensors (it raises otherwise).
+
+Slow: four spawned ranks plus four dry runs (about 2 minutes on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def dry_run_of(rank: int):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_dry_run_agrees_with_a_real_cpu_run():
     real = run_workers(real_worker, WORLD, config=LaunchConfig(timeout_s=240))
     for rank, measured in enumerate(real):
