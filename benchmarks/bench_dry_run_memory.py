@@ -34,19 +34,33 @@ SHARED = ("--seq-length 8192 --max-position-embeddings 8192 --swiglu --normaliza
           "--recompute-lgd")
 ROWS = {
     "8b_pp2_dp4_zbv": dict(model=LLAMA3_8B, world=8, ranks=[0, 1], flags=(
-        "--pipeline-model-parallel-size 2 --pipeline-schedule zbv --num-model-chunks 2")),
+        "--pipeline-model-parallel-size 2 --pipeline-schedule zbv --num-model-chunks 2"),
+        advised="--nondeterministic-dp --memory-limit 3"),
     "8b_pp4_dp2_zbh1": dict(model=LLAMA3_8B, world=8, ranks=[0, 3], flags=(
-        "--pipeline-model-parallel-size 4 --pipeline-schedule zb-h1")),
+        "--pipeline-model-parallel-size 4 --pipeline-schedule zb-h1"),
+        advised="--nondeterministic-dp --pipeline-schedule 1f1b"),
     "70b_tp8_pp4_dp2_zbh1": dict(model=LLAMA_70B, world=64, ranks=[0, 24], flags=(
         "--tensor-model-parallel-size 8 --sequence-parallel "
-        "--pipeline-model-parallel-size 4 --pipeline-schedule zb-h1")),
+        "--pipeline-model-parallel-size 4 --pipeline-schedule zb-h1"),
+        advised="--nondeterministic-dp"),
 }
+"""Per row: the flags the first dry run advised for its worst rank (``advised``; every
+advised row also drops --enable-optimizer-post-validation), run again as the row
+``<name>_advised`` to measure them directly."""
+DROP = "--enable-optimizer-post-validation"
 
 
-def run_rank(name: str, row: dict, rank: int, directory: str) -> str:
-    path = os.path.join(directory, f"{name}_{rank}.json")
-    argv = [sys.executable, "-m", "odc_pp.cli", "memory", *row["model"].split(),
-            *SHARED.split(), *row["flags"].split(), "--dry-run-rank", str(rank),
+def row_flags(row: dict, advised: bool) -> list[str]:
+    flags = [*row["model"].split(), *SHARED.split(), *row["flags"].split()]
+    if advised:
+        flags = [f for f in flags if f != DROP] + row["advised"].split()
+    return flags
+
+
+def run_rank(name: str, row: dict, rank: int, directory: str, advised: bool = False) -> str:
+    path = os.path.join(directory, f"{name}{'_advised' if advised else ''}_{rank}.json")
+    argv = [sys.executable, "-m", "odc_pp.cli", "memory", *row_flags(row, advised),
+            "--dry-run-rank", str(rank),
             "--dry-run-world-size", str(row["world"]), "--dry-run-json", path]
     subprocess.run(argv, cwd=ROOT, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
     return path
@@ -54,17 +68,18 @@ def run_rank(name: str, row: dict, rank: int, directory: str) -> str:
 
 def aggregate(directory: str) -> dict:
     out = {}
-    for name, row in ROWS.items():
+    for name, row, advised in [(n, r, a) for n, r in ROWS.items() for a in (False, True)]:
         ranks = {}
+        tag = f"{name}_advised" if advised else name
         for rank in row["ranks"]:
-            path = os.path.join(directory, f"{name}_{rank}.json")
+            path = os.path.join(directory, f"{tag}_{rank}.json")
             if os.path.exists(path):
                 with open(path) as handle:
                     ranks[rank] = json.load(handle)
         if not ranks:
             continue
-        worst = max(ranks, key=lambda r: ranks[r]["after"]["advised_total_gb"])
-        out[name] = {"flags": " ".join([row["model"], SHARED, row["flags"]]),
+        worst = max(ranks, key=lambda r: ranks[r]["after"]["total_gb"])
+        out[tag] = {"flags": " ".join(row_flags(row, advised)),
                      "world_size": row["world"], "ranks": ranks, "worst_rank": worst,
                      "measured_ranks": row["ranks"]}
     return out
@@ -113,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in ROWS.items():
             for rank in row["ranks"]:
                 run_rank(name, row, rank, directory)
+                run_rank(name, row, rank, directory, advised=True)
     table = aggregate(directory)
     with open(args.out, "w") as handle:
         json.dump(table, handle, indent=1)
