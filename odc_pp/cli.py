@@ -1,4 +1,5 @@
-"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``, ``odc-pp memory ...`` (the dry run)."""
+"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``,
+``odc-pp memory ...`` (the memory dry run, odc_pp.training.dry_run)."""
 
 from __future__ import annotations
 

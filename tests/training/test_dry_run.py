@@ -3,8 +3,10 @@
 Each rank of a real pp=2 x dp=2 job (gloo, real ODC transport, deterministic data
 parallelism, post-validation) runs two minibatches of the real components under a
 MemTracker entered before anything was built; the peak live bytes of the second minibatch
-(with the symmetric shards and accumulators, which live in shared memory) must agree within 10% with what the dry run of that rank predicts for the same
-flags on fake tensors and the fake process group. The dry run also checks its formulas
+(with the symmetric shards and accumulators, which live in shared memory) must agree
+within 10% with what the dry run of that rank predicts for the same flags on fake tensors
+and the fake process group (measured: the dry run is 3.5% below on pipeline rank 0 and
+9.6-9.7% below on pipeline rank 1). The dry run also checks its formulas
 against the engine's tensors (it raises otherwise).
 
 Slow: four spawned ranks plus four dry runs (about 2 minutes on 2 busy cores).
