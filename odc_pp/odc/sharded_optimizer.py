@@ -3,7 +3,7 @@
 Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
 owns and nothing else. The update is elementwise and follows ``torch.optim.AdamW``
 (``foreach=False``, ``amsgrad=False``) operation by operation, so on identical gradients it
-gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.runtime.clip` (the same
+gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
 scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
 are all-reduced over the ``norm_group`` (one group or several in turn).
 
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime import clip
+from ..optim import clip
 from ..runtime.post_validation import StepOutcome
 from .engine import ShardedDataParallel
 
@@ -110,7 +110,7 @@ class ShardedAdamW:
         mask = mask[unit.start:unit.end]
         return None if bool(mask.all()) else mask.to(unit.grad_acc.device)
 
-    # ----- global norm, clipping and the synchronous step (odc_pp.runtime.clip) ---------
+    # ----- global norm, clipping and the synchronous step (odc_pp.optim.clip) ---------
     def local_grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's owned gradients (fp32 scalar tensor)."""
         grads = [grad if mask is None else grad[mask]

@@ -22,7 +22,7 @@ parameters are those of synchronous validation. The caller pays one extra miniba
 rollback or clip, and none when the step is accepted.
 
 The norm, the non-finite check, the coefficient and the scaling are those of
-:mod:`odc_pp.runtime.clip` (shared with the synchronous step), so the outcome is bit for
+:mod:`odc_pp.optim.clip` (shared with the synchronous step), so the outcome is bit for
 bit that of a synchronous check. Optimizers compose with it through the
 :class:`PostValidationTarget` protocol:
 
@@ -50,7 +50,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from . import clip
+from odc_pp.optim import clip
 
 __all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
            "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
@@ -89,7 +89,7 @@ class PostValidationTarget(Protocol):
     Contract, in the order the wrapper calls it for one minibatch:
 
     1. :meth:`local_grad_norm_sq` -- this rank's share of the squared global gradient
-       norm, computed with :func:`odc_pp.runtime.clip.local_sum_of_squares` (an inf/NaN
+       norm, computed with :func:`odc_pp.optim.clip.local_sum_of_squares` (an inf/NaN
        gradient entry must make it non-finite, which that function guarantees). The
        shares of the ranks in the wrapper's groups must partition the model's gradient.
     2. :meth:`snapshot` (it must keep a copy of the step's gradients), then
@@ -120,7 +120,7 @@ class PostValidationTarget(Protocol):
     def redo_clipped(self, snapshot: object, coefficient: float,
                      lr: float | None = None) -> None:
         """Undo the eager step and step again on that step's gradients (kept in
-        ``snapshot``) scaled by ``coefficient`` (with :func:`odc_pp.runtime.clip.scale_`),
+        ``snapshot``) scaled by ``coefficient`` (with :func:`odc_pp.optim.clip.scale_`),
         at ``lr``: the learning rate the eager step was given."""
 
     def finish_step(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .channels import ChannelLayout, channel_key
 from .costs import CostModel
 from .ir import COMM_KINDS, COMPUTE_KINDS, Action, ActionKind, Schedule
 
@@ -46,7 +47,7 @@ def _where(rank: int, position: int, action: Action) -> str:
 def validate(schedule: Schedule, costs: CostModel | None = None,
              memory_limit: float | None = None, *, nccl_layout=None) -> None:
     """Raise ScheduleError unless ``schedule`` passes every check in the module doc.
-    ``nccl_layout``: a :class:`odc_pp.runtime.p2p_channels.ChannelLayout` to also check
+    ``nccl_layout``: a :class:`odc_pp.schedule.channels.ChannelLayout` to also check
     the lowered order under NCCL semantics on it."""
     _check_fields(schedule)
     _check_coverage(schedule)
@@ -318,7 +319,6 @@ def check_nccl_order(schedule: Schedule, layout=None, *, batch_sends: bool = Tru
     head on that communicator has the matching receive (conservative rendezvous), and
     a receive blocks what is queued behind it. A compute waits for the receive of its
     input; the rank's end waits for all its sends."""
-    from ..runtime.p2p_channels import ChannelLayout, channel_key  # torch-free
 
     layout = ChannelLayout.DIRECTED if layout is None else layout
     pp = schedule.pp

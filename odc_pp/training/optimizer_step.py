@@ -2,7 +2,7 @@
 --enable-optimizer-post-validation -- and the test-only inf injection of
 --inject-nonfinite-grad-iter.
 
-Both paths take the global gradient norm and the clipping from :mod:`odc_pp.runtime.clip`
+Both paths take the global gradient norm and the clipping from :mod:`odc_pp.optim.clip`
 through the sharded AdamW, whose norm group holds every rank that owns a disjoint piece
 of the model's gradient: all pp x dp ranks, or with hierarchical data parallelism one
 host's ranks of every stage (one copy of the model). One all-reduce, so with

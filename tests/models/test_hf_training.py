@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.models._tiny import make_hf_model
-from tests.training.launcher import ROOT, launch
+from odc_pp.testing.torchrun import ROOT, launch
 
 pytest.importorskip("transformers")
 

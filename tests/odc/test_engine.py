@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tests.launch import LaunchConfig, run_workers
-from odc_pp.runtime import clip as clip_module
+from odc_pp.testing.launch import LaunchConfig, run_workers
+from odc_pp.optim import clip as clip_module
 from odc_pp.data.load_balance import AttentionCost, balance_minibatch, pack_microbatches
 
 HIDDEN, HEADS, OUT, LAYERS = 16, 2, 8, 2

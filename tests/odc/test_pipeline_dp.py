@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 PP, DP = 2, 2
 MODEL = dict(vocab_size=64, hidden_size=32, num_layers=4, num_attention_heads=4,

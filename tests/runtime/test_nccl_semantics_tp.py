@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 FAMILIES = ["1f1b", "interleaved", "zb-h1", "zbv", "v-half", "dualpipev", "offload"]
 MODEL = dict(num_layers=8, hidden_size=32, num_attention_heads=2)

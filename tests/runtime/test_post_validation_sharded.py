@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.launch import LaunchConfig, run_workers
-from odc_pp.runtime import clip
+from odc_pp.testing.launch import LaunchConfig, run_workers
+from odc_pp.optim import clip
 
 PP, DP = 2, 2
 HIDDEN = 12

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.training.launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 
 def _flags(*extra):
