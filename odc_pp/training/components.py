@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.data import Microbatch
+from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
@@ -19,7 +20,7 @@ from odc_pp.schedule.placement import last_stage_rank
 
 from .arguments import ScheduleArgs, TrainingArgs
 from .data_plan import IterationPlan
-from .distributed import Topology
+from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
 from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_nonfinite_grad,
                              synchronous_step)
@@ -133,6 +134,7 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
     intra = inter = norm = None
+    made = []  # this rank's new groups, warmed up below (docs/nccl_ordering.md)
     for stage in range(topo.pp):
         for tp_rank in range(topo.tp):
             members = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
@@ -142,18 +144,26 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
                 group = dist.new_group(members[host * per_host:(host + 1) * per_host])
                 if here and host == topo.dp_rank // per_host:
                     intra = group
+                    made.append(Communicator(ranks=tuple(sorted(
+                        members[host * per_host:(host + 1) * per_host])), kind="dp-intra",
+                        group=group))
             for slot in range(per_host):
                 group = dist.new_group(members[slot::per_host])
                 if here and slot == topo.dp_rank % per_host:
                     inter = group
+                    made.append(Communicator(ranks=tuple(sorted(members[slot::per_host])),
+                                             kind="dp-inter", group=group))
     for host in range(topo.dp // per_host):
         replicas = range(host * per_host, (host + 1) * per_host)
-        group = dist.new_group([topo.global_rank(dp_rank=replica, pp_rank=stage,
-                                                 tp_rank=tp_rank)
-                                for replica in replicas for stage in range(topo.pp)
-                                for tp_rank in range(topo.tp)])
+        ranks = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                 for replica in replicas for stage in range(topo.pp)
+                 for tp_rank in range(topo.tp)]
+        group = dist.new_group(ranks)
         if host == topo.dp_rank // per_host:
             norm = group
+            made.append(Communicator(ranks=tuple(sorted(ranks)), kind="norm", group=group))
+    warm_up_topology(topo, communicators=made,
+                     timeout_s=args.parallel.distributed_timeout_minutes * 60)
     return intra, inter, norm
 
 

@@ -28,7 +28,8 @@ from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import (Components, build_components, build_schedule, resolve_loss,
                          resolve_step, run_iteration, validate_now)
 from .data_plan import DataPlanner, build_source
-from .distributed import Topology, build_topology, init_distributed, read_env
+from .distributed import (Topology, build_topology, init_distributed, read_env,
+                          warm_up_topology)
 from .failures import exit_after_failure, is_peer_echo
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
         topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
                               tp=args.parallel.tensor_model_parallel_size)
+        warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
         train(args, topo)
         dist.barrier()
     except ValueError as exc:
