@@ -27,7 +27,8 @@ from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_no
 from .replanning import check_same_schedule
 
 __all__ = ["Components", "IterationResult", "build_components", "run_iteration",
-           "build_schedule", "schedule_for", "resolve_step", "resolve_loss", "validate_now"]
+           "build_schedule", "schedule_for", "resolve_step", "resolve_loss", "validate_now",
+           "fall_back_without_cuda_ipc"]
 
 
 @dataclass
@@ -165,6 +166,37 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
     warm_up_topology(topo, communicators=made,
                      timeout_s=args.parallel.distributed_timeout_minutes * 60)
     return intra, inter, norm
+
+
+def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
+                               local_world_size: int, check=None) -> str | None:
+    """``--dp-mode odc`` on GPUs that cannot map each other's memory (CUDA IPC): switch
+    to ``--dp-mode collective`` (all-gather / reduce-scatter over NCCL) and return the
+    message saying why (rank 0 prints it); None when nothing changes. Collective over
+    all ranks (every rank takes the same decision). ``check``: ``cuda_ipc_problem``
+    (tests pass a mock). Hierarchical mode gets a ValueError naming the flag instead."""
+    if args.parallel.dp_mode == "collective" or topo.device.type != "cuda" or topo.dp == 1:
+        return None
+    if check is None:
+        from odc_pp.odc.transport_cuda import cuda_ipc_problem as check
+    problem = check(topo.dp_group, topo.device)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    problem = next((p for p in problems if p), None)
+    if problem is None:
+        return None
+    if args.parallel.dp_mode == "hierarchical":
+        raise ValueError(f"--dp-mode hierarchical maps the GPU memory of a host's "
+                         f"data-parallel ranks, which is not possible here ({problem}); use "
+                         f"--dp-mode collective")
+    args.parallel.dp_mode = "collective"
+    args.data_parallel_size(topo.world_size, local_world_size)  # the flags still hold?
+    message = (f"--dp-mode odc needs CUDA IPC between the data-parallel ranks, which is not "
+               f"possible here ({problem}): falling back to --dp-mode collective "
+               f"(all-gather / reduce-scatter over NCCL)")
+    if topo.rank == 0:
+        print(f"pretrain_gpt.py: {message}", flush=True)
+    return message
 
 
 def _counts_in_norm(topo: Topology):

@@ -109,7 +109,9 @@ def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
         device = local_device(env.local_rank)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"
-        if "device_id" in inspect.signature(dist.init_process_group).parameters:
+        parameters = inspect.signature(dist.init_process_group).parameters
+        if "device_id" in parameters or any(p.kind is p.VAR_KEYWORD
+                                            for p in parameters.values()):
             extra["device_id"] = device
     else:
         device = torch.device("cpu")

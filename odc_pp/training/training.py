@@ -25,8 +25,9 @@ import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
-from .components import (Components, build_components, build_schedule, resolve_loss,
-                         resolve_step, run_iteration, validate_now)
+from .components import (Components, build_components, build_schedule,
+                         fall_back_without_cuda_ipc, resolve_loss, resolve_step, run_iteration,
+                         validate_now)
 from .data_plan import DataPlanner, build_source
 from .distributed import (Topology, build_topology, init_distributed, read_env,
                           warm_up_topology)
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
                               tp=args.parallel.tensor_model_parallel_size)
         warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
+        fall_back_without_cuda_ipc(args, topo, local_world_size=env.local_world_size)
         train(args, topo)
         dist.barrier()
     except ValueError as exc:
