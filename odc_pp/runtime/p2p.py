@@ -104,10 +104,20 @@ class TorchP2POps:
         return dist.all_reduce(torch.zeros(1, device=self.device), group=group,
                                async_op=True)
 
-    def wait(self, work, timeout_s: float, what: str = "") -> bool:
+    def wait(self, work, timeout_s: float, what: str = "", *, block_host: bool = False
+             ) -> bool:
         """Wait until ``work`` completed or ``timeout_s`` passed (False then). On a
         device: stream-ordered, the deadline goes to the watchdog (``what`` names the
-        transfer in its TimeoutError) and the call returns True at once."""
+        transfer in its TimeoutError) and the call returns True at once; ``block_host``
+        (start-up only, e.g. the warm-up) waits on the host, checking ``is_completed``."""
+        if block_host and not self.host_blocking:
+            deadline = time.monotonic() + timeout_s
+            while not work.is_completed():
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(1e-3)
+            work.wait()
+            return True
         if not self.host_blocking:
             self.watchdog.watch(work, timeout_s, what or "a point-to-point transfer")
             work.wait()  # the current stream waits; the host goes on

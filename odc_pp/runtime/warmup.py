@@ -9,7 +9,8 @@ with lazy creation 1F1B at pp=2 hangs at its first message: rank 0's first recei
 :func:`warm_up` touches each communicator a rank belongs to once (a one-element
 all-reduce: on NCCL it runs on the group's main communicator, the one
 ``batch_isend_irecv`` uses) in :func:`odc_pp.runtime.p2p_channels.warmup_order` and waits
-for it, so every creation happens here, in the same order on every rank, and none in the
+for it on the host (creation may also be non-blocking: ``TORCH_NCCL_USE_COMM_NONBLOCKING``),
+so every creation happens here, in the same order on every rank, and none in the
 schedule. It holds whether or not torch already created the communicators eagerly
 (``device_id``), whatever the torch version or ``TORCH_NCCL_*`` setting: an eager
 communicator just makes the touch cheap. Why one order cannot deadlock: take the first
@@ -39,7 +40,7 @@ def warm_up(communicators: list[Communicator], *, ops, rank: int, timeout_s: flo
             raise ValueError(f"rank {rank}: the {comm.describe()} has no process group")
         work = ops.touch(comm.group)
         try:
-            completed = ops.wait(work, timeout_s)
+            completed = ops.wait(work, timeout_s, block_host=True)
         except RuntimeError as error:
             raise TimeoutError(f"rank {rank}: warm-up of the {comm.describe()} failed "
                                f"(waiting for ranks {list(comm.ranks)}): {error}") from error

@@ -128,7 +128,8 @@ class NcclSemanticsOps:
         """The warm-up's first operation: creates the communicator, moves no data."""
         return self._issue(group, [])
 
-    def wait(self, work, timeout_s: float, what: str = "") -> bool:
+    def wait(self, work, timeout_s: float, what: str = "", *, block_host: bool = False
+             ) -> bool:
         return poll(work, timeout_s)
 
     @contextlib.contextmanager
