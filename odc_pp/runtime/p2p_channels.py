@@ -1,9 +1,11 @@
 """The process groups of the pipeline's communicator mapping.
 
 The layout itself -- which communicator a message ``src -> dst`` travels on
-(:class:`ChannelLayout`, :func:`channel_key`, :func:`neighbour_pairs`) -- is torch-free and
-lives in :mod:`odc_pp.schedule.channels`, where :mod:`odc_pp.schedule.validate` simulates
-it; :class:`PipelineChannels` holds the process groups :mod:`odc_pp.runtime.p2p` sends on.
+(:class:`ChannelLayout`, :func:`channel_key`, :func:`neighbour_pairs`), the members a
+communicator's creation waits for and the one global warm-up order
+(:class:`Communicator`, :func:`warmup_order`) -- is torch-free and lives in
+:mod:`odc_pp.schedule.channels`, where the static NCCL model simulates it;
+:class:`PipelineChannels` holds the process groups :mod:`odc_pp.runtime.p2p` sends on.
 Ranks are pipeline (group) ranks unless named ``global``.
 """
 
@@ -11,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from odc_pp.schedule.channels import ChannelLayout, channel_key, neighbour_pairs
+from odc_pp.schedule.channels import (ChannelLayout, Communicator, channel_communicators,
+                                      channel_key, channel_members, neighbour_pairs,
+                                      warmup_order)
 
-__all__ = ["ChannelLayout", "channel_key", "neighbour_pairs", "PipelineChannels",
-           "create_pipeline_channels", "pipeline_channels"]
+__all__ = ["ChannelLayout", "channel_key", "channel_members", "neighbour_pairs",
+           "PipelineChannels", "create_pipeline_channels", "pipeline_channels",
+           "Communicator", "warmup_order", "channel_communicators"]
 
 
 @dataclass(kw_only=True)
@@ -49,6 +54,11 @@ class PipelineChannels:
 
     def global_rank(self, rank: int) -> int:
         return self.ranks[rank]
+
+    def communicators(self) -> list[Communicator]:
+        """This pipeline's communicators, for the start-up warm-up."""
+        return channel_communicators(self.ranks, layout=self.layout, groups=self.groups,
+                                     shared_group=self.shared_group)
 
 
 def create_pipeline_channels(pipelines: list[list[int]], *,

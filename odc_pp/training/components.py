@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
@@ -19,7 +20,7 @@ from odc_pp.schedule.lowering import insert_post_validation, lower_communication
 from odc_pp.schedule.placement import last_stage_rank
 
 from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs)
-from .distributed import Topology
+from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
 from .optimizer_step import NonfiniteInjection, build_post_validator
 from .replanning import check_same_schedule
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from odc_pp.runtime.runtime import PipelineRuntime
 
 __all__ = ["Components", "build_components", "build_schedule", "schedule_for",
-           "load_cost_model", "placement_of"]
+           "load_cost_model", "placement_of", "fall_back_without_cuda_ipc"]
 
 
 @dataclass(kw_only=True)
@@ -112,6 +113,7 @@ def _dp_groups(parallel: ParallelArgs, topo: Topology, env_local_world: int):
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
     intra = inter = norm = None
+    made = []  # this rank's new groups, warmed up below (docs/nccl_ordering.md)
     for stage in range(topo.pp):
         for tp_rank in range(topo.tp):
             members = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
@@ -121,19 +123,58 @@ def _dp_groups(parallel: ParallelArgs, topo: Topology, env_local_world: int):
                 group = dist.new_group(members[host * per_host:(host + 1) * per_host])
                 if here and host == topo.dp_rank // per_host:
                     intra = group
+                    made.append(Communicator(ranks=tuple(sorted(
+                        members[host * per_host:(host + 1) * per_host])), kind="dp-intra",
+                        group=group))
             for slot in range(per_host):
                 group = dist.new_group(members[slot::per_host])
                 if here and slot == topo.dp_rank % per_host:
                     inter = group
+                    made.append(Communicator(ranks=tuple(sorted(members[slot::per_host])),
+                                             kind="dp-inter", group=group))
     for host in range(topo.dp // per_host):
         replicas = range(host * per_host, (host + 1) * per_host)
-        group = dist.new_group([topo.global_rank(dp_rank=replica, pp_rank=stage,
-                                                 tp_rank=tp_rank)
-                                for replica in replicas for stage in range(topo.pp)
-                                for tp_rank in range(topo.tp)])
+        ranks = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                 for replica in replicas for stage in range(topo.pp)
+                 for tp_rank in range(topo.tp)]
+        group = dist.new_group(ranks)
         if host == topo.dp_rank // per_host:
             norm = group
+            made.append(Communicator(ranks=tuple(sorted(ranks)), kind="norm", group=group))
+    warm_up_topology(topo, communicators=made,
+                     timeout_s=parallel.distributed_timeout_minutes * 60)
     return intra, inter, norm
+
+
+def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
+                               local_world_size: int, check=None) -> str | None:
+    """``--dp-mode odc`` on GPUs that cannot map each other's memory (CUDA IPC): switch
+    to ``--dp-mode collective`` (all-gather / reduce-scatter over NCCL) and return the
+    message saying why (rank 0 prints it); None when nothing changes. Collective over
+    all ranks (every rank takes the same decision). ``check``: ``cuda_ipc_problem``
+    (tests pass a mock). Hierarchical mode gets a ValueError naming the flag instead."""
+    if args.parallel.dp_mode == "collective" or topo.device.type != "cuda" or topo.dp == 1:
+        return None
+    if check is None:
+        from odc_pp.odc.transport_cuda import cuda_ipc_problem as check
+    problem = check(topo.dp_group, topo.device)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    problem = next((p for p in problems if p), None)
+    if problem is None:
+        return None
+    if args.parallel.dp_mode == "hierarchical":
+        raise ValueError(f"--dp-mode hierarchical maps the GPU memory of a host's "
+                         f"data-parallel ranks, which is not possible here ({problem}); use "
+                         f"--dp-mode collective")
+    args.parallel.dp_mode = "collective"
+    args.data_parallel_size(topo.world_size, local_world_size)  # the flags still hold?
+    message = (f"--dp-mode odc needs CUDA IPC between the data-parallel ranks, which is not "
+               f"possible here ({problem}): falling back to --dp-mode collective "
+               f"(all-gather / reduce-scatter over NCCL)")
+    if topo.rank == 0:
+        print(f"pretrain_gpt.py: {message}", flush=True)
+    return message
 
 
 def _counts_in_norm(topo: Topology):

@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
-from .distributed import Topology, build_topology, init_distributed, read_env
+from .components import fall_back_without_cuda_ipc
+from .distributed import (Topology, build_topology, init_distributed, read_env,
+                          warm_up_topology)
 from .failures import exit_after_failure, is_peer_echo
 from .trainer import Trainer, TrainingStopped
 
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
         topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
                               tp=args.parallel.tensor_model_parallel_size)
+        warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
+        fall_back_without_cuda_ipc(args, topo, local_world_size=env.local_world_size)
         train(args, topo)
         dist.barrier()
     except ValueError as exc:
