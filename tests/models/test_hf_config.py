@@ -108,3 +108,23 @@ def test_names():
         "model.embed_tokens.weight",)
     with pytest.raises(ValueError, match="no Hugging Face counterpart"):
         megatron_to_hf_names("model.embedding.position_embeddings.weight")
+
+
+def test_config_saved_by_the_installed_transformers_reads_back(tmp_path):
+    """Whatever layout the installed transformers writes (rope_scaling + rope_theta before
+    5, rope_parameters from 5 on), a Llama-3 config saved by it gives theta and scaling."""
+    transformers = pytest.importorskip("transformers")
+    import inspect
+
+    rope = dict(LLAMA3_V5["rope_parameters"])
+    shape = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters:
+        config = transformers.LlamaConfig(rope_parameters=rope, **shape)
+    else:
+        theta = rope.pop("rope_theta")
+        config = transformers.LlamaConfig(rope_theta=theta, rope_scaling=rope, **shape)
+    config.save_pretrained(str(tmp_path))
+    saved = read_hf_config(str(tmp_path))
+    assert flags_from_hf(saved)["rotary_base"] == 500000.0, saved
+    assert llama3_rope_scaling(saved) == LLAMA3_SCALING, saved
