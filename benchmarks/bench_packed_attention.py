@@ -94,7 +94,7 @@ def parity(args, device) -> list[dict]:
                                          grad32.to(torch.bfloat16)), reference)
     rows = [{"kernel": "old-dense", "dtype": "bfloat16", "error": old_error, "passed": True}]
     cases = [(kernel, torch.bfloat16) for kernel in args.kernels]
-    if "flex" in args.kernels:
+    if "flex" in args.kernels and args.fp32_flex:
         cases.append(("flex", torch.float32))
     for kernel, dtype in cases:
         segments = PackedSegments(segment_ids, device)
@@ -160,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-fp32-flex", dest="fp32_flex", action="store_false",
+                        help="skip the fp32 flex parity case (one compile fewer)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", help="also write the JSON result to this file")
     args = parser.parse_args(argv)
