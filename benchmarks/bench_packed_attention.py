@@ -8,8 +8,10 @@ its error (max |x - ref| / max |ref|) is at most ``2 x`` the old path's own bf16
 plus 1e-3; fp32 flex at most 1e-3.
 
 Timing (``--seq`` tokens, Llama-3-8B attention shape by default: 32 heads, 8 K/V groups,
-head dim 128, bf16): forward + backward per kernel, median of ``--repeats`` timed with
-CUDA events after ``--warmup`` calls (flex compiles during warm-up).
+head dim 128, bf16): forward + backward of one layer's core attention per kernel, median
+of ``--repeats`` timed with CUDA events after ``--warmup`` calls (flex compiles during
+warm-up); the segments' metadata and masks are built before (once per microbatch in
+training, shared by every layer).
 
     python benchmarks/bench_packed_attention.py [--json] [--out FILE] [--kernels varlen flex]
 
@@ -122,8 +124,10 @@ def timing(args, device) -> list[dict]:
                             device, args.seed)
     calls = {"old-dense": lambda q, k, v: old_path(q, k, v, ids, scale)}
     for kernel in args.kernels:
-        calls[kernel] = (lambda kernel: lambda q, k, v: packed_attention(
-            q, k, v, PackedSegments(segment_ids, device), scale=scale, kernel=kernel))(kernel)
+        # built once per microbatch and shared by every layer in training: outside the timing
+        segments = PackedSegments(segment_ids, device)
+        calls[kernel] = (lambda kernel, segments: lambda q, k, v: packed_attention(
+            q, k, v, segments, scale=scale, kernel=kernel))(kernel, segments)
     rows = []
     for name, fn in calls.items():
         try:
