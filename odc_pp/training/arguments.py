@@ -39,6 +39,7 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
 
@@ -105,6 +106,10 @@ class ModelArgs:
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""
+    packed_attention: str = "auto"
+    """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
+    on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
+    (docs/gpu.md)."""
 
 
 @dataclass(kw_only=True)
