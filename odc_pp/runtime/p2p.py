@@ -98,6 +98,11 @@ class TorchP2POps:
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, group, tag)
                                        for tensor, peer, group, tag in sends])
 
+    def completed(self, work) -> bool:
+        """Whether ``work`` is known complete without blocking: device works answer
+        ``is_completed()``; gloo's CPU works never do before their ``wait``."""
+        return not self.host_blocking and work.is_completed()
+
     def touch(self, group):
         """The warm-up's first operation on ``group`` (:mod:`odc_pp.runtime.warmup`): a
         one-element all-reduce, on NCCL the group's main communicator."""
@@ -208,6 +213,13 @@ class PeerTransport:
         self.ops = ops if ops is not None else TorchP2POps(device)
         self._unposted: dict[int, deque[PendingMessage]] = {}
         self._inflight_sends: list[tuple[object, list[torch.Tensor], object, str]] = []
+        self.receives_preposted = False
+        """Every peer posts all receives of a minibatch before its first send of it (the
+        runtime's prepost_receives, equal on all ranks): once a message from a peer
+        arrived, waiting for a send to it cannot block on the peer's progress."""
+        self._heard_from: set[int] = set()
+        self.max_inflight_sends = 0
+        """Most sent tensors held at once since :meth:`drain_sends` (memory accounting)."""
         self.waited_s = 0.0
         """Total seconds spent blocked in waits (for timing actions without their waits)."""
 
@@ -238,11 +250,44 @@ class PeerTransport:
             peer = peers[0] if len(set(peers)) == 1 else sorted(set(peers))
             for work in works:
                 self._inflight_sends.append((work, keep, peer, ", ".join(whats)))
+        self.max_inflight_sends = max(self.max_inflight_sends, self.inflight_send_count())
+
+    def reap_sends(self) -> None:
+        """Forget the sends that completed, so a sent tensor lives only while in flight
+        (memory grows with the pipeline depth, not the microbatch count). Device (NCCL)
+        works are polled without blocking. gloo's CPU works report completion only inside
+        ``wait`` and a gloo send completes only once the receiver posted its receive, so
+        they are waited here only for peers whose receives are known posted (see
+        :attr:`receives_preposted`); otherwise they stay until :meth:`drain_sends`."""
+        kept = []
+        for entry in self._inflight_sends:
+            work, _, peer, what = entry
+            if self._completed(work):
+                continue
+            if self.receives_preposted and isinstance(peer, int) and peer in self._heard_from:
+                self._wait(work, f"completion of send ({what})", peer)
+                continue
+            kept.append(entry)
+        self._inflight_sends = kept
+
+    def _completed(self, work) -> bool:
+        completed = getattr(self.ops, "completed", None)  # test backends may lack it
+        return completed(work) if completed is not None else work.is_completed()
+
+    def inflight_send_count(self) -> int:
+        """Distinct sent tensors (payloads and headers) still held for their sends."""
+        return len({id(t) for _, keep, _, _ in self._inflight_sends for t in keep})
+
+    def inflight_send_bytes(self) -> int:
+        """Bytes of the tensors :meth:`inflight_send_count` counts."""
+        tensors = {id(t): t for _, keep, _, _ in self._inflight_sends for t in keep}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def drain_sends(self) -> None:
         for work, _, peer, what in self._inflight_sends:
             self._wait(work, f"completion of send ({what})", peer)
         self._inflight_sends.clear()
+        self._heard_from.clear()
 
     # ----- receiving -------------------------------------------------------------
     def post_recv(self, peer: int, tag: int, what: str, *,
@@ -272,6 +317,7 @@ class PeerTransport:
             if queue:
                 self._post_header(queue[0])
         self._wait(message.payload_work, message.what, message.peer)
+        self._heard_from.add(message.peer)
         return message.payload
 
     def pending_count(self) -> int:

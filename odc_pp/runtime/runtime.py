@@ -189,6 +189,7 @@ class PipelineRuntime:
         if self._prepost is None:
             self._prepost = (config.shapes_from_microbatch
                              and dist.get_backend(pp_group) == "gloo")
+        self.transport.receives_preposted = bool(self._prepost)
         self.schedule: Schedule | None = None
         """The schedule of the current (or last) minibatch."""
         self.actions: list[Action] = []
@@ -278,6 +279,7 @@ class PipelineRuntime:
         self._pending_recv: dict[tuple, object] = {}
         self.store.reset_peak()
         self.wgrad_queue.reset_held_bytes()
+        self.transport.max_inflight_sends = 0
         if self._prepost:
             self._post_all_receives()
 
@@ -424,6 +426,7 @@ class PipelineRuntime:
         """Post the group's receives (each timed alone), then issue its sends together
         (one timing shared by them): the profiler measures per-message CPU cost."""
         sends = [a for a in actions if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)]
+        self.transport.reap_sends()  # sent tensors live only while in flight
         for action in actions:
             if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
                 self._timed([action], self._remember_recv, started)

@@ -13,7 +13,7 @@ import torch
 from odc_pp.megatron import packed_attention as pa
 from odc_pp.megatron.packed_attention import (PackedSegments, packed_attention,
                                               packed_causal_mask, resolve_kernel)
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 # two rows: four documents and a padding tail; a full-length document and one of length 1
