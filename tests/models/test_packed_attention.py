@@ -13,7 +13,7 @@ import torch
 from odc_pp.megatron import packed_attention as pa
 from odc_pp.megatron.packed_attention import (PackedSegments, packed_attention,
                                               packed_causal_mask, resolve_kernel)
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 # two rows: four documents and a padding tail; a full-length document and one of length 1
@@ -174,7 +174,7 @@ def _model_worker(rank, world_size, out_path):
     from odc_pp.training.model_setup import model_config
 
     args = parse_args(["--mock-data", "--vocab-size", "64", "--packed-attention", "flex"])
-    report["cli"] = model_config(args, vocab_size=64, device="cpu",
+    report["cli"] = model_config(args.model, vocab_size=64, device="cpu",
                                  num_stages=1).packed_attention
     with open(out_path, "w") as handle:
         json.dump(report, handle)
