@@ -212,7 +212,10 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 raise ValueError("no varlen attention kernel (torch.nn.attention.varlen "
                                  "or flash_attn)")
             varlen = found[1]
-        tokens = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (q, k, v))
+        # [b, n, s, d] -> [b*s, n, d] (a view for b = 1); V is a strided slice of
+        # megatron's fused qkv: the flash kernels take dense token-major inputs
+        tokens = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim).contiguous()
+                  for t in (q, k, v))
         out = varlen(*tokens, segments.cu_seqlens, segments.max_seqlen, scale)
         return out.view(batch, seq, heads, dim).transpose(1, 2)
     if kernel == "flex":

@@ -169,6 +169,13 @@ def _model_worker(rank, world_size, out_path):
             report[f"{name}/grads"] = max(float((grads[n] - host_grads[n]).abs().max()
                                                 / host_grads[n].abs().max().clamp_min(1e-30))
                                           for n in host_grads)
+    # the frontend flag reaches the model config
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.model_setup import model_config
+
+    args = parse_args(["--mock-data", "--vocab-size", "64", "--packed-attention", "flex"])
+    report["cli"] = model_config(args.model, vocab_size=64, device="cpu",
+                                 num_stages=1).packed_attention
     with open(out_path, "w") as handle:
         json.dump(report, handle)
 
@@ -178,5 +185,14 @@ def test_gqa_model_logits_equal_the_host_path(tmp_path):
     out = tmp_path / "report.json"
     run_workers(_model_worker, 1, str(out), config=LaunchConfig(timeout_s=300))
     report = json.loads(out.read_text())
+    assert report.pop("cli") == "flex"
     assert set(report) == {"sdpa-auto/logits", "sdpa-auto/grads", "sdpa-flex/logits"}
     assert all(value <= 1e-5 for value in report.values()), report
+
+
+def test_packed_attention_flag_choices_are_the_kernels():
+    from odc_pp.training.arguments import CHOICES, parse_args
+
+    assert CHOICES["packed_attention"] == pa.PACKED_KERNELS
+    with pytest.raises(SystemExit):
+        parse_args(["--mock-data", "--vocab-size", "64", "--packed-attention", "flash"])
