@@ -18,7 +18,9 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
   are dropped at once), before: the last ``max_inflight_pushes`` (8) flattened chunk
   gradients, ``min(8, pushes) * e * P_u``;
 * optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` plus a 1-byte weight-decay
-  mask per owned element of each unit whose owned range holds a no-decay parameter;
+  mask per owned element of each unit whose owned range holds a no-decay parameter, and
+  (tensor parallelism, tp rank > 0) a 1-byte gradient-norm mask per owned element of each
+  unit whose owned range holds a replicated parameter;
 * ODC staging (deterministic data parallelism, the default): ``4 * P_u`` for each unit
   that pushed since the last sync (fp32, the unit's whole flat gradient: the summation
   order is fixed by adding whole staged sums in rank order at sync); freed at the sync
@@ -90,6 +92,10 @@ class UnitSizes:
     decay_mask: tuple[bool, ...] = ()
     """Per unit: some of its owned parameters are excluded from weight decay (a 1-byte
     mask per owned element); empty: every unit has one."""
+    norm_mask: tuple[bool, ...] = ()
+    """Per unit: tensor parallelism, tp rank > 0 -- some of its owned parameters are
+    replicated and kept out of the gradient norm (a 1-byte mask per owned element);
+    empty: no unit has one."""
     pushes_per_minibatch: int = 1
     """Gradient pushes of the rank per minibatch (one per W of each chunk)."""
 
@@ -107,6 +113,7 @@ def state_bytes(sizes: UnitSizes, policy: StatePolicy) -> dict[str, int]:
     kept_pushes = min(policy.keep_completed_pushes, sizes.pushes_per_minibatch)
     masks = sum(sizes.owned(u) for u in range(len(sizes.unit_params))
                 if not sizes.decay_mask or sizes.decay_mask[u])
+    masks += sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
     return {
         "params_gathered": e * params,
         "params_sharded": e * owned,

@@ -94,7 +94,9 @@ def _tensor_bytes(work) -> int:
     seen, total = set(), 0
     for obj in objects:
         if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter):
-            key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape))
+            # the storage's identity, not its address: fake tensors (the memory dry run)
+            # all have address 0
+            key = (obj.untyped_storage()._cdata, obj.storage_offset(), tuple(obj.shape))
             if key not in seen:
                 seen.add(key)
                 total += obj.numel() * obj.element_size()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -160,50 +161,41 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _layout(args: TrainingArgs, rank: int, world_size: int) -> dict:
-    pp = args.parallel.pipeline_model_parallel_size
-    tp = args.parallel.tensor_model_parallel_size
-    dp = args.data_parallel_size(world_size, world_size)
-    return dict(pp=pp, tp=tp, dp=dp, tp_rank=rank % tp, pp_rank=rank // tp % pp,
-                dp_rank=rank // (tp * pp))
+def _topology(args: TrainingArgs, rank: int, world_size: int):
+    """Rank ``rank``'s Topology: every group made on the fake process group."""
+    from .distributed import DistEnv, build_topology
+
+    env = DistEnv(rank=rank, world_size=world_size, local_rank=rank,
+                  local_world_size=world_size)
+    return build_topology(env, args.parallel.pipeline_model_parallel_size, _CPU,
+                          tp=args.parallel.tensor_model_parallel_size)
 
 
-def _build(args: TrainingArgs, layout: dict, rank: int, vocab_size: int):
-    """This rank's chunks, engine and optimizer on fake tensors and the fake group."""
+def _build(args: TrainingArgs, topo, vocab_size: int):
+    """This rank's chunks, engine and optimizer, made by the training builders on fake
+    tensors, the fake process group and a fake ODC group (no --hf-checkpoint weights are
+    read: only their sizes matter)."""
     from odc_pp.megatron.compat import singleton_process_groups  # noqa: F401 (megatron init)
-    from odc_pp.megatron.model import build_chunks
-    from odc_pp.megatron.tp import TensorParallel
-    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
-    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
     from odc_pp.odc.transport_fake import FakeOdcGroup
 
-    from .components import placement_of
-    from .model_setup import model_config
+    from .components import build_engine, build_model, build_optimizer
 
-    pp, tp = layout["pp"], layout["tp"]
-    base = rank - layout["tp_rank"]
-    tp_group = dist.new_group(list(range(base, base + tp))) if tp > 1 else None
-    model = model_config(args, vocab_size=vocab_size, device="cpu",
-                         num_stages=pp * args.schedule.num_model_chunks)
-    model.attention_backend = "sdpa" if model.attention_backend == "auto" else \
-        model.attention_backend
-    tensor_parallel = TensorParallel(group=tp_group,
-                                     sequence_parallel=args.parallel.sequence_parallel,
-                                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
+    if args.parallel.dp_mode != "odc":
+        raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode "
+                         f"{args.parallel.dp_mode}")
+    backend = args.model.attention_backend  # what GPUs run: sdpa
+    model = dataclasses.replace(args.model,
+                                attention_backend="sdpa" if backend == "auto" else backend)
     with _fake_module_to():
-        chunks = build_chunks(model, pp_rank=layout["pp_rank"], pp_size=pp,
-                              num_chunks=args.schedule.num_model_chunks,
-                              placement=placement_of(args.schedule.pipeline_schedule),
-                              seed=args.run.seed, tensor_parallel=tensor_parallel)
-    group = FakeOdcGroup(rank=layout["dp_rank"], world_size=layout["dp"],
+        chunks = build_model(model, args.schedule, args.parallel, topo,
+                             vocab_size=vocab_size, seed=args.run.seed, load_weights=False)
+    group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
                          deterministic=not args.parallel.nondeterministic_dp)
-    engine = ShardedDataParallel(
-        chunks, OdcConfig(mode="odc", unit_driver="pipeline",
-                          param_dtype="bfloat16" if args.model.bf16 else "float32"), group)
-    optimizer = ShardedAdamW(engine, AdamWConfig(
-        lr=args.optimizer.lr, weight_decay=args.optimizer.weight_decay,
-        no_decay=lambda name, shape: len(shape) == 1), norm_group=dist.group.WORLD)
-    return model, chunks, engine, optimizer
+    engine, norm_group = build_engine(args.parallel, chunks, topo,
+                                      param_dtype="bfloat16" if args.model.bf16 else "float32",
+                                      local_world_size=topo.world_size, odc_group=group)
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group)
+    return chunks, engine, optimizer
 
 
 def _microbatch(args: TrainingArgs, vocab_size: int):
@@ -363,16 +355,15 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
-    layout = _layout(args, flags.rank, flags.world_size)
     _fake_world(flags.rank, flags.world_size)
-    m = _num_microbatches(args, layout["dp"])
-    schedule = build_schedule(args.schedule, pp=layout["pp"], num_microbatches=m,
+    topo = _topology(args, flags.rank, flags.world_size)
+    m = _num_microbatches(args, topo.dp)
+    schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=m,
                               costs=load_cost_model(args.schedule),
                               post_validation=args.schedule.enable_optimizer_post_validation)
-    pp_rank = layout["pp_rank"]
+    pp_rank = topo.pp_rank
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
-        model, chunks, engine, optimizer = _build(args, layout, flags.rank,
-                                                  args.model.vocab_size)
+        chunks, engine, optimizer = _build(args, topo, args.model.vocab_size)
         held = _engine_bytes(engine, optimizer)
         built = tracker.now()
         microbatch = _microbatch(args, args.model.vocab_size)
@@ -385,11 +376,12 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
     measured.update(held, post_validation_snapshot=snapshot["live"], message_bytes=message,
                     num_microbatches=m, tracked_after_build=built)
     units = UnitSizes(
-        unit_params=tuple(u.numel for u in engine.units), dp=layout["dp"],
+        unit_params=tuple(u.numel for u in engine.units), dp=topo.dp,
         param_bytes=engine.units[0].param_shard.element_size(),
         deterministic=not args.parallel.nondeterministic_dp,
         post_validation=args.schedule.enable_optimizer_post_validation,
         decay_mask=tuple(mask is not None for mask in optimizer.decay_mask),
+        norm_mask=tuple(mask is not None for mask in optimizer.norm_mask),
         pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
                                  for a in schedule.ranks[pp_rank]))
     reports = {}
@@ -403,8 +395,6 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
 
 def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, message,
             measured) -> MemoryReport:
-    import dataclasses
-
     from .components import build_schedule, load_cost_model
 
     costs = load_cost_model(args.schedule)

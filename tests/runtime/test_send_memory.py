@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 MODEL = dict(num_layers=4, hidden_size=16, num_attention_heads=2)
 PP = 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 FLAGS = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--ffn-hidden-size", "256", "--seq-length", "64", "--max-position-embeddings", "64",
@@ -50,11 +50,10 @@ def real_worker(rank, world_size):
             tokens = torch.randint(0, 256, (1, 64), generator=generator)
             microbatches.append(Microbatch(tokens=tokens, labels=tokens.roll(1, 1),
                                            loss_mask=torch.ones(1, 64)))
-        schedule = schedule_for(parts, args, topo, m)
+        schedule = schedule_for(parts, args.schedule, topo, m)
         tokens = 2 * m * 64
         for step in range(2):
-            parts.engine.begin_minibatch(num_microbatches=m)
-            with tracker.phase() as phase:
+            with tracker.phase() as phase:  # the runtime begins the engine's minibatch
                 parts.runtime.run_minibatch(schedule, microbatches, global_num_tokens=tokens)
             before = tracker.now() - phase["live"]
         # shards and accumulators live in shared memory; the tracker counts them when a
