@@ -146,8 +146,11 @@ def test_plan_minibatch_balanced_beats_equal_count_on_long_tail():
     baseline = plan_minibatch(lengths, 2, max_tokens=4096 * 4, mode="none",
                               samples_per_microbatch=4)
     assert balanced.imbalance <= baseline.imbalance
-    assert balanced.imbalance < 1.01
+    # the objective is the largest replica's executed (padded) cost, not the ratio
+    assert balanced.imbalance < 1.05 and max(balanced.costs) < max(baseline.costs)
     assert replica_costs(balanced.microbatches, lengths) == balanced.costs
-    assert sum(balanced.costs) == pytest.approx(float(lengths.sum()))
+    # padded rows: the plan's costs count the padding the runtime executes
+    assert sum(balanced.costs) == sum(len(mb) * max(lengths[mb]) for r in balanced.microbatches
+                                      for mb in r) >= float(lengths.sum())
     assert balanced.for_replica(1) == balanced.microbatches[1]
     assert TokenCost()(np.array([3]))[0] == 3.0

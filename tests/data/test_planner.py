@@ -46,9 +46,14 @@ def test_balanced_gives_every_replica_the_same_microbatch_count(replicas, by_cou
 
 def test_balanced_token_cap_forces_more_microbatches_on_every_replica():
     lengths = [600] * 6 + [100] * 2  # a replica: 600 + 100, 600, 600
-    plan = plan_minibatch(lengths, 2, max_tokens=1000, mode="balanced")
+    plan = plan_minibatch(lengths, 2, max_tokens=1000, mode="balanced", packed=True)
     assert [len(r) for r in plan.microbatches] == [3, 3]
     assert all(sum(lengths[i] for i in mb) <= 1000 for r in plan.microbatches for mb in r)
+    # padded rows run count x longest: 600 + 100 pads to 1200 > 1000, so 4 each
+    plan = plan_minibatch(lengths, 2, max_tokens=1000, mode="balanced")
+    assert [len(r) for r in plan.microbatches] == [4, 4]
+    assert all(len(mb) * max(lengths[i] for i in mb) <= 1000
+               for r in plan.microbatches for mb in r)
     # uneven sample counts (9 over 2) still give equal microbatch counts
     plan = plan_minibatch(lengths + [50], 2, max_tokens=1000, mode="balanced")
     assert len({len(r) for r in plan.microbatches}) == 1
@@ -131,3 +136,106 @@ def test_balanced_and_packed_plans_are_the_same_in_every_process():
                             packed=True).microbatches
              for mode in ("none", "lb-mini", "balanced")]
     assert outputs[0] == outputs[1] == here
+
+
+# ----- issue 22: microbatches cost what the runtime executes; packer cases from real bugs
+
+def test_packer_seven_token_samples_under_a_cap_of_eight_get_eight_bins():
+    """verl PR #7553: lengths [7]*8 with a token cap of 8: 8 bins, none over the cap."""
+    from odc_pp.data import pack_microbatches, pack_padded
+
+    for bins in (pack_microbatches(range(8), [7] * 8, 8),
+                 pack_microbatches(range(8), [7] * 8, 8, TokenCost()),
+                 pack_padded(range(8), [7] * 8, max_tokens=8)):
+        assert len(bins) == 8 and all(sum(7 for _ in b) <= 8 for b in bins)
+    for mode in ("lb-mini", "balanced", "none"):
+        for packed in (False, True):
+            plan = plan_minibatch([7] * 8, 2, max_tokens=8, mode=mode, packed=packed)
+            assert sum(len(r) for r in plan.microbatches) == 8
+
+
+@pytest.mark.parametrize("lengths", [[1000] + [1] * 8, [5, 5, 5, 5, 5, 5, 5, 5, 5],
+                                     [4096, 4000, 3900, 1, 1, 1, 1, 1, 1]])
+@pytest.mark.parametrize("packed", [False, True])
+def test_nine_sequences_over_four_replicas_leave_none_empty(lengths, packed):
+    """verl issue #6786 / PR #6869: 9 sequences over 4 ranks must not leave a rank empty."""
+    plan = plan_minibatch(lengths, 4, max_tokens=8192, mode="lb-mini", packed=packed)
+    assert all(plan.microbatches) and sorted(
+        i for r in plan.microbatches for mb in r for i in mb) == list(range(9))
+    plan = plan_minibatch(lengths, 4, max_tokens=8192, mode="lb-mini", packed=packed,
+                          samples_per_microbatch=None if packed else 1)
+    assert all(plan.microbatches)
+
+
+def test_balanced_microbatch_counts_round_up_never_below_the_cap():
+    """OpenRLHF PR #1287: 5 microbatches needed over 4 replicas round up to 8 (2 each),
+    never down to 4 with a microbatch over the cap."""
+    lengths = [900, 200, 500, 500, 500, 500, 500, 500]  # 900 + 200 needs 2 under 1000
+    for packed in (False, True):
+        plan = plan_minibatch(lengths, 4, max_tokens=1000, mode="balanced", packed=packed)
+        assert [len(r) for r in plan.microbatches] == [2, 2, 2, 2]
+        for replica in plan.microbatches:
+            for mb in replica:
+                size = sum(lengths[i] for i in mb) if packed else \
+                    len(mb) * max(lengths[i] for i in mb)
+                assert size <= 1000
+
+
+def _long_tail(seed, n, longest=1024):
+    rng = np.random.default_rng(seed)
+    return [int(v) for v in np.minimum(rng.lognormal(4.5, 1.0, size=n).astype(int) + 16,
+                                       longest)]
+
+
+@pytest.mark.parametrize("per_replica", [2, 4, 8, 16])
+def test_unpacked_lb_mini_costs_padding_and_never_loses_to_balanced(per_replica):
+    """What the runtime executes (count x longest, plus attention): unpacked lb-mini's
+    largest replica is never costlier than balanced's with the same micro-batch size,
+    and the plan reports those padded costs."""
+    from odc_pp.data import microbatch_cost
+
+    cost = AttentionCost(quadratic_coef=1 / (6 * 256))
+    for seed in range(6):
+        lengths = _long_tail(seed, 2 * per_replica)
+        array = np.asarray(lengths)
+        for mbs in (1, 2, 4):
+            if per_replica % mbs:
+                continue
+            kw = dict(max_tokens=mbs * 1024, cost_model=cost, samples_per_microbatch=mbs)
+            lb = plan_minibatch(lengths, 2, mode="lb-mini", **kw)
+            bal = plan_minibatch(lengths, 2, mode="balanced", **kw)
+            assert all(len(mb) <= mbs for r in lb.microbatches for mb in r)
+            assert max(lb.costs) <= max(bal.costs) * (1 + 1e-9)
+            assert lb.costs == pytest.approx([sum(microbatch_cost(mb, array, cost)
+                                                  for mb in r) for r in lb.microbatches])
+            assert all(c >= sum(cost(array[mb]).sum() for mb in r) - 1e-9
+                       for c, r in zip(lb.costs, lb.microbatches))
+
+
+def test_packed_row_cost_is_the_row_length_under_one_mask():
+    from odc_pp.data import microbatch_cost
+
+    cost = AttentionCost(quadratic_coef=0.01)
+    lengths = np.asarray([10, 20, 30])
+    assert microbatch_cost([0, 1, 2], lengths, cost, packed=True) == pytest.approx(60 + 36)
+    assert microbatch_cost([0, 1, 2], lengths, cost) == pytest.approx(3 * (30 + 9))
+
+
+def test_fit_microbatch_costs_recovers_per_token_and_per_token_squared():
+    from odc_pp.data import fit_microbatch_costs, microbatch_cost
+
+    a, b = 3e-9, 2e-6
+    groups = [[100], [200, 180], [400], [50, 50, 40, 30], [800]]
+    lengths = np.asarray([100, 200, 180, 400, 50, 50, 40, 30, 800])
+    index, linear, quadratic, times = 0, [], [], []
+    for g in groups:
+        sizes = lengths[index:index + len(g)]
+        index += len(g)
+        linear.append(len(sizes) * sizes.max())
+        quadratic.append(len(sizes) * sizes.max() ** 2)
+        times.append(a * quadratic[-1] + b * linear[-1])
+    fitted = fit_microbatch_costs(linear, quadratic, times)
+    assert (fitted.a, fitted.b) == (pytest.approx(a), pytest.approx(b))
+    assert microbatch_cost([1, 2], lengths, fitted) == pytest.approx(times[1])
+    with pytest.raises(ValueError):
+        fit_microbatch_costs([1, 2], [1, 4], [0.0, -1.0])

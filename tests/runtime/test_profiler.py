@@ -85,3 +85,39 @@ def test_memory_deltas_from_byte_samples():
     assert (mem_f, mem_b, mem_w) == pytest.approx((1.0, -0.65, -0.35))
     assert memory_deltas({0: {"activation_bytes": [10.0], "wgrad_bytes": [30.0]}}) == (
         1.0, 0.0, -1.0)  # clamped: W never holds more than F saved
+
+
+def _sample_worker(rank, world_size, out_path):
+    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
+    from odc_pp.data import Microbatch
+
+    groups = singleton_process_groups()
+    schedule = build_schedule("1f1b", world_size, 3)
+    chunks = build_chunks(model_config(), pp_rank=rank, pp_size=world_size,
+                          process_groups=groups)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(1, 8), (2, 16), (1, 32)]
+    microbatches = [Microbatch(tokens=torch.randint(0, 64, s, generator=gen),
+                               labels=torch.randint(0, 64, s, generator=gen)) for s in shapes]
+    profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
+                        pp_group=dist.group.WORLD)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+    for _ in range(2):
+        result = runtime.run_minibatch(schedule, microbatches)
+        profiler.record(result, microbatches)
+    fitted = profiler.sample_cost_model()
+    with open(f"{out_path}.{rank}", "w") as handle:
+        json.dump({"a": fitted.a, "b": fitted.b, "points": profiler._sample_points}, handle)
+
+
+@pytest.mark.multiproc
+def test_sample_cost_model_is_fitted_from_measured_microbatches(tmp_path):
+    """Correctness only: the fit exists, is non-negative and uses the executed shapes
+    (rows x length, rows x length^2); no timing is asserted."""
+    run_workers(_sample_worker, 1, str(tmp_path / "samples"),
+                config=LaunchConfig(timeout_s=120))
+    report = json.loads((tmp_path / "samples.0").read_text())
+    assert report["a"] >= 0 and report["b"] >= 0 and report["a"] + report["b"] > 0
+    assert sorted((p[0], p[1]) for p in report["points"]) == [(8, 64), (32, 512), (32, 1024)]

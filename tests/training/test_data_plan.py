@@ -103,7 +103,36 @@ def test_packed_lb_mini_uses_the_attention_cost_of_the_flops_formula():
     p = planner(["--load-balance", "lb-mini", "--pack-sequences", "--hidden-size", "32",
                  "--ffn-hidden-size", "96"], dp=2)
     assert p.cost_model.quadratic_coef == pytest.approx(1 / (2 * 32 + 96))
-    assert planner(["--load-balance", "lb-mini"], dp=2).cost_model is None
+    # one cost model for every mode and path, packed or padded
+    for extra in (["--load-balance", "lb-mini", "--no-pack-sequences"],
+                  ["--load-balance", "balanced"]):
+        assert planner(extra + ["--hidden-size", "32", "--ffn-hidden-size", "96"],
+                       dp=2).cost_model == p.cost_model
+
+
+def test_lb_mini_packs_by_default_and_flags_choose(tmp_path):
+    assert planner(["--load-balance", "lb-mini"], dp=2).packed
+    assert not planner(["--load-balance", "lb-mini", "--no-pack-sequences"], dp=2).packed
+    assert not planner(["--load-balance", "balanced"], dp=2).packed
+    with pytest.raises(ValueError, match="contradict"):
+        planner(["--pack-sequences", "--no-pack-sequences"], dp=2)
+    path = tmp_path / "cost.json"
+    path.write_text('{"a": 2e-9, "b": 1e-6}')
+    p = planner(["--load-balance", "balanced", "--sample-cost-model", str(path)], dp=2)
+    assert (p.cost_model.a, p.cost_model.b) == (2e-9, 1e-6)
+    path.write_text('{"b": 1e-6}')
+    with pytest.raises(ValueError, match="--sample-cost-model"):
+        planner(["--sample-cost-model", str(path)], dp=2)
+
+
+def test_unpacked_lb_mini_respects_micro_batch_size_and_costs_padding():
+    """The issue-22 bug: unpacked lb-mini grouped by summed tokens, ignored
+    --micro-batch-size, and the runtime padded every row to its longest sample."""
+    p = planner(["--load-balance", "lb-mini", "--no-pack-sequences", "--micro-batch-size", "2",
+                 "--global-batch-size", "16"], dp=2)
+    for iteration in range(5):
+        plan = p.plan(iteration)
+        assert all(len(mb) <= 2 for r in plan.replicas for mb in r)
 
 
 def test_packed_rows_are_the_same_on_every_rank():
