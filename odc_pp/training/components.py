@@ -5,6 +5,7 @@ and the one pipeline runtime (odc_pp.runtime) -- and runs one iteration with the
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +52,8 @@ class IterationResult:
     """Times the minibatch ran again because the previous step was rolled back/clipped."""
     loss_reduction: tuple | None = None
     """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
+    minibatch_started: float = 0.0
+    """``perf_counter`` when the runtime's action clock started (its timings' zero)."""
 
     @property
     def pending(self) -> bool:
@@ -268,6 +271,7 @@ def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
                                          num_microbatches=len(microbatches))
             result = parts.runtime.run_minibatch(
                 schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)))
+            started = time.perf_counter() - result.wall_time
             previous = previous or result.validated
             if not result.repeat:
                 break
@@ -292,7 +296,7 @@ def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
     iteration_result = IterationResult(
         loss=None, grad_norm=norm, busy_s=busy, peak_memory_mb=peak, skipped=skipped,
         minibatch=result, previous_step=previous, repeats=repeats,
-        loss_reduction=(work, loss_sum, plan.total_loss_tokens))
+        loss_reduction=(work, loss_sum, plan.total_loss_tokens), minibatch_started=started)
     if work is None:
         resolve_loss(iteration_result)
     return iteration_result

@@ -35,6 +35,7 @@ from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
+from .tracing import TraceRecorder
 from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
 __all__ = ["main", "train", "TrainingStopped"]
@@ -124,6 +125,7 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     # with post-validation an iteration's step is validated during the next one: its
     # log record and checks wait for that (every rank finishes the same iterations)
     pending: dict | None = None
+    tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
 
     def finish(entry: dict) -> None:
         nonlocal skipped_in_a_row
@@ -167,6 +169,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
         result = run_iteration(parts, args, topo, microbatches, plan=plan, lr=lr,
                                iteration=iteration + 1)
         step_s = time.perf_counter() - began
+        if tracer is not None:
+            tracer.record(iteration + 1, began, step_s, result)
         if render_pending:  # the schedule rank 0's pipeline just ran
             _render_schedule(args.logging.schedule_png, parts.last_schedule, parts.costs, out)
             render_pending = False
@@ -212,6 +216,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
             break
     if logger is not None:
         logger.close()
+    if tracer is not None:
+        tracer.close(parts.last_schedule, out=out if topo.rank == 0 else None)
     parts.close()
     return records
 
