@@ -11,6 +11,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
     "tune-offload": "odc_pp.schedule.offload_tuner",
+    "plan": "odc_pp.planner.cli",
 }
 
 
