@@ -176,10 +176,52 @@ def odc_port_section() -> dict:
                           "microbatch counts (the port's NCCL_pad is padded KK)"}
 
 
+def padding_section(seq_length: int = 1024, hidden: int = 256, seeds: int = 20) -> dict:
+    """Item 2's planner-side evidence (no timing): on the built-in long-tailed corpus
+    (``--mock-data``), dp = 2, batch per replica 2/4/8/16, the executed cost of the
+    costliest replica (FLOPs cost model, padded or packed rows as the runtime runs them)
+    and the padded-token share, per load-balance mode, relative to collective's baseline
+    ``balanced`` with one sample per microbatch. Medians over ``seeds`` minibatches."""
+    from odc_pp.data import AttentionCost, SyntheticCorpus, plan_minibatch
+
+    corpus = SyntheticCorpus(vocab_size=512, seq_length=seq_length, seed=0)
+    cost = AttentionCost(quadratic_coef=1 / (6 * hidden))
+    modes = {"balanced mbs=1": dict(mode="balanced", samples_per_microbatch=1),
+             "balanced mbs=2": dict(mode="balanced", samples_per_microbatch=2),
+             "lb-mini padded mbs=2": dict(mode="lb-mini", samples_per_microbatch=2),
+             "lb-mini packed": dict(mode="lb-mini", packed=True),
+             "none mbs=2": dict(mode="none", samples_per_microbatch=2)}
+    rows = []
+    for per_replica in (2, 4, 8, 16):
+        result = {}
+        for name, options in modes.items():
+            worst, padded = [], []
+            for seed in range(seeds):
+                lengths = [corpus.length(seed * 64 + i) for i in range(2 * per_replica)]
+                cap = 2 * seq_length if not options.get("packed") else seq_length * 2
+                plan = plan_minibatch(lengths, 2, max_tokens=cap, cost_model=cost,
+                                      min_microbatches=1, **options)
+                worst.append(max(plan.costs))
+                executed = sum((len(mb) * max(lengths[i] for i in mb)) if not
+                               options.get("packed") else sum(lengths[i] for i in mb)
+                               for r in plan.microbatches for mb in r)
+                padded.append(1 - sum(lengths) / executed)
+            result[name] = {"worst_replica_cost": statistics.median(worst),
+                            "padded_share": round(statistics.median(padded), 4)}
+        base = result["balanced mbs=1"]["worst_replica_cost"]
+        for entry in result.values():
+            entry["worst_vs_balanced_mbs1"] = round(entry.pop("worst_replica_cost") / base, 4)
+        rows.append({"samples_per_replica": per_replica, "modes": result})
+    return {"what": padding_section.__doc__.split("\n\n")[0].replace("\n", " "),
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.add_argument("--odc", action="store_true", help="add the ODC-port section (6c)")
+    parser.add_argument("--padding", action="store_true",
+                        help="add the planner-side padding/balance sweep (item 2)")
     parser.add_argument("--measure", action="store_true",
                         help="6b: calibrate once, then measure two-rank configs (quiet "
                              "machine only)")
@@ -190,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "planner_validation", "zb_paper": zb_paper_section()}
     if args.odc:
         doc["odc_port"] = odc_port_section()
+    if args.padding:
+        doc["padding_sweep"] = padding_section()
     if args.measure:
         from benchmarks.planner_measure import measure_section
 

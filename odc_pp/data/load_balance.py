@@ -137,27 +137,30 @@ def fit_cost_model(lengths: Sequence[float], times: Sequence[float], *,
 
 
 def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
-                         times: Sequence[float]) -> FittedCost:
+                         times: Sequence[float], *, with_constant: bool = False) -> FittedCost:
     """The sample cost model from measured microbatches (the profiler's calibration):
     non-negative least squares of ``times ~ a * quadratic + b * linear``, where each
     microbatch executed ``linear`` token positions (padded: count x longest; packed: the
     row's length) and ``quadratic`` attention positions (count x longest^2; packed: the
     row's length^2, the mask spans the row). ``a`` is then the measured seconds per
-    token^2, ``b`` per token, and ``FittedCost(a, b)`` costs any microbatch through
-    :func:`microbatch_cost` in seconds."""
+    token^2, ``b`` per token (``with_constant``: ``c`` per microbatch row too), and
+    ``FittedCost(a, b, c)`` costs any microbatch through :func:`microbatch_cost`."""
     lin = np.asarray(linear, dtype=np.float64)
     quad = np.asarray(quadratic, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if lin.ndim != 1 or lin.shape != quad.shape or lin.shape != t.shape or lin.size < 2:
         raise ValueError("fit_microbatch_costs needs three 1-D sequences of equal length >= 2")
     columns = {"a": quad, "b": lin}
+    if with_constant:
+        columns["c"] = np.ones_like(lin)
     active = list(columns)
     while active:
         design = np.stack([columns[name] for name in active], axis=1)
         coef, *_ = np.linalg.lstsq(design, t, rcond=None)
         if (coef >= 0).all() and (coef > 0).any():
             fitted = dict(zip(active, coef.tolist()))
-            return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0))
+            return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
+                              c=fitted.get("c", 0.0))
         active.pop(int(np.argmin(coef)))
     raise ValueError("measured times do not grow with tokens: no non-negative cost model "
                      "fits them")
@@ -417,15 +420,19 @@ def balance_equal_counts(lengths: Sequence[int], num_parts: int,
 
 
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
-                      max_tokens: int, cost_model: SampleCostModel | None = None) -> list[list[int]]:
+                      max_tokens: int, cost_model: SampleCostModel | None = None, *,
+                      row_cost: bool = False) -> list[list[int]]:
     """Pack samples into microbatches of at most ``max_tokens`` tokens (sequences packed
     back to back, no padding). Returns lists of sample indices, largest microbatch first;
     an empty input gives no microbatches.
 
     Without ``cost_model``: first-fit decreasing by tokens (fewest microbatches). With one:
     as many microbatches as first-fit decreasing needs (more only if the cap forces it),
-    their costs balanced (a packed row costs the sum of its samples' costs): each sample,
-    costliest first, to the cheapest microbatch with room for its tokens."""
+    their costs balanced (by the sum of its samples' costs): each sample, costliest first,
+    to the cheapest microbatch with room for its tokens. With ``row_cost`` as well, the
+    row count is chosen by what the rows cost as executed (``cost(row length)``: under a
+    row-wide attention mask packing more rows together costs more attention, and a fitted
+    per-row constant ``c`` costs fewer rows less)."""
     array = check_lengths(lengths)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -446,14 +453,33 @@ def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
         else:
             bins.append([index])
             free.append(max_tokens - length)
-    if cost_model is None or len(bins) < 2:
+    if cost_model is None or (len(bins) < 2 and not row_cost):
         return bins
     costs = cost_model(array).astype(np.float64)
+    if row_cost:
+        return _rows_by_cost(indices, array, costs, max_tokens, cost_model, len(bins))
     for count in range(len(bins), len(indices) + 1):
         balanced = _cost_balanced_bins(indices, array, costs, max_tokens, count)
         if balanced is not None:
             return sorted(balanced, key=lambda b: (-float(costs[b].sum()), b))
     raise AssertionError("one sample per microbatch always fits")
+
+
+def _rows_by_cost(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
+                  max_tokens: int, cost_model, fewest: int) -> list[list[int]]:
+    """The row count whose cost-balanced packing costs least as executed (each row
+    ``cost(row length)``; ties: fewer rows). Counts tried: ``fewest`` up to twice that,
+    and one sample per row."""
+    best = None
+    counts = sorted(set(range(fewest, min(len(indices), 2 * fewest) + 1)) | {len(indices)})
+    for count in counts:
+        rows = _cost_balanced_bins(indices, lengths, costs, max_tokens, count)
+        if rows is None:
+            continue
+        total = sum(microbatch_cost(r, lengths, cost_model, packed=True) for r in rows)
+        if best is None or total < best[0] * (1 - 1e-9):
+            best = (total, rows)
+    return sorted(best[1], key=lambda b: (-float(costs[b].sum()), b))
 
 
 def _cost_balanced_bins(indices: list[int], lengths: np.ndarray, costs: np.ndarray,

@@ -20,7 +20,10 @@ Modes (``--load-balance``):
 With ``packed=True`` (``--pack-sequences``: each microbatch becomes one row of samples
 back to back, :func:`~odc_pp.data.samples.pack`) a microbatch's size is the sum of its
 lengths everywhere, and ``lb-mini`` packs each replica's microbatches by the cost model
-(their costs balanced, :func:`~odc_pp.data.load_balance.pack_microbatches`).
+(their costs balanced, :func:`~odc_pp.data.load_balance.pack_microbatches`), with the row
+count that costs least as executed: under the row-wide mask an attention-heavy model is
+cheapest in short rows, a fitted per-row constant favours fewer rows, a tokens-only model
+packs fullest.
 
 Every mode costs a microbatch the way the runtime executes it
 (:func:`~odc_pp.data.load_balance.microbatch_cost`): a padded microbatch runs ``count x
@@ -118,8 +121,8 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
     elif mode == "lb-mini":
         microbatches = []
         for indices in balance_minibatch(array, num_replicas, cost_model):
-            groups = pack_microbatches(indices, array, max_tokens,
-                                       (cost_model or TokenCost()) if packed else None)
+            groups = pack_microbatches(indices, array, max_tokens, cost_model or TokenCost(),
+                                       row_cost=True)
             groups = _split_until(groups, min_microbatches, array)
             microbatches.append([sorted(group) for group in groups])
     else:

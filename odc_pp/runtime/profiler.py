@@ -118,13 +118,14 @@ class Profiler:
                                             seconds[index]))
 
     def sample_cost_model(self) -> FittedCost:
-        """Measured seconds per token and per token^2 of this rank's microbatches (needs
+        """Measured seconds per token, per token^2 and per microbatch row (``c``) of this
+        rank's microbatches (needs
         ``record(..., microbatches)`` with at least two different shapes)."""
-        if len({(lin, quad) for lin, quad, _ in self._sample_points}) < 2:
-            raise ValueError("the sample cost fit needs microbatches of at least two "
+        if len({(lin, quad) for lin, quad, _ in self._sample_points}) < 3:
+            raise ValueError("the sample cost fit needs microbatches of at least three "
                              "different shapes recorded past the warm-up")
         linear, quadratic, times = zip(*self._sample_points)
-        return fit_microbatch_costs(linear, quadratic, times)
+        return fit_microbatch_costs(linear, quadratic, times, with_constant=True)
 
     def _record_messages(self, result: MinibatchResult) -> None:
         """Per-message CPU time of SEND (a batch's busy time split over its sends) and

@@ -206,7 +206,7 @@ class DataArgs:
     then groups similar lengths, at most --micro-batch-size samples per microbatch unless
     --max-tokens-per-microbatch caps count x longest)."""
     sample_cost_model: str | None = None
-    """JSON file {"a": s/token^2, "b": s/token} of measured per-token costs (written by
+    """JSON file {"a": s/token^2, "b": s/token, "c": s/row} of measured costs (written by
     benchmarks/bench_planner_validation.py --measure from the profiler) that every
     load-balance mode weighs samples and microbatches with; default: the FLOPs formula."""
     load_balance: str = "none"

@@ -239,3 +239,24 @@ def test_fit_microbatch_costs_recovers_per_token_and_per_token_squared():
     assert microbatch_cost([1, 2], lengths, fitted) == pytest.approx(times[1])
     with pytest.raises(ValueError):
         fit_microbatch_costs([1, 2], [1, 4], [0.0, -1.0])
+
+
+def test_packed_lb_mini_picks_the_row_count_by_executed_cost():
+    """Under the row-wide mask, attention-heavy costs want short rows, a per-row constant
+    wants few rows, tokens alone pack fullest; the plan never costs more than fewest rows."""
+    from odc_pp.data import FittedCost, pack_microbatches
+
+    lengths = [100] * 8
+    tokens = pack_microbatches(range(8), lengths, 400, TokenCost(), row_cost=True)
+    assert len(tokens) == 2
+    attention = pack_microbatches(range(8), lengths, 400, FittedCost(a=1.0, b=1.0),
+                                  row_cost=True)
+    assert len(attention) == 8
+    overhead = pack_microbatches(range(8), lengths, 400, FittedCost(a=1e-6, b=1.0, c=1e4),
+                                 row_cost=True)
+    assert len(overhead) == 2
+    for cost in (TokenCost(), AttentionCost(quadratic_coef=1 / 1536)):
+        lb = plan_minibatch(_long_tail(1, 16), 2, max_tokens=2048, mode="lb-mini",
+                            packed=True, cost_model=cost)
+        assert all(sum(_long_tail(1, 16)[i] for i in mb) <= 2048
+                   for r in lb.microbatches for mb in r)
