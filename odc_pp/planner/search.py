@@ -120,7 +120,7 @@ class Prediction:
     """Seconds per step: compute (busiest rank's own work), bubble (pipeline idle),
     dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic)."""
     peak_memory_gb: list[float]
-    """Predicted peak per pipeline rank."""
+    """Predicted peak per pipeline rank (model state, activations, last rank's logits)."""
     fits: bool
     mfu: float
     flags: list[str] = field(default_factory=list)
@@ -242,73 +242,87 @@ def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
     return params * (2 + 4 + 12 / cand.dp)
 
 
+def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
+                    offload: list[int] | None) -> tuple[tuple[float, ...], list]:
+    """((step, compute, bubble, dp wait) seconds, simulations) of one planned minibatch
+    (``per_replica``: each replica's microbatch shapes)."""
+    memory = (1.0, 0.0, -1.0)
+    if cand.dp_mode == "collective":
+        counts = {len(s) for s in per_replica}
+        if len(counts) != 1:
+            raise ValueError("collective needs equal microbatch counts")
+        count = counts.pop()
+        own = [_replica_costs(config, cand, s, link, memory) for s in per_replica]
+        lock = CostModel(**{k: np.max([getattr(c, k) for c in own], axis=0).tolist()
+                            for k in ("t_f", "t_b", "t_w")},
+                         t_comm=max(c.t_comm for c in own))
+        sim, _ = pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=count,
+                               costs=lock, offload_chunks=offload)
+        busy = max(sim.busy)
+        # each replica's own work on its busiest rank; the rest of lock step is waiting
+        chunks = family(cand.schedule).default_chunks
+        work = float(np.mean([count * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
+                              for c in own]))
+        return (sim.makespan, min(work, busy), sim.makespan - busy,
+                max(0.0, busy - work)), [sim]
+    sims = [pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=len(shapes),
+                          costs=_replica_costs(config, cand, shapes, link, memory),
+                          offload_chunks=offload)[0] for shapes in per_replica]
+    spans = [sim.makespan for sim in sims]
+    return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
+            float(np.mean([sim.makespan - max(sim.busy) for sim in sims])),
+            max(spans) - float(np.mean(spans))), sims
+
+
+def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
+                biggest: int) -> list[float]:
+    """Predicted peak bytes per pipeline rank: model state, activations (``units``
+    microbatch chunks of the largest microbatch) and the last rank's fp32 logits."""
+    model = config.model
+    fam = family(cand.schedule)
+    shape = ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                       num_attention_heads=model.num_attention_heads, seq_length=biggest,
+                       vocab_size=model.vocab_size)
+    chunk_bytes = model.num_layers / (cand.pp * fam.default_chunks) * layer_activation_bytes(
+        shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
+    if fam.offloads:  # offloaded chunks stay on the host between F and B
+        chunk_bytes *= 0.5
+    peaks = [float(_static_bytes(config, cand) + u * chunk_bytes) for u in units]
+    peaks[-1] += biggest * model.vocab_size * 4 / cand.tp
+    return peaks
+
+
 def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     """The prediction of one candidate (ValueError: the candidate cannot run)."""
     model, cluster = config.model, config.cluster
     fam = family(cand.schedule)
-    chunks = fam.default_chunks
     inside = cand.tp * cand.pp <= cluster.gpus_per_node
     link = (cluster.nvlink_gbps if inside else cluster.internode_gbps) * GB
-    memory = (1.0, 0.0, -1.0)
-    offload = list(range(chunks)) if fam.offloads else None
-    steps, compute, bubble, waits, peaks_units, biggest, real_tokens, flops = \
-        [], [], [], [], [], 0, [], []
+    offload = list(range(fam.default_chunks)) if fam.offloads else None
+    parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
     for lengths, plan in _plans(config, cand, _sample_cost(model)):
         per_replica = [_shapes(groups, lengths, cand.packed) for groups in plan.microbatches]
-        if cand.dp_mode == "collective":
-            counts = {len(s) for s in per_replica}
-            if len(counts) != 1:
-                raise ValueError("collective needs equal microbatch counts")
-            count = counts.pop()
-            own = [_replica_costs(config, cand, s, link, memory) for s in per_replica]
-            lock = CostModel(**{k: np.max([getattr(c, k) for c in own], axis=0).tolist()
-                                for k in ("t_f", "t_b", "t_w")},
-                             t_comm=max(c.t_comm for c in own))
-            sim, _ = pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=count,
-                                   costs=lock, offload_chunks=offload)
-            sims = [sim]
-            busy = max(sim.busy)
-            # each replica's own work on its busiest rank; the rest of lock step is waiting
-            work = float(np.mean([count * chunks * max(
-                np.add(np.add(c.t_f, c.t_b), c.t_w)) for c in own]))
-            steps.append(sim.makespan)
-            compute.append(min(work, busy))
-            waits.append(max(0.0, busy - work))
-            bubble.append(sim.makespan - busy)
-        else:
-            sims = [pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=len(shapes),
-                                  costs=_replica_costs(config, cand, shapes, link, memory),
-                                  offload_chunks=offload)[0] for shapes in per_replica]
-            spans = [sim.makespan for sim in sims]
-            steps.append(max(spans))
-            compute.append(float(np.mean([max(sim.busy) for sim in sims])))
-            bubble.append(float(np.mean([sim.makespan - max(sim.busy) for sim in sims])))
-            waits.append(max(spans) - float(np.mean(spans)))
-        peaks_units.append(max(max(sim.peak_activation) for sim in sims))
+        times, sims = _minibatch_step(config, cand, per_replica, link, offload)
+        parts.append(times)
+        for sim in sims:
+            units = np.maximum(units, sim.peak_activation)
         biggest = max(biggest, max(r * s for shapes in per_replica for r, s in shapes))
         real_tokens.append(int(lengths.sum()))
         flops.append(sum(sum(transformer_layer_flops(1, int(s), model.hidden_size,
                                                      model.flops_ffn)) * model.num_layers
                          + 6.0 * s * model.hidden_size * model.vocab_size for s in lengths))
+    step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)
-    step_s = float(np.mean(steps)) + comm
-    shape = ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                       num_attention_heads=model.num_attention_heads, seq_length=biggest,
-                       vocab_size=model.vocab_size)
-    chunk_bytes = model.num_layers / (cand.pp * chunks) * layer_activation_bytes(
-        shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
-    if fam.offloads:  # offloaded chunks stay on the host between F and B
-        chunk_bytes *= 0.5
-    logits = biggest * model.vocab_size * 4 / cand.tp
-    peak = _static_bytes(config, cand) + max(peaks_units) * chunk_bytes + logits
+    step_s = step + comm
+    peaks = _peak_bytes(config, cand, units, biggest)
     mfu = float(np.mean(flops)) / (step_s * config.gpus * cluster.peak_tflops * 1e12)
     return Prediction(candidate=cand, step_s=step_s,
                       tokens_per_s=float(np.mean(real_tokens)) / step_s,
-                      breakdown={"compute": float(np.mean(compute)),
-                                 "bubble": float(np.mean(bubble)),
-                                 "dp_wait": float(np.mean(waits)), "comm": comm},
-                      peak_memory_gb=[round(peak / GB, 3)], fits=peak <= config.memory_bytes,
-                      mfu=mfu, flags=flags_of(config, cand))
+                      breakdown={"compute": compute, "bubble": bubble, "dp_wait": wait,
+                                 "comm": comm},
+                      peak_memory_gb=[round(p / GB, 3) for p in peaks],
+                      fits=bool(max(peaks) <= config.memory_bytes), mfu=mfu,
+                      flags=flags_of(config, cand))
 
 
 def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
