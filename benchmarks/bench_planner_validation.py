@@ -34,7 +34,6 @@ per rank and compares each measured median step time with the prediction.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -225,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="6b: calibrate once, then measure two-rank configs (quiet "
                              "machine only)")
+    parser.add_argument("--write-sample-cost", default=None,
+                        help="with --measure: write the calibrated --sample-cost-model file")
     parser.add_argument("--output", default=None,
                         help="write the document here (benchmarks/results/"
                              "planner_validation.json)")
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         from benchmarks.planner_measure import measure_section
 
-        doc["this_machine"] = measure_section()
+        doc["this_machine"] = measure_section(cost_file=args.write_sample_cost)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1)

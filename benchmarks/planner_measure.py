@@ -85,13 +85,14 @@ def calibrate(seq_length: int = 1024) -> dict:
     fitted = profiler.sample_cost_model()
     kinds = profiler.local_costs()["stages"][0]
     total = kinds["F"] + kinds["B"] + kinds["W"]
-    return {"a": fitted.a, "b": fitted.b,
+    return {"a": fitted.a, "b": fitted.b, "c": fitted.c,
             "shares": {k: kinds[k] / total for k in ("F", "B", "W")}}
 
 
 def predict(flags: list[str], calibration: dict, iterations: range) -> list[float]:
     """Predicted step seconds of each iteration of a 2-rank run of ``flags``."""
     from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.simulator import simulate
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.components import build_schedule
     from odc_pp.training.data_plan import DataPlanner, build_source
@@ -110,7 +111,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         for groups in plan.replicas:
             shapes = [(1, sum(source.length(i) for i in g)) if planner.packed
                       else (len(g), max(source.length(i) for i in g)) for g in groups]
-            total = float(np.mean([a * r * s * s + b * r * s for r, s in shapes])) / stages
+            total = float(np.mean([a * r * s * s + b * r * s + calibration["c"]
+                                   for r, s in shapes])) / stages
             replicas.append((len(groups), total))
         if args.parallel.dp_mode == "collective" and dp > 1:
             replicas = [(replicas[0][0], max(t for _, t in replicas))]
@@ -118,8 +120,6 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         for count, total in replicas:
             costs = CostModel(t_f=total * shares["F"], t_b=total * shares["B"],
                               t_w=total * shares["W"])
-            from odc_pp.schedule.simulator import simulate
-
             schedule = build_schedule(args.schedule, pp=pp, num_microbatches=count,
                                       costs=CostModel())
             spans.append(simulate(schedule, costs).makespan)
@@ -139,8 +139,13 @@ def _run(flags: list[str], iters: int) -> list[float]:
             return [json.loads(line)["step_s"] for line in handle if line.strip()]
 
 
-def measure_section(*, rounds: int = 3, iters: int = 4) -> dict:
+def measure_section(*, rounds: int = 3, iters: int = 4,
+                    cost_file: str | None = None) -> dict:
     calibration = calibrate()
+    if cost_file:  # the --sample-cost-model file every load-balance mode can use
+        with open(cost_file, "w", encoding="utf-8") as handle:
+            json.dump({"a": calibration["a"], "b": calibration["b"],
+                       "c": calibration["c"]}, handle)
     load_before = os.getloadavg()
     runs: dict[str, list[list[float]]] = {}
     configs = {f"{c}/{l}": MODEL + cf + lf for c, cf in CONFIGS.items()
