@@ -149,9 +149,8 @@ def odc_port_section() -> dict:
     prediction of ODC + LB-Mini (packed) over collective + padded equal counts for the
     1.5B model on 8 x MI300X-like GPUs (A100 preset scaled: only the shape is compared)
     with a long-tailed length distribution."""
-    from odc_pp.planner import CLUSTERS, ModelSpec, PlanConfig, predict
-    from odc_pp.planner.inputs import load_lengths
-    from odc_pp.planner.search import Candidate
+    from odc_pp.planner.inputs import CLUSTERS, ModelSpec, load_lengths
+    from odc_pp.planner.search import Candidate, PlanConfig, predict
 
     port = _load("published_gpu_results.json")["odc_independent_port"]
     model = ModelSpec(num_layers=28, hidden_size=1536, num_attention_heads=12,

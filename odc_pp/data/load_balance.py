@@ -167,14 +167,19 @@ def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
 
 
 def microbatch_cost(group: Sequence[int], lengths: np.ndarray,
-                    cost_model: SampleCostModel | None = None, *, packed: bool = False) -> float:
+                    cost_model: SampleCostModel | None = None, *, packed: bool = False,
+                    segments: bool = False) -> float:
     """Cost of one microbatch as the runtime executes it: padded rows (``packed=False``)
     run ``count x longest`` positions, i.e. ``count * cost(longest)``; a packed row runs
-    its total length under one mask over the whole row, i.e. ``cost(sum of lengths)``."""
+    its total length under one mask over the whole row (the dense kernel: CPU), i.e.
+    ``cost(sum of lengths)``, or with ``segments`` (varlen / flex kernels, CUDA) each
+    document's attention alone, i.e. the sum of its samples' costs."""
     if not len(group):
         return 0.0
     model = cost_model or TokenCost()
     sizes = lengths[list(group)]
+    if packed and segments:
+        return float(model(sizes).sum())
     if packed:
         return float(model(np.asarray([int(sizes.sum())]))[0])
     return float(len(sizes) * model(np.asarray([int(sizes.max())]))[0])
@@ -421,7 +426,7 @@ def balance_equal_counts(lengths: Sequence[int], num_parts: int,
 
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
                       max_tokens: int, cost_model: SampleCostModel | None = None, *,
-                      row_cost: bool = False) -> list[list[int]]:
+                      row_cost: bool = False, segments: bool = False) -> list[list[int]]:
     """Pack samples into microbatches of at most ``max_tokens`` tokens (sequences packed
     back to back, no padding). Returns lists of sample indices, largest microbatch first;
     an empty input gives no microbatches.
@@ -457,7 +462,8 @@ def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
         return bins
     costs = cost_model(array).astype(np.float64)
     if row_cost:
-        return _rows_by_cost(indices, array, costs, max_tokens, cost_model, len(bins))
+        return _rows_by_cost(indices, array, costs, max_tokens, cost_model, len(bins),
+                             segments)
     for count in range(len(bins), len(indices) + 1):
         balanced = _cost_balanced_bins(indices, array, costs, max_tokens, count)
         if balanced is not None:
@@ -466,7 +472,8 @@ def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
 
 
 def _rows_by_cost(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
-                  max_tokens: int, cost_model, fewest: int) -> list[list[int]]:
+                  max_tokens: int, cost_model, fewest: int,
+                  segments: bool = False) -> list[list[int]]:
     """The row count whose cost-balanced packing costs least as executed (each row
     ``cost(row length)``; ties: fewer rows). Counts tried: ``fewest`` up to twice that,
     and one sample per row."""
@@ -476,7 +483,8 @@ def _rows_by_cost(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
         rows = _cost_balanced_bins(indices, lengths, costs, max_tokens, count)
         if rows is None:
             continue
-        total = sum(microbatch_cost(r, lengths, cost_model, packed=True) for r in rows)
+        total = sum(microbatch_cost(r, lengths, cost_model, packed=True, segments=segments)
+                    for r in rows)
         if best is None or total < best[0] * (1 - 1e-9):
             best = (total, rows)
     return sorted(best[1], key=lambda b: (-float(costs[b].sum()), b))
@@ -522,9 +530,9 @@ def equal_count_balance(lengths: Sequence[int], num_replicas: int,
 
 def replica_costs(microbatches: list[list[list[int]]], lengths: Sequence[int],
                   cost_model: SampleCostModel | None = None, *,
-                  packed: bool = False) -> list[float]:
+                  packed: bool = False, segments: bool = False) -> list[float]:
     """Total cost of each replica's microbatches as the runtime executes them
     (:func:`microbatch_cost`: padded rows, or packed rows with ``packed``)."""
     array = check_lengths(lengths)
-    return [float(sum(microbatch_cost(mb, array, cost_model, packed=packed) for mb in replica))
-            for replica in microbatches]
+    return [float(sum(microbatch_cost(mb, array, cost_model, packed=packed, segments=segments)
+                      for mb in replica)) for replica in microbatches]

@@ -84,7 +84,8 @@ class MinibatchPlan:
 def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int,
                    mode: str = "lb-mini", cost_model: SampleCostModel | None = None,
                    samples_per_microbatch: int | None = None,
-                   min_microbatches: int = 1, packed: bool = False) -> MinibatchPlan:
+                   min_microbatches: int = 1, packed: bool = False,
+                   segment_attention: bool = False) -> MinibatchPlan:
     """Plan one global minibatch of samples with token counts ``lengths``.
 
     ``max_tokens`` caps a microbatch's tokens: padded, ``count x longest``, or packed,
@@ -96,7 +97,9 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
     (``lb-mini``, token-capped ``balanced`` and token-capped packed ``none``).
     ``cost_model`` (default tokens) weighs samples when replicas are balanced (and, packed,
     ``lb-mini``'s microbatches). ``packed``: microbatches become packed rows (see the
-    module docstring).
+    module docstring). ``segment_attention``: packed rows attend per document (the
+    varlen / flex kernels on CUDA), so a row costs the sum of its samples' costs;
+    otherwise (the dense kernel on CPU) the cost of its whole length.
     """
     if mode not in LOAD_BALANCE_MODES:
         raise ValueError(f"load-balance mode {mode!r} is not one of {LOAD_BALANCE_MODES}")
@@ -122,14 +125,15 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
         microbatches = []
         for indices in balance_minibatch(array, num_replicas, cost_model):
             groups = pack_microbatches(indices, array, max_tokens, cost_model or TokenCost(),
-                                       row_cost=True)
+                                       row_cost=True, segments=segment_attention)
             groups = _split_until(groups, min_microbatches, array)
             microbatches.append([sorted(group) for group in groups])
     else:
         microbatches = _balanced(array, num_replicas, max_tokens, cost_model,
                                  samples_per_microbatch, min_microbatches, packed)
     return MinibatchPlan(microbatches=microbatches,
-                         costs=replica_costs(microbatches, array, cost_model, packed=packed))
+                         costs=replica_costs(microbatches, array, cost_model, packed=packed,
+                                             segments=segment_attention))
 
 
 def _lb_mini_padded(lengths: np.ndarray, num_replicas: int, max_tokens: int,

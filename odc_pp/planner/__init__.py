@@ -1,14 +1,13 @@
-"""``odc-pp plan``: the planner and performance model. It sits at the tools level (it
-reads training flags and prints ``pretrain_gpt.py`` flags) and reuses the project's one
-owner of each concept: the schedule simulator (:mod:`odc_pp.schedule.simulator`), the
-minibatch planner (:func:`odc_pp.data.plan_minibatch`), the FLOPs formula
-(:func:`odc_pp.schedule.costs.transformer_layer_flops`), tensor-parallel communication
-(:mod:`odc_pp.schedule.costs`) and the activation/model-state memory of
-``odc-pp tune-offload`` (:func:`odc_pp.schedule.offload_tuner.layer_activation_bytes`).
-See docs/planner.md."""
+"""Planning from closed forms, before anything runs: the activation-memory formulas
+(:mod:`odc_pp.planner.activation_memory`) and the offload/recompute tuner
+(:mod:`odc_pp.planner.offload_tuner`, ``odc-pp tune-offload``), which picks a schedule,
+offload and recompute setting per device from the simulator of :mod:`odc_pp.schedule`,
+and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: cluster
+presets and length distributions; :mod:`odc_pp.planner.search`: the prediction and
+search; the command itself, which reads models from HF configs or training flags, is
+:mod:`odc_pp.plan_command` at the tools level).
 
-from .inputs import CLUSTERS, Cluster, ModelSpec, load_lengths, model_from_flags, model_from_hf
-from .search import PlanConfig, Prediction, pipeline_time, plan, predict
+Layer: above ``schedule`` and ``data`` (it imports them), below ``runtime``; torch is
+imported only where a measurement needs it."""
 
-__all__ = ["CLUSTERS", "Cluster", "ModelSpec", "PlanConfig", "Prediction", "load_lengths",
-           "model_from_flags", "model_from_hf", "pipeline_time", "plan", "predict"]
+__all__: list[str] = []

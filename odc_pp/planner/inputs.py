@@ -1,19 +1,18 @@
-"""Planner inputs: cluster presets, the model shape (HF ``config.json`` or Megatron flags)
-and the sample-length distribution (JSONL / pre-tokenized, or a histogram)."""
+"""Planner inputs: cluster presets, the model shape and the sample-length distribution
+(JSONL / pre-tokenized, or a histogram). Reading a model from an HF ``config.json`` or
+Megatron flags is :mod:`odc_pp.plan_command`'s (it needs the layers above)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from odc_pp.schedule.offload_tuner import PRESETS
+from .offload_tuner import PRESETS
 
-__all__ = ["Cluster", "CLUSTERS", "ModelSpec", "model_from_hf", "model_from_flags",
-           "load_lengths"]
+__all__ = ["Cluster", "CLUSTERS", "ModelSpec", "load_lengths"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -109,34 +108,6 @@ class ModelSpec:
                  "--ffn-hidden-size", str(self.ffn_hidden_size),
                  "--seq-length", str(self.seq_length)]
         return flags + (["--swiglu"] if self.swiglu else [])
-
-
-def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
-    """From an HF ``config.json`` (the file or its directory)."""
-    from odc_pp.megatron.hf_config import flags_from_hf, read_hf_config
-
-    directory = os.path.dirname(path) if path.endswith(".json") else path
-    config = read_hf_config(directory)
-    flags = flags_from_hf(config, os.path.join(directory, "config.json"))
-    seq = seq_length or int(config.get("max_position_embeddings", 4096))
-    return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
-                     num_attention_heads=flags["num_attention_heads"],
-                     ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
-                     seq_length=seq, swiglu=flags["swiglu"])
-
-
-def model_from_flags(text: str) -> ModelSpec:
-    """From Megatron model flags (``"--num-layers 32 --hidden-size 4096 ..."``), parsed by
-    ``pretrain_gpt.py``'s own parser so they keep Megatron's meaning."""
-    from odc_pp.training.arguments import parse_args
-
-    args = parse_args(text.split() + ["--mock-data"])
-    model = args.model
-    return ModelSpec(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                     num_attention_heads=model.num_attention_heads,
-                     ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
-                     vocab_size=model.vocab_size, seq_length=model.seq_length,
-                     swiglu=bool(getattr(model, "swiglu", False)))
 
 
 def _length_of(record: dict, path: str, line: int) -> int:

@@ -9,7 +9,8 @@ balance, packing and token cap) is predicted as follows, deterministically:
    per replica.
 2. A microbatch's F/B/W time on one virtual stage is its FLOPs
    (:func:`~odc_pp.schedule.costs.transformer_layer_flops` on the executed shape: padded
-   rows, or the packed row under one mask; the output layer on the last stage) over the
+   rows, or a packed row's documents, whose attention the GPU kernels (varlen / flex)
+   compute per document; the output layer on the last stage) over the
    cluster's achieved FLOP/s for that microbatch size (:meth:`Cluster.flops_per_s`, an
    efficiency curve), divided by tp, plus the tensor-parallel collectives
    (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`).
@@ -37,7 +38,7 @@ from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import (CostModel, tensor_parallel_comm_seconds,
                                    transformer_layer_flops)
 from odc_pp.schedule.generators import family, training_schedule
-from odc_pp.schedule.offload_tuner import ModelShape, layer_activation_bytes
+from .offload_tuner import ModelShape, layer_activation_bytes
 from odc_pp.schedule.simulator import simulate
 
 from .inputs import Cluster, ModelSpec
@@ -162,21 +163,28 @@ def _sample_cost(model: ModelSpec) -> AttentionCost:
     return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))
 
 
-def _shapes(groups: list[list[int]], lengths: np.ndarray, packed: bool) -> list[tuple[int, int]]:
-    return [(1, int(lengths[g].sum())) if packed else (len(g), int(lengths[g].max()))
-            for g in groups]
+def _shapes(groups: list[list[int]], lengths: np.ndarray, packed: bool) -> list[tuple]:
+    """(rows, row length, documents) of each microbatch: documents are the packed samples'
+    lengths (attention per document on GPU: varlen / flex), None for padded rows."""
+    return [(1, int(lengths[g].sum()), tuple(int(v) for v in lengths[g])) if packed
+            else (len(g), int(lengths[g].max()), None) for g in groups]
 
 
-def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int
-                 ) -> tuple[list[float], list[float], list[float]]:
-    """F, B, W seconds of one microbatch ``[rows, length]`` per virtual stage."""
+def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
+                 documents: tuple | None = None) -> tuple[list[float], list[float], list[float]]:
+    """F, B, W seconds of one microbatch ``[rows, length]`` per virtual stage (packed:
+    attention per document)."""
     model, cluster = config.model, config.cluster
     chunks = family(cand.schedule).default_chunks
     stages = cand.pp * chunks
     layers = model.num_layers / stages
     tokens = rows * length
     speed = cluster.flops_per_s(tokens) * cand.tp
-    f, b, w = transformer_layer_flops(rows, length, model.hidden_size, model.flops_ffn)
+    if documents:
+        f, b, w = np.sum([transformer_layer_flops(1, d, model.hidden_size, model.flops_ffn)
+                          for d in documents], axis=0)
+    else:
+        f, b, w = transformer_layer_flops(rows, length, model.hidden_size, model.flops_ffn)
     cf, cb, cw = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
         link_bytes_per_s=cluster.nvlink_gbps * GB, sequence_parallel=cand.tp > 1,
@@ -194,9 +202,9 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int
 
 def _replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
                    link: float, memory: tuple[float, float, float]) -> CostModel:
-    times = [_stage_times(config, cand, rows, length) for rows, length in shapes]
+    times = [_stage_times(config, cand, rows, length, docs) for rows, length, docs in shapes]
     mean = [np.mean([t[k] for t in times], axis=0).tolist() for k in range(3)]
-    tokens = float(np.mean([r * s for r, s in shapes]))
+    tokens = float(np.mean([r * s for r, s, _ in shapes]))
     comm = tokens * config.model.hidden_size * 2 / cand.tp / link if cand.pp > 1 else 0.0
     return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
                      mem_f=memory[0], mem_b=memory[1], mem_w=memory[2])
@@ -222,7 +230,7 @@ def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
         plan = plan_minibatch(lengths, cand.dp, max_tokens=cap, mode=cand.balance,
                               cost_model=cost_model, min_microbatches=cand.pp,
                               samples_per_microbatch=None if cand.packed else 1,
-                              packed=cand.packed)
+                              packed=cand.packed, segment_attention=True)
         out.append((lengths, plan))
     return out
 
@@ -306,7 +314,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
         parts.append(times)
         for sim in sims:
             units = np.maximum(units, sim.peak_activation)
-        biggest = max(biggest, max(r * s for shapes in per_replica for r, s in shapes))
+        biggest = max(biggest, max(r * s for shapes in per_replica for r, s, _ in shapes))
         real_tokens.append(int(lengths.sum()))
         flops.append(sum(sum(transformer_layer_flops(1, int(s), model.hidden_size,
                                                      model.flops_ffn)) * model.num_layers

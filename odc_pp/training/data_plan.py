@@ -100,13 +100,17 @@ class DataPlanner:
     weighs samples and microbatches with one :class:`SampleCostModel`: the measured
     ``--sample-cost-model`` file, else :func:`sample_cost_model`'s FLOPs formula."""
 
-    def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int) -> None:
+    def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int,
+                 segment_attention: bool = False) -> None:
         self.args = args
         self.source = source
         self.dp = dp
         self.pp = pp
         self.token_cap = args.data.max_tokens_per_microbatch or args.data.micro_batch_size * args.model.seq_length
         self.packed = packs_sequences(args)
+        # packed rows attend per document with the varlen / flex kernels (CUDA, not
+        # --packed-attention dense); the dense kernel attends over the whole row
+        self.segment_attention = segment_attention and args.model.packed_attention != "dense"
         # sequence parallelism splits every microbatch's sequence over the tp ranks
         self.multiple = args.parallel.tensor_model_parallel_size \
             if args.parallel.sequence_parallel else 1
@@ -121,6 +125,7 @@ class DataPlanner:
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,
                               mode=self.args.data.load_balance, samples_per_microbatch=by_count,
                               min_microbatches=self.pp, packed=self.packed,
+                              segment_attention=self.segment_attention,
                               cost_model=self.cost_model)
         replicas = [[[sample_ids[p] for p in group] for group in replica]
                     for replica in plan.microbatches]

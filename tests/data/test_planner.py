@@ -260,3 +260,16 @@ def test_packed_lb_mini_picks_the_row_count_by_executed_cost():
                             packed=True, cost_model=cost)
         assert all(sum(_long_tail(1, 16)[i] for i in mb) <= 2048
                    for r in lb.microbatches for mb in r)
+
+
+def test_segment_attention_costs_a_packed_row_per_document():
+    """CUDA's varlen / flex kernels attend per document: a packed row costs the sum of its
+    samples' costs, so packing fullest is free; the dense kernel (CPU) costs the row."""
+    from odc_pp.data import microbatch_cost, pack_microbatches
+
+    cost = AttentionCost(quadratic_coef=0.01)
+    lengths = np.asarray([10, 20, 30])
+    assert microbatch_cost([0, 1, 2], lengths, cost, packed=True, segments=True) == \
+        pytest.approx(60 + 0.01 * (100 + 400 + 900))
+    rows = pack_microbatches(range(8), [100] * 8, 400, cost, row_cost=True, segments=True)
+    assert len(rows) == 2

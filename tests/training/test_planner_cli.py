@@ -7,7 +7,7 @@ import json
 import pytest
 
 from odc_pp.cli import main as odc_pp_main
-from tests.training.launcher import launch
+from odc_pp.testing.torchrun import launch
 
 TINY = ("--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 48 "
         "--vocab-size 48")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from odc_pp.runtime.trace import TRACE_TIDS, trace_idle
-from tests.training.launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 FLAGS = TINY_MODEL + ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1",
                       "--dp-mode", "odc", "--load-balance", "lb-mini", "--train-iters", "3"]

@@ -1,4 +1,4 @@
-"""``odc-pp plan``: rank tp x pp x dp, schedule, offload, recompute, dp mode, load balance
+"""``odc-pp plan`` (tools level: reads HF configs and training flags): rank tp x pp x dp, schedule, offload, recompute, dp mode, load balance
 and token cap for a model, a cluster and a length distribution by predicted tokens/s,
 next to the Megatron-default configuration; prints each one's ``pretrain_gpt.py`` flags.
 See docs/planner.md for the model and where it is weak."""
@@ -7,13 +7,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-from .inputs import CLUSTERS, load_lengths, model_from_flags, model_from_hf
-from .search import SCHEDULES, PlanConfig, format_plan, plan
+from odc_pp.planner.inputs import CLUSTERS, ModelSpec, load_lengths
+from odc_pp.planner.search import SCHEDULES, PlanConfig, format_plan, plan
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "model_from_hf", "model_from_flags"]
+
+
+def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
+    """From an HF ``config.json`` (the file or its directory)."""
+    from odc_pp.megatron.hf_config import flags_from_hf, read_hf_config
+
+    directory = os.path.dirname(path) if path.endswith(".json") else path
+    config = read_hf_config(directory)
+    flags = flags_from_hf(config, os.path.join(directory, "config.json"))
+    seq = seq_length or int(config.get("max_position_embeddings", 4096))
+    return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
+                     num_attention_heads=flags["num_attention_heads"],
+                     ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
+                     seq_length=seq, swiglu=flags["swiglu"])
+
+
+def model_from_flags(text: str) -> ModelSpec:
+    """From Megatron model flags (``"--num-layers 32 --hidden-size 4096 ..."``), parsed by
+    ``pretrain_gpt.py``'s own parser so they keep Megatron's meaning."""
+    from odc_pp.training.arguments import parse_args
+
+    args = parse_args(text.split() + ["--mock-data"])
+    model = args.model
+    return ModelSpec(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                     num_attention_heads=model.num_attention_heads,
+                     ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
+                     vocab_size=model.vocab_size, seq_length=model.seq_length,
+                     swiglu=bool(getattr(model, "swiglu", False)))
 
 
 def _ints(text: str) -> tuple[int, ...]:
