@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.schedule.generators import generate
+from odc_pp.schedule.lowering import lower
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime._parity import build_schedule, make_microbatches, model_config
 
 
@@ -33,7 +35,8 @@ def worker(rank, world_size, out_path):
     grads = [p.grad.clone() for chunk in chunks for p in chunk.parameters()]
     profiler.measure_comm(torch.zeros(16, 2, 64))
     costs = profiler.cost_model()
-    replanned = profiler.replan("zb-auto", costs=costs)
+    replanned = lower(generate("zb-auto", pp=world_size, num_microbatches=4, costs=costs),
+                      costs)
     for chunk in chunks:
         chunk.zero_grad(set_to_none=True)
     again = runtime.run_minibatch(replanned, microbatches)  # the same runtime

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from odc_pp.schedule import ActionKind, CostModel, Placement
-from odc_pp.schedule.generators import GENERATOR_NAMES, default_chunks, generate
-from odc_pp.schedule.generators._block import order_peak, v_block_orders, v_block_peak
+from odc_pp.schedule import ActionKind, CostModel, Placement, Schedule
+from odc_pp.schedule.generators import FAMILY_NAMES, default_chunks, generate
+from odc_pp.schedule.generators._block import v_block_orders, v_block_peak
 from odc_pp.schedule.generators._engine import EngineConfig, EngineCutOff, run_engine
 from odc_pp.schedule.lowering import lower
 from odc_pp.schedule.simulator import simulate
@@ -21,7 +21,7 @@ from odc_pp.schedule.validate import peak_memory, validate
 
 UNIT = CostModel(t_f=1, t_b=1, t_w=1, t_comm=0)
 B_RELEASES = CostModel(t_f=1, t_b=1, t_w=1, t_comm=0, mem_f=1, mem_b=-1, mem_w=0)
-FAMILIES = [n for n in GENERATOR_NAMES if n != "zb-auto"]  # zb-auto belongs to SIM
+FAMILIES = [n for n in FAMILY_NAMES if n != "zb-auto"]  # zb-auto belongs to SIM
 
 
 def bubble_time(result) -> float:
@@ -30,9 +30,9 @@ def bubble_time(result) -> float:
 
 # ----- argument errors ----------------------------------------------------------------
 def test_names_and_default_chunks():
-    assert GENERATOR_NAMES == ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv",
-                               "v-half", "v-min", "offload", "dualpipev")
-    assert [default_chunks(n) for n in GENERATOR_NAMES] == [1, 2, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert FAMILY_NAMES == ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv",
+                            "v-half", "v-min", "offload", "dualpipev")
+    assert [default_chunks(n) for n in FAMILY_NAMES] == [1, 2, 1, 1, 1, 2, 2, 2, 2, 2]
     for name in FAMILIES:
         costs = CostModel(offload_bandwidth=1.0)
         schedule = generate(name, pp=2, num_microbatches=4, costs=costs)
@@ -386,7 +386,9 @@ def test_v_block_peak_matches_the_orders(deltas):
         for m in (1, 2, 5, 17):
             for interval in (6, 7, 9, 13, 6 * pp + 6):
                 fast = v_block_peak(pp, m, interval, costs)
-                slow = order_peak(v_block_orders(pp, m, interval), costs)
+                orders = Schedule(name="v-block", pp=pp, num_microbatches=m,
+                                  ranks=v_block_orders(pp, m, interval))
+                slow = peak_memory(orders, costs)
                 assert fast == pytest.approx(slow, abs=1e-9), (pp, m, interval)
 
 
@@ -412,6 +414,6 @@ def test_zbv_handcrafted_fits_is_its_order_peak(pp, m, deltas):
     from odc_pp.schedule.generators.classic import zbv_handcrafted, zbv_handcrafted_fits
 
     costs = CostModel(mem_f=deltas[0], mem_b=deltas[1], mem_w=deltas[2])
-    peak = max(order_peak(zbv_handcrafted(pp, m).ranks, costs))
+    peak = max(peak_memory(zbv_handcrafted(pp, m), costs))
     assert zbv_handcrafted_fits(pp, m, costs.memory_delta, peak)
     assert not zbv_handcrafted_fits(pp, m, costs.memory_delta, peak - 0.25)

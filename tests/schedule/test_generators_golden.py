@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from odc_pp.schedule import CostModel, Schedule
-from odc_pp.schedule.generators import GENERATOR_NAMES, generate
+from odc_pp.schedule.generators import FAMILY_NAMES, generate
 from odc_pp.schedule.validate import validate
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ODC_PP_UPDATE_GOLDEN") == "1"
 COSTS = CostModel(offload_bandwidth=2.0)  # offload needs a host-link bandwidth
-CASES = [(name, 4, 8) for name in GENERATOR_NAMES if name != "zb-auto"] + [
+CASES = [(name, 4, 8) for name in FAMILY_NAMES if name != "zb-auto"] + [
     ("interleaved", 2, 5), ("zbv", 3, 4), ("v-min", 3, 6)]
 
 
