@@ -192,19 +192,6 @@ class Profiler:
                             for stage, measured in part["stages"].items()}
         return costs
 
-    def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,
-               num_microbatches: int | None = None, memory_limit: float | None = None,
-               **options) -> Schedule:
-        """A lowered schedule of family ``name`` planned with the measured costs."""
-        from ..schedule.generators import generate
-        from ..schedule.lowering import lower
-
-        costs = costs if costs is not None else self.cost_model()
-        schedule = generate(name, pp=self.schedule.pp,
-                            num_microbatches=num_microbatches or self.schedule.num_microbatches,
-                            costs=costs, memory_limit=memory_limit, **options)
-        return lower(schedule, costs)
-
 
 def merge_measurements(gathered: list[dict], num_stages: int) -> CostModel:
     """One CostModel from several ranks' :meth:`Profiler.local_costs`: per virtual stage
