@@ -8,13 +8,31 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.odc-pp-installed
 CSRC := $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.h csrc/*.cu csrc/*/*.cu)
 
-.PHONY: demo test install clean
+.PHONY: demo test test-unit test-dist test-e2e test-gpu install clean
 
 demo: $(STAMP)
 	$(PY) -m odc_pp.demo
 
+# Every tier in one run (tests/unit, tests/dist, tests/e2e, tests/gpu: docs/testing.md).
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests
+
+# No process group: the fast tier (a few minutes on 2 cores).
+test-unit: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/unit
+
+# gloo process groups, one and several ranks.
+test-dist: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/dist
+
+# pretrain_gpt.py under torchrun, and the wheel build.
+test-e2e: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/e2e
+
+# CUDA-only tests (skipped without a GPU); `pytest -m gpu tests` adds the gpu-marked
+# tests of the other tiers.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/gpu
 
 install: $(STAMP)
 

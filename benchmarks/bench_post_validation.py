@@ -39,7 +39,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_runtime import make_data  # noqa: E402  (same synthetic microbatches)
-from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
+from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 MODES = ("synchronous", "overlapped")
 

@@ -1,5 +1,5 @@
 """The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``,
-``odc-pp memory ...`` (the memory dry run, odc_pp.training.dry_run)."""
+``odc-pp plan ...``, ``odc-pp memory ...`` (the memory dry run, odc_pp.training.dry_run)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
     "tune-offload": "odc_pp.planner.offload_tuner",
+    "plan": "odc_pp.plan_command",
     "memory": "odc_pp.training.dry_run",
 }
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.microbatch import Microbatch
+from ..dtypes import float_dtype
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
@@ -45,7 +46,6 @@ from .tp_layout import partition_of
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
@@ -81,7 +81,7 @@ class ModelConfig:
     recompute_lgd: bool = False
     """Recompute norm, activation (GeLU / SwiGLU) and hidden-dropout outputs in backward
     instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
-    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`).
+    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.planner.activation_memory`).
     Parameter names from ``global_named_parameters`` do not change."""
     normalization: str = "LayerNorm"
     """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
@@ -138,16 +138,14 @@ class ModelConfig:
             if not needed <= set(self.rope_scaling):
                 raise ValueError(f"rope_scaling needs {sorted(needed)}, got "
                                  f"{sorted(self.rope_scaling)}")
-        if self.params_dtype not in _DTYPES:
-            raise ValueError(f"params_dtype must be one of {sorted(_DTYPES)}, "
-                             f"got {self.params_dtype!r}")
+        float_dtype(self.params_dtype, what="params_dtype")
         for name in ("vocab_size", "hidden_size", "num_layers", "max_sequence_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 
     @property
     def dtype(self) -> torch.dtype:
-        return _DTYPES[self.params_dtype]
+        return float_dtype(self.params_dtype, what="params_dtype")
 
     @property
     def core_attention(self) -> str:

@@ -34,6 +34,7 @@ The loss sum stays on the device until the minibatch ends (one transfer per mini
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -345,7 +346,7 @@ class PipelineRuntime:
         if stage > 0:
             hidden = self._take_activation(chunk, microbatch).detach().requires_grad_()
         data = self._microbatches[microbatch]
-        capture = self.store.capture(key) if self._track else _nullcontext()
+        capture = self.store.capture(key) if self._track else contextlib.nullcontext()
         with capture:
             output = self.chunks[chunk](hidden, data)
             if stage == self.schedule.num_stages - 1:
@@ -551,11 +552,3 @@ class PipelineRuntime:
                         f"schedule {schedule.name!r} is not lowered: rank {self.rank}'s "
                         f"{action.short()} needs a {kind.value} action; run it through "
                         "odc_pp.schedule.lowering.lower (or lower_communication) first")
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -211,7 +211,16 @@ class DataArgs:
     """Pack each microbatch's samples back to back into one row (per-sample positions, no
     attention across samples, no padding); the row holds at most
     --max-tokens-per-microbatch (default --micro-batch-size x --seq-length) tokens, and
-    --load-balance lb-mini balances the packed rows by their attention-aware cost."""
+    --load-balance lb-mini balances the packed rows by their attention-aware cost. On by
+    default with --load-balance lb-mini (the ODC paper's setting; see docs/planner.md)."""
+    no_pack_sequences: bool = False
+    """With --load-balance lb-mini: padded rows instead of the default packing (lb-mini
+    then groups similar lengths, at most --micro-batch-size samples per microbatch unless
+    --max-tokens-per-microbatch caps count x longest)."""
+    sample_cost_model: str | None = None
+    """JSON file {"a": s/token^2, "b": s/token, "c": s/row} of measured costs (written by
+    benchmarks/bench_planner_validation.py --measure from the profiler) that every
+    load-balance mode weighs samples and microbatches with; default: the FLOPs formula."""
     load_balance: str = "none"
     """Assignment of samples to data-parallel ranks and microbatches: none (strided
     equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
@@ -266,6 +275,10 @@ class LoggingArgs:
     """Plain log lines instead of a progress bar."""
     schedule_png: str | None = None
     """Write the schedule timeline picture here (rank 0)."""
+    trace: str | None = None
+    """Write a Chrome/Perfetto trace (torch profiler ``traceEvents`` JSON) of the measured
+    F, B, W, communication, offload and step/sync time, one track per rank, to this file
+    (rank 0 gathers every rank's timings), and the measured schedule picture beside it."""
     log_activation_memory: bool = False
     """Count every microbatch's saved activations (saved-tensor hooks, a few percent of step
     time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
@@ -467,6 +480,8 @@ def _validate_run(args: TrainingArgs) -> list[str]:
     problems = []
     if args.run.inject_nonfinite_grad_iter is not None and args.run.inject_nonfinite_grad_iter < 1:
         problems.append("--inject-nonfinite-grad-iter must be >= 1")
+    if args.data.pack_sequences and args.data.no_pack_sequences:
+        problems.append("--pack-sequences and --no-pack-sequences contradict each other")
     if args.schedule.profile_iters < 0:
         problems.append("--profile-iters must be >= 0")
     if not (math.isfinite(args.optimizer.lr) and args.optimizer.lr >= 0):

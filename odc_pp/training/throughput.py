@@ -10,7 +10,7 @@ the usual 3x forward; multiply-add = 2 FLOPs):
 * attention scores and their product with values: ``12 * L * h * b * s^2`` (no causal
   halving, as in Megatron-LM and torchtitan).
 
-``tests/training/test_throughput.py`` checks this formula against
+``tests/dist/training/test_throughput.py`` checks this formula against
 ``torch.utils.flop_counter.FlopCounterMode`` run over forward and backward of the real
 megatron-core chunks.
 """

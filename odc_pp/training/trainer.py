@@ -44,6 +44,7 @@ from .optimizer_step import inject_nonfinite_grad
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
+from .tracing import TraceRecorder
 from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
 __all__ = ["Trainer", "StepStats", "TrainingStopped"]
@@ -98,6 +99,8 @@ class StepStats:
     repeats: int = 0
     """Times the minibatch ran again because the previous step was rolled back/clipped."""
     minibatch: object = None
+    minibatch_started: float = 0.0
+    """``perf_counter`` when the runtime's action clock started (its timings' zero)."""
     """The runtime's MinibatchResult (action timings, for the profiler)."""
     previous_step: object = None
     """Post-validation: the StepOutcome of the previous iteration's step, validated
@@ -147,7 +150,8 @@ class Trainer:
         self.args, self.topo, self.out = args, topo, out
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
-        self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp)
+        self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
+                                   segment_attention=topo.device.type == "cuda")
         self.parts: Components = build_components(
             args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size)
         opt = args.optimizer
@@ -170,6 +174,7 @@ class Trainer:
         self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
         self.skipped_in_a_row = 0
         self.replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
+        self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
         self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
         self.pending: StepStats | None = None
         """Post-validation: the step awaiting its validation in the next iteration."""
@@ -212,6 +217,8 @@ class Trainer:
             stats.resolve_step(outcome)
         self._start_loss_reduction(stats, result, plan)
         stats.step_s = time.perf_counter() - began
+        if self.tracer is not None:
+            self.tracer.record(iteration + 1, began, stats.step_s, stats)
         stats.busy_s = sum(t.duration for t in result.timings if t.action.is_compute)
         if self.topo.device.type == "cuda":
             stats.peak_memory_mb = torch.cuda.max_memory_allocated(self.topo.device) / 2 ** 20
@@ -234,6 +241,7 @@ class Trainer:
                 max_microbatches=plan.max_microbatches, step_lr=lr)
             stats.previous_step = stats.previous_step or result.validated
             stats.minibatch = result
+            stats.minibatch_started = time.perf_counter() - result.wall_time
             if not result.repeat:
                 return result
             stats.repeats += 1
@@ -414,6 +422,9 @@ class Trainer:
     def close(self) -> None:
         if self.logger is not None:
             self.logger.close()
+        if self.tracer is not None:
+            self.tracer.close(self.parts.last_schedule,
+                              out=self.out if self.topo.rank == 0 else None)
         self.parts.close()
 
 
