@@ -20,7 +20,10 @@ EXTERNAL_FLAGS = {
     "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
     "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
     # pytest, pip
-    "--durations", "--timeout", "--no-build-isolation", "--no-deps",
+    "--durations", "--timeout", "--no-build-isolation", "--no-deps", "--no-index",
+    "--find-links",
+    # torchrun elastic, SLURM
+    "--max-restarts", "--gpus-per-task", "--signal", "--ntasks-per-node", "--nodes",
 }
 """Flags of other programs that the pages may show."""
 

@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "odc": 2, "megatron": 2,
     "training": 3,
     "testing": 4,
-    "cli": 5, "demo": 5, "tools": 5, "benchmarks": 5,
+    "cli": 5, "demo": 5, "plan_command": 5, "tools": 5, "benchmarks": 5,
 }
 """Layer of each odc_pp package (and of the scripts in tools/ and benchmarks/)."""
 
