@@ -22,6 +22,11 @@ def test_state_bytes_per_parameter():
     assert new["post_validation_snapshot"] == 16 * 1000
     assert new["weight_grads"] == 2 * 2 * 3000
     assert old["weight_grads"] == new["weight_grads"] + 8 * 2 * 3000
+    # tensor parallelism, tp rank > 0: a gradient-norm mask where a replicated parameter is
+    tp = state_bytes(UnitSizes(unit_params=(1000, 3000), dp=4, param_bytes=2,
+                               deterministic=True, post_validation=True,
+                               decay_mask=(True, False), norm_mask=(False, True)), NEW_POLICY)
+    assert tp["optimizer_state"] == new["optimizer_state"] + 750
     fp32 = state_bytes(UnitSizes(unit_params=(1000,), dp=1, param_bytes=4,
                                  deterministic=False, post_validation=False), NEW_POLICY)
     assert fp32["optimizer_state"] == 9 * 1000 and fp32["odc_staging"] == 0

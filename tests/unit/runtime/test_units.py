@@ -49,6 +49,21 @@ def test_deferred_wgrad_runs_at_flush_and_matches_autograd():
     assert len(queue) == 0
 
 
+def test_held_bytes_count_distinct_fake_tensors_of_one_shape():
+    """The memory dry run's fake tensors all have storage address 0: two equal-shape
+    tensors held by one deferred W are still two (and a view of one is not a third)."""
+    import functools
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    queue = WeightGradQueue()
+    with FakeTensorMode():
+        a, b = torch.empty(4, 8), torch.empty(4, 8)
+        with queue.deferring(chunk=0, microbatch=0):
+            queue.put(functools.partial(lambda *t: None, a, b, a.view(32)[:32].view(4, 8)))
+    assert queue.pending_bytes(0, 0) == 2 * 4 * 8 * 4
+
+
 def test_wgrad_is_immediate_without_deferral_and_accumulates():
     from odc_pp.megatron.layers import _DeferrableLinearFunction
 
