@@ -53,6 +53,12 @@ Determinism. Summation order is the transport's business: make the group with
 ``TransportConfig(deterministic=True)`` and two runs give bitwise-identical results (the
 engine issues everything in program order).
 
+Tied parameters across units or ranks (:meth:`tie`; e.g. an embedding and its output-layer
+copy on another pipeline stage). After the minibatch's sync, :meth:`finish_minibatch`
+sums the copies' accumulated gradients over the ``tie`` group, each element taken once
+from its owner, and writes the sum back into every copy's owned range: the copies get the
+same gradient and (elementwise AdamW) the same update, so they stay bitwise equal.
+
 Synchronisation. :meth:`finish_minibatch` waits for this rank's pushes and calls ``sync``
 once; after it every owner's accumulator is final. After the optimizer step,
 :meth:`finish_step` zeroes the accumulators and calls ``sync`` again so that no peer reads a
@@ -62,6 +68,7 @@ parameter shard before its owner has written it. No other waits happen between r
 from __future__ import annotations
 
 import contextlib
+import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
@@ -233,6 +240,8 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
+        self._tied: list[tuple[_Unit, int]] = []
+        self._tie_group = None
         self._prefetching = (config.prefetch and config.mode != "collective"
                              and config.unit_driver == "module_hooks")
         self._prefetcher = None  # the CPU helper thread; CUDA units need none
@@ -491,6 +500,62 @@ class ShardedDataParallel:
         if self.inter_host_group is not None:
             for unit in self.units:
                 dist.all_reduce(unit.grad_acc[:unit.owned_numel], group=self.inter_host_group)
+        if self._tie_group is not None:
+            self._sum_tied()
+
+    # ----- tied parameters ---------------------------------------------------------------
+    def tie(self, params: Sequence[tuple[int, str]], group: dist.ProcessGroup | None) -> None:
+        """Tie ``params`` (``(unit index, parameter name in the unit)``, possibly none on
+        this rank) to their copies on the other ranks of ``group``: every rank of this
+        engine's group and of the copies' groups, e.g. the data-parallel ranks of the
+        first and of the last pipeline stage. All copies must have one shape and start
+        equal. Every rank of ``group`` must call it (``group`` None: only local copies)."""
+        for index, name in params:
+            unit = self._unit(index)
+            if name not in unit.names:
+                raise ValueError(f"tied parameter {name!r} is not a trainable parameter of "
+                                 f"unit {index}")
+            self._tied.append((unit, unit.names.index(name)))
+        shapes = {self._tied_shape(entry) for entry in self._tied}
+        if len(shapes) > 1:
+            raise ValueError(f"tied parameters have different shapes {sorted(shapes)}")
+        self._tie_group = group if group is not None else "local"
+
+    @staticmethod
+    def _tied_shape(entry: tuple[_Unit, int]) -> tuple[int, ...]:
+        unit, position = entry
+        return unit.shapes[position]
+
+    def _tied_overlap(self, entry: tuple[_Unit, int]) -> tuple[slice, slice]:
+        """(slice of the parameter, slice of the owned accumulator) this rank owns."""
+        unit, position = entry
+        offset = unit.offsets[position]
+        numel = unit.params[position].numel()
+        first, last = max(unit.start, offset), min(unit.end, offset + numel)
+        last = max(first, last)
+        return slice(first - offset, last - offset), slice(first - unit.start,
+                                                           last - unit.start)
+
+    @torch.no_grad()
+    def _sum_tied(self) -> None:
+        """Sum the tied copies' owned gradients over the tie group; every copy's owned
+        range gets the sum."""
+        if not self._tied and self._tie_group == "local":
+            return
+        reference = self._tied[0][0] if self._tied else self.units[0]
+        shape = self._tied_shape(self._tied[0]) if self._tied else None
+        if shape is None:
+            raise ValueError("a rank of the tie group holds no tied parameter")
+        total = torch.zeros(math.prod(shape), dtype=torch.float32,
+                            device=reference.grad_acc.device)
+        for entry in self._tied:
+            piece, owned = self._tied_overlap(entry)
+            total[piece] += entry[0].grad_acc[owned]
+        if self._tie_group != "local":
+            dist.all_reduce(total, group=self._tie_group)
+        for entry in self._tied:
+            piece, owned = self._tied_overlap(entry)
+            entry[0].grad_acc[owned] = total[piece]
 
     def _pad_collectives(self) -> None:
         if self._max_microbatches is None:

@@ -98,10 +98,11 @@ class ModelArgs:
     qk_layernorm: bool = False
     """Normalise queries and keys per head (Qwen3)."""
     untie_embeddings: bool = False
-    """Train the input embedding and the output layer as two weights even when the
-    --hf-checkpoint config ties them. Required for a tied model on more than one stage
-    (pp x chunks > 1): odc-pp does not synchronise the two copies' gradients across stages.
-    Export then writes them tied only while they are still bitwise equal."""
+    """Train the input embedding and the output layer as two independent weights even
+    when the --hf-checkpoint config ties them (a different model; export then writes them
+    tied only while they are bitwise equal). Without it a tied model stays tied on every
+    layout: across stages the two copies' gradients are summed before each step, as
+    Megatron does."""
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""

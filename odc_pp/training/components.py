@@ -157,17 +157,54 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
     return intra, inter, norm
 
 
-def _counts_in_norm(topo: Topology):
+def _counts_in_norm(topo: Topology, tied: bool = False):
     """Tensor parallelism: a replicated parameter's gradient enters the global norm from
-    tp rank 0 only (every tp rank holds it whole); None without tensor parallelism."""
+    tp rank 0 only (every tp rank holds it whole); ``tied``: the output layer's copy of
+    the embedding does not enter it (the embedding does, as in Megatron); None when every
+    parameter counts."""
+    from odc_pp.megatron.model import OUTPUT_WEIGHT
     from odc_pp.megatron.tp_layout import partition_of
 
-    if topo.tp == 1:
+    if topo.tp == 1 and not tied:
         return None
-    if topo.tp_rank == 0:
-        return lambda name, shape: True
-    # the gated flag does not change whether a parameter is split
-    return lambda name, shape: not partition_of(name, gated_mlp=False).replicated
+
+    def counts(name: str, shape) -> bool:
+        if tied and name == OUTPUT_WEIGHT:
+            return False
+        # the gated flag does not change whether a parameter is split
+        return topo.tp_rank == 0 or not partition_of(name, gated_mlp=False).replicated
+    return counts
+
+
+def _tie_embeddings(engine, chunks, args: TrainingArgs, topo: Topology,
+                    env_local_world: int) -> bool:
+    """A model tied across stages: the engine sums the embedding's and the output
+    layer's gradients over the data-parallel ranks (one ODC group: all, or one host's) of
+    the first and the last stage. Collective: every rank creates every group. True when
+    this model is tied across stages."""
+    from odc_pp.megatron.model import tied_embedding_params
+
+    if not any(chunk.tied_across_stages for chunk in chunks):
+        return False
+    last = last_stage_rank(placement_of(args.schedule.pipeline_schedule), topo.pp,
+                           args.schedule.num_model_chunks)
+    per_host = topo.dp
+    if args.parallel.dp_mode == "hierarchical":
+        per_host = args.parallel.dp_ranks_per_host or \
+            max(1, env_local_world // (topo.pp * topo.tp))
+    mine = None
+    for tp_rank in range(topo.tp):
+        for host in range(topo.dp // per_host):
+            members = sorted({topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                              for replica in range(host * per_host, (host + 1) * per_host)
+                              for stage in (0, last)})
+            group = dist.new_group(members)
+            if topo.rank in members:
+                mine = group
+    params = tied_embedding_params(chunks)
+    if mine is not None:
+        engine.tie(params, mine)
+    return True
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
@@ -200,10 +237,11 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                                                    param_dtype=dtype),
                                  odc_group, process_group=torch_group,
                                  inter_host_group=inter_host)
+    tied = _tie_embeddings(engine, chunks, args, topo, local_world_size)
     optimizer = ShardedAdamW(engine, AdamWConfig(
         lr=args.optimizer.lr, betas=(args.optimizer.adam_beta1, args.optimizer.adam_beta2), eps=1e-8,
         weight_decay=args.optimizer.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
-        norm_group=norm_group, counts_in_norm=_counts_in_norm(topo))
+        norm_group=norm_group, counts_in_norm=_counts_in_norm(topo, tied))
     post_validator = injection = None
     if args.schedule.enable_optimizer_post_validation:
         if args.run.inject_nonfinite_grad_iter is not None:
