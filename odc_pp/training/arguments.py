@@ -210,6 +210,18 @@ class DataArgs:
     """JSONL file(s) or indexed-dataset prefix(es)."""
     mock_data: bool = False
     """Use the built-in synthetic long-tailed corpus (needs --vocab-size)."""
+    split: str | None = None
+    """Megatron's --split: comma-separated train,valid,test weights over the documents of
+    --data-path (normalised; e.g. 98,2,0). The valid part feeds evaluation. Default: every
+    document trains (Megatron defaults to 969,30,1; give it explicitly for that)."""
+    valid_data_path: list[str] | None = None
+    """Validation JSONL file(s) or indexed-dataset prefix(es) (instead of a --split part)."""
+    eval_interval: int = 1000
+    """Evaluate on the validation data every N iterations (when there is validation data:
+    --split with a valid part, --valid-data-path, or --mock-data)."""
+    eval_iters: int = 100
+    """Global batches per evaluation (0: no evaluation). Evaluation k takes the next
+    eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
     tokenizer_type: str = "ByteLevelTokenizer"
     """Tokenizer for JSONL / indexed data."""
     tokenizer_model: str | None = None
@@ -415,6 +427,13 @@ def _validate(args: TrainingArgs) -> list[str]:
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
     if args.data.mock_data == bool(args.data.data_path):
         problems.append("give exactly one of --mock-data (with --vocab-size) and --data-path")
+    if args.data.eval_interval < 1 or args.data.eval_iters < 0:
+        problems.append("--eval-interval must be >= 1 and --eval-iters >= 0")
+    if args.data.split is not None and args.data.valid_data_path:
+        problems.append("give one of --split (a valid part of --data-path) and "
+                        "--valid-data-path")
+    if args.data.split is not None and args.data.mock_data:
+        problems.append("--split divides the documents of --data-path; --mock-data has none")
     if args.data.mock_data and not args.model.vocab_size:
         problems.append("--mock-data needs --vocab-size")
     if args.data.tokenizer_type == "HuggingFaceTokenizer" and not args.data.tokenizer_model and \

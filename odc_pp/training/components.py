@@ -78,6 +78,8 @@ class Components:
     """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
     last_schedule: Schedule | None = None
     """The schedule the last iteration ran."""
+    eval_schedules: dict = field(default_factory=dict)
+    """Lowered forward-only schedule per microbatch count (evaluation)."""
 
     def close(self) -> None:
         self.engine.destroy()

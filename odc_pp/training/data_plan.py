@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from odc_pp.data import (AttentionCost, IndexedTokenDataset, JsonlDataset, Microbatch,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
+from odc_pp.data.splits import DocumentRange, split_bounds
 from odc_pp.schedule.costs import transformer_layer_flops
 
 from .arguments import ModelArgs, TrainingArgs
 
-__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size",
+__all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
+           "padded_vocab_size",
            "sample_cost_model"]
 
 
@@ -39,20 +41,17 @@ def padded_vocab_size(size: int, multiple: int) -> int:
 
 
 def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
-    """(sample source, model vocabulary size) for the data flags."""
+    """(sample source, model vocabulary size) for the data flags (with --split: its
+    train part)."""
     if args.data.mock_data:
         corpus = SyntheticCorpus(vocab_size=args.model.vocab_size, seq_length=args.model.seq_length,
                                  seed=args.run.seed)
         return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
-    jsonl = [p for p in args.data.data_path if p.endswith((".jsonl", ".json"))]
-    if jsonl and len(jsonl) != len(args.data.data_path):
-        raise ValueError("--data-path mixes JSONL files and indexed-dataset prefixes; "
-                         "preprocess the JSONL with tools/preprocess_data.py")
-    if jsonl:
-        dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length)
-    else:
-        dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
+    dataset = _documents(args, args.data.data_path, tokenizer, "--data-path")
+    if args.data.split is not None:
+        dataset = DocumentRange(dataset, split_bounds(args.data.split, len(dataset))[0],
+                                name="train")
     # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
                               args.parallel.tensor_model_parallel_size)
@@ -63,6 +62,40 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
                              f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
         vocab = args.model.vocab_size
     return ShuffledSource(dataset, seed=args.run.seed), vocab
+
+
+def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
+    """The validation samples: --valid-data-path, the valid part of --split, or for
+    --mock-data a second synthetic stream; None when there are none (or --eval-iters 0)."""
+    if args.data.eval_iters == 0:
+        return None
+    if args.data.mock_data:
+        corpus = SyntheticCorpus(vocab_size=args.model.vocab_size,
+                                 seq_length=args.model.seq_length, seed=args.run.seed + 1)
+        return ShuffledSource(corpus, seed=args.run.seed + 1)
+    if not args.data.valid_data_path and args.data.split is None:
+        return None
+    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+    if args.data.valid_data_path:
+        dataset = _documents(args, args.data.valid_data_path, tokenizer, "--valid-data-path")
+    else:
+        dataset = _documents(args, args.data.data_path, tokenizer, "--data-path")
+        part = split_bounds(args.data.split, len(dataset))[1]
+        if len(part) == 0:
+            return None
+        dataset = DocumentRange(dataset, part, name="valid")
+    return ShuffledSource(dataset, seed=args.run.seed)
+
+
+def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str):
+    """The JSONL or indexed dataset of ``paths`` (one kind)."""
+    jsonl = [p for p in paths if p.endswith((".jsonl", ".json"))]
+    if jsonl and len(jsonl) != len(paths):
+        raise ValueError(f"{flag} mixes JSONL files and indexed-dataset prefixes; "
+                         "preprocess the JSONL with tools/preprocess_data.py")
+    if jsonl:
+        return JsonlDataset(jsonl, tokenizer, args.model.seq_length)
+    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad)
 
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:

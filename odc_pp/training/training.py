@@ -27,7 +27,8 @@ from .arguments import TrainingArgs, parse_args_with_notes
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import (Components, build_components, build_schedule, resolve_loss,
                          resolve_step, run_iteration, validate_now)
-from .data_plan import DataPlanner, build_source
+from .data_plan import DataPlanner, build_source, build_valid_source
+from .evaluation import due as eval_due, eval_record, evaluate
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .failures import exit_after_failure, is_peer_echo
 from .logging_utils import TrainingLogger
@@ -92,6 +93,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     _seed_everything(args.run.seed)
     source, vocab = build_source(args)
     planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp)
+    valid = build_valid_source(args)
+    eval_planner = DataPlanner(args, valid, dp=topo.dp, pp=topo.pp) if valid else None
     parts: Components = build_components(args, topo, vocab_size=vocab,
                                          local_world_size=read_env().local_world_size)
     schedule_lr = LRSchedule(lr=args.optimizer.lr, min_lr=args.optimizer.min_lr, warmup_iters=args.optimizer.lr_warmup_iters,
@@ -194,12 +197,17 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
             (args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
             or done == args.run.train_iters or done == args.run.exit_interval)
         exiting = bool(args.run.exit_interval and done >= args.run.exit_interval)
-        if result.pending and (due_save or exiting or done == args.run.train_iters):
+        due_eval = eval_due(args, done, eval_planner)
+        if result.pending and (due_save or exiting or due_eval or done == args.run.train_iters):
             validate_now(parts, result)
         if result.pending:
             pending = entry
             continue
         finish(entry)
+        if due_eval:
+            stats = evaluate(parts, args, topo, eval_planner, done // args.data.eval_interval)
+            if logger is not None:
+                logger.log_eval(eval_record(done, stats))
         if due_save:
             state = dict(sharded_state(parts.engine, parts.optimizer), rng=capture_rng_state(),
                          iteration=done)
