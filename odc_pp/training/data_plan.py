@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from odc_pp.data import (AttentionCost, IndexedTokenDataset, JsonlDataset, Microbatch,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
+from odc_pp.data.blending import BlendedSource, parse_blend
 from odc_pp.data.splits import DocumentRange, split_bounds
 from odc_pp.schedule.costs import transformer_layer_flops
 
@@ -48,10 +49,7 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
                                  seed=args.run.seed)
         return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
-    dataset = _documents(args, args.data.data_path, tokenizer, "--data-path")
-    if args.data.split is not None:
-        dataset = DocumentRange(dataset, split_bounds(args.data.split, len(dataset))[0],
-                                name="train")
+    source = _source(args, args.data.data_path, tokenizer, "--data-path", part=0)
     # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
                               args.parallel.tensor_model_parallel_size)
@@ -61,7 +59,7 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
                              f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
                              f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
         vocab = args.model.vocab_size
-    return ShuffledSource(dataset, seed=args.run.seed), vocab
+    return source, vocab
 
 
 def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
@@ -77,14 +75,27 @@ def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
         return None
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
     if args.data.valid_data_path:
-        dataset = _documents(args, args.data.valid_data_path, tokenizer, "--valid-data-path")
-    else:
-        dataset = _documents(args, args.data.data_path, tokenizer, "--data-path")
-        part = split_bounds(args.data.split, len(dataset))[1]
-        if len(part) == 0:
-            return None
-        dataset = DocumentRange(dataset, part, name="valid")
-    return ShuffledSource(dataset, seed=args.run.seed)
+        return _source(args, args.data.valid_data_path, tokenizer, "--valid-data-path")
+    return _source(args, args.data.data_path, tokenizer, "--data-path", part=1)
+
+
+def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
+            part: int | None = None):
+    """The shuffled source of ``items`` (paths, or Megatron's blend ``W1 P1 W2 P2``:
+    each dataset shuffled on its own, then blended); ``part``: with --split, that part
+    (0 train, 1 valid) of each dataset's documents; None when the part is empty."""
+    blend = parse_blend(items)
+    weights, paths = blend if blend else ([1.0], [items])
+    sources = []
+    for index, path in enumerate(paths):
+        dataset = _documents(args, [path] if blend else path, tokenizer, flag)
+        if part is not None and args.data.split is not None:
+            documents = split_bounds(args.data.split, len(dataset))[part]
+            if len(documents) == 0 and part > 0:
+                return None
+            dataset = DocumentRange(dataset, documents, name=("train", "valid")[part])
+        sources.append(ShuffledSource(dataset, seed=args.run.seed + index))
+    return BlendedSource(sources, weights) if blend else sources[0]
 
 
 def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str):
