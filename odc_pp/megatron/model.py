@@ -37,6 +37,7 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
+from .full_recompute import apply_full_recompute
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
@@ -89,6 +90,12 @@ class ModelConfig:
     instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
     (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`).
     Parameter names from ``global_named_parameters`` do not change."""
+    recompute_method: str | None = None
+    """Full activation recompute (:mod:`odc_pp.megatron.full_recompute`): uniform or
+    block, as Megatron's --recompute-method; None: off."""
+    recompute_num_layers: int = 1
+    """With ``recompute_method``: group size (uniform) or recomputed layers per chunk
+    (block)."""
     normalization: str = "LayerNorm"
     """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
     norm_epsilon: float = 1e-5
@@ -140,6 +147,11 @@ class ModelConfig:
             if not needed <= set(self.rope_scaling):
                 raise ValueError(f"rope_scaling needs {sorted(needed)}, got "
                                  f"{sorted(self.rope_scaling)}")
+        if self.recompute_method not in (None, "uniform", "block"):
+            raise ValueError(f"recompute_method must be uniform, block or None, got "
+                             f"{self.recompute_method!r}")
+        if self.recompute_num_layers < 1:
+            raise ValueError("recompute_num_layers must be >= 1")
         if self.params_dtype not in _DTYPES:
             raise ValueError(f"params_dtype must be one of {sorted(_DTYPES)}, "
                              f"got {self.params_dtype!r}")
@@ -358,6 +370,9 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
         if stage == num_stages - 1:
             deferrable_output_layer(model)
+        if config.recompute_method is not None:
+            apply_full_recompute(model.decoder, config.recompute_method,
+                                 config.recompute_num_layers)
         for module in model.modules():
             if hasattr(module, "keep_sp_input_for_w"):
                 module.keep_sp_input_for_w = tensor_parallel.keep_sp_input_for_w

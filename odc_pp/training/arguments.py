@@ -39,6 +39,7 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "recompute_method": (None, "uniform", "block"),
 }
 
 
@@ -64,6 +65,18 @@ class ModelArgs:
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
     """Recompute norm/activation/dropout outputs in backward instead of saving them."""
+    recompute_full: bool = False
+    """Full activation recompute (Megatron's --recompute-granularity full, which maps
+    here): F keeps only the input of each recomputed layer group, B re-runs its forward
+    and computes the input gradients, W uses what B recomputed. Needs --recompute-method
+    and --recompute-num-layers."""
+    recompute_method: str | None = None
+    """With --recompute-full: uniform (every layer of a stage, in groups of
+    --recompute-num-layers, each group keeping only its input) or block (only the first
+    --recompute-num-layers layers of each stage, one by one)."""
+    recompute_num_layers: int | None = None
+    """With --recompute-full: the group size (uniform) or the number of recomputed layers
+    per stage (block)."""
     bf16: bool = False
     """Compute in bfloat16 (fp32 master weights)."""
     hf_checkpoint: str | None = None
@@ -427,6 +440,12 @@ def _validate(args: TrainingArgs) -> list[str]:
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
     if args.data.mock_data == bool(args.data.data_path):
         problems.append("give exactly one of --mock-data (with --vocab-size) and --data-path")
+    if args.model.recompute_full != (args.model.recompute_method is not None) or \
+            args.model.recompute_full != (args.model.recompute_num_layers is not None):
+        problems.append("--recompute-granularity full (--recompute-full) goes with both "
+                        "--recompute-method uniform|block and --recompute-num-layers N")
+    elif args.model.recompute_full and args.model.recompute_num_layers < 1:
+        problems.append("--recompute-num-layers must be >= 1")
     if args.data.eval_interval < 1 or args.data.eval_iters < 0:
         problems.append("--eval-interval must be >= 1 and --eval-iters >= 0")
     if args.data.split is not None and args.data.valid_data_path:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.data import Microbatch
-from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.costs import CostModel, with_full_recompute
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
 from odc_pp.schedule.lowering import insert_post_validation, lower_communication
@@ -26,6 +26,7 @@ from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_no
 from .replanning import check_same_schedule
 
 __all__ = ["Components", "IterationResult", "build_components", "run_iteration",
+           "recompute_costs",
            "build_schedule", "schedule_for", "resolve_step", "resolve_loss", "validate_now"]
 
 
@@ -98,6 +99,29 @@ def load_cost_model(schedule: ScheduleArgs) -> CostModel:
             return CostModel.from_dict(json.load(handle))
     except (OSError, json.JSONDecodeError, TypeError) as exc:
         raise ValueError(f"--cost-model {schedule.cost_model!r}: {exc}") from exc
+
+
+def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int) -> CostModel:
+    """With full recompute, T_B of each virtual stage grows by the forward of its
+    recomputed layers (the schedules and ZB-auto's first plan take it into account;
+    ZB-auto's re-plans measure it)."""
+    from odc_pp.megatron.full_recompute import recompute_groups
+    from odc_pp.megatron.model import stage_layers
+    from odc_pp.schedule.placement import locate
+
+    model = args.model
+    if not model.recompute_full:
+        return costs
+    chunks = args.schedule.num_model_chunks
+    num_stages = pp * chunks
+    fractions, ranks = [], []
+    for stage in range(num_stages):
+        layers = len(stage_layers(model.num_layers, num_stages, stage))
+        groups = recompute_groups(layers, model.recompute_method, model.recompute_num_layers)
+        fractions.append(sum(len(group) for group in groups) / layers)
+        ranks.append(locate(placement_of(args.schedule.pipeline_schedule), pp, chunks,
+                            stage)[0])
+    return with_full_recompute(costs, fractions, ranks)
 
 
 def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
@@ -256,7 +280,7 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
         pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
         channels=topo.pp_channels)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
-                      costs=load_cost_model(args.schedule),
+                      costs=recompute_costs(load_cost_model(args.schedule), args, topo.pp),
                       last_stage=_last_stage_here(args, topo),
                       post_validator=post_validator, injection=injection)
 
