@@ -58,6 +58,9 @@ CASES = {
     # collective, recomputing RMSNorm/SwiGLU
     "qwen2": ("qwen2", ["--pipeline-schedule", "1f1b", "--dp-mode", "collective",
                         "--recompute-lgd"]),
+    # tied Qwen2 on pp=4 (zb-h1): the first and the last stage on different ranks
+    "qwen2_pp4": ("qwen2", ["--pipeline-schedule", "zb-h1", "--dp-mode", "odc",
+                            "--pipeline-model-parallel-size", "4"]),
     # Llama 3 under tp=2 + SP x pp=2 zbv: qkv split per query group (GQA: one kv head per
     # rank), SwiGLU's gate/up per partition, vocab-parallel embedding and output layer
     "llama_tp2": ("llama", ["--pipeline-schedule", "zbv", "--dp-mode", "odc",

@@ -39,6 +39,26 @@ def test_split_bounds_are_megatrons():
         DocumentRange(Docs(), range(7, 7), name="test")
 
 
+def test_split_gives_disjoint_train_and_valid_sources(tmp_path):
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.data_plan import build_source, build_valid_source
+
+    data = str(tmp_path / "data.jsonl")
+    with open(data, "w") as handle:
+        for index in range(50):
+            handle.write(json.dumps({"text": "w" * (index + 1)}) + "\n")
+    flags = ["--data-path", data, "--seq-length", "64", "--split", "80,20,0"]
+    train, _ = build_source(parse_args(flags))
+    valid = build_valid_source(parse_args(flags))
+    # documents 0..39 train, 40..49 validate (each document's length tells it apart)
+    assert {train.length(i) for i in range(40)} == set(range(1, 41))
+    assert {valid.length(i) for i in range(10)} == set(range(41, 51))
+    assert build_valid_source(parse_args(["--data-path", data, "--seq-length", "64"])) is None
+    assert build_valid_source(parse_args(flags + ["--eval-iters", "0"])) is None
+    with pytest.raises(ValueError, match="--split"):
+        parse_args(flags + ["--valid-data-path", data])
+
+
 @pytest.mark.parametrize("name,pp,chunks", [("1f1b", 2, 1), ("zbv", 2, 2),
                                             ("interleaved", 2, 2), ("zb-h1", 4, 1)])
 def test_forward_only_schedule_keeps_each_ranks_forwards_and_lowers(name, pp, chunks):
