@@ -92,7 +92,13 @@ def _write_text_data(path, count=48, seed=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [["--pipeline-schedule", "zbv", "--dp-mode", "odc"],
                                     ["--pipeline-schedule", "1f1b", "--dp-mode",
-                                     "collective", "--load-balance", "balanced"]])
+                                     "collective", "--load-balance", "balanced"],
+                                    # eval after a post-validated step, under full recompute
+                                    ["--pipeline-schedule", "zb-h1", "--dp-mode", "odc",
+                                     "--enable-optimizer-post-validation",
+                                     "--recompute-granularity", "full", "--recompute-method",
+                                     "block", "--recompute-num-layers", "1"]],
+                         ids=["zbv-odc", "1f1b-collective", "zbh1-pv-full-recompute"])
 def test_eval_loss_at_lr_0_equals_the_training_loss_on_the_same_samples(layout, tmp_path):
     """--valid-data-path is the training file (same seeded order): evaluation k runs
     validation batch k-1, which is training batch k-1; with --lr 0 both losses are the
