@@ -138,10 +138,19 @@ def test_tied_model_stays_tied_on_two_stages_unless_untied(tmp_path):
     assert not untied.tie_embeddings
 
 
+TIED_LAYOUTS = {
+    "zbv": ["--pipeline-schedule", "zbv"],
+    "1f1b": ["--pipeline-schedule", "1f1b"],
+    # two one-rank "hosts": the tie group is built per host
+    "1f1b-hierarchical": ["--pipeline-schedule", "1f1b", "--dp-mode", "hierarchical",
+                          "--dp-ranks-per-host", "1"],
+}
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["zbv", "1f1b"])
-def test_tied_embeddings_across_stages_train_as_one_weight(schedule, tmp_path):
+@pytest.mark.parametrize("layout", sorted(TIED_LAYOUTS))
+def test_tied_embeddings_across_stages_train_as_one_weight(layout, tmp_path):
     """Tied Qwen2 on pp=2 x dp=2: iteration 1 is transformers' loss; 5 AdamW steps with
     clipping give the losses of the pp=1 run (one shared weight), the checkpoint's two
     copies are bitwise equal and the export is tied."""
@@ -156,8 +165,9 @@ def test_tied_embeddings_across_stages_train_as_one_weight(schedule, tmp_path):
              "--clip-grad", "0.5", "--train-iters", "5", "--seed", "3", "--no-progress-bar",
              "--distributed-timeout-minutes", "1.5"]
     save = str(tmp_path / "ckpt")
-    run = launch(flags + ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
-                          schedule, "--save", save], nproc=4, tmp_path=tmp_path, name="pp2")
+    run = launch(flags + ["--pipeline-model-parallel-size", "2", *TIED_LAYOUTS[layout],
+                          "--save", save],
+                 nproc=4, tmp_path=tmp_path, name="pp2")
     assert run.returncode == 0, run.describe()
     reference = launch(flags, nproc=1, tmp_path=tmp_path, name="pp1")
     assert reference.returncode == 0, reference.describe()
