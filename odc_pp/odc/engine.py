@@ -68,7 +68,6 @@ parameter shard before its owner has written it. No other waits happen between r
 from __future__ import annotations
 
 import contextlib
-import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
@@ -79,6 +78,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from . import primitives as prim
+from .tied import TiedGradients
 
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout"]
 
@@ -240,8 +240,7 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
-        self._tied: list[tuple[_Unit, int]] = []
-        self._tie_group = None
+        self._tied: TiedGradients | None = None
         self._prefetching = (config.prefetch and config.mode != "collective"
                              and config.unit_driver == "module_hooks")
         self._prefetcher = None  # the CPU helper thread; CUDA units need none
@@ -500,62 +499,16 @@ class ShardedDataParallel:
         if self.inter_host_group is not None:
             for unit in self.units:
                 dist.all_reduce(unit.grad_acc[:unit.owned_numel], group=self.inter_host_group)
-        if self._tie_group is not None:
-            self._sum_tied()
+        if self._tied is not None:
+            self._tied.sum()
 
-    # ----- tied parameters ---------------------------------------------------------------
     def tie(self, params: Sequence[tuple[int, str]], group: dist.ProcessGroup | None) -> None:
-        """Tie ``params`` (``(unit index, parameter name in the unit)``, possibly none on
-        this rank) to their copies on the other ranks of ``group``: every rank of this
-        engine's group and of the copies' groups, e.g. the data-parallel ranks of the
-        first and of the last pipeline stage. All copies must have one shape and start
-        equal. Every rank of ``group`` must call it (``group`` None: only local copies)."""
-        for index, name in params:
-            unit = self._unit(index)
-            if name not in unit.names:
-                raise ValueError(f"tied parameter {name!r} is not a trainable parameter of "
-                                 f"unit {index}")
-            self._tied.append((unit, unit.names.index(name)))
-        shapes = {self._tied_shape(entry) for entry in self._tied}
-        if len(shapes) > 1:
-            raise ValueError(f"tied parameters have different shapes {sorted(shapes)}")
-        self._tie_group = group if group is not None else "local"
-
-    @staticmethod
-    def _tied_shape(entry: tuple[_Unit, int]) -> tuple[int, ...]:
-        unit, position = entry
-        return unit.shapes[position]
-
-    def _tied_overlap(self, entry: tuple[_Unit, int]) -> tuple[slice, slice]:
-        """(slice of the parameter, slice of the owned accumulator) this rank owns."""
-        unit, position = entry
-        offset = unit.offsets[position]
-        numel = unit.params[position].numel()
-        first, last = max(unit.start, offset), min(unit.end, offset + numel)
-        last = max(first, last)
-        return slice(first - offset, last - offset), slice(first - unit.start,
-                                                           last - unit.start)
-
-    @torch.no_grad()
-    def _sum_tied(self) -> None:
-        """Sum the tied copies' owned gradients over the tie group; every copy's owned
-        range gets the sum."""
-        if not self._tied and self._tie_group == "local":
-            return
-        reference = self._tied[0][0] if self._tied else self.units[0]
-        shape = self._tied_shape(self._tied[0]) if self._tied else None
-        if shape is None:
-            raise ValueError("a rank of the tie group holds no tied parameter")
-        total = torch.zeros(math.prod(shape), dtype=torch.float32,
-                            device=reference.grad_acc.device)
-        for entry in self._tied:
-            piece, owned = self._tied_overlap(entry)
-            total[piece] += entry[0].grad_acc[owned]
-        if self._tie_group != "local":
-            dist.all_reduce(total, group=self._tie_group)
-        for entry in self._tied:
-            piece, owned = self._tied_overlap(entry)
-            entry[0].grad_acc[owned] = total[piece]
+        """Tie ``params`` (``(unit index, parameter name in the unit)`` on this rank) to
+        their copies on the other ranks of ``group`` (e.g. the data-parallel ranks of the
+        first and of the last pipeline stage; None: all copies are here). The copies must
+        start equal; their gradients are summed at :meth:`finish_minibatch`
+        (:class:`~odc_pp.odc.tied.TiedGradients`). Every rank of ``group`` calls it."""
+        self._tied = TiedGradients(self.units, params, group)
 
     def _pad_collectives(self) -> None:
         if self._max_microbatches is None:
