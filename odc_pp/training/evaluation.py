@@ -99,7 +99,7 @@ def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, planner: DataPlan
     schedule = _schedule(parts, args, topo, len(microbatches))
     result = parts.runtime.run_minibatch(
         schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),
-        forward_only=True)
+        max_microbatches=plan.max_microbatches, forward_only=True)
     return ((result.loss_sum or 0.0) if parts.last_stage else 0.0), plan.total_loss_tokens
 
 

@@ -77,7 +77,7 @@ def _write(path, seed, words):
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_resumed_run_reads_the_same_blended_batches(tmp_path):
-    from tests.training.launcher import launch
+    from odc_pp.testing.torchrun import launch
 
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
     _write(a, 1, "alpha beta gamma delta".split())

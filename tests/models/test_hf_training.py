@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.models._tiny import make_hf_model
-from tests.training.launcher import ROOT, launch
+from odc_pp.testing.torchrun import ROOT, launch
 
 pytest.importorskip("transformers")
 
@@ -131,9 +131,9 @@ def test_tied_model_stays_tied_on_two_stages_unless_untied(tmp_path):
     flags = ["--hf-checkpoint", hf_dir, "--mock-data", "--seq-length", "32"]
     vocab = parse_args(flags).model.vocab_size
     for stages in (1, 2):
-        assert model_config(parse_args(flags), vocab_size=vocab, device="cpu",
+        assert model_config(parse_args(flags).model, vocab_size=vocab, device="cpu",
                             num_stages=stages).tie_embeddings
-    untied = model_config(parse_args(flags + ["--untie-embeddings"]), vocab_size=vocab,
+    untied = model_config(parse_args(flags + ["--untie-embeddings"]).model, vocab_size=vocab,
                           device="cpu", num_stages=2)
     assert not untied.tie_embeddings
 

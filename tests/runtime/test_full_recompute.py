@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime._parity import build_schedule, make_microbatches, model_config
 
 FAMILIES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
@@ -144,7 +144,7 @@ def test_pretrain_gpt_with_full_recompute_trains_like_without(tmp_path):
     the run without recompute (bitwise; 1f1b's order does not depend on the costs, while
     zbv re-orders for the larger T_B and so sums gradients in another order); peak
     activations lower."""
-    from tests.training.launcher import TINY_MODEL, launch
+    from odc_pp.testing.torchrun import TINY_MODEL, launch
 
     flags = TINY_MODEL + ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
                           "1f1b", "--train-iters", "3", "--log-activation-memory"]

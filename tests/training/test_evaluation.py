@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests.training.launcher import launch
+from odc_pp.testing.torchrun import launch
 
 
 def test_split_bounds_are_megatrons():
