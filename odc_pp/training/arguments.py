@@ -39,6 +39,7 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
 }
 
 
@@ -270,6 +271,15 @@ class RunArgs:
     """Iterations (global batches) to train."""
     exit_interval: int | None = None
     """Stop after this iteration (after saving), as if interrupted."""
+    exit_signal_handler: bool = False
+    """Megatron's flag: save and exit on --exit-signal. SIGTERM is always handled so: every
+    rank finishes the current iteration, saves (with --save) and exits with status 4
+    (docs/preemption.md); this flag adds --exit-signal when that is another signal."""
+    exit_signal: str = "SIGTERM"
+    """The signal --exit-signal-handler handles besides SIGTERM (SIGINT, SIGUSR1, SIGUSR2)."""
+    exit_duration_in_mins: float | None = None
+    """Stop, saving with --save, after the first iteration at which a rank has run longer
+    than this many minutes (every rank agrees: the maximum over ranks); exit status 0."""
     inject_fault_rank: int | None = None
     """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
     inject_fault_iter: int = 1
@@ -462,6 +472,12 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--finetune needs --load DIR (the checkpoint to start from)")
     if args.run.exit_interval is not None and args.run.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
+    if args.run.exit_signal != "SIGTERM" and not args.run.exit_signal_handler:
+        problems.append(f"--exit-signal {args.run.exit_signal} needs --exit-signal-handler")
+    if args.run.exit_duration_in_mins is not None and not (
+            math.isfinite(args.run.exit_duration_in_mins) and args.run.exit_duration_in_mins > 0):
+        problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
+                        f"{args.run.exit_duration_in_mins}")
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
                                                args.parallel.dp_mode != "hierarchical"):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")

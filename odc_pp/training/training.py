@@ -28,13 +28,16 @@ from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import (Components, build_components, build_schedule, resolve_loss,
                          resolve_step, run_iteration, validate_now)
 from .data_plan import DataPlanner, build_source
-from .distributed import Topology, build_topology, init_distributed, read_env
+from .distributed import Topology, all_ranks_true, build_topology, init_distributed, read_env
+from .elastic import adopt_elastic_restart
 from .failures import exit_after_failure, is_peer_echo
 from .logging_utils import TrainingLogger
 from .lr_schedule import LRSchedule
+from .preemption import ExitController, TrainingInterrupted
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
+from .save_lock import lock_save_dir
 from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
 __all__ = ["main", "train", "TrainingStopped"]
@@ -89,6 +92,7 @@ def _render_schedule(path: str, schedule, costs, out) -> None:
 
 def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     """Train; returns the logged records (rank 0; other ranks: [])."""
+    exits = ExitController.for_args(args)  # SIGTERM etc.: finish the iteration, save, exit
     _seed_everything(args.run.seed)
     source, vocab = build_source(args)
     planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp)
@@ -97,8 +101,10 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     schedule_lr = LRSchedule(lr=args.optimizer.lr, min_lr=args.optimizer.min_lr, warmup_iters=args.optimizer.lr_warmup_iters,
                              decay_iters=args.optimizer.lr_decay_iters, style=args.optimizer.lr_decay_style)
     start = 0
+    lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
     if args.checkpoint.save:  # before the first step: fail now, not at the first save
         check_save_dir(parts, args.checkpoint, topo, out=out)
+    adopt_elastic_restart(args, topo, out=out)  # torchrun restart: --load the newest save
     if args.checkpoint.load:
         start, how = resume(parts, args, topo, restore_rng_state, vocab_size=vocab, out=out)
         if how and topo.rank == 0:
@@ -108,7 +114,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
     if args.checkpoint.save:
         refuse_newer_checkpoints(args.checkpoint, topo, start)
         saver = CheckpointSaver(args.checkpoint.save, keep=args.checkpoint.keep_checkpoints, rank=topo.rank,
-                                world_size=topo.world_size, barrier=dist.barrier)
+                                world_size=topo.world_size, barrier=dist.barrier,
+                                token=lock.token, agree=all_ranks_true)
     logger = TrainingLogger(train_iters=args.run.train_iters, log_json=args.logging.log_json,
                             tensorboard_dir=args.logging.tensorboard_dir,
                             progress_bar=not args.logging.no_progress_bar, stream=out) \
@@ -190,10 +197,11 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
             resolve_step(pending["result"], result.previous_step)
             finish(pending)
             pending = None
+        stop = exits.should_exit(done)  # collective: the same decision on every rank
         due_save = saver is not None and (
             (args.checkpoint.save_interval and done % args.checkpoint.save_interval == 0)
-            or done == args.run.train_iters or done == args.run.exit_interval)
-        exiting = bool(args.run.exit_interval and done >= args.run.exit_interval)
+            or done == args.run.train_iters or done == args.run.exit_interval or stop.stop)
+        exiting = bool(args.run.exit_interval and done >= args.run.exit_interval) or stop.stop
         if result.pending and (due_save or exiting or done == args.run.train_iters):
             validate_now(parts, result)
         if result.pending:
@@ -208,18 +216,23 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                 print(f"saved checkpoint {path}", file=out, flush=True)
         if exiting:
             if topo.rank == 0:
-                print(f"exit interval {args.run.exit_interval} reached", file=out, flush=True)
+                print(stop.reason or f"exit interval {args.run.exit_interval} reached",
+                      file=out, flush=True)
             break
     if logger is not None:
         logger.close()
     parts.close()
+    if lock is not None:
+        lock.release()
+    exits.finish()  # raises TrainingInterrupted after a signal stop
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
-    training), 1 failure."""
-    env = read_env()
+    training), 4 interrupted by a signal (checkpoint saved, docs/preemption.md), 1
+    failure."""
+    env, code = read_env(), 0
     try:
         args, notes = parse_args_with_notes(argv)
         args.data_parallel_size(env.world_size, env.local_world_size)
@@ -242,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
         exit_after_failure(exc, 2)
+    except TrainingInterrupted as exc:  # saved (with --save) and stopped on a signal
+        if env.rank == 0:
+            print(f"pretrain_gpt.py: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
     except TrainingStopped as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
@@ -257,5 +274,5 @@ def main(argv: list[str] | None = None) -> int:
         exit_after_failure(exc, 1)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0
+    return code
 
