@@ -19,6 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
+from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate as translate_megatron_flags
@@ -60,7 +61,9 @@ class ModelArgs:
     max_position_embeddings: int | None = None
     """Position-embedding table size (default: seq length)."""
     vocab_size: int | None = None
-    """Vocabulary size for --mock-data (other data take it from the tokenizer)."""
+    """Embedding rows of the model. Needed with --mock-data; with --data-path it replaces the
+    tokenizer's padded vocabulary (it must hold the tokenizer's ids) and bounds
+    pre-tokenized input_ids; --hf-checkpoint sets it from config.json."""
     make_vocab_size_divisible_by: int = 8
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
@@ -210,8 +213,9 @@ class DataArgs:
     """JSONL file(s) or indexed-dataset prefix(es)."""
     mock_data: bool = False
     """Use the built-in synthetic long-tailed corpus (needs --vocab-size)."""
-    tokenizer_type: str = "ByteLevelTokenizer"
-    """Tokenizer for JSONL / indexed data."""
+    tokenizer_type: str | None = None
+    """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
+    --tokenizer-model, else ByteLevelTokenizer)."""
     tokenizer_model: str | None = None
     """Local path of a Hugging Face tokenizer."""
 
@@ -312,6 +316,11 @@ class TrainingArgs:
     """Length, seed and fault injection of the run."""
 
     def __post_init__(self) -> None:
+        try:
+            self.data.tokenizer_type = tokenizer_type_for(self.data.tokenizer_type,
+                                                          self.data.tokenizer_model)
+        except ValueError as exc:
+            raise ValueError(f"invalid arguments:\n  {exc}") from None
         problems = _validate(self)
         if problems:
             raise ValueError("invalid arguments:\n  " + "\n  ".join(problems))
@@ -336,7 +345,7 @@ class TrainingArgs:
                              f"is not divisible by --pipeline-model-parallel-size {pp} x "
                              f"--tensor-model-parallel-size {tp}")
         dp = world_size // (pp * tp)
-        if self.model.hf_checkpoint is None and self.data.mock_data and \
+        if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
                              f"--tensor-model-parallel-size {tp}")
@@ -429,6 +438,8 @@ def _validate(args: TrainingArgs) -> list[str]:
     if args.data.tokenizer_type == "HuggingFaceTokenizer" and not args.data.tokenizer_model and \
             args.data.data_path:
         problems.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model PATH")
+    if args.data.mock_data and args.data.tokenizer_model:
+        problems.append("--tokenizer-model is not used with --mock-data (synthetic token ids)")
     if args.model.max_position_embeddings is not None and \
             args.model.max_position_embeddings < args.model.seq_length:
         problems.append(f"--max-position-embeddings {args.model.max_position_embeddings} is "
@@ -570,6 +581,9 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --hf-checkpoint {values['hf_checkpoint']}: architecture and "
                      f"weights from its config.json and safetensors")
     args = args_from_flags(values)
+    if values.get("tokenizer_type") is None and values.get("tokenizer_model"):
+        notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
+                     f"--tokenizer-type: HuggingFaceTokenizer")
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

@@ -16,7 +16,8 @@ from odc_pp.schedule.costs import transformer_layer_flops
 
 from .arguments import ModelArgs, TrainingArgs
 
-__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size",
+__all__ = ["IterationPlan", "DataPlanner", "build_source", "model_vocab_size",
+           "padded_vocab_size",
            "sample_cost_model"]
 
 
@@ -49,20 +50,28 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
     if jsonl and len(jsonl) != len(args.data.data_path):
         raise ValueError("--data-path mixes JSONL files and indexed-dataset prefixes; "
                          "preprocess the JSONL with tools/preprocess_data.py")
-    if jsonl:
-        dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length)
+    vocab = model_vocab_size(args, tokenizer)
+    if jsonl:  # pre-tokenized ids are bounded by the model's embedding, not the tokenizer
+        dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab)
     else:
         dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
-    # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
-                              args.parallel.tensor_model_parallel_size)
-    if args.model.hf_checkpoint:  # the model's vocabulary is the checkpoint's
-        if tokenizer.vocab_size > args.model.vocab_size:
-            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
-                             f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
-                             f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
-        vocab = args.model.vocab_size
     return ShuffledSource(dataset, seed=args.run.seed), vocab
+
+
+def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
+    """The model's embedding rows: --hf-checkpoint's vocab_size or --vocab-size when given
+    (it must hold the tokenizer's ids), else the tokenizer's vocabulary padded to
+    --make-vocab-size-divisible-by x tp (Megatron's rule)."""
+    given = args.model.vocab_size
+    if given is None:
+        return padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
+                                 args.parallel.tensor_model_parallel_size)
+    source = (f"the vocab_size {given} of --hf-checkpoint {args.model.hf_checkpoint}"
+              if args.model.hf_checkpoint else f"--vocab-size {given}")
+    if tokenizer.vocab_size > given:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than {source}; "
+                         f"use the model's tokenizer (--tokenizer-model) or a larger vocabulary")
+    return given
 
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:

@@ -65,7 +65,7 @@ def _plan_on_rank0(args, topo) -> tuple[str | None, str]:
     return save, line
 
 
-def adopt_elastic_restart(args, topo, *, out=sys.stdout) -> None:
+def adopt_elastic_restart(args, topo, *, out=None) -> None:
     """Collective; on an elastic restart with ``--save`` holding a checkpoint, set
     ``--load`` to ``--save`` (and drop ``--finetune``: the saved run is continued, not
     fine-tuned again). Rank 0 decides from the file system and broadcasts, so every rank
@@ -79,7 +79,7 @@ def adopt_elastic_restart(args, topo, *, out=sys.stdout) -> None:
         dist.broadcast_object_list(box, src=0)
     load, line = box[0]
     if topo.rank == 0:
-        print(line, file=out, flush=True)
+        print(line, file=out or sys.stdout, flush=True)
     if load is not None:
         args.checkpoint.load = load
         args.checkpoint.finetune = False

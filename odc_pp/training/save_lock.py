@@ -146,7 +146,7 @@ class SaveLock:
         return self.owner.token
 
     @classmethod
-    def acquire(cls, save: str, *, out=sys.stdout) -> "SaveLock":
+    def acquire(cls, save: str, *, out=None) -> "SaveLock":
         """Take the lock of ``save`` (created if missing) or raise ValueError naming the
         live holder (see the module doc)."""
         os.makedirs(save, exist_ok=True)
@@ -159,7 +159,8 @@ class SaveLock:
         if _read(lock.path) != lock.owner:  # another starter took it over at the same time
             raise ValueError(f"--save {save}: another job took over the lock {lock.path} "
                              f"at the same time as this one; one job per --save directory")
-        print(f"--save {save}: took over the lock {lock.path}: {why}", file=out, flush=True)
+        print(f"--save {save}: took over the lock {lock.path}: {why}", file=out or sys.stdout,
+              flush=True)
         return lock
 
     def _takeover_reason(self, holder: LockOwner | None) -> str:

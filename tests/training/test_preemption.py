@@ -36,7 +36,7 @@ def _wait_for(condition, what: str, process, timeout: float = 240) -> None:
         if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def test_sigterm_saves_the_current_iteration_and_load_continues_bit_exactly(tmp_path):
