@@ -14,7 +14,8 @@ with ``O_EXCL`` before anything is written into the directory:
 
 The lock also yields the job's token (:attr:`SaveLock.token`), which makes the temporary
 directory names of a save unique per job. A run that ends normally removes its lock; a
-crashed one leaves it for the next start to take over.
+failing one removes it on its way out (:func:`~.failures.exit_after_failure`); a killed
+one leaves it for the next start to take over.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+from .failures import at_failure_exit
 
 __all__ = ["LOCK_NAME", "LockOwner", "SaveLock", "current_owner", "job_id", "lock_save_dir"]
 
@@ -151,6 +154,7 @@ class SaveLock:
         live holder (see the module doc)."""
         os.makedirs(save, exist_ok=True)
         lock = cls(save, current_owner())
+        at_failure_exit(lock.release)  # a failed start or run leaves no lock behind
         if _write_new(lock.path, lock.owner):
             return lock
         holder = _read(lock.path)
