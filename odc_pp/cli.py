@@ -10,7 +10,7 @@ __all__ = ["main"]
 # subcommand -> module whose ``main(argv)`` runs it (imported lazily: keeps start-up fast)
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
-    "tune-offload": "odc_pp.schedule.offload_tuner",
+    "tune-offload": "odc_pp.planner.offload_tuner",
 }
 
 

@@ -3,7 +3,7 @@ messages reach the parent, and nothing hangs."""
 
 import pytest
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 
 def _square(rank, world_size, offset):

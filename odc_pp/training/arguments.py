@@ -41,6 +41,7 @@ CHOICES = {
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
     "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
+    "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
 
@@ -109,6 +110,10 @@ class ModelArgs:
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""
+    packed_attention: str = "auto"
+    """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
+    on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
+    (docs/gpu.md)."""
 
 
 @dataclass(kw_only=True)
@@ -131,11 +136,18 @@ class ParallelArgs:
     dp_mode: str = "odc"
     """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
     dp_ranks_per_host: int | None = None
-    """hierarchical: data-parallel ranks per host (default: local processes / pp)."""
+    """hierarchical: data-parallel ranks per host (default: local processes / (pp x tp),
+    the model copies one host holds)."""
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
     distributed_timeout_minutes: float = 5.0
     """Longest wait on a peer before the job fails."""
+
+    def ranks_per_host(self, local_world_size: int) -> int:
+        """hierarchical: data-parallel ranks per host -- --dp-ranks-per-host, or the
+        host's processes / (pp x tp)."""
+        copy = self.pipeline_model_parallel_size * self.tensor_model_parallel_size
+        return self.dp_ranks_per_host or max(1, local_world_size // copy)
 
 
 @dataclass(kw_only=True)
@@ -358,10 +370,10 @@ class TrainingArgs:
                 f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
                 f"one-chunk schedule")
         if self.parallel.dp_mode == "hierarchical":
-            per_host = self.parallel.dp_ranks_per_host or max(1, (local_world_size or world_size) // pp)
+            per_host = self.parallel.ranks_per_host(local_world_size or world_size)
             if dp % per_host:
                 raise ValueError(f"--dp-ranks-per-host {per_host} (default: processes per host"
-                                 f" / pp) does not divide the data-parallel size {dp}")
+                                 f" / (pp x tp)) does not divide the data-parallel size {dp}")
         if self.data.max_tokens_per_microbatch is None and \
                 self.data.global_batch_size % (self.data.micro_batch_size * dp):
             raise ValueError(f"--global-batch-size {self.data.global_batch_size} must be a multiple "
@@ -385,7 +397,11 @@ def _validate(args: TrainingArgs) -> list[str]:
                  for n in positive if _value(args, n) < 1]
     if problems:
         return problems
-    pp, schedule = args.parallel.pipeline_model_parallel_size, args.schedule.pipeline_schedule
+    return _validate_model(args) + _validate_layout(args) + _validate_run(args)
+
+
+def _validate_model(args: TrainingArgs) -> list[str]:
+    problems = []
     tp, model = args.parallel.tensor_model_parallel_size, args.model
     if tp < 1:
         problems.append(f"--tensor-model-parallel-size must be >= 1, got {tp}")
@@ -416,7 +432,12 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--add-qkv-bias only matters with --disable-bias-linear")
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
+    return problems
 
+
+def _validate_layout(args: TrainingArgs) -> list[str]:
+    problems = []
+    pp, schedule = args.parallel.pipeline_model_parallel_size, args.schedule.pipeline_schedule
     fam = family(schedule)
     chunks = args.schedule.num_model_chunks or fam.default_chunks
     if not fam.accepts_chunks(chunks):
@@ -460,6 +481,11 @@ def _validate(args: TrainingArgs) -> list[str]:
     if args.schedule.memory_limit is not None and not (math.isfinite(args.schedule.memory_limit) and
                                               args.schedule.memory_limit > 0):
         problems.append(f"--memory-limit must be a finite number > 0, got {args.schedule.memory_limit}")
+    return problems
+
+
+def _validate_run(args: TrainingArgs) -> list[str]:
+    problems = []
     if args.run.inject_nonfinite_grad_iter is not None and args.run.inject_nonfinite_grad_iter < 1:
         problems.append("--inject-nonfinite-grad-iter must be >= 1")
     if args.schedule.profile_iters < 0:

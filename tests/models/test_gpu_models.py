@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.models._tiny import make_hf_model
 
 

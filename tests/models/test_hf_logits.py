@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.models._tiny import ARCHITECTURES, make_hf_model
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.models._tiny import make_hf_model
-from tests.training.launcher import ROOT, launch
+from odc_pp.testing.torchrun import ROOT, launch
 
 pytest.importorskip("transformers")
 
@@ -128,10 +128,10 @@ def test_tied_model_on_two_stages_needs_untie_embeddings(tmp_path):
     flags = ["--hf-checkpoint", hf_dir, "--mock-data", "--seq-length", "32"]
     vocab = parse_args(flags).model.vocab_size
     with pytest.raises(ValueError, match="--untie-embeddings"):
-        model_config(parse_args(flags), vocab_size=vocab, device="cpu", num_stages=2)
-    assert model_config(parse_args(flags), vocab_size=vocab, device="cpu",
+        model_config(parse_args(flags).model, vocab_size=vocab, device="cpu", num_stages=2)
+    assert model_config(parse_args(flags).model, vocab_size=vocab, device="cpu",
                         num_stages=1).tie_embeddings
-    untied = model_config(parse_args(flags + ["--untie-embeddings"]), vocab_size=vocab,
+    untied = model_config(parse_args(flags + ["--untie-embeddings"]).model, vocab_size=vocab,
                           device="cpu", num_stages=2)
     assert not untied.tie_embeddings
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 
 def make_units(dtype: torch.dtype, width: int = 12) -> list[nn.Module]:

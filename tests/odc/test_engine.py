@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
+from odc_pp.optim import clip as clip_module
 from odc_pp.data.load_balance import AttentionCost, balance_minibatch, pack_microbatches
 
 HIDDEN, HEADS, OUT, LAYERS = 16, 2, 8, 2
@@ -154,9 +155,7 @@ def train_steps(model, engine, optimizer, steps, *, dp_rank, dp_size, clip=None,
         for indices in plan[dp_rank]:
             microbatch_loss(model, step, indices, global_tokens, dtype).backward()
         engine.finish_minibatch()
-        if clip is not None:
-            optimizer.clip_grad_norm_(clip)
-        optimizer.step()
+        optimizer.clip_and_step(clip)  # clip None: no clipping
         counts.append(len(plan[dp_rank]))
     return counts
 
@@ -190,10 +189,10 @@ def run_post_validated(rank, world, clip):
         snapshot = optimizer.snapshot()
         optimizer.step(finish=False)  # eager
         dist.all_reduce(local)
-        assert not optimizer.local_has_nonfinite()
+        assert not clip_module.has_nonfinite(engine.owned_grads())
         if math.sqrt(float(local)) > clip:
             optimizer.restore(snapshot)
-            optimizer.clip_grad_norm_(clip)
+            clip_module.clip_(engine.owned_grads(), optimizer.grad_state(), clip)
             optimizer.step(finish=False)
         engine.finish_step()
     result = {"params": params_of(engine)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 from .test_engine import LR, BETAS, EPS, REL_TOL, STEPS, WD, make_model, params_of, \
     reference_params, rel_diff, train_steps

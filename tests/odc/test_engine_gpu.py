@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.odc.test_engine import (BETAS, EPS, LR, STEPS, WD, make_model, make_plan,
                                    microbatch_loss, reference_params, rel_diff, sample_lengths)
 

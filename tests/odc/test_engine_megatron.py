@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 MODEL = dict(vocab_size=64, hidden_size=32, num_layers=3, num_attention_heads=4,
              max_sequence_length=32)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from odc_pp.odc import primitives as odc
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 PP, DP = 2, 2
 MODEL = dict(vocab_size=64, hidden_size=32, num_layers=4, num_attention_heads=4,
@@ -97,12 +97,11 @@ def train(rank, mode, schedule_name):
         mine = [make_sample(step, i, lengths[i]) for i in plan[dp_rank]]
         schedule = lower_communication(generate(schedule_name, pp=PP,
                                                 num_microbatches=len(mine)))
-        engine.begin_minibatch(max_microbatches=max(len(r) for r in plan),
-                               num_microbatches=len(mine))
-        # calls finish_minibatch
-        runtime.run_minibatch(schedule, mine, global_num_tokens=sum(lengths))
-        norms.append(optimizer.grad_norm())  # over every rank: stages x shards
-        optimizer.step()
+        # the runtime opens (begin_minibatch) and closes (finish_minibatch) it
+        runtime.run_minibatch(schedule, mine, global_num_tokens=sum(lengths),
+                              max_microbatches=max(len(r) for r in plan))
+        # the norm over every rank: stages x shards
+        norms.append(optimizer.clip_and_step(None).grad_norm)
         counts.append(len(mine))
     full = engine.full_state_dict()
     params = {global_name(name, chunk.layers.start): full[f"{index}.{name}"]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from odc_pp.odc import primitives as odc
 from odc_pp.odc.transport_host import list_segments
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 pytestmark = pytest.mark.multiproc
 
@@ -81,6 +81,16 @@ def _check_group(group, process_group, deterministic_expected):
                 ordered += sums[source][start:end]
             if deterministic_expected:
                 assert torch.equal(got, ordered), (numel, dtype)
+            elif group.config.backend == "collective":
+                # one reduce-scatter per call, in the pushed dtype, added into fp32
+                expected = torch.full((shard_size,), 0.5)
+                for call in range(calls):
+                    padded = torch.zeros(shard_size * world, dtype=dtype)
+                    padded[:numel] = _contribution(rank, call, numel, dtype)
+                    reduced = torch.empty(shard_size, dtype=dtype)
+                    dist.reduce_scatter_tensor(reduced, padded, group=process_group)
+                    expected += reduced
+                assert torch.equal(got, expected[:end - start]), (numel, dtype)
             else:
                 padded = torch.zeros(shard_size * world)
                 padded[:numel] = local_sum
@@ -219,3 +229,38 @@ def test_killed_rank_raises_naming_it(cross_host):
         message, elapsed = values[rank]
         assert f"group rank {victim}" in message, message
         assert elapsed < timeout_s + 3, (message, elapsed)
+
+
+def _run_push_dtype(rank, world, results):
+    from odc_pp.odc import transport_collective
+
+    wire = []
+
+    class Recording:  # torch.distributed as the collective backend sees it
+        def __getattr__(self, name):
+            return getattr(dist, name)
+
+        def reduce_scatter_tensor(self, output, input, **kwargs):
+            wire.append((str(output.dtype), str(input.dtype), input.numel()))
+            return dist.reduce_scatter_tensor(output, input, **kwargs)
+
+    transport_collective.dist = Recording()
+    group = odc.new_group(config=odc.TransportConfig(backend="collective"))
+    try:
+        _check_group(group, dist.group.WORLD, deterministic_expected=False)
+    finally:
+        transport_collective.dist = dist
+        group.destroy()
+    return wire
+
+
+def test_collective_reduce_scatters_in_the_push_dtype():
+    """The collective baseline moves what the one-sided backend pushes: a bf16 / fp16
+    gradient is reduce-scattered as bf16 / fp16 (half the bytes of fp32), and the
+    accumulator equals fp32 adds of those reduce-scatters exactly (_check_group)."""
+    wire = run_workers(_run_push_dtype, 2, config=LaunchConfig(pass_queue=True,
+                                                              timeout_s=120))[0]
+    pushed = [(out, inp) for out, inp, numel in wire if numel]
+    dtypes = {f"torch.{name}" for name in ("float32", "bfloat16", "float16")}
+    assert {out for out, _ in pushed} == dtypes
+    assert all(out == inp for out, inp in pushed), pushed

@@ -1,4 +1,4 @@
-"""odc_pp.runtime.clip: local sums, the reduction over several groups, the non-finite
+"""odc_pp.optim.clip: local sums, the reduction over several groups, the non-finite
 check, the coefficient and the in-place scaling."""
 
 import json
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from odc_pp.runtime import clip
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.optim import clip
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 
 def _tensors(seed, dtype=torch.float32):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime._parity import make_microbatches, model_config
 
 

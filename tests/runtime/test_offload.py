@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime._parity import make_microbatches, model_config
 
 NUM_MICROBATCHES = 8

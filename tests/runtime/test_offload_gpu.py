@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime.test_offload import predicted_peak
 
 NUM_MICROBATCHES = 8

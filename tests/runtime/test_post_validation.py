@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 DTYPES = ["float32", "bfloat16"]
 

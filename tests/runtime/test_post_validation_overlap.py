@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.runtime._parity import LR, build_schedule, make_microbatches, model_config
 
 STEPS = 4
@@ -45,7 +45,7 @@ def _loss(result):
 
 def synchronous(name, max_norm, microbatches):
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
-    from odc_pp.runtime import clip
+    from odc_pp.optim import clip
 
     schedule, chunks, params, optimizer = _build(name)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)

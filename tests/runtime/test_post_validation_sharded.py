@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
+from odc_pp.optim import clip
 
 PP, DP = 2, 2
 HIDDEN = 12
@@ -79,7 +80,7 @@ def _accumulate(rank, model, engine, step, dtype):
 def _sync_step(optimizer, engine, groups):
     """Reference: the global check first, then skip, clip or step."""
     local = float(optimizer.local_grad_norm_sq().double())
-    finite = not optimizer.local_has_nonfinite()
+    finite = not clip.has_nonfinite(engine.owned_grads())
     state = torch.tensor([local if finite else 0.0, 0.0 if finite else 1.0],
                          dtype=torch.float64)
     for group in groups:

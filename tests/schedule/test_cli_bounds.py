@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from odc_pp.schedule import offload_tuner
+from odc_pp.planner import offload_tuner
 from odc_pp.schedule.cli import main
 from odc_pp.schedule.cli_bounds import MAX_WORK
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_consumer_lists_the_registry():
     from odc_pp.schedule.cli import build_parser
     from odc_pp.schedule.compare import family_names
-    from odc_pp.schedule.offload_tuner import TunerConfig
+    from odc_pp.planner.offload_tuner import TunerConfig
     from odc_pp.training.arguments import CHOICES
 
     assert CHOICES["pipeline_schedule"] == FAMILY_NAMES
@@ -86,7 +86,7 @@ def test_last_stage_rank():
                                     "odc_pp.schedule.generators",
                                     "odc_pp.schedule.generators.families",
                                     "odc_pp.schedule.generators.classic",
-                                    "odc_pp.schedule.offload_tuner", "odc_pp.schedule.cli",
+                                    "odc_pp.planner.offload_tuner", "odc_pp.schedule.cli",
                                     "odc_pp.schedule.ir", "odc_pp.schedule.placement"])
 def test_each_module_imports_first_in_a_fresh_interpreter(module):
     """No import cycle: whichever module comes first, the import completes."""

@@ -212,7 +212,7 @@ def test_offload_rules():
 def test_nccl_mode_rejects_recv_before_opposite_send_on_a_shared_channel():
     """Today's 1F1B pp=2 lowering, built by hand: rank 0 issues send F0, recv B0, send F1;
     rank 1 recv F0, recv F1, send B0. One FIFO per unordered pair deadlocks after F0."""
-    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.channels import ChannelLayout
 
     SF, RF, SB, RB = (ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B,
                       ActionKind.RECV_B)
@@ -237,7 +237,7 @@ def test_nccl_mode_rejects_recv_before_opposite_send_on_a_shared_channel():
 
 
 def test_nccl_mode_names_stuck_ranks_and_actions():
-    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.channels import ChannelLayout
     from odc_pp.schedule.validate import check_nccl_order
 
     lowered = lower(generate("1f1b", pp=2, num_microbatches=3))
@@ -257,7 +257,7 @@ def _nccl_cases():
 
 @pytest.mark.parametrize("name,pp", list(_nccl_cases()))
 def test_nccl_mode_accepts_every_lowered_family_on_directed_channels(name, pp):
-    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.channels import ChannelLayout
     from odc_pp.schedule.compare import build_schedule
     from odc_pp.schedule.generators.families import family
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from .launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 pytestmark = pytest.mark.multiproc
 

@@ -18,7 +18,7 @@ import torch
 
 from odc_pp.training.checkpointing import load_rank_state, rank_file
 
-from .launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

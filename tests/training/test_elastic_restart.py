@@ -15,7 +15,7 @@ import socket
 
 import pytest
 
-from .launcher import TINY_MODEL, finish, launch, start
+from odc_pp.testing.torchrun import TINY_MODEL, finish, launch, start
 from .test_preemption import _wait_for
 
 pytestmark = pytest.mark.multiproc

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from .launcher import ROOT, TINY_MODEL, launch
+from odc_pp.testing.torchrun import ROOT, TINY_MODEL, launch
 
 pytestmark = pytest.mark.multiproc
 

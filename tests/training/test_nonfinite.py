@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.training.launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 
 def _flags(*extra):
@@ -48,7 +48,7 @@ def test_check_finite_counts_skipped_steps_in_a_row():
     from types import SimpleNamespace
 
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.training import TrainingStopped, _check_finite
+    from odc_pp.training.trainer import TrainingStopped, check_finite as _check_finite
 
     args = parse_args(["--mock-data", "--vocab-size", "64", "--max-skipped-steps", "3"])
     finite = SimpleNamespace(loss=2.0)

@@ -5,7 +5,7 @@ import pytest
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.ir import ActionKind
 from odc_pp.schedule.lowering import lower_communication
-from odc_pp.schedule.offload_tuner import (PRESETS, ModelShape, TunerConfig,
+from odc_pp.planner.offload_tuner import (PRESETS, ModelShape, TunerConfig,
                                            candidate_schedule, estimate_costs,
                                            layer_activation_bytes, main, tune)
 from odc_pp.schedule.simulator import simulate
@@ -176,7 +176,7 @@ def _tp_config(**changes):
 
 
 def test_keeping_sp_inputs_trades_w_time_for_memory():
-    from odc_pp.schedule.offload_tuner import estimate_costs
+    from odc_pp.planner.offload_tuner import estimate_costs
 
     regather, chunk, _ = estimate_costs(_tp_config(tp=2, pp=4, sequence_parallel=True),
                                         "zb-h1", recompute=False)
@@ -193,7 +193,7 @@ def test_keeping_sp_inputs_trades_w_time_for_memory():
 def test_tuner_ranks_tp_against_pp_and_offload_at_equal_devices():
     from dataclasses import replace
 
-    from odc_pp.schedule.offload_tuner import tune_devices
+    from odc_pp.planner.offload_tuner import tune_devices
     from odc_pp.training.arguments import parse_args
 
     budget = dict(memory_budget_gb=30)

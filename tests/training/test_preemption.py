@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .launcher import TINY_MODEL, finish, launch, start
+from odc_pp.testing.torchrun import TINY_MODEL, finish, launch, start
 
 pytestmark = pytest.mark.multiproc
 

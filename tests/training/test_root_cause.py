@@ -10,7 +10,7 @@ import pytest
 
 from odc_pp.training.failures import is_peer_echo
 
-from .launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 _SCRIPT = textwrap.dedent('''
     """pretrain_gpt.py whose training fails with an error of its own on rank {rank}."""

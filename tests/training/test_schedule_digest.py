@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.launch import LaunchConfig, run_workers
+from odc_pp.testing.launch import LaunchConfig, run_workers
 
 
 def _worker(rank, world_size):

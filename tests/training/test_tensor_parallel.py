@@ -3,7 +3,7 @@
 
 import pytest
 
-from .launcher import TINY_MODEL, launch
+from odc_pp.testing.torchrun import TINY_MODEL, launch
 from .test_end_to_end import _assert_same_losses
 
 pytestmark = pytest.mark.multiproc

@@ -8,7 +8,7 @@ import torch
 
 from odc_pp.training.throughput import (ModelShape, default_peak_tflops, flops_per_microbatch,
                                         peak_memory_mb)
-from tests.launch import run_workers
+from odc_pp.testing.launch import run_workers
 
 SHAPE = dict(vocab_size=96, hidden_size=32, num_layers=3, num_attention_heads=4,
              ffn_hidden_size=80, max_sequence_length=40)

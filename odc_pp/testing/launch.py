@@ -1,4 +1,4 @@
-"""The one process launcher of the tests and benchmarks (not part of the odc_pp package).
+"""The one process launcher of the tests and benchmarks (used by nothing else in odc_pp).
 
 ``run_workers(fn, world_size, *args)`` spawns ``world_size`` processes, initialises a gloo
 process group (127.0.0.1, a free port) in each, calls ``fn(rank, world_size, *args)`` and

@@ -59,13 +59,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .cli_bounds import MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int, check_work
-from .costs import (CostModel, tensor_parallel_activation_factor, tensor_parallel_comm_seconds,
-                    transformer_layer_flops)
-from .generators import FAMILIES, family, training_schedule
-from .ir import Schedule
-from .placement import rank_stages
-from .simulator import simulate
+from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
+                                        check_work)
+from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
+                                   tensor_parallel_comm_seconds, transformer_layer_flops)
+from odc_pp.schedule.generators import FAMILIES, family, training_schedule
+from odc_pp.schedule.ir import Schedule
+from odc_pp.schedule.placement import rank_stages
+from odc_pp.schedule.simulator import simulate
+
+from .activation_memory import lgd_saving_per_token_hidden
 
 __all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
            "tune_devices",
@@ -278,7 +281,6 @@ def layer_activation_bytes(shape: ModelShape, *, recompute: bool, tp: int = 1,
     """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
     b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
                   shape.num_attention_heads)
-    from odc_pp.megatron.activation_memory import lgd_saving_per_token_hidden
 
     # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime.
     # Outside the tensor-parallel regions 10 of the 34 (6 of them -- layernorm inputs

@@ -1,4 +1,5 @@
-"""Run pretrain_gpt.py through torchrun in a subprocess with a hard timeout."""
+"""Run pretrain_gpt.py through torchrun in a subprocess with a hard timeout (the one
+torchrun launcher of the tests and benchmarks)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ stops saving (see :mod:`odc_pp.megatron.recompute`):
 With f = 4h, e = 2 (bf16), m = 1 (CUDA's bool mask) and the O(tokens) terms dropped,
 this is 14 * s * b * h: the standard per-layer 34 sbh (+ 5 a s^2 b) becomes 20 sbh
 (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
-``odc_pp.schedule.offload_tuner`` uses :func:`lgd_saving_per_token_hidden` for that
+``odc_pp.planner.offload_tuner`` uses :func:`lgd_saving_per_token_hidden` for that
 coefficient. The attention-probability dropout is not recomputed (it stays in the
 5 a s^2 b term).
 """
