@@ -19,8 +19,8 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
   gradients, ``min(8, pushes) * e * P_u``;
 * optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` plus a 1-byte weight-decay
   mask per owned element of each unit whose owned range holds a no-decay parameter, and
-  (tensor parallelism, tp rank > 0) a 1-byte gradient-norm mask per owned element of each
-  unit whose owned range holds a replicated parameter;
+  a 1-byte gradient-norm mask per owned element of each unit whose owned range holds a
+  parameter kept out of the norm (tp rank > 0: replicated ones; the tied output layer);
 * ODC staging (deterministic data parallelism, the default): ``4 * P_u`` for each unit
   that pushed since the last sync (fp32, the unit's whole flat gradient: the summation
   order is fixed by adding whole staged sums in rank order at sync); freed at the sync
@@ -93,9 +93,9 @@ class UnitSizes:
     """Per unit: some of its owned parameters are excluded from weight decay (a 1-byte
     mask per owned element); empty: every unit has one."""
     norm_mask: tuple[bool, ...] = ()
-    """Per unit: tensor parallelism, tp rank > 0 -- some of its owned parameters are
-    replicated and kept out of the gradient norm (a 1-byte mask per owned element);
-    empty: no unit has one."""
+    """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
+    > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
+    1-byte mask per owned element; empty: no unit has one."""
     pushes_per_minibatch: int = 1
     """Gradient pushes of the rank per minibatch (one per W of each chunk)."""
 

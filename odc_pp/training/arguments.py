@@ -19,6 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
+from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate as translate_megatron_flags
@@ -39,6 +40,8 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "recompute_method": (None, "uniform", "block"),
+    "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
     "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
@@ -60,11 +63,25 @@ class ModelArgs:
     max_position_embeddings: int | None = None
     """Position-embedding table size (default: seq length)."""
     vocab_size: int | None = None
-    """Vocabulary size for --mock-data (other data take it from the tokenizer)."""
+    """Embedding rows of the model. Needed with --mock-data; with --data-path it replaces the
+    tokenizer's padded vocabulary (it must hold the tokenizer's ids) and bounds
+    pre-tokenized input_ids; --hf-checkpoint sets it from config.json."""
     make_vocab_size_divisible_by: int = 8
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
     """Recompute norm/activation/dropout outputs in backward instead of saving them."""
+    recompute_full: bool = False
+    """Full activation recompute (Megatron's --recompute-granularity full, which maps
+    here): F keeps only the input of each recomputed layer group, B re-runs its forward
+    and computes the input gradients, W uses what B recomputed. Needs --recompute-method
+    and --recompute-num-layers."""
+    recompute_method: str | None = None
+    """With --recompute-full: uniform (every layer of a stage, in groups of
+    --recompute-num-layers, each group keeping only its input) or block (only the first
+    --recompute-num-layers layers of each stage, one by one)."""
+    recompute_num_layers: int | None = None
+    """With --recompute-full: the group size (uniform) or the number of recomputed layers
+    per stage (block)."""
     bf16: bool = False
     """Compute in bfloat16 (fp32 master weights)."""
     hf_checkpoint: str | None = None
@@ -99,10 +116,11 @@ class ModelArgs:
     qk_layernorm: bool = False
     """Normalise queries and keys per head (Qwen3)."""
     untie_embeddings: bool = False
-    """Train the input embedding and the output layer as two weights even when the
-    --hf-checkpoint config ties them. Required for a tied model on more than one stage
-    (pp x chunks > 1): odc-pp does not synchronise the two copies' gradients across stages.
-    Export then writes them tied only while they are still bitwise equal."""
+    """Train the input embedding and the output layer as two independent weights even
+    when the --hf-checkpoint config ties them (a different model; export then writes them
+    tied only while they are bitwise equal). Without it a tied model stays tied on every
+    layout: across stages the two copies' gradients are summed before each step, as
+    Megatron does."""
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""
@@ -230,8 +248,21 @@ class DataArgs:
     """JSONL file(s) or indexed-dataset prefix(es)."""
     mock_data: bool = False
     """Use the built-in synthetic long-tailed corpus (needs --vocab-size)."""
-    tokenizer_type: str = "ByteLevelTokenizer"
-    """Tokenizer for JSONL / indexed data."""
+    split: str | None = None
+    """Megatron's --split: comma-separated train,valid,test weights over the documents of
+    --data-path (normalised; e.g. 98,2,0). The valid part feeds evaluation. Default: every
+    document trains (Megatron defaults to 969,30,1; give it explicitly for that)."""
+    valid_data_path: list[str] | None = None
+    """Validation JSONL file(s) or indexed-dataset prefix(es) (instead of a --split part)."""
+    eval_interval: int = 1000
+    """Evaluate on the validation data every N iterations (when there is validation data:
+    --split with a valid part, --valid-data-path, or --mock-data)."""
+    eval_iters: int = 100
+    """Global batches per evaluation (0: no evaluation). Evaluation k takes the next
+    eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
+    tokenizer_type: str | None = None
+    """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
+    --tokenizer-model, else ByteLevelTokenizer)."""
     tokenizer_model: str | None = None
     """Local path of a Hugging Face tokenizer."""
 
@@ -295,6 +326,15 @@ class RunArgs:
     """Iterations (global batches) to train."""
     exit_interval: int | None = None
     """Stop after this iteration (after saving), as if interrupted."""
+    exit_signal_handler: bool = False
+    """Megatron's flag: save and exit on --exit-signal. SIGTERM is always handled so: every
+    rank finishes the current iteration, saves (with --save) and exits with status 4
+    (docs/preemption.md); this flag adds --exit-signal when that is another signal."""
+    exit_signal: str = "SIGTERM"
+    """The signal --exit-signal-handler handles besides SIGTERM (SIGINT, SIGUSR1, SIGUSR2)."""
+    exit_duration_in_mins: float | None = None
+    """Stop, saving with --save, after the first iteration at which a rank has run longer
+    than this many minutes (every rank agrees: the maximum over ranks); exit status 0."""
     inject_fault_rank: int | None = None
     """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
     inject_fault_iter: int = 1
@@ -327,6 +367,11 @@ class TrainingArgs:
     """Length, seed and fault injection of the run."""
 
     def __post_init__(self) -> None:
+        try:
+            self.data.tokenizer_type = tokenizer_type_for(self.data.tokenizer_type,
+                                                          self.data.tokenizer_model)
+        except ValueError as exc:
+            raise ValueError(f"invalid arguments:\n  {exc}") from None
         problems = _validate(self)
         if problems:
             raise ValueError("invalid arguments:\n  " + "\n  ".join(problems))
@@ -351,7 +396,7 @@ class TrainingArgs:
                              f"is not divisible by --pipeline-model-parallel-size {pp} x "
                              f"--tensor-model-parallel-size {tp}")
         dp = world_size // (pp * tp)
-        if self.model.hf_checkpoint is None and self.data.mock_data and \
+        if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
                              f"--tensor-model-parallel-size {tp}")
@@ -448,11 +493,26 @@ def _validate_layout(args: TrainingArgs) -> list[str]:
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
     if args.data.mock_data == bool(args.data.data_path):
         problems.append("give exactly one of --mock-data (with --vocab-size) and --data-path")
+    if args.model.recompute_full != (args.model.recompute_method is not None) or \
+            args.model.recompute_full != (args.model.recompute_num_layers is not None):
+        problems.append("--recompute-granularity full (--recompute-full) goes with both "
+                        "--recompute-method uniform|block and --recompute-num-layers N")
+    elif args.model.recompute_full and args.model.recompute_num_layers < 1:
+        problems.append("--recompute-num-layers must be >= 1")
+    if args.data.eval_interval < 1 or args.data.eval_iters < 0:
+        problems.append("--eval-interval must be >= 1 and --eval-iters >= 0")
+    if args.data.split is not None and args.data.valid_data_path:
+        problems.append("give one of --split (a valid part of --data-path) and "
+                        "--valid-data-path")
+    if args.data.split is not None and args.data.mock_data:
+        problems.append("--split divides the documents of --data-path; --mock-data has none")
     if args.data.mock_data and not args.model.vocab_size:
         problems.append("--mock-data needs --vocab-size")
     if args.data.tokenizer_type == "HuggingFaceTokenizer" and not args.data.tokenizer_model and \
             args.data.data_path:
         problems.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model PATH")
+    if args.data.mock_data and args.data.tokenizer_model:
+        problems.append("--tokenizer-model is not used with --mock-data (synthetic token ids)")
     if args.model.max_position_embeddings is not None and \
             args.model.max_position_embeddings < args.model.seq_length:
         problems.append(f"--max-position-embeddings {args.model.max_position_embeddings} is "
@@ -503,6 +563,12 @@ def _validate_run(args: TrainingArgs) -> list[str]:
         problems.append("--finetune needs --load DIR (the checkpoint to start from)")
     if args.run.exit_interval is not None and args.run.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
+    if args.run.exit_signal != "SIGTERM" and not args.run.exit_signal_handler:
+        problems.append(f"--exit-signal {args.run.exit_signal} needs --exit-signal-handler")
+    if args.run.exit_duration_in_mins is not None and not (
+            math.isfinite(args.run.exit_duration_in_mins) and args.run.exit_duration_in_mins > 0):
+        problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
+                        f"{args.run.exit_duration_in_mins}")
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
                                                args.parallel.dp_mode != "hierarchical"):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
@@ -595,6 +661,9 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --hf-checkpoint {values['hf_checkpoint']}: architecture and "
                      f"weights from its config.json and safetensors")
     args = args_from_flags(values)
+    if values.get("tokenizer_type") is None and values.get("tokenizer_model"):
+        notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
+                     f"--tokenizer-type: HuggingFaceTokenizer")
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

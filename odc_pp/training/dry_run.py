@@ -194,8 +194,19 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype="bfloat16" if args.model.bf16 else "float32",
                                       local_world_size=topo.world_size, odc_group=group)
-    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group)
+    # a model tied across stages: the output layer's copy stays out of the norm (its
+    # gradient sum over the tie group, TiedGradients, is not made here)
+    tied = any(chunk.tied_across_stages for chunk in chunks)
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
+                                tied=tied)
     return chunks, engine, optimizer
+
+
+def _costs(args: TrainingArgs, pp: int):
+    """The costs training generates its schedules for (--cost-model, full recompute)."""
+    from .components import load_cost_model, recompute_costs
+
+    return recompute_costs(load_cost_model(args.schedule), args, pp)
 
 
 def _microbatch(args: TrainingArgs, vocab_size: int):
@@ -351,7 +362,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
     """{"before": report, "after": report} of rank ``flags.rank`` (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .components import build_schedule, load_cost_model
+    from .components import build_schedule
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
@@ -359,7 +370,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
     topo = _topology(args, flags.rank, flags.world_size)
     m = _num_microbatches(args, topo.dp)
     schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=m,
-                              costs=load_cost_model(args.schedule),
+                              costs=_costs(args, topo.pp),
                               post_validation=args.schedule.enable_optimizer_post_validation)
     pp_rank = topo.pp_rank
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
@@ -395,9 +406,9 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
 
 def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, message,
             measured) -> MemoryReport:
-    from .components import build_schedule, load_cost_model
+    from .components import build_schedule
 
-    costs = load_cost_model(args.schedule)
+    costs = _costs(args, schedule.pp)
 
     def timeline(schedule) -> dict[str, int]:
         out = schedule_peak(schedule, pp_rank, sizes, message_bytes=message, policy=policy,

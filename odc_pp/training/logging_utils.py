@@ -90,6 +90,24 @@ class TrainingLogger:
                 self._writer.add_scalar(f"idle_s/rank{rank}", idle, record["iteration"])
             self._writer.flush()
 
+    def log_eval(self, record: dict) -> None:
+        """An evaluation's record (``iteration``, ``eval_loss``, ``eval_ppl``,
+        ``eval_tokens``): one line on the stream, one JSON line, TensorBoard ``valid/``."""
+        if self._bar_drawn:
+            self.stream.write("\r\033[K")
+            self._bar_drawn = False
+        print(f"validation at iter {record['iteration']:>5} | loss {record['eval_loss']:.4f} "
+              f"| ppl {record['eval_ppl']:.4g} | {record['eval_tokens']:.0f} tokens",
+              file=self.stream, flush=True)
+        if self.log_json:
+            with open(self.log_json, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key in ("eval_loss", "eval_ppl"):
+                self._writer.add_scalar(f"valid/{key.removeprefix('eval_')}", record[key],
+                                        record["iteration"])
+            self._writer.flush()
+
     def close(self) -> None:
         if self._bar_drawn:
             self.stream.write("\n")

@@ -24,6 +24,7 @@ EXTERNAL_FLAGS = {
     "--find-links",
     # torchrun elastic, SLURM
     "--max-restarts", "--gpus-per-task", "--signal", "--ntasks-per-node", "--nodes",
+    "--requeue", "--job-name", "--time", "--kill-on-bad-exit",
 }
 """Flags of other programs that the pages may show."""
 
