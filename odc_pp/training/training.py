@@ -30,7 +30,7 @@ from .components import (Components, build_components, build_schedule, resolve_l
 from .data_plan import DataPlanner, build_source
 from .distributed import Topology, build_topology, init_distributed, read_env
 from .failures import exit_after_failure, is_peer_echo
-from .logging_utils import TrainingLogger
+from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
@@ -111,8 +111,8 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
                                 world_size=topo.world_size, barrier=dist.barrier)
     logger = TrainingLogger(train_iters=args.run.train_iters, log_json=args.logging.log_json,
                             tensorboard_dir=args.logging.tensorboard_dir,
-                            progress_bar=not args.logging.no_progress_bar, stream=out) \
-        if topo.rank == 0 else None
+                            progress_bar=not args.logging.no_progress_bar, stream=out,
+                            **wandb_settings(args)) if topo.rank == 0 else None
     records: list[dict] = []
     window_tokens, window_time, window_flops = 0, 0.0, 0.0
     shape = ModelShape(num_layers=args.model.num_layers, hidden_size=args.model.hidden_size,
