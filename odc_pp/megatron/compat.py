@@ -86,6 +86,9 @@ runtime's pipeline layout is invisible to megatron (each chunk is a 1-stage mode
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.distributed as dist
 from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
@@ -95,7 +98,8 @@ __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_ma
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
            "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
-           "sequence_parallel_embedding",
+           "sequence_parallel_embedding", "mlp_submodules", "megatron_sharded_state_dict",
+           "cpu_dist_checkpointing",
            "TorchNorm"]
 
 
@@ -138,6 +142,42 @@ def singleton_process_groups(*, tp=None):
     return ProcessGroupCollection(tp=tp, pp=own_group, cp=own_group, embd=own_group,
                                   pos_embd=own_group, mp=tp, tp_cp=tp,
                                   dp=own_group, dp_cp=own_group)
+
+
+def mlp_submodules(layer_spec):
+    """The ``MLPSubmodules`` (``linear_fc1``, ``activation_func``, ``linear_fc2``) of a
+    transformer layer spec, to edit in place: megatron-core <= 0.16 describes the MLP as a
+    ``ModuleSpec`` (``.submodules``); 0.17+ as a builder, ``functools.partial(
+    MLP.as_mlp_submodule, submodules=MLPSubmodules(...))``."""
+    mlp = layer_spec.submodules.mlp
+    if isinstance(mlp, functools.partial):
+        return mlp.keywords["submodules"]
+    return mlp.submodules
+
+
+def megatron_sharded_state_dict(model, process_groups) -> dict:
+    """``model.sharded_state_dict()`` (megatron's checkpoint keys) without
+    ``parallel_state``: the data-parallel group its replica ids need is given as
+    ``metadata["dp_cp_group"]`` (megatron-core >= 0.16 reads it from there)."""
+    return model.sharded_state_dict(metadata={"dp_cp_group": process_groups.dp_cp})
+
+
+@contextlib.contextmanager
+def cpu_dist_checkpointing():
+    """Run megatron's ``dist_checkpointing.save`` / ``load`` on a machine without CUDA.
+    Its torch_dist writer calls ``torch.cuda.synchronize()`` after staging tensors to the
+    host and broadcasts a failure flag on ``torch.cuda.current_device()``; without CUDA
+    both are pointed at the CPU for the duration (nothing changes where CUDA exists)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    synchronize, current_device = torch.cuda.synchronize, torch.cuda.current_device
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.current_device = synchronize, current_device
 
 
 class TorchNorm:

@@ -25,7 +25,9 @@ from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
                             latest_iteration, list_iterations, read_meta, remove_leftovers,
                             save_dir_problem)
+from ..megatron.dist_ckpt import is_megatron_checkpoint
 from .distributed import Topology
+from .megatron_checkpoint import resume_from_megatron
 from .model_setup import hf_config_of
 from .resharding import STATE_NAMES, assemble_by_name, owned_state, read_optimizer_state, \
     unit_layout
@@ -212,7 +214,11 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
     """Collective: load the newest verifying checkpoint under ``args.checkpoint.load`` into ``parts``
     (optimizer state and published parameter shards; RNG state too when the layout is
     unchanged). Returns (iteration to continue from, how it was resumed); (0, "") when
-    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0."""
+    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0.
+    A Megatron-LM torch_dist save directory is read by :mod:`.megatron_checkpoint`."""
+    if _from_rank0(is_megatron_checkpoint(args.checkpoint.load) if topo.rank == 0 else None,
+                   topo):
+        return resume_from_megatron(parts, args, topo, out=out)
     kind, found = _from_rank0(_candidates(args.checkpoint.load) if topo.rank == 0 else None, topo)
     if kind == "error":
         raise ValueError(found)
