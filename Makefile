@@ -27,7 +27,7 @@ $(STAMP): setup.py pyproject.toml $(CSRC)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=64" wheel "pybind11>=2.12" \
 		"megatron-core==$(MCORE_MAIN)" numpy matplotlib pytest pytest-timeout hypothesis \
-		"transformers==4.57.6" "safetensors==0.8.0" wandb
+		"transformers==4.57.6" "safetensors==0.8.0" wandb psutil
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
@@ -58,13 +58,12 @@ test-mcore:
 	test -x $(MCORE_PY) || $(PYTHON312) -m venv $(MCORE_VENV)
 	$(MCORE_PY) -m pip install -q --disable-pip-version-check "$(MCORE_TORCH_SPEC)" \
 		"setuptools>=64" wheel "pybind11>=2.12" "megatron-core==$(MCORE)" numpy pytest \
-		pytest-timeout hypothesis "transformers==4.57.6" "safetensors==0.8.0"
+		pytest-timeout hypothesis "transformers==4.57.6" "safetensors==0.8.0" psutil
 	$(MCORE_PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	mkdir -p $(dir $(MCORE_LOG))
-	set -o pipefail; { echo "megatron-core lane: $$($(MCORE_PY) -c 'import sys, torch; \
-		from importlib.metadata import version as v; print(f"Python {sys.version.split()[0]}, \
-		torch {torch.__version__}, megatron-core {v(\"megatron-core\")}")')"; \
-		$(MCORE_PY) -m pytest -rA -p no:cacheprovider -o addopts= $(MCORE_TESTS); } 2>&1 | tee $(MCORE_LOG)
+	set -o pipefail; { $(MCORE_PY) -c 'import sys, torch, megatron.core as m; print("megatron-core \
+		lane: Python", sys.version.split()[0], "torch", torch.__version__, "megatron-core", \
+		m.__version__)'; $(MCORE_PY) -m pytest -rA -p no:cacheprovider $(MCORE_TESTS); } 2>&1 | tee $(MCORE_LOG)
 
 test-mcore-all:
 	for version in $(MCORE_VERSIONS); do $(MAKE) test-mcore MCORE=$$version || exit 1; done

@@ -32,8 +32,17 @@ SP embedding reduce-scatter            ``LanguageModelEmbedding`` attributes    
                                        ``deterministic_mode``), ``add_position_embedding``,
                                        ``tokentype_embeddings``, ``embedding_dropout``
 Layer spec                             ``get_gpt_layer_local_spec(normalization=,         0.16.1
-(:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec
-                                       activation under ``use_te_activation_func=True``
+(:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec   0.17.1
+                                       activation under ``use_te_activation_func=True``   0.19.2
+MLP submodules of a layer spec         0.16: ``ModuleSpec.submodules``; 0.17+: a          0.16.1
+(:func:`mlp_submodules`)               builder ``functools.partial(MLP.as_mlp_submodule,  0.17.1
+                                       submodules=MLPSubmodules(...))``                   0.19.2
+Checkpoint keys                        ``GPTModel.sharded_state_dict(metadata=            0.16.1
+(:func:`megatron_sharded_state_dict`)  {"dp_cp_group": ...})`` (no ``parallel_state``)    0.17.1
+                                                                                          0.19.2
+torch_dist save / load on CPU          ``dist_checkpointing.save`` calls                  0.16.1
+(:func:`cpu_dist_checkpointing`)       ``torch.cuda.synchronize`` and                     0.17.1
+                                       ``torch.cuda.current_device`` (needs psutil)       0.19.2
 Chunk forward without                  ``GPTModel`` attributes ``embedding``, ``decoder``  0.16.1
 ``GPTModel.forward``                   (``TransformerBlock.forward(hidden_states=,
 (:func:`gpt_chunk_forward`)            attention_mask=, rotary_pos_emb=)``),
@@ -50,8 +59,10 @@ SDPA core attention on GPU             the same ``DotProductAttention`` attribut
 (:class:`SdpaDotProductAttention`)     host attention
 =====================================  =================================================  ======
 
-Only 0.16.1 has been run (the pin in pyproject.toml); any other version is untested, and
-the rows above are where a difference would show.
+Run: 0.16.1 (``make test``, Python 3.11) and 0.17.1 / 0.19.2 (``make test-mcore-all``,
+Python 3.12, the tests that touch megatron-core; logs in benchmarks/results/mcore_lane_*.txt).
+The pin in pyproject.toml is ``>=0.16.1,<0.20``; another version is untested, and the rows
+above are where a difference would show.
 
 CPU. megatron-core 0.16 hard-codes CUDA in three places that a CPU run reaches, each
 avoided through an extension point instead of a patch:
