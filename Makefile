@@ -61,9 +61,9 @@ test-mcore:
 		pytest-timeout hypothesis "transformers==4.57.6" "safetensors==0.8.0" psutil
 	$(MCORE_PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	mkdir -p $(dir $(MCORE_LOG))
-	set -o pipefail; { $(MCORE_PY) -c 'import sys, torch, megatron.core as m; print("megatron-core \
-		lane: Python", sys.version.split()[0], "torch", torch.__version__, "megatron-core", \
-		m.__version__)'; $(MCORE_PY) -m pytest -rA -p no:cacheprovider $(MCORE_TESTS); } 2>&1 | tee $(MCORE_LOG)
+	set -o pipefail; { $(MCORE_PY) -c 'import sys, torch, megatron.core as m; \
+		print("megatron-core lane: Python", sys.version.split()[0], "torch", \
+		torch.__version__, "megatron-core", m.__version__)'; $(MCORE_PY) -m pytest -rA -p no:cacheprovider $(MCORE_TESTS); } 2>&1 | tee $(MCORE_LOG)
 
 test-mcore-all:
 	for version in $(MCORE_VERSIONS); do $(MAKE) test-mcore MCORE=$$version || exit 1; done
