@@ -21,11 +21,11 @@ import torch.distributed as dist
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
+from ..megatron.dist_ckpt import is_megatron_checkpoint
 from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
                             latest_iteration, list_iterations, read_meta, remove_leftovers,
                             save_dir_problem)
-from ..megatron.dist_ckpt import is_megatron_checkpoint
 from .distributed import Topology
 from .megatron_checkpoint import resume_from_megatron
 from .model_setup import hf_config_of
