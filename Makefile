@@ -12,13 +12,31 @@ MCORE_MAIN ?= 0.16.1
 STAMP := $(VENV)/.odc-pp-installed
 CSRC := $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.h csrc/*.cu csrc/*/*.cu)
 
-.PHONY: demo test install clean test-mcore test-mcore-all
+.PHONY: demo test test-unit test-dist test-e2e test-gpu install clean test-mcore test-mcore-all
 
 demo: $(STAMP)
 	$(PY) -m odc_pp.demo
 
+# Every tier in one run (tests/unit, tests/dist, tests/e2e, tests/gpu: docs/testing.md).
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests
+
+# No process group: the fast tier (a few minutes on 2 cores).
+test-unit: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/unit
+
+# gloo process groups, one and several ranks.
+test-dist: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/dist
+
+# pretrain_gpt.py under torchrun, and the wheel build.
+test-e2e: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/e2e
+
+# CUDA-only tests (skipped without a GPU); `pytest -m gpu tests` adds the gpu-marked
+# tests of the other tiers.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/gpu
 
 install: $(STAMP)
 
@@ -46,12 +64,12 @@ MCORE_TORCH_SPEC ?= torch==2.13.0
 MCORE_LOG ?= benchmarks/results/mcore_lane_$(basename $(MCORE)).txt
 # the tests that touch megatron-core: model build + split backward, B/W split parity (pp=2),
 # TP (model and end to end), HF import, one end-to-end pp=2 x dp=2 run, dist_checkpointing
-MCORE_TESTS ?= tests/runtime/test_model.py \
-	"tests/runtime/test_parity.py::test_schedules_match_single_process[2-extra0]" \
-	tests/models/test_tp_model.py tests/models/test_hf_logits.py \
-	"tests/training/test_end_to_end.py::test_schedules_and_dp_modes_match_single_process[zb-h1-odc-none-extra0]" \
-	"tests/training/test_tensor_parallel.py::test_layout_matches_single_process[tp2]" \
-	tests/training/test_megatron_checkpoint.py
+MCORE_TESTS ?= tests/dist/runtime/test_model.py \
+	"tests/dist/runtime/test_parity.py::test_schedules_match_single_process[2-extra0]" \
+	tests/dist/models/test_tp_model.py tests/dist/models/test_hf_logits.py \
+	"tests/e2e/training/test_end_to_end.py::test_schedules_and_dp_modes_match_single_process[zb-h1-odc-none-extra0]" \
+	"tests/e2e/training/test_tensor_parallel.py::test_layout_matches_single_process[tp2]" \
+	tests/e2e/training/test_megatron_checkpoint.py
 
 test-mcore: SHELL := /bin/bash
 test-mcore:

@@ -44,7 +44,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.launch import LaunchConfig, run_workers  # noqa: E402
+from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 from odc_pp.data import AttentionCost, plan_minibatch  # noqa: E402
 
 

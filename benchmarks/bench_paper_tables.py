@@ -136,7 +136,7 @@ def measure_layer_bytes(models: list[str]) -> dict[str, dict]:
     """Per model: the bytes one transformer layer saves in F (``activation_bytes``) and
     keeps after B for W (``wgrad_bytes``) in our runtime (one microbatch of batch 1, the
     shape scaled by ``MEASURE_SCALE``), measured in a one-process gloo world."""
-    from tests.launch import LaunchConfig, run_workers  # the one test/bench launcher
+    from odc_pp.testing.launch import LaunchConfig, run_workers  # the one test/bench launcher
 
     shapes = {}
     for name in models:

@@ -39,7 +39,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_runtime import make_data  # noqa: E402  (same synthetic microbatches)
-from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
+from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 MODES = ("synchronous", "overlapped")
 
@@ -93,7 +93,7 @@ class Trainer:
         self.losses, self.repeats = [], 0
 
     def iteration(self):
-        from odc_pp.runtime import clip
+        from odc_pp.optim import clip
 
         result = self.runtime.run_minibatch(self.schedule, self.microbatches)
         while result.repeat:

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
+from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
         "offload", "dualpipev"]

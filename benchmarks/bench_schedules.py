@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from odc_pp.schedule import CostModel  # noqa: E402
 from odc_pp.schedule.compare import build_schedule  # noqa: E402
-from odc_pp.schedule.generators import GENERATOR_NAMES, generate  # noqa: E402
+from odc_pp.schedule.generators import FAMILY_NAMES, generate  # noqa: E402
 from odc_pp.schedule.generators.search import stage_span_lower_bound, zb_auto  # noqa: E402
 from odc_pp.schedule.simulator import simulate  # noqa: E402
 
@@ -100,7 +100,7 @@ def timing(pp: int = 32, m: int = 256) -> dict:
     """Wall/CPU seconds of every generator and the ZB-auto search at (pp, m)."""
     costs = CostModel(offload_bandwidth=2.0)  # offload needs a host link
     rows = []
-    for name in GENERATOR_NAMES:
+    for name in FAMILY_NAMES:
         wall, cpu = _timed(lambda: generate(name, pp=pp, num_microbatches=m, costs=costs))
         target = SEARCH_TARGET_S if name == "zb-auto" else GENERATOR_TARGET_S
         rows.append({"name": name, "wall_seconds": wall, "cpu_seconds": cpu,

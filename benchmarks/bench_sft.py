@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests.training.launcher import launch  # noqa: E402  (the one torchrun launcher)
+from odc_pp.testing.torchrun import launch  # noqa: E402  (the one torchrun launcher)
 
 
 def parse_args(argv=None):

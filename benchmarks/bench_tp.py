@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests.training.launcher import launch  # noqa: E402  (the one torchrun launcher)
+from odc_pp.testing.torchrun import launch  # noqa: E402  (the one torchrun launcher)
 
 TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"]
 LAYOUTS = {

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests.launch import LaunchConfig, run_workers  # noqa: E402  (the one test/bench launcher)
+from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 
 def _no_device_sync() -> None:

@@ -1,4 +1,5 @@
-"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``."""
+"""The ``odc-pp`` console script: ``odc-pp schedule ...``, ``odc-pp tune-offload ...``,
+``odc-pp plan ...``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ __all__ = ["main"]
 # subcommand -> module whose ``main(argv)`` runs it (imported lazily: keeps start-up fast)
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
-    "tune-offload": "odc_pp.schedule.offload_tuner",
+    "tune-offload": "odc_pp.planner.offload_tuner",
+    "plan": "odc_pp.plan_command",
 }
 
 

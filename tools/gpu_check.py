@@ -1,40 +1,51 @@
 #!/usr/bin/env python3
-"""One-command GPU validation of odc-pp (issue 11, item 8); ``tools/gpu_check.sh`` runs it.
+"""One-command GPU validation of odc-pp (issue 11, item 8; issue 21, item 5); ``tools/gpu_check.sh`` runs it.
 
 Target machine: one H100 or H200, Python 3.12, torch with CUDA, nvcc, no network;
 megatron-core, when not installed, comes from the cp312 wheel carried in ``.whl/``
-(``pip install --no-index --find-links .whl``).
+(``pip install --no-index --find-links .whl``). docs/gpu.md gives the carry list and the
+command lines for the lent machine.
 
 Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME`` runs one,
-``--list`` prints them):
+``--list`` prints them, ``--quick`` runs :data:`QUICK_STAGES` within ``QUICK_BUDGET_S``):
 
 * ``setup``: megatron-core importable (installed from ``.whl/`` when missing).
-* ``build``: both extensions (``odc_pp._C`` and ``odc_pp._C_cuda``) built in place; the
-  CUDA one sees a device.
+* ``build``: both extensions (``odc_pp._C`` and ``odc_pp._C_cuda``) built in place, for
+  the device's own architecture unless ``ODC_PP_CUDA_ARCHS`` is set (``90`` on H100/H200:
+  one SASS target instead of four); the CUDA one sees a device.
+* ``attention``: ``benchmarks/bench_packed_attention.py``: the packed-sequence kernels
+  (varlen flash, FlexAttention, dense) against the pre-issue-21 dense-mask path in bf16
+  (output and gradients), the kernel ``auto`` picks, CUDA-event fwd+bwd timings.
+* ``hf-config``: ``tests/models/test_hf_config.py`` under the installed transformers (a
+  config saved by transformers >= 5 has ``rope_parameters``).
+* ``device-choice``: a training run as rank ``LOCAL_RANK=1`` of a host where the process
+  sees one GPU (SLURM ``--gpus-per-task=1``, Kubernetes).
 * ``pytest-gpu``: ``pytest -m gpu`` (the CUDA IPC transport, offload with reserved-memory
   accounting, CUDA-event timings, the CUDA RNG state in checkpoints, ...).
 * ``bench-transport``: ``benchmarks/bench_transport_gpu.py`` (gather vs device-to-device
   copy, scatter-accumulate vs a local add; 2 processes sharing the GPU).
 * ``train-zbv-bf16``: ``pretrain_gpt.py`` with ZB-V, bf16 and optimizer post-validation.
+* ``train-zbv-bf16-packed``: ZB-V, bf16, a Llama-shaped model (RoPE, SwiGLU, GQA) on
+  packed sequences (the packed attention kernels inside training).
 * ``train-1f1b-fp32``: 1F1B in fp32 on the GPU and the same run on CPU; losses agree to
   ``LOSS_RTOL`` / ``LOSS_ATOL``.
+* ``train-pp2-nccl``: pp=2 over NCCL (1F1B and ZB-V, bf16, packed) with two GPUs; on one
+  it records ``train_pp2_nccl_skipped`` (NCCL refuses two ranks on one GPU).
 * ``train-offload``: the offload schedule (``--cpu-offload``); the log's peak memory is the
   caching allocator's peak *reservation*.
 * ``train-zb-auto``: ZB-auto re-planned from measured costs (CUDA-event action timings).
 * ``bench-tp``: the GPU rows of ``benchmarks/bench_tp.py`` (tp=2 vs pp=2 vs pp=2 + offload,
   ``benchmarks/results/tp_gpu.json``); needs two GPUs, so on one it records ``bench_tp_gpu_skipped``.
 
-Pipeline parallelism on one GPU: the training frontend gives rank r the device
-``cuda:LOCAL_RANK`` and NCCL refuses two ranks on one GPU, and gloo's point-to-point
-carries host memory, not CUDA tensors; so the training stages run pp=1 (all of a rank's
-model chunks on the one GPU: ZB-V at pp=1 still runs its two chunks in V order). pp >= 2
-over NCCL needs two GPUs and is not covered here.
-
-Every stage writes its checks into ``benchmarks/results/gpu_check.json`` (merged with the
-checks of earlier stages of the same device and torch): ``device``, ``date``, ``torch``,
-``megatron_core``, ``checks`` (name -> {passed, detail}), ``gather_vs_d2d`` (rows of at least
-64 MiB) and ``scatter_vs_local_add``. Exit status: 0 when every check of the stages run
-passed, 1 otherwise, 2 for bad arguments.
+Output: ``--out DIR`` (default ``out/gpu_check``) receives two files, rewritten after every
+stage so a call cut short still returns them: ``gpu_check.json`` (merged with the checks
+of earlier stages of the same device and torch, from ``DIR/gpu_check.json`` or else
+``--previous FILE``): ``device``, ``date``, ``torch``, ``megatron_core``, ``checks`` (name
+-> {passed, detail}), ``gather_vs_d2d`` (rows of at least 64 MiB) and
+``scatter_vs_local_add``; and ``gpu_check_logs.tar.gz``, every command's log (kept in
+``--log-dir``, outside DIR). ``--budget-s`` caps the whole run: each command gets at most
+what is left, and a stage with no time left records ``<stage>_not_run``. Exit status: 0
+when every check of the stages run passed, 1 otherwise, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -43,24 +54,30 @@ import argparse
 import datetime
 import glob
 import json
-import math
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import Callable
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_common import (GATHER_MIN_MIB, LOGS_NAME, RECORD_NAME, Check,  # noqa: E402
+                              Context, Stage, _probe, _tail, _train, _training_check,
+                              assemble_record, attention_checks, bench_ratios,
+                              compare_losses, pytest_counts, replan_costs, run_command,
+                              write_outputs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PATH = os.path.join("benchmarks", "results", "gpu_check.json")
+"""Where the committed record lives (pass it as ``--previous`` to merge into it)."""
+QUICK_STAGES = ("attention", "hf-config", "setup", "build", "device-choice",
+                "train-zbv-bf16-packed", "train-pp2-nccl")
+"""``--quick``: the issue-21 features (packed attention parity and timing, rope_parameters,
+device choice, packed bf16 training, pp=2 over NCCL or its named skip) in one call."""
+QUICK_BUDGET_S = 290
+"""``--quick``'s default ``--budget-s``: one 5-minute call with time to write the record."""
 BENCH_PATH = os.path.join("benchmarks", "results", "transport_gpu.json")
-STAGE_LIMIT_S = 600
-"""No stage may take longer than one command may (10 minutes)."""
-LOSS_RTOL = 1e-4
-LOSS_ATOL = 1e-4
 GATHER_TARGET = 0.7
 """gather (rank 0 alone) / device-to-device copy at >= 64 MiB (issue 3's target)."""
-GATHER_MIN_MIB = 64
 NO_DEVICE = "no CUDA device"
 
 # A small GPT that the GPU runs in seconds; the fp32 comparison uses a smaller one so the
@@ -77,53 +94,24 @@ PARITY_MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-hea
                 "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "1", "--seed", "5",
                 "--no-progress-bar", "--log-interval", "1", "--train-iters", "5",
                 "--pipeline-model-parallel-size", "1", "--distributed-timeout-minutes", "3"]
+# Llama-shaped (RMSNorm, SwiGLU, RoPE, GQA 4 heads / 2 groups) on packed rows, bf16
+PACKED_MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+                "--group-query-attention", "--num-query-groups", "2",
+                "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+                "--disable-bias-linear", "--seq-length", "512",
+                "--max-position-embeddings", "512", "--mock-data", "--vocab-size", "1024",
+                "--micro-batch-size", "2", "--global-batch-size", "16", "--pack-sequences",
+                "--bf16", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "2",
+                "--seed", "11", "--no-progress-bar", "--log-interval", "1",
+                "--train-iters", "6", "--distributed-timeout-minutes", "2"]
+QUICK_ATTENTION = ["--parity-seq", "4096", "--parity-heads", "32", "--parity-groups", "8",
+                   "--seq", "4096", "--warmup", "1", "--repeats", "3", "--no-fp32-flex"]
+"""One shape for parity and timing (flex compiles once) in ``--quick``."""
 
 __all__ = ["Check", "Stage", "STAGES", "stage_names", "select_stages", "assemble_record",
-           "bench_ratios", "compare_losses", "pytest_counts", "replan_costs", "main"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    """One named result of a stage."""
-
-    name: str
-    """Key in the record's ``checks``."""
-    passed: bool
-    """Whether it passed."""
-    detail: str
-    """What was measured / why it failed (one line or a short paragraph)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Stage:
-    """One step of the GPU check; ``run(context)`` returns its checks."""
-
-    name: str
-    """Argument of ``--stage``."""
-    summary: str
-    """What the stage does (``--list``)."""
-    timeout_s: int
-    """Wall-clock budget of the stage's commands together (<= STAGE_LIMIT_S)."""
-    run: Callable[["Context"], list[Check]]
-    """The stage itself."""
-
-    def __post_init__(self):
-        if not 0 < self.timeout_s <= STAGE_LIMIT_S:
-            raise ValueError(f"stage {self.name}: timeout_s must be in (0, {STAGE_LIMIT_S}]")
-
-
-@dataclass(kw_only=True)
-class Context:
-    """What the stages share: the interpreter, the repository root, a log folder."""
-
-    python: str
-    """Interpreter to run pytest, setup.py and pretrain_gpt.py with."""
-    root: str
-    """Repository root (commands run there)."""
-    log_dir: str
-    """Where each command's output is kept."""
-    bench: dict | None = None
-    """The transport benchmark's JSON once that stage ran."""
+           "bench_ratios", "compare_losses", "pytest_counts", "replan_costs",
+           "attention_checks", "write_outputs", "run_command", "Context", "QUICK_STAGES",
+           "main"]
 
 
 # ----- pure helpers (CPU-tested) -------------------------------------------------------------
@@ -140,123 +128,6 @@ def select_stages(requested: list[str] | None) -> list[Stage]:
     if unknown:
         raise ValueError(f"unknown --stage {unknown}; choose from {stage_names()} or all")
     return [stage for stage in STAGES if stage.name in requested]
-
-
-def bench_ratios(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(gather_vs_d2d rows at >= 64 MiB, scatter_vs_local_add rows) of the transport
-    benchmark's rows."""
-    gather = [{"mib": row["mib"], "gather_alone_vs_d2d": row["gather_alone_vs_d2d"],
-               "gather_vs_d2d": row["gather_vs_d2d"]}
-              for row in rows if row["mib"] >= GATHER_MIN_MIB]
-    scatter = [{"mib": row["mib"], "scatter_vs_local_add": row["scatter_vs_local_add"]}
-               for row in rows]
-    return gather, scatter
-
-
-def assemble_record(previous: dict | None, *, device: str, date: str, torch_version: str,
-                    megatron_core: str | None, checks: list[Check],
-                    bench: dict | None) -> dict:
-    """The gpu_check.json record: ``previous`` checks (same device and torch) updated with
-    ``checks``; the benchmark ratios from ``bench`` (else kept from ``previous``)."""
-    same_machine = (previous is not None and previous.get("device") == device
-                    and previous.get("torch") == torch_version)
-    merged = dict(previous["checks"]) if same_machine else {}
-    for check in checks:
-        merged[check.name] = {"passed": bool(check.passed), "detail": check.detail}
-    if bench is not None:
-        gather, scatter = bench_ratios(bench["rows"])
-    elif same_machine:
-        gather, scatter = previous.get("gather_vs_d2d"), previous.get("scatter_vs_local_add")
-    else:
-        gather = scatter = None
-    if megatron_core is None and same_machine:
-        megatron_core = previous.get("megatron_core")
-    return {"device": device, "date": date, "torch": torch_version,
-            "megatron_core": megatron_core, "checks": merged, "gather_vs_d2d": gather,
-            "scatter_vs_local_add": scatter}
-
-
-def compare_losses(reference: list[float], other: list[float], *, rtol: float = LOSS_RTOL,
-                   atol: float = LOSS_ATOL) -> tuple[bool, str]:
-    """Whether two loss curves agree element-wise to rtol/atol (same length, finite)."""
-    if not reference or len(reference) != len(other):
-        return False, f"loss curves differ in length: {len(reference)} vs {len(other)}"
-    worst = max(abs(a - b) for a, b in zip(reference, other))
-    finite = all(math.isfinite(x) for x in reference + other)
-    ok = finite and all(abs(a - b) <= atol + rtol * abs(a) for a, b in zip(reference, other))
-    return ok, f"max |loss difference| {worst:.3g} over {len(reference)} iterations " \
-               f"(rtol {rtol:g}, atol {atol:g}){'' if finite else '; non-finite loss'}"
-
-
-def pytest_counts(output: str) -> dict[str, int]:
-    """Outcome counts from pytest's last summary line ("3 passed, 1 skipped in 2.0s")."""
-    lines = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
-    if not lines:
-        return {}
-    return {word: int(count) for count, word in
-            re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)",
-                       lines[-1])}
-
-
-def replan_costs(output: str) -> list[tuple[float, float, float]] | None:
-    """(T_F, T_B, T_W) ms per stage from the training log's zb-auto re-plan line."""
-    match = re.search(r"zb-auto re-planned .*?T_F/T_B/T_W ms per stage: ([0-9./ ,]+);", output)
-    if not match:
-        return None
-    return [tuple(float(x) for x in part.split("/")) for part in match.group(1).split(", ")]
-
-
-# ----- running commands --------------------------------------------------------------------
-def run_command(context: Context, name: str, command: list[str], *, timeout_s: float,
-                env: dict | None = None) -> tuple[int, str]:
-    """Run ``command`` in the repository root; (exit status, stdout+stderr). A timeout is
-    exit status 124. The output is also kept in ``log_dir/<name>.log``."""
-    merged_env = dict(os.environ, PYTHONPATH=context.root, **(env or {}))
-    try:
-        done = subprocess.run(command, cwd=context.root, env=merged_env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout_s, check=False)
-        status, output = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as expired:
-        status = 124
-        output = (expired.stdout or "") if isinstance(expired.stdout, str) else ""
-        output += f"\n[gpu_check] timed out after {timeout_s:.0f} s"
-    os.makedirs(context.log_dir, exist_ok=True)
-    with open(os.path.join(context.log_dir, f"{name}.log"), "w") as handle:
-        handle.write(" ".join(command) + "\n" + output)
-    return status, output
-
-
-def _tail(output: str, lines: int = 8) -> str:
-    return " | ".join(line.strip() for line in output.strip().splitlines()[-lines:])
-
-
-def _train(context: Context, name: str, flags: list[str], *, timeout_s: float,
-           env: dict | None = None) -> tuple[int, str, list[dict]]:
-    log_json = os.path.join(context.log_dir, f"{name}.jsonl")
-    if os.path.exists(log_json):
-        os.remove(log_json)
-    status, output = run_command(context, name, [context.python, "pretrain_gpt.py", *flags,
-                                                 "--log-json", log_json],
-                                 timeout_s=timeout_s, env=env)
-    records = []
-    if os.path.exists(log_json):
-        with open(log_json) as handle:
-            records = [json.loads(line) for line in handle if line.strip()]
-    return status, output, records
-
-
-def _training_check(name: str, status: int, output: str, records: list[dict],
-                    iterations: int) -> Check:
-    losses = [record["loss"] for record in records]
-    if status != 0:
-        return Check(name=name, passed=False, detail=f"exit {status}: {_tail(output)}")
-    finite = losses and all(math.isfinite(loss) for loss in losses)
-    peak = max((record.get("peak_memory_mb") or 0.0 for record in records), default=0.0)
-    ok = len(losses) == iterations and bool(finite)
-    return Check(name=name, passed=ok,
-                 detail=f"{len(losses)}/{iterations} iterations, losses "
-                        f"{[round(x, 4) for x in losses]}, peak memory {peak:.0f} MiB (GPU: reserved)")
 
 
 # ----- stages ------------------------------------------------------------------------------
@@ -283,9 +154,12 @@ def _stage_setup(context: Context) -> list[Check]:
 
 
 def _stage_build(context: Context) -> list[Check]:
+    archs = os.environ.get("ODC_PP_CUDA_ARCHS") or _probe(
+        context, "build-arch", "import torch; print('%d%d' % torch.cuda.get_device_capability(0))")
+    env = {"ODC_PP_NO_CUDA": "0", **({"ODC_PP_CUDA_ARCHS": archs} if archs else {})}
     status, output = run_command(context, "build",
                                  [context.python, "setup.py", "build_ext", "--inplace"],
-                                 timeout_s=480, env={"ODC_PP_NO_CUDA": "0"})
+                                 timeout_s=480, env=env)
     if status != 0:
         return [Check(name="build_extensions", passed=False,
                       detail=f"setup.py build_ext failed (exit {status}): {_tail(output)}")]
@@ -293,7 +167,74 @@ def _stage_build(context: Context) -> list[Check]:
              "print('devices', n); assert n >= 1, 'odc_pp._C_cuda sees no CUDA device'")
     status, output = run_command(context, "build-probe", [context.python, "-c", probe],
                                  timeout_s=60)
-    return [Check(name="build_extensions", passed=status == 0, detail=_tail(output, 3))]
+    return [Check(name="build_extensions", passed=status == 0,
+                  detail=f"ODC_PP_CUDA_ARCHS={archs or 'default'}: {_tail(output, 3)}")]
+
+
+def _stage_attention(context: Context) -> list[Check]:
+    out = os.path.join(context.log_dir, "packed_attention.json")
+    if os.path.exists(out):
+        os.remove(out)
+    status, output = run_command(
+        context, "attention", [context.python, "benchmarks/bench_packed_attention.py",
+                               "--out", out, *(QUICK_ATTENTION if context.quick else [])],
+        timeout_s=150 if context.quick else 420)
+    if not os.path.exists(out):
+        return [Check(name="packed_attention_parity", passed=False,
+                      detail=f"exit {status}: {_tail(output)}")]
+    with open(out) as handle:
+        return attention_checks(json.load(handle))
+
+
+def _stage_hf_config(context: Context) -> list[Check]:
+    version = _probe(context, "hf-config-version", "import transformers as t; print(t.__version__)")
+    status, output = run_command(
+        context, "hf-config", [context.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/models/test_hf_config.py"], timeout_s=180)
+    counts = pytest_counts(output)
+    return [Check(name="hf_config_installed_transformers",
+                  passed=status == 0 and counts.get("passed", 0) > 0,
+                  detail=f"transformers {version}: exit {status}, {counts}")]
+
+
+def _stage_device_choice(context: Context) -> list[Check]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    env = {"CUDA_VISIBLE_DEVICES": visible, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29531"}
+    flags = PACKED_MODEL[:PACKED_MODEL.index("--train-iters")] + ["--train-iters", "2"]
+    status, output, records = _train(context, "device-choice", flags + [
+        "--pipeline-schedule", "1f1b"], timeout_s=240, env=env)
+    check = _training_check("device_choice_one_visible_gpu", status, output, records, 2)
+    return [Check(name=check.name, passed=check.passed,
+                  detail=f"LOCAL_RANK=1, one visible GPU (CUDA_VISIBLE_DEVICES={visible}): "
+                         + check.detail)]
+
+
+def _stage_packed(context: Context) -> list[Check]:
+    flags = PACKED_MODEL + ["--pipeline-schedule", "zbv", "--pipeline-model-parallel-size", "1"]
+    status, output, records = _train(context, "train-zbv-bf16-packed", flags, timeout_s=300)
+    return [_training_check("train_zbv_bf16_packed", status, output, records, 6)]
+
+
+def _gpu_count(context: Context) -> int:
+    count = _probe(context, "gpu-count", "import torch; print(torch.cuda.device_count())")
+    return int(count) if count and count.isdigit() else 0
+
+
+def _stage_pp2_nccl(context: Context) -> list[Check]:
+    count = _gpu_count(context)
+    if count < 2:
+        return [Check(name="train_pp2_nccl_skipped", passed=True,
+                      detail=f"not run: {count} GPU(s); pp=2 over NCCL needs two (NCCL "
+                             f"refuses two ranks on one GPU)")]
+    checks = []
+    for schedule in ("1f1b", "zbv"):
+        flags = PACKED_MODEL + ["--pipeline-schedule", schedule,
+                                "--pipeline-model-parallel-size", "2"]
+        status, output, records = _train(context, f"train-pp2-nccl-{schedule}", flags,
+                                         timeout_s=270, nproc=2)
+        checks.append(_training_check(f"train_pp2_nccl_{schedule}", status, output, records, 6))
+    return checks
 
 
 def _stage_pytest(context: Context) -> list[Check]:
@@ -378,12 +319,7 @@ def _stage_zb_auto(context: Context) -> list[Check]:
 def _stage_bench_tp(context: Context) -> list[Check]:
     """The GPU rows of benchmarks/bench_tp.py (tp=2 vs pp=2 vs pp=2 + offload): two
     processes on two GPUs (NCCL refuses two ranks on one GPU)."""
-    status, output = run_command(
-        context, "gpu-count", [context.python, "-c",
-                               "import torch; print(torch.cuda.device_count())"],
-        timeout_s=60)
-    count = int(output.strip().splitlines()[-1]) if status == 0 and \
-        output.strip().splitlines()[-1].isdigit() else 0
+    count = _gpu_count(context)
     if count < 2:
         # not a failure of this machine, and not a measurement: named as skipped
         return [Check(name="bench_tp_gpu_skipped", passed=True,
@@ -397,17 +333,27 @@ def _stage_bench_tp(context: Context) -> list[Check]:
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage(name="attention", summary="packed attention kernels vs the dense path, timings",
+          timeout_s=420, run=_stage_attention),
+    Stage(name="hf-config", summary="tests/models/test_hf_config.py, installed transformers",
+          timeout_s=200, run=_stage_hf_config),
     Stage(name="setup", summary="megatron-core importable (installed from .whl/ if missing)",
           timeout_s=540, run=_stage_setup),
     Stage(name="build", summary="build odc_pp._C and odc_pp._C_cuda in place",
           timeout_s=540, run=_stage_build),
+    Stage(name="device-choice", summary="pretrain_gpt.py as LOCAL_RANK=1 seeing one GPU",
+          timeout_s=240, run=_stage_device_choice),
     Stage(name="pytest-gpu", summary="pytest -m gpu", timeout_s=580, run=_stage_pytest),
     Stage(name="bench-transport", summary="benchmarks/bench_transport_gpu.py",
           timeout_s=560, run=_stage_bench),
     Stage(name="train-zbv-bf16", summary="pretrain_gpt.py: zbv, bf16, post-validation",
           timeout_s=560, run=_stage_zbv),
+    Stage(name="train-zbv-bf16-packed", summary="pretrain_gpt.py: zbv, bf16, Llama, packed",
+          timeout_s=300, run=_stage_packed),
     Stage(name="train-1f1b-fp32", summary="pretrain_gpt.py: 1f1b fp32, GPU vs CPU losses",
           timeout_s=550, run=_stage_parity),
+    Stage(name="train-pp2-nccl", summary="pretrain_gpt.py: pp=2 over NCCL (two GPUs)",
+          timeout_s=560, run=_stage_pp2_nccl),
     Stage(name="train-offload", summary="pretrain_gpt.py: offload schedule, reserved memory",
           timeout_s=560, run=_stage_offload),
     Stage(name="train-zb-auto", summary="pretrain_gpt.py: zb-auto re-planned from events",
@@ -431,28 +377,60 @@ def _environment(python: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> int:
+def _previous_record(out_dir: str, previous: str | None) -> dict | None:
+    for path in (os.path.join(out_dir, RECORD_NAME), previous):
+        if path and os.path.exists(path):
+            with open(path) as handle:
+                return json.load(handle)
+    return None
+
+
+def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", action="append",
                         help=f"run only this stage (repeatable): {', '.join(stage_names())}, all")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the stages {', '.join(QUICK_STAGES)} within --budget-s "
+                             f"(default {QUICK_BUDGET_S} s): one 5-minute call")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall-clock cap of the whole run (each command gets what is left)")
     parser.add_argument("--list", action="store_true", help="print the stages and exit")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the stages")
-    parser.add_argument("--out", default=os.path.join(ROOT, RESULT_PATH))
-    parser.add_argument("--log-dir", default=os.path.join(ROOT, "out", "gpu_check"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "out", "gpu_check"),
+                        help=f"DIRECTORY receiving {RECORD_NAME} and {LOGS_NAME}")
+    parser.add_argument("--previous", default=None,
+                        help=f"a record to merge into when --out has none (e.g. {RESULT_PATH})")
+    parser.add_argument("--log-dir", default=os.path.join(ROOT, "out", "gpu_check_logs"),
+                        help="where each command's log is kept (packed into --out)")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run without a CUDA device (tries the script itself; the "
                              "record then proves nothing about GPUs)")
     args = parser.parse_args(argv)
-    if args.list:
-        for stage in STAGES:
-            print(f"{stage.name:16s} {stage.summary} (<= {stage.timeout_s} s)")
-        return 0
+    if args.out.endswith(".json"):
+        parser.error(f"--out {args.out}: give a directory (it receives {RECORD_NAME} and "
+                     f"{LOGS_NAME})")
+    if args.quick and args.stage:
+        parser.error("--quick picks its own stages; drop --stage")
     try:
-        stages = select_stages(args.stage)
+        stages = select_stages(list(QUICK_STAGES) if args.quick else args.stage)
     except ValueError as error:
         parser.error(str(error))
-    context = Context(python=args.python, root=ROOT, log_dir=args.log_dir)
-    if not args.allow_cpu and _environment(args.python)["device"] == NO_DEVICE:
+    if args.quick and args.budget_s is None:
+        args.budget_s = QUICK_BUDGET_S
+    return args, stages
+
+
+def main(argv=None) -> int:
+    started = time.monotonic()
+    args, stages = _parse(argv)
+    if args.list:
+        for stage in STAGES:
+            print(f"{stage.name:22s} {stage.summary} (<= {stage.timeout_s} s)")
+        return 0
+    context = Context(python=args.python, root=ROOT, log_dir=args.log_dir, quick=args.quick,
+                      deadline=None if args.budget_s is None else started + args.budget_s)
+    environment = _environment(args.python)
+    if not args.allow_cpu and environment["device"] == NO_DEVICE:
         print(f"gpu_check: {args.python} sees no CUDA device (torch.cuda.is_available() is "
               "False); run this on the GPU machine (or pass --allow-cpu to try the script)",
               file=sys.stderr)
@@ -460,27 +438,24 @@ def main(argv=None) -> int:
     all_passed = True
     for stage in stages:
         print(f"[gpu_check] stage {stage.name}: {stage.summary}", flush=True)
-        checks = stage.run(context)
+        ran = context.time_left() >= 20
+        checks = stage.run(context) if ran else [
+            Check(name=f"{stage.name.replace('-', '_')}_not_run", passed=False,
+                  detail=f"no time left in --budget-s {args.budget_s:g}")]
         for check in checks:
             print(f"[gpu_check]   {'PASS' if check.passed else 'FAIL'} {check.name}: "
                   f"{check.detail}", flush=True)
         all_passed &= all(check.passed for check in checks)
-        previous = None
-        if os.path.exists(args.out):
-            with open(args.out) as handle:
-                previous = json.load(handle)
-        environment = _environment(args.python)
+        if ran and stage.name == "setup":  # megatron-core may have been installed
+            environment = _environment(args.python)
         record = assemble_record(
-            previous, device=environment["device"],
+            _previous_record(args.out, args.previous), device=environment["device"],
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_version=environment["torch"], megatron_core=environment["megatron_core"],
             checks=checks, bench=context.bench)
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as handle:
-            json.dump(record, handle, indent=2)
-            handle.write("\n")
-    print(f"[gpu_check] {'all checks passed' if all_passed else 'some checks FAILED'}; "
-          f"record: {args.out}")
+        write_outputs(args.out, record, args.log_dir)
+    print(f"[gpu_check] {'all checks passed' if all_passed else 'some checks FAILED'} in "
+          f"{time.monotonic() - started:.0f} s; record: {os.path.join(args.out, RECORD_NAME)}")
     return 0 if all_passed else 1
 
 

@@ -7,7 +7,7 @@
 
 import sys
 
-from odc_pp.schedule.offload_tuner import main
+from odc_pp.planner.offload_tuner import main
 
 if __name__ == "__main__":
     sys.exit(main())

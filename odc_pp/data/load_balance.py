@@ -2,8 +2,12 @@
 
 The building blocks of :mod:`odc_pp.data.planner`:
 
-1. a sample's cost from its sequence length (:class:`TokenCost`, :class:`AttentionCost`,
-   or a :class:`FittedCost` from :func:`fit_cost_model`),
+1. a sample's cost from its sequence length: the one :class:`SampleCostModel` protocol
+   (:class:`TokenCost`, :class:`AttentionCost`, or a :class:`FittedCost` from
+   :func:`fit_cost_model` / :func:`fit_microbatch_costs`, the profiler's measured per-token
+   and per-token^2 seconds), and a microbatch's cost as the runtime executes it
+   (:func:`microbatch_cost`: ``count x cost(longest)`` for padded rows, ``cost(row length)``
+   for a packed row, whose attention mask spans the whole row),
 2. :func:`balance_minibatch`: split samples over replicas so the largest replica cost is
    small, with any sample count per replica (Karmarkar-Karp largest differencing and
    greedy LPT, each refined by pairwise moves and swaps; the better one wins),
@@ -11,7 +15,10 @@ The building blocks of :mod:`odc_pp.data.planner`:
    (count-constrained LPT and the strided split, refined by swaps only),
 4. :func:`pack_microbatches`: a replica's samples into microbatches under a token cap
    (first-fit decreasing; with a cost model, the microbatches' costs balanced), and
-5. :func:`equal_count_balance`: the strided equal-count split (``DistributedSampler``-like).
+5. :func:`pack_padded`: a replica's samples into padded microbatches, longest first, so
+   similar lengths share a microbatch (least padding), of a fixed sample count or under a
+   padded token cap (count x longest), and
+6. :func:`equal_count_balance`: the strided equal-count split (``DistributedSampler``-like).
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ from typing import Protocol, Sequence
 import numpy as np
 
 __all__ = [
-    "CostModel",
+    "SampleCostModel",
     "TokenCost",
     "AttentionCost",
     "FittedCost",
     "fit_cost_model",
+    "fit_microbatch_costs",
+    "microbatch_cost",
+    "pack_padded",
+    "balance_costs",
     "balance_minibatch",
     "balance_equal_counts",
     "pack_microbatches",
@@ -39,7 +50,11 @@ __all__ = [
 ]
 
 
-class CostModel(Protocol):
+class SampleCostModel(Protocol):
+    """The one cost model of the data planner: the cost of a row of each length. Every
+    load-balance mode weighs samples and microbatches with it (a microbatch through
+    :func:`microbatch_cost`)."""
+
     def __call__(self, lengths: np.ndarray) -> np.ndarray:
         """Cost of each sample, given an array of sequence lengths."""
 
@@ -119,6 +134,118 @@ def fit_cost_model(lengths: Sequence[float], times: Sequence[float], *,
                               c=fitted.get("c", 0.0))
         active.pop(int(np.argmin(coef)))
     raise ValueError("times do not grow with length: no non-negative cost model fits them")
+
+
+def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
+                         times: Sequence[float], *, with_constant: bool = False) -> FittedCost:
+    """The sample cost model from measured microbatches (the profiler's calibration):
+    non-negative least squares of ``times ~ a * quadratic + b * linear``, where each
+    microbatch executed ``linear`` token positions (padded: count x longest; packed: the
+    row's length) and ``quadratic`` attention positions (count x longest^2; packed: the
+    row's length^2, the mask spans the row). ``a`` is then the measured seconds per
+    token^2, ``b`` per token (``with_constant``: ``c`` per microbatch row too), and
+    ``FittedCost(a, b, c)`` costs any microbatch through :func:`microbatch_cost`."""
+    lin = np.asarray(linear, dtype=np.float64)
+    quad = np.asarray(quadratic, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if lin.ndim != 1 or lin.shape != quad.shape or lin.shape != t.shape or lin.size < 2:
+        raise ValueError("fit_microbatch_costs needs three 1-D sequences of equal length >= 2")
+    columns = {"a": quad, "b": lin}
+    if with_constant:
+        columns["c"] = np.ones_like(lin)
+    active = list(columns)
+    while active:
+        design = np.stack([columns[name] for name in active], axis=1)
+        coef, *_ = np.linalg.lstsq(design, t, rcond=None)
+        if (coef >= 0).all() and (coef > 0).any():
+            fitted = dict(zip(active, coef.tolist()))
+            return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
+                              c=fitted.get("c", 0.0))
+        active.pop(int(np.argmin(coef)))
+    raise ValueError("measured times do not grow with tokens: no non-negative cost model "
+                     "fits them")
+
+
+def microbatch_cost(group: Sequence[int], lengths: np.ndarray,
+                    cost_model: SampleCostModel | None = None, *, packed: bool = False,
+                    segments: bool = False) -> float:
+    """Cost of one microbatch as the runtime executes it: padded rows (``packed=False``)
+    run ``count x longest`` positions, i.e. ``count * cost(longest)``; a packed row runs
+    its total length under one mask over the whole row (the dense kernel: CPU), i.e.
+    ``cost(sum of lengths)``, or with ``segments`` (varlen / flex kernels, CUDA) each
+    document's attention alone, i.e. the sum of its samples' costs."""
+    if not len(group):
+        return 0.0
+    model = cost_model or TokenCost()
+    sizes = lengths[list(group)]
+    if packed and segments:
+        return float(model(sizes).sum())
+    if packed:
+        return float(model(np.asarray([int(sizes.sum())]))[0])
+    return float(len(sizes) * model(np.asarray([int(sizes.max())]))[0])
+
+
+def pack_padded(sample_indices: Sequence[int], lengths: Sequence[int], *,
+                samples_per_microbatch: int | None = None,
+                max_tokens: int | None = None) -> list[list[int]]:
+    """Padded microbatches of a replica's samples, longest first, so that similar lengths
+    share a microbatch (consecutive groups of the sorted order pad least): groups of
+    ``samples_per_microbatch`` samples, or as many samples as keep ``count x longest``
+    within ``max_tokens`` (a longer sample goes alone: it is the runtime's row anyway).
+    Exactly one of the two must be given. Each group's indices ascending."""
+    array = check_lengths(lengths)
+    if (samples_per_microbatch is None) == (max_tokens is None):
+        raise ValueError("pack_padded needs exactly one of samples_per_microbatch and "
+                         "max_tokens")
+    if (samples_per_microbatch or 1) < 1 or (max_tokens or 1) < 1:
+        raise ValueError("samples_per_microbatch and max_tokens must be >= 1")
+    order = sorted((int(i) for i in sample_indices), key=lambda i: (-int(array[i]), i))
+    groups: list[list[int]] = []
+    for index in order:
+        if groups and (len(groups[-1]) < samples_per_microbatch
+                       if samples_per_microbatch is not None
+                       else (len(groups[-1]) + 1) * int(array[groups[-1][0]]) <= max_tokens):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return [sorted(group) for group in groups]
+
+
+def balance_costs(costs: Sequence[float], num_parts: int) -> list[list[int]]:
+    """Items ``0..len(costs)-1`` (any non-negative costs, e.g. microbatch costs) over
+    ``num_parts`` parts with the smallest practical largest part: Karmarkar-Karp and LPT,
+    each refined by moves and swaps, the better one; no part left empty while there are
+    as many items as parts. Each part's indices ascending; deterministic."""
+    array = np.asarray(costs, dtype=np.float64)
+    if array.ndim != 1 or (array.size and (array.min() < 0 or not np.isfinite(array).all())):
+        raise ValueError("costs must be a 1-D sequence of finite numbers >= 0")
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    candidates = [_karmarkar_karp(array, num_parts), _longest_processing_time(array, num_parts)]
+    for subsets in candidates:
+        _refine(subsets, array)
+        _fill_empty(subsets, array)
+
+    def score(subsets: list[list[int]]) -> tuple[float, float]:
+        loads = [float(array[s].sum()) if s else 0.0 for s in subsets]
+        return max(loads), max(loads) - min(loads)
+
+    return [sorted(subset) for subset in min(candidates, key=score)]
+
+
+def _fill_empty(subsets: list[list[int]], costs: np.ndarray) -> None:
+    """Give every empty part one item (the cheapest item of the part with the most items)
+    while some part holds two or more: a replica without samples would run no
+    microbatch at all (verl #6786: 9 sequences over 4 ranks must not leave one empty)."""
+    while True:
+        empty = [p for p, s in enumerate(subsets) if not s]
+        donors = [p for p, s in enumerate(subsets) if len(s) > 1]
+        if not empty or not donors:
+            return
+        donor = max(donors, key=lambda p: (len(subsets[p]), -p))
+        item = min(subsets[donor], key=lambda i: (float(costs[i]), i))
+        subsets[donor].remove(item)
+        subsets[empty[0]].append(item)
 
 
 # ----- k-way partitioning ------------------------------------------------------------------
@@ -217,7 +344,7 @@ def check_lengths(lengths: Sequence[int]) -> np.ndarray:
 
 
 def balance_minibatch(lengths: Sequence[int], num_replicas: int,
-                      cost_model: CostModel | None = None, *,
+                      cost_model: SampleCostModel | None = None, *,
                       refine: bool = True) -> list[list[int]]:
     """Split sample indices ``0..len(lengths)-1`` across ``num_replicas`` replicas so the
     largest per-replica total cost is as small as practical.
@@ -232,9 +359,10 @@ def balance_minibatch(lengths: Sequence[int], num_replicas: int,
     costs = (cost_model or TokenCost())(array).astype(np.float64)
     candidates = [_karmarkar_karp(costs, num_replicas),
                   _longest_processing_time(costs, num_replicas)]
-    if refine:
-        for subsets in candidates:
+    for subsets in candidates:
+        if refine:
             _refine(subsets, costs)
+        _fill_empty(subsets, costs)
 
     def score(subsets: list[list[int]]) -> tuple[float, float]:
         loads = [float(costs[s].sum()) if s else 0.0 for s in subsets]
@@ -258,7 +386,7 @@ def _count_constrained_lpt(costs: np.ndarray, counts: Sequence[int]) -> list[lis
 
 
 def balance_equal_counts(lengths: Sequence[int], num_parts: int,
-                         cost_model: CostModel | None = None, *,
+                         cost_model: SampleCostModel | None = None, *,
                          counts: Sequence[int] | None = None) -> list[list[int]]:
     """Split sample indices ``0..len(lengths)-1`` into ``num_parts`` parts of fixed sizes
     (``counts``; default as equal as possible, the first ``n % num_parts`` parts one larger)
@@ -297,15 +425,19 @@ def balance_equal_counts(lengths: Sequence[int], num_parts: int,
 
 
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
-                      max_tokens: int, cost_model: CostModel | None = None) -> list[list[int]]:
+                      max_tokens: int, cost_model: SampleCostModel | None = None, *,
+                      row_cost: bool = False, segments: bool = False) -> list[list[int]]:
     """Pack samples into microbatches of at most ``max_tokens`` tokens (sequences packed
     back to back, no padding). Returns lists of sample indices, largest microbatch first;
     an empty input gives no microbatches.
 
     Without ``cost_model``: first-fit decreasing by tokens (fewest microbatches). With one:
     as many microbatches as first-fit decreasing needs (more only if the cap forces it),
-    their costs balanced (a packed row costs the sum of its samples' costs): each sample,
-    costliest first, to the cheapest microbatch with room for its tokens."""
+    their costs balanced (by the sum of its samples' costs): each sample, costliest first,
+    to the cheapest microbatch with room for its tokens. With ``row_cost`` as well, the
+    row count is chosen by what the rows cost as executed (``cost(row length)``: under a
+    row-wide attention mask packing more rows together costs more attention, and a fitted
+    per-row constant ``c`` costs fewer rows less)."""
     array = check_lengths(lengths)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -326,14 +458,36 @@ def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],
         else:
             bins.append([index])
             free.append(max_tokens - length)
-    if cost_model is None or len(bins) < 2:
+    if cost_model is None or (len(bins) < 2 and not row_cost):
         return bins
     costs = cost_model(array).astype(np.float64)
+    if row_cost:
+        return _rows_by_cost(indices, array, costs, max_tokens, cost_model, len(bins),
+                             segments)
     for count in range(len(bins), len(indices) + 1):
         balanced = _cost_balanced_bins(indices, array, costs, max_tokens, count)
         if balanced is not None:
             return sorted(balanced, key=lambda b: (-float(costs[b].sum()), b))
     raise AssertionError("one sample per microbatch always fits")
+
+
+def _rows_by_cost(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
+                  max_tokens: int, cost_model, fewest: int,
+                  segments: bool = False) -> list[list[int]]:
+    """The row count whose cost-balanced packing costs least as executed (each row
+    ``cost(row length)``; ties: fewer rows). Counts tried: ``fewest`` up to twice that,
+    and one sample per row."""
+    best = None
+    counts = sorted(set(range(fewest, min(len(indices), 2 * fewest) + 1)) | {len(indices)})
+    for count in counts:
+        rows = _cost_balanced_bins(indices, lengths, costs, max_tokens, count)
+        if rows is None:
+            continue
+        total = sum(microbatch_cost(r, lengths, cost_model, packed=True, segments=segments)
+                    for r in rows)
+        if best is None or total < best[0] * (1 - 1e-9):
+            best = (total, rows)
+    return sorted(best[1], key=lambda b: (-float(costs[b].sum()), b))
 
 
 def _cost_balanced_bins(indices: list[int], lengths: np.ndarray, costs: np.ndarray,
@@ -375,7 +529,10 @@ def equal_count_balance(lengths: Sequence[int], num_replicas: int,
 
 
 def replica_costs(microbatches: list[list[list[int]]], lengths: Sequence[int],
-                  cost_model: CostModel | None = None) -> list[float]:
-    """Total estimated cost of each replica's samples."""
-    costs = (cost_model or TokenCost())(check_lengths(lengths))
-    return [float(sum(costs[i] for mb in replica for i in mb)) for replica in microbatches]
+                  cost_model: SampleCostModel | None = None, *,
+                  packed: bool = False, segments: bool = False) -> list[float]:
+    """Total cost of each replica's microbatches as the runtime executes them
+    (:func:`microbatch_cost`: padded rows, or packed rows with ``packed``)."""
+    array = check_lengths(lengths)
+    return [float(sum(microbatch_cost(mb, array, cost_model, packed=packed, segments=segments)
+                      for mb in replica)) for replica in microbatches]

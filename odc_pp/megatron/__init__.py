@@ -12,7 +12,7 @@
   ``config.json`` <-> flags and weights in / out (Llama, Qwen2, Qwen3, Mistral).
 * :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
   the norms (LayerNorm / RMSNorm), the activation (GeLU / SwiGLU) and hidden dropout in
-  backward; :mod:`odc_pp.megatron.activation_memory`
+  backward; :mod:`odc_pp.planner.activation_memory`
   has the closed form of the bytes it saves (torch-free).
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
@@ -36,8 +36,8 @@ __all__ = ["GPTChunk", "ModelConfig", "build_chunks", "stage_layers"]
 
 
 def __getattr__(name):
-    # lazy: importing megatron-core takes seconds, and odc_pp.megatron.activation_memory
-    # (used by the offload tuner) must stay importable without it
+    # lazy: importing megatron-core takes seconds; odc_pp.megatron's light modules
+    # (hf_config, tp_layout) must stay importable without it
     if name in __all__:
         from . import model
 

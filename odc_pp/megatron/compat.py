@@ -89,8 +89,10 @@ one position vector: the fused kernel takes ``[s, 1, 1, d]`` frequencies).
 
 Attention. CPU: :class:`HostDotProductAttention` (megatron's math with an explicit mask).
 CUDA: :class:`SdpaDotProductAttention`, ``torch.nn.functional.scaled_dot_product_attention``
-(flash / memory-efficient kernels; causal without a mask, or the packed-sequence mask of
-:func:`packed_causal_mask`). ``parallel_state`` is never initialised: every module receives an
+(flash / memory-efficient kernels; causal without a mask; packed rows as
+:class:`~odc_pp.megatron.packed_attention.PackedSegments`: varlen flash attention,
+FlexAttention with a document mask, or the dense mask of :func:`packed_causal_mask` as the
+fallback, see :mod:`odc_pp.megatron.packed_attention`). ``parallel_state`` is never initialised: every module receives an
 explicit :class:`ProcessGroupCollection` (see :func:`singleton_process_groups`), so the
 runtime's pipeline layout is invisible to megatron (each chunk is a 1-stage model).
 """
@@ -104,6 +106,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from .packed_attention import PackedSegments, packed_attention, packed_causal_mask
 
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
@@ -355,19 +359,6 @@ def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
                       diagonal=1)[None, None]
 
 
-def packed_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Megatron's boolean convention (True: may NOT attend), ``[batch, 1, seq, seq]``, for
-    packed rows (:class:`~odc_pp.data.microbatch.Microbatch` ``segment_ids``): query i
-    sees key j iff both are in the same segment and ``j <= i``; a padding position
-    (segment -1) sees itself only, so no softmax row is empty."""
-    seq = segment_ids.shape[1]
-    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=segment_ids.device).tril()
-    allowed = (same & causal & (segment_ids >= 0).unsqueeze(2)) | \
-        torch.eye(seq, dtype=torch.bool, device=segment_ids.device)
-    return (~allowed).unsqueeze(1)
-
-
 def unfused_bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
     """megatron's unfused ``residual + dropout(x + bias)`` (what ``get_bias_dropout_add``
     returns with ``fused=False``)."""
@@ -386,6 +377,8 @@ class HostDotProductAttention(DotProductAttention):
                              "nor attention bias")
         if attention_mask is None:
             raise ValueError("pass an explicit attention mask (compat.causal_mask)")
+        if isinstance(attention_mask, PackedSegments):
+            attention_mask = attention_mask.dense_mask()
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         if groups > 1:
             key = key.repeat_interleave(groups, dim=2)
@@ -408,29 +401,34 @@ class HostDotProductAttention(DotProductAttention):
 class SdpaDotProductAttention(DotProductAttention):
     """Core attention through ``torch.nn.functional.scaled_dot_product_attention`` (CUDA:
     flash or memory-efficient kernels, no ``b x heads x s^2`` score tensor in fp32).
-    ``attention_mask`` None: causal (``is_causal``, the flash path); otherwise megatron's
-    boolean mask (True: may NOT attend), e.g. :func:`packed_causal_mask`. GQA through
-    ``enable_gqa``. Same math as :class:`HostDotProductAttention`."""
+    ``attention_mask`` None: causal (``is_causal``, the flash path); a
+    :class:`~odc_pp.megatron.packed_attention.PackedSegments`: packed documents through
+    :func:`~odc_pp.megatron.packed_attention.packed_attention` (varlen / FlexAttention /
+    dense mask, no ``s x s`` mask on the flash paths); otherwise megatron's boolean mask
+    (True: may NOT attend). GQA through ``enable_gqa`` (K/V never expanded). Same math as
+    :class:`HostDotProductAttention`."""
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
         if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("SdpaDotProductAttention takes packed sequences as a mask "
-                             "(segment ids), not PackedSeqParams, and no attention bias")
+            raise ValueError("SdpaDotProductAttention takes packed sequences as "
+                             "PackedSegments (segment ids), not PackedSeqParams, and no "
+                             "attention bias")
         seq_q, batch = query.shape[0], query.shape[1]
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        gqa = q.shape[1] != k.shape[1]
         dropout = self.attention_dropout.p if self.training else 0.0
-        if attention_mask is None:
+        if isinstance(attention_mask, PackedSegments):
+            context = packed_attention(q, k, v, attention_mask, scale=self.softmax_scale,
+                                       dropout=dropout)
+        elif attention_mask is None:
             context = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale)
+                q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale,
+                enable_gqa=gqa)
         else:
             context = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=~attention_mask, dropout_p=dropout,
-                scale=self.softmax_scale)
+                scale=self.softmax_scale, enable_gqa=gqa)
         # [b, n, s, d] -> [s, b, n*d]
         return context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)

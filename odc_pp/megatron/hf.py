@@ -28,6 +28,7 @@ import shutil
 
 import torch
 
+from ..dtypes import float_dtype
 from .tp_layout import partition_of
 from .hf_config import megatron_to_hf_names
 
@@ -37,7 +38,6 @@ __all__ = ["SafetensorsReader", "load_hf_weights", "to_megatron", "hf_state_dict
 
 INDEX_NAME = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SafetensorsReader:
@@ -260,6 +260,4 @@ def torch_dtype(name: str | None) -> torch.dtype:
     """The torch dtype of an HF ``torch_dtype`` string (default float32)."""
     if name is None:
         return torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"torch_dtype {name!r} is not one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
+    return float_dtype(name, what="torch_dtype")

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` <-> odc-pp model flags, and HF <-> megatron parameter names
 (torch-free: the argument parser imports it).
 
-Supported ``model_type``: ``llama`` (Llama 2 / 3, with Llama-3 ``rope_scaling``),
+Supported ``model_type``: ``llama`` (Llama 2 / 3, with Llama-3 RoPE scaling, read from
+``rope_parameters`` as transformers >= 5 writes it or from ``rope_scaling`` / ``rope_theta``),
 ``mistral``, ``qwen2`` (Qwen2 / Qwen2.5: qkv bias) and ``qwen3`` (q/k RMSNorm). All are
 pre-norm decoders with RMSNorm, SwiGLU, grouped-query attention and rotary embeddings.
 
@@ -21,7 +22,8 @@ import os
 import re
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "read_hf_config", "flags_from_hf", "merge_hf_flags",
-           "hf_config_from_model", "megatron_to_hf_names", "given_flags"]
+           "hf_config_from_model", "megatron_to_hf_names", "given_flags", "rope_theta",
+           "llama3_rope_scaling"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -55,23 +57,77 @@ def _get(config: dict, key: str, path: str):
     return config[key]
 
 
-def llama3_rope_scaling(config: dict, path: str = "config.json") -> dict | None:
-    """The Llama-3 ``rope_scaling`` parameters, None without scaling; other scaling types
-    are rejected (naming the file)."""
-    scaling = config.get("rope_scaling")
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise ValueError(f"{path}: rope_scaling type {kind!r} is not supported (only "
-                         f"'llama3')")
+def _rope_sources(config: dict, path: str) -> list[tuple[str, dict]]:
+    """The RoPE dicts a config holds, named by key: transformers >= 5 writes
+    ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling fields in one dict;
+    per attention type in models that mix them), earlier versions ``rope_scaling`` and a
+    top-level ``rope_theta``. Both may be present (a re-saved config)."""
+    sources = []
+    parameters = config.get("rope_parameters")
+    if parameters:
+        if not isinstance(parameters, dict):
+            raise ValueError(f"{path}: rope_parameters must be an object, got "
+                             f"{parameters!r}")
+        nested = {key: value for key, value in parameters.items() if isinstance(value, dict)}
+        if nested:  # per layer type ({"full_attention": {...}, ...})
+            distinct = {json.dumps(value, sort_keys=True) for value in nested.values()}
+            if len(distinct) > 1:
+                raise ValueError(f"{path}: rope_parameters differ between attention types "
+                                 f"{sorted(nested)}; odc-pp applies one RoPE to every layer")
+            parameters = next(iter(nested.values()))
+        sources.append(("rope_parameters", parameters))
+    if config.get("rope_scaling"):
+        if not isinstance(config["rope_scaling"], dict):
+            raise ValueError(f"{path}: rope_scaling must be an object, got "
+                             f"{config['rope_scaling']!r}")
+        sources.append(("rope_scaling", config["rope_scaling"]))
+    return sources
+
+
+def rope_theta(config: dict, path: str = "config.json") -> float:
+    """The RoPE base: ``rope_parameters.rope_theta`` (transformers >= 5) or the top-level
+    ``rope_theta``; 10000 when neither is given; a ValueError naming both when they
+    disagree."""
+    values = {}
+    for key, source in _rope_sources(config, path):
+        if "rope_theta" in source:
+            values[f"{key}.rope_theta"] = float(source["rope_theta"])
+    if "rope_theta" in config:
+        values["rope_theta"] = float(config["rope_theta"])
+    if len(set(values.values())) > 1:
+        raise ValueError(f"{path}: conflicting RoPE bases {values}; keep one")
+    return next(iter(values.values()), 10000.0)
+
+
+def _llama3_fields(scaling: dict) -> dict:
     return {"factor": float(scaling["factor"]),
             "low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
             "high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
             "original_max_position_embeddings":
                 int(scaling.get("original_max_position_embeddings", 8192))}
+
+
+def llama3_rope_scaling(config: dict, path: str = "config.json") -> dict | None:
+    """The Llama-3 RoPE scaling parameters (from ``rope_parameters`` of transformers >= 5
+    or the older ``rope_scaling``), None without scaling. Another ``rope_type``, a Llama-3
+    type without ``factor``, or the two keys disagreeing is one ValueError naming the
+    file and the key."""
+    found = {}
+    for key, source in _rope_sources(config, path):
+        kind = source.get("rope_type", source.get("type", "default"))
+        if kind == "default":
+            found[key] = None
+            continue
+        if kind != "llama3":
+            raise ValueError(f"{path}: {key} rope_type {kind!r} is not supported (only "
+                             f"'llama3' scaling or 'default')")
+        if "factor" not in source:
+            raise ValueError(f"{path}: {key} rope_type 'llama3' needs 'factor'")
+        found[key] = _llama3_fields(source)
+    if len({json.dumps(value, sort_keys=True) for value in found.values()}) > 1:
+        raise ValueError(f"{path}: rope_parameters and rope_scaling disagree ({found}); "
+                         f"keep one (transformers >= 5 reads rope_parameters)")
+    return next(iter(found.values()), None)
 
 
 def flags_from_hf(config: dict, path: str = "config.json") -> dict:
@@ -87,6 +143,7 @@ def flags_from_hf(config: dict, path: str = "config.json") -> dict:
     if config.get("mlp_bias"):
         raise ValueError(f"{path}: mlp_bias true is not supported")
     llama3_rope_scaling(config, path)
+    theta = rope_theta(config, path)
     hidden = int(_get(config, "hidden_size", path))
     heads = int(_get(config, "num_attention_heads", path))
     groups = int(config.get("num_key_value_heads") or heads)
@@ -106,7 +163,7 @@ def flags_from_hf(config: dict, path: str = "config.json") -> dict:
         "kv_channels": int(head_dim) if head_dim and int(head_dim) * heads != hidden
         else None,
         "position_embedding_type": "rope",
-        "rotary_base": float(config.get("rope_theta", 10000.0)),
+        "rotary_base": theta,
         "disable_bias_linear": True,
         "add_qkv_bias": qkv_bias,
         "qk_layernorm": kind == "qwen3",

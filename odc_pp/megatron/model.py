@@ -16,7 +16,10 @@ across stages tying would need an extra all-reduce, so there they are two copies
 (:func:`odc_pp.megatron.hf.untie_for_layout`).
 
 Packing: a microbatch's ``position_ids`` feed the learned or rotary positions and its
-``segment_ids`` the attention mask (:func:`~odc_pp.megatron.compat.packed_causal_mask`).
+``segment_ids`` the attention: the SDPA core attention gets them as
+:class:`~odc_pp.megatron.packed_attention.PackedSegments` (varlen / FlexAttention, no
+``s x s`` mask; ``packed_attention`` picks the kernel), the host attention as the dense
+mask of :func:`~odc_pp.megatron.compat.packed_causal_mask`.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from dataclasses import dataclass
 import torch
 
 from ..data.microbatch import Microbatch
+from ..dtypes import float_dtype
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
+from .packed_attention import PACKED_KERNELS, PackedSegments
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
@@ -41,7 +46,6 @@ from .tp_layout import partition_of
 
 __all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
@@ -77,7 +81,7 @@ class ModelConfig:
     recompute_lgd: bool = False
     """Recompute norm, activation (GeLU / SwiGLU) and hidden-dropout outputs in backward
     instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
-    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.megatron.activation_memory`).
+    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.planner.activation_memory`).
     Parameter names from ``global_named_parameters`` do not change."""
     normalization: str = "LayerNorm"
     """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
@@ -108,6 +112,10 @@ class ModelConfig:
     attention_backend: str = "auto"
     """Core attention: host (megatron's math, explicit mask), sdpa
     (``scaled_dot_product_attention``) or auto (sdpa on CUDA, host on CPU)."""
+    packed_attention: str = "auto"
+    """Kernel of the sdpa attention for packed rows (``segment_ids``): auto (varlen flash
+    attention on CUDA in bf16/fp16, else FlexAttention on CUDA, else the dense mask),
+    varlen, flex or dense; see :mod:`odc_pp.megatron.packed_attention`."""
 
     def __post_init__(self) -> None:
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
@@ -119,7 +127,8 @@ class ModelConfig:
                              f"divisible by num_query_groups {groups}")
         for name, allowed in (("normalization", NORMALIZATIONS), ("activation", ACTIVATIONS),
                               ("position_embedding_type", POSITION_EMBEDDINGS),
-                              ("attention_backend", ATTENTION_BACKENDS)):
+                              ("attention_backend", ATTENTION_BACKENDS),
+                              ("packed_attention", PACKED_KERNELS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got "
                                  f"{getattr(self, name)!r}")
@@ -129,16 +138,14 @@ class ModelConfig:
             if not needed <= set(self.rope_scaling):
                 raise ValueError(f"rope_scaling needs {sorted(needed)}, got "
                                  f"{sorted(self.rope_scaling)}")
-        if self.params_dtype not in _DTYPES:
-            raise ValueError(f"params_dtype must be one of {sorted(_DTYPES)}, "
-                             f"got {self.params_dtype!r}")
+        float_dtype(self.params_dtype, what="params_dtype")
         for name in ("vocab_size", "hidden_size", "num_layers", "max_sequence_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 
     @property
     def dtype(self) -> torch.dtype:
-        return _DTYPES[self.params_dtype]
+        return float_dtype(self.params_dtype, what="params_dtype")
 
     @property
     def core_attention(self) -> str:
@@ -164,7 +171,7 @@ class GPTChunk(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, stage: int, num_stages: int,
                  layers: range, inv_freq: torch.Tensor | None = None,
-                 implicit_causal: bool = False,
+                 implicit_causal: bool = False, packed_kernel: str = "auto",
                  tensor_parallel: TensorParallel | None = None) -> None:
         super().__init__()
         self.model = model
@@ -180,7 +187,9 @@ class GPTChunk(torch.nn.Module):
         None: learned absolute positions."""
         self.implicit_causal = implicit_causal
         """The core attention is causal without a mask (SDPA): unpacked microbatches pass
-        no mask."""
+        no mask; packed ones pass :class:`PackedSegments`."""
+        self.packed_kernel = packed_kernel
+        """Requested packed-attention kernel (``ModelConfig.packed_attention``)."""
 
     @property
     def is_first(self) -> bool:
@@ -231,7 +240,9 @@ class GPTChunk(torch.nn.Module):
             positions = microbatch.position_ids.to(device) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
-        if microbatch.segment_ids is not None:
+        if microbatch.segment_ids is not None and self.implicit_causal:
+            mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
+        elif microbatch.segment_ids is not None:
             mask = packed_causal_mask(microbatch.segment_ids.to(device))
         else:
             mask = None if self.implicit_causal else causal_mask(seq_len, device)
@@ -337,6 +348,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers,
                              inv_freq=inv_freq,
                              implicit_causal=config.core_attention == "sdpa",
+                             packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         initialize_parameters(gpt_chunk, config, seed)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from .tp_layout import grad_is_partial
 
 __all__ = ["TensorParallel", "all_gather_rows", "reduce_scatter_rows", "all_reduce_sum",
-           "gather_sequence", "scatter_sequence", "reduce_scatter_sequence",
+           "scatter_sequence", "reduce_scatter_sequence",
            "vocab_parallel_cross_entropy", "reduce_partial_grads"]
 
 
@@ -85,29 +85,6 @@ def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     """``tensor`` summed over ``group`` (in place; returned)."""
     dist.all_reduce(tensor, group=group)
     return tensor
-
-
-class _GatherSequence(torch.autograd.Function):
-    """Forward: all-gather along the sequence. Backward: this rank's slice of the
-    gradient, which the consumer (a column-parallel linear that all-reduces its input
-    gradient) has already made complete."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        ctx.rows = tensor.shape[0]
-        return all_gather_rows(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        rank = dist.get_rank(ctx.group)
-        return grad[rank * ctx.rows:(rank + 1) * ctx.rows], None
-
-
-def gather_sequence(tensor: torch.Tensor, group) -> torch.Tensor:
-    """The full sequence from this rank's shard, for a consumer whose input gradient is
-    all-reduced over ``group`` (see :class:`_GatherSequence`)."""
-    return _GatherSequence.apply(tensor, group)
 
 
 class _ScatterSequence(torch.autograd.Function):

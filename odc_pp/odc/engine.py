@@ -71,11 +71,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..dtypes import float_dtype
 from . import primitives as prim
 
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(kw_only=True)
@@ -113,15 +113,13 @@ class OdcConfig:
         if self.unit_driver not in ("module_hooks", "pipeline"):
             raise ValueError(f"unit_driver must be 'module_hooks' or 'pipeline', got "
                              f"{self.unit_driver!r}")
-        if self.param_dtype not in _DTYPES:
-            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}, got "
-                             f"{self.param_dtype!r}")
+        float_dtype(self.param_dtype, what="param_dtype")
         if self.max_inflight_pushes < 1:
             raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
 
     @property
     def torch_param_dtype(self) -> torch.dtype:
-        return _DTYPES[self.param_dtype]
+        return float_dtype(self.param_dtype, what="param_dtype")
 
 
 @dataclass(frozen=True, kw_only=True)

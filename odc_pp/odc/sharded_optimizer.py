@@ -3,7 +3,7 @@
 Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
 owns and nothing else. The update is elementwise and follows ``torch.optim.AdamW``
 (``foreach=False``, ``amsgrad=False``) operation by operation, so on identical gradients it
-gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.runtime.clip` (the same
+gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
 scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
 are all-reduced over the ``norm_group`` (one group or several in turn).
 
@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-from ..runtime import clip
+from ..optim import clip
+from ..runtime.post_validation import StepOutcome
 from .engine import ShardedDataParallel
 
 __all__ = ["AdamWConfig", "ShardedAdamW"]
@@ -34,7 +35,8 @@ class AdamWConfig:
     """Hyper-parameters of :class:`ShardedAdamW` (same meaning as ``torch.optim.AdamW``)."""
 
     lr: float = 1e-3
-    """Learning rate (may be changed between steps through ``optimizer.config.lr``)."""
+    """Learning rate of a step given none (the training loop passes each step's
+    scheduled rate to :meth:`ShardedAdamW.clip_and_step` / the post-validator)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Decay rates of the first and second moment estimates."""
     eps: float = 1e-8
@@ -108,7 +110,7 @@ class ShardedAdamW:
         mask = mask[unit.start:unit.end]
         return None if bool(mask.all()) else mask.to(unit.grad_acc.device)
 
-    # ----- global norm and clipping (odc_pp.runtime.clip) -------------------------------
+    # ----- global norm, clipping and the synchronous step (odc_pp.optim.clip) ---------
     def local_grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's owned gradients (fp32 scalar tensor)."""
         grads = [grad if mask is None else grad[mask]
@@ -116,37 +118,39 @@ class ShardedAdamW:
         return clip.local_sum_of_squares(grads, dtype=torch.float32,
                                          device=self.master[0].device)
 
-    def local_has_nonfinite(self) -> bool:
-        """True if any owned gradient element is inf or nan."""
-        return clip.has_nonfinite(self.engine.owned_grads())
-
     def grad_state(self) -> clip.GradState:
         """Global gradient state: the owned shares reduced over the ``norm_group``."""
         return clip.global_grad_state(self.local_grad_norm_sq(), self.norm_groups,
                                       device=self.master[0].device,
                                       timeout_s=self.engine.group.config.timeout_s)
 
-    def grad_norm(self) -> float:
-        """Global L2 norm of the minibatch gradient (inf if any element is inf or nan)."""
-        return self.grad_state().norm
-
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scale the owned gradients so the global norm is at most ``max_norm``, like
-        ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping. An inf/nan
-        gradient leaves them unscaled and returns inf: skip the step then."""
+    def clip_and_step(self, max_norm: float | None, *, lr: float | None = None) -> StepOutcome:
+        """The synchronous step after ``engine.finish_minibatch()``: reduce the global
+        gradient state over the ``norm_group``; an inf/nan gradient on any rank drops this
+        minibatch's gradients and keeps the weights ("skipped", on every rank alike);
+        otherwise scale the owned gradients so the global norm is at most ``max_norm``
+        (as ``torch.nn.utils.clip_grad_norm_``; None or 0: no clipping) and step at
+        ``lr`` (None: ``config.lr``). The outcome carries the norm before clipping."""
         state = self.grad_state()
-        clip.clip_(self.engine.owned_grads(), state, max_norm)
-        return state.norm
+        if not state.finite:
+            self.finish_step()
+            return StepOutcome(grad_norm=state.norm, action="skipped")
+        clipped = bool(max_norm) and clip.clip_(self.engine.owned_grads(), state, max_norm)
+        self.step(lr=lr)
+        return StepOutcome(grad_norm=state.norm, action="clipped" if clipped else "accepted")
 
     # ----- update ----------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, *, finish: bool = True, grads: list[torch.Tensor] | None = None) -> None:
-        """One AdamW update of the owned shards from the accumulated gradients (or
-        ``grads``, one tensor per owned shard), then (with ``finish``)
-        ``engine.finish_step()``: zero the accumulators and publish the new shards."""
+    def step(self, *, lr: float | None = None, finish: bool = True,
+             grads: list[torch.Tensor] | None = None) -> None:
+        """One AdamW update of the owned shards at learning rate ``lr`` (None:
+        ``config.lr``) from the accumulated gradients (or ``grads``, one tensor per owned
+        shard), then (with ``finish``) ``engine.finish_step()``: zero the accumulators and
+        publish the new shards."""
         self.step_count += 1
         beta1, beta2 = self.config.betas
-        lr, eps, weight_decay = self.config.lr, self.config.eps, self.config.weight_decay
+        lr = self.config.lr if lr is None else lr
+        eps, weight_decay = self.config.eps, self.config.weight_decay
         bias_correction1 = 1 - beta1 ** self.step_count
         bias_correction2 = 1 - beta2 ** self.step_count
         step_size = lr / bias_correction1
@@ -195,7 +199,7 @@ class ShardedAdamW:
     def snapshot(self) -> dict:
         """Copy of the owned state and gradients, for :meth:`restore` / :meth:`redo_clipped`
         (``finish_step`` zeroes the accumulators for the next minibatch)."""
-        return dict(self.state_dict(), lr=self.config.lr,
+        return dict(self.state_dict(),
                     grads=[grad.detach().clone() for grad in self.engine.owned_grads()])
 
     def restore(self, snapshot: dict) -> None:
@@ -204,21 +208,17 @@ class ShardedAdamW:
         self.load_state_dict(snapshot)
 
     # ----- PostValidationTarget ----------------------------------------------------------
-    def step_eagerly(self) -> None:
-        """:meth:`step` without publishing (``finish=False``)."""
-        self.step(finish=False)
+    def step_eagerly(self, lr: float | None = None) -> None:
+        """:meth:`step` at ``lr`` without publishing (``finish=False``)."""
+        self.step(lr=lr, finish=False)
 
     @torch.no_grad()
-    def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
+    def redo_clipped(self, snapshot: dict, coefficient: float, lr: float | None = None) -> None:
         """Roll back to ``snapshot``, scale its kept gradients by ``coefficient`` and
-        step again on them at the snapshot's learning rate, unpublished."""
+        step again on them at ``lr`` (the eager step's), unpublished."""
         self.restore(snapshot)
         clip.scale_(snapshot["grads"], coefficient)
-        current_lr, self.config.lr = self.config.lr, snapshot["lr"]
-        try:
-            self.step(finish=False, grads=snapshot["grads"])
-        finally:
-            self.config.lr = current_lr
+        self.step(lr=lr, finish=False, grads=snapshot["grads"])
 
     def finish_step(self) -> None:
         """Zero the accumulators and publish the owned shards (``engine.finish_step()``)."""

@@ -44,11 +44,17 @@ def gather_collective(output: torch.Tensor, shard: torch.Tensor, process_group) 
 def reduce_scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, process_group,
                               valid: int):
     """Starts the reduce-scatter; returns (work, finish) where finish() adds the result
-    (first `valid` elements) into the accumulator once the work is done."""
+    (first `valid` elements) into the (fp32) accumulator once the work is done.
+
+    The reduce-scatter runs in ``input``'s dtype: the bytes the one-sided backend pushes
+    (a bf16 gradient travels as bf16 there too), so the collective baseline moves the same
+    volume; as megatron's default (no ``--accumulate-allreduce-grads-in-fp32``), the sum
+    over ranks is then rounded to that dtype, where the one-sided backend adds each
+    contribution into fp32."""
     world_size = dist.get_world_size(process_group)
     shard_size = accumulator.numel()
-    padded = _padded(input, shard_size * world_size, torch.float32)
-    result = torch.empty(shard_size, dtype=torch.float32, device=accumulator.device)
+    padded = _padded(input, shard_size * world_size, input.dtype)
+    result = torch.empty(shard_size, dtype=input.dtype, device=accumulator.device)
     work = dist.reduce_scatter_tensor(result, padded, group=process_group, async_op=True)
 
     def finish() -> None:

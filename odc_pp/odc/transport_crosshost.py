@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from odc_pp import _C
 from odc_pp.odc.transport_host import Locator, drain, dtype_code, wait_all
-from odc_pp.odc.transport_path import Work, shard_range
+from odc_pp.odc.transport_path import Work, peer_order, shard_range
 
 __all__ = ["CrossHostLink", "CrossHostPath"]
 
@@ -252,7 +252,8 @@ class CrossHostPath:
                  accumulate: Accumulator):
         self.rank = rank
         self.world_size = world_size
-        self.peers = [peer for peer in range(world_size) if not local[peer]]
+        self.peers = peer_order([peer for peer in range(world_size) if not local[peer]],
+                                rank, world_size)  # gathers' order
         self.link = CrossHostLink(rank=rank, world_size=world_size, global_ranks=global_ranks,
                                   uid=uid, timeout_s=timeout_s, resolve=resolve,
                                   accumulate=accumulate)

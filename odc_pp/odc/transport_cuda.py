@@ -4,9 +4,15 @@ events for completion, and :class:`CudaIpcPath`, the path to same-host peers' GP
 (see the contract in :mod:`odc_pp.odc.transport_path`). Uses odc_pp._C_cuda, which is
 built where nvcc is found.
 
-Streams: per device, one *gather* stream (gather, get: reads of peers' memory) and one
-*push* stream (scatter_accumulate, put, the deterministic sync's adds: writes into
-peers' memory), so a parameter gather never queues behind gradient pushes.
+Streams: per device, one *gather* stream per owner (gather, get: reads of that peer's
+memory; a gather's copies from different owners run side by side, visited in the order
+``(rank + i) % world_size`` so the readers spread over the owners) and one *push* stream
+(scatter_accumulate, put, the deterministic sync's adds: writes into peers' memory), so a
+parameter gather never queues behind gradient pushes.
+
+Peer access: a group maps peers' memory only after :func:`ipc_peer_problem` found every
+peer's GPU visible and peer-accessible; the trainer checks it up front
+(:func:`cuda_ipc_problem`) and falls back to the collective path with a message.
 
 Ordering with torch: every operation first makes its stream wait for the caller's current
 stream (so inputs written there are ready); a blocking gather or get then makes the
@@ -36,10 +42,10 @@ import torch
 
 from odc_pp import _C
 from odc_pp.odc.transport_host import Allocation, Locator, drain, dtype_code, wait_all
-from odc_pp.odc.transport_path import Work, shard_range
+from odc_pp.odc.transport_path import Work, peer_order, shard_range
 
 __all__ = ["cuda_backend", "DeviceBuffer", "PeerMapping", "CudaStream", "CudaIpcPath",
-           "device_identity", "native_peer_atomics"]
+           "device_identity", "native_peer_atomics", "ipc_peer_problem", "cuda_ipc_problem"]
 
 
 def cuda_backend():
@@ -63,6 +69,54 @@ def native_peer_atomics(device_index: int, peer_bus_ids: list[str]) -> bool:
     backend = cuda_backend()
     return all(backend.native_peer_atomics(device_index, backend.device_by_pci_bus_id(bus))
                for bus in peer_bus_ids)
+
+
+def ipc_peer_problem(device_index: int, peer_bus_ids: dict[int, str], *, locate=None,
+                     can_access=None) -> str | None:
+    """Why this process cannot map the GPU memory of the peers (group rank -> PCI bus id)
+    through CUDA IPC, or None when it can: a peer's GPU that this process does not see
+    (one GPU per process: ``CUDA_VISIBLE_DEVICES`` per rank, SLURM
+    ``--gpus-per-task=1``, Kubernetes), or two GPUs without peer access
+    (``torch.cuda.can_device_access_peer``). ``locate``/``can_access``: the CUDA queries
+    (tests pass mocks)."""
+    locate = locate if locate is not None else cuda_backend().device_by_pci_bus_id
+    can_access = can_access if can_access is not None else torch.cuda.can_device_access_peer
+    for rank, bus in sorted(peer_bus_ids.items()):
+        peer = locate(bus)
+        if peer < 0:
+            return (f"the GPU of group rank {rank} (PCI {bus}) is not visible in this "
+                    "process (one GPU per process, e.g. CUDA_VISIBLE_DEVICES per rank or "
+                    "SLURM --gpus-per-task=1)")
+        if peer != device_index and not can_access(device_index, peer):
+            return (f"cuda:{device_index} has no peer access to cuda:{peer} (PCI {bus}, "
+                    f"group rank {rank})")
+    return None
+
+
+def cuda_ipc_problem(process_group, device: torch.device) -> str | None:
+    """:func:`ipc_peer_problem` for every member of ``process_group`` (collective over
+    it; the same answer on every member): None when every member can map every other's
+    GPU memory, else the first member's reason, naming it."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(process_group)
+    me = dist.get_rank(process_group)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        bus = device_identity(index)
+    except ValueError as error:  # odc_pp._C_cuda missing
+        bus, problem = None, str(error)
+    buses = [None] * world
+    dist.all_gather_object(buses, bus, group=process_group)
+    if bus is not None:
+        if None in buses:
+            problem = "a member has no CUDA transport (odc_pp._C_cuda)"
+        else:
+            problem = ipc_peer_problem(index, {r: b for r, b in enumerate(buses) if r != me})
+    problems = [None] * world
+    dist.all_gather_object(problems, problem, group=process_group)
+    return next((f"group rank {rank}: {text}" for rank, text in enumerate(problems) if text),
+                None)
 
 
 class DeviceBuffer:
@@ -171,7 +225,8 @@ class CudaIpcPath:
         self.host = host
         self.rank = host.rank
         self.world_size = host.world_size
-        self.peers = list(range(self.world_size))
+        self.peers = peer_order(range(self.world_size), self.rank, self.world_size)
+        """Every member, in the gathers' order ``(rank + i) % world_size``."""
         self.timeout_s = timeout_s
         self.devices: set[int] = set()
         """Devices holding this rank's symmetric buffers (their streams are flushed)."""
@@ -182,10 +237,11 @@ class CudaIpcPath:
         self._streams: dict[tuple[str, int], CudaStream] = {}
         self._pending: list[Work] = []
 
-    def stream(self, device: torch.device, kind: str) -> CudaStream:
-        """The ``kind`` ("gather" or "push") stream of ``device``."""
+    def stream(self, device: torch.device, kind: str, peer: int | None = None) -> CudaStream:
+        """The ``kind`` ("gather" or "push") stream of ``device``; reads have one stream
+        per ``peer``, so the copies from different owners run side by side."""
         index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (kind, index)
+        key = (kind, index, peer)
         if key not in self._streams:
             self._streams[key] = CudaStream(index)
         return self._streams[key]
@@ -207,24 +263,30 @@ class CudaIpcPath:
     def gather(self, output: torch.Tensor, shard: torch.Tensor,
                async_op: bool = False) -> Work | None:
         allocation, offset = self._locate(shard, "shard")
-        stream = self.stream(output.device, "gather")
-        stream.after_current()
         flat = output.view(-1)
         numel, element = flat.numel(), flat.element_size()
+        done = []  # (stream, event) per owner, owners in self.peers' order
         for peer in self.peers:
             start, end = shard_range(numel, peer, self.world_size)
             if end > start:
+                stream = self.stream(output.device, "gather", peer)
+                stream.after_current()
                 stream.copy(flat.data_ptr() + start * element,
                             allocation.peer_bases[peer] + offset, (end - start) * element)
+                done.append((stream, stream.record()))
+
+        def current_waits(timeout=None) -> None:
+            for stream, event in done:
+                stream.current_waits(event)
+
         if not async_op:
-            stream.current_waits()
+            current_waits()
             return None
-        event = stream.record()
-        return Work(waiter=lambda timeout: stream.current_waits(event))
+        return Work(waiter=current_waits)
 
     def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
         allocation, offset = self._locate(remote, "remote")
-        stream = self.stream(output.device, "gather")
+        stream = self.stream(output.device, "gather", peer)
         stream.after_current()
         stream.copy(output.data_ptr(), allocation.peer_bases[peer] + offset,
                     output.numel() * output.element_size())

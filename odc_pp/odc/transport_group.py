@@ -232,7 +232,7 @@ class OdcGroup:
 
     def _allocate_cuda(self, alloc_id, shape, dtype, nbytes, device) -> torch.Tensor:
         from odc_pp.odc.transport_cuda import (DeviceBuffer, PeerMapping, device_identity,
-                                               native_peer_atomics)
+                                               ipc_peer_problem, native_peer_atomics)
         if not all(self.local):
             raise ValueError("CUDA symmetric tensors need every member on one host (CUDA IPC); "
                              "the cross-host path carries CPU tensors only: make one group "
@@ -245,6 +245,12 @@ class OdcGroup:
         native = [True]
 
         def open_peers():
+            problem = ipc_peer_problem(buffer.device_index, {
+                r: info["bus_id"] for r, info in enumerate(infos) if r != self.rank})
+            if problem is not None:
+                raise ValueError(f"CUDA IPC cannot map the peers' memory: {problem}; use "
+                                 "--dp-mode collective (TransportConfig(backend="
+                                 "'collective'))")
             for peer in range(self.world_size):
                 if peer != self.rank:
                     peers[peer] = PeerMapping(infos[peer]["handle"], buffer.device_index)

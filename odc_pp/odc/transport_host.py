@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from odc_pp import _C
-from odc_pp.odc.transport_path import Work, shard_range
+from odc_pp.odc.transport_path import Work, peer_order, shard_range
 
 __all__ = ["SEGMENT_PREFIX", "SHM_DIR", "DTYPE_CODES", "Allocation", "SymmetricMemory",
            "HostPath", "Locator",
@@ -209,7 +209,8 @@ class HostPath:
         self.host = host
         self.rank = host.rank
         self.world_size = host.world_size
-        self.peers = [peer for peer in range(self.world_size) if local[peer]]
+        self.peers = peer_order([peer for peer in range(self.world_size) if local[peer]],
+                                self.rank, self.world_size)  # gathers' order
         self.num_threads = num_threads
         self._locate = locate
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"odcpp-acc-{self.rank}")

@@ -59,7 +59,15 @@ from typing import Callable, Protocol
 
 import torch
 
-__all__ = ["TransportPath", "Work", "shard_range", "join_works"]
+__all__ = ["TransportPath", "Work", "shard_range", "join_works", "peer_order"]
+
+
+def peer_order(peers, rank: int, world_size: int) -> list[int]:
+    """``peers`` in the order ``(rank + i) % world_size``, i = 0, 1, ...: the order every
+    path visits owners in a gather. Each rank starts at its own shard, then the next
+    rank's, so at any moment the W readers of a gather read W different owners instead
+    of all reading owner 0 first (which loads one GPU's links while the others idle)."""
+    return sorted(peers, key=lambda peer: (peer - rank) % world_size)
 
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:

@@ -1,57 +1,25 @@
-"""The one owner of the pipeline's communicator mapping.
+"""The process groups of the pipeline's communicator mapping.
 
-NCCL runs the point-to-point operations of one communicator in issue order on one stream
-(a receive blocks everything queued behind it), while gloo matches by tag. A pipeline is
-NCCL-safe by construction when every communicator carries traffic in one direction only:
-then its FIFO is exactly the sender's issue order, which the lowering keeps per ordered
-rank pair (the receiver posts its RECVs in the order of the sender's SENDs).
-
-* ``ChannelLayout.DIRECTED`` (the runtime's layout): one process group per ordered pair of
-  neighbouring pipeline ranks ``src -> dst`` (``r -> r+1`` and ``r+1 -> r``, cyclically,
-  which covers interleaved wrap-around and V-shape turns); headers, payloads, single and
-  batched sends of that direction all use it.
-* ``ChannelLayout.SHARED`` (the old layout, kept to show why it deadlocks): one pipeline
-  group for both directions; torch then runs single ops of a rank pair on one pair
-  communicator (one FIFO per unordered pair) and batched ops on the group's main one.
-
-:func:`channel_key` is what :mod:`odc_pp.schedule.validate` simulates and
-:class:`PipelineChannels` is what :mod:`odc_pp.runtime.p2p` sends on; both read the layout
-from here. Ranks are pipeline (group) ranks unless named ``global``.
+The layout itself -- which communicator a message ``src -> dst`` travels on
+(:class:`ChannelLayout`, :func:`channel_key`, :func:`neighbour_pairs`), the members a
+communicator's creation waits for and the one global warm-up order
+(:class:`Communicator`, :func:`warmup_order`) -- is torch-free and lives in
+:mod:`odc_pp.schedule.channels`, where the static NCCL model simulates it;
+:class:`PipelineChannels` holds the process groups :mod:`odc_pp.runtime.p2p` sends on.
+Ranks are pipeline (group) ranks unless named ``global``.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-__all__ = ["ChannelLayout", "channel_key", "neighbour_pairs", "PipelineChannels",
-           "create_pipeline_channels", "pipeline_channels"]
+from odc_pp.schedule.channels import (ChannelLayout, Communicator, channel_communicators,
+                                      channel_key, channel_members, neighbour_pairs,
+                                      warmup_order)
 
-
-class ChannelLayout(enum.Enum):
-    DIRECTED = "directed"
-    SHARED = "shared"
-
-
-def channel_key(layout: ChannelLayout, src: int, dst: int, *, batched: bool = False) -> tuple:
-    """The communicator a message ``src -> dst`` travels on (``batched``: issued inside a
-    ``batch_isend_irecv`` of more than one operation)."""
-    if layout is ChannelLayout.DIRECTED:
-        return ("directed", src, dst)
-    if batched:
-        return ("group",)
-    return ("pair", min(src, dst), max(src, dst))
-
-
-def neighbour_pairs(pp: int) -> list[tuple[int, int]]:
-    """Ordered pipeline-rank pairs that get a directed channel, in creation order."""
-    pairs: list[tuple[int, int]] = []
-    for rank in range(pp):
-        nxt = (rank + 1) % pp
-        for pair in ((rank, nxt), (nxt, rank)):
-            if pair[0] != pair[1] and pair not in pairs:
-                pairs.append(pair)
-    return pairs
+__all__ = ["ChannelLayout", "channel_key", "channel_members", "neighbour_pairs",
+           "PipelineChannels", "create_pipeline_channels", "pipeline_channels",
+           "Communicator", "warmup_order", "channel_communicators"]
 
 
 @dataclass(kw_only=True)
@@ -86,6 +54,11 @@ class PipelineChannels:
 
     def global_rank(self, rank: int) -> int:
         return self.ranks[rank]
+
+    def communicators(self) -> list[Communicator]:
+        """This pipeline's communicators, for the start-up warm-up."""
+        return channel_communicators(self.ranks, layout=self.layout, groups=self.groups,
+                                     shared_group=self.shared_group)
 
 
 def create_pipeline_channels(pipelines: list[list[int]], *,

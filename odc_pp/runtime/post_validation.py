@@ -22,7 +22,7 @@ parameters are those of synchronous validation. The caller pays one extra miniba
 rollback or clip, and none when the step is accepted.
 
 The norm, the non-finite check, the coefficient and the scaling are those of
-:mod:`odc_pp.runtime.clip` (shared with the synchronous step), so the outcome is bit for
+:mod:`odc_pp.optim.clip` (shared with the synchronous step), so the outcome is bit for
 bit that of a synchronous check. Optimizers compose with it through the
 :class:`PostValidationTarget` protocol:
 
@@ -50,7 +50,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from . import clip
+from odc_pp.optim import clip
 
 __all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
            "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
@@ -89,7 +89,7 @@ class PostValidationTarget(Protocol):
     Contract, in the order the wrapper calls it for one minibatch:
 
     1. :meth:`local_grad_norm_sq` -- this rank's share of the squared global gradient
-       norm, computed with :func:`odc_pp.runtime.clip.local_sum_of_squares` (an inf/NaN
+       norm, computed with :func:`odc_pp.optim.clip.local_sum_of_squares` (an inf/NaN
        gradient entry must make it non-finite, which that function guarantees). The
        shares of the ranks in the wrapper's groups must partition the model's gradient.
     2. :meth:`snapshot` (it must keep a copy of the step's gradients), then
@@ -110,15 +110,18 @@ class PostValidationTarget(Protocol):
     def snapshot(self) -> object:
         """Everything a rollback of the next :meth:`step_eagerly` needs."""
 
-    def step_eagerly(self) -> None:
-        """Apply the update from the current gradients (not yet final)."""
+    def step_eagerly(self, lr: float | None = None) -> None:
+        """Apply the update from the current gradients (not yet final) at learning rate
+        ``lr`` (None: the optimizer's own)."""
 
     def restore(self, snapshot: object) -> None:
         """Undo the eager step: parameters and optimizer state as in ``snapshot``."""
 
-    def redo_clipped(self, snapshot: object, coefficient: float) -> None:
+    def redo_clipped(self, snapshot: object, coefficient: float,
+                     lr: float | None = None) -> None:
         """Undo the eager step and step again on that step's gradients (kept in
-        ``snapshot``) scaled by ``coefficient`` (with :func:`odc_pp.runtime.clip.scale_`)."""
+        ``snapshot``) scaled by ``coefficient`` (with :func:`odc_pp.optim.clip.scale_`),
+        at ``lr``: the learning rate the eager step was given."""
 
     def finish_step(self) -> None:
         """Publish the parameters and clear the gradients."""
@@ -156,7 +159,10 @@ class TorchOptimizerTarget:
                       for p in self.params],
         }
 
-    def step_eagerly(self) -> None:
+    def step_eagerly(self, lr: float | None = None) -> None:
+        if lr is not None:  # a given rate replaces every param group's
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
 
     @torch.no_grad()
@@ -170,7 +176,8 @@ class TorchOptimizerTarget:
                 self.optimizer.state.pop(param, None)
 
     @torch.no_grad()
-    def redo_clipped(self, snapshot: dict, coefficient: float) -> None:
+    def redo_clipped(self, snapshot: dict, coefficient: float,
+                     lr: float | None = None) -> None:
         self.restore(snapshot)
         clip.scale_([grad for grad in snapshot["grads"] if grad is not None], coefficient)
         for param, grad in zip(self.params, snapshot["grads"]):
@@ -179,6 +186,8 @@ class TorchOptimizerTarget:
                    for group in self.optimizer.param_groups]
         for group, hyper in zip(self.optimizer.param_groups, snapshot["hyper"]):
             group.update(hyper)  # the eager step's learning rate etc.
+            if lr is not None:
+                group["lr"] = lr
         self.optimizer.step()
         for group, hyper in zip(self.optimizer.param_groups, current):
             group.update(hyper)
@@ -224,8 +233,9 @@ class PostValidatedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.target.zero_grad(set_to_none=set_to_none)
 
-    def step(self) -> None:
-        """Start the global grad-state reduction, snapshot, step eagerly and publish."""
+    def step(self, lr: float | None = None) -> None:
+        """Start the global grad-state reduction, snapshot, step eagerly at ``lr`` (None:
+        the optimizer's own learning rate) and publish."""
         if self._pending is not None:
             raise ValueError("PostValidatedOptimizer.step(): the previous step is not "
                              "validated yet; call validate() first (a rollback there "
@@ -234,9 +244,9 @@ class PostValidatedOptimizer:
                                             device=self.device,
                                             timeout_s=self.config.timeout_s)
         snapshot = self.target.snapshot()
-        self.target.step_eagerly()
+        self.target.step_eagerly(lr)
         self.target.finish_step()
-        self._pending = (reduction, snapshot)
+        self._pending = (reduction, snapshot, lr)
 
     def validate(self) -> StepOutcome | None:
         """Finish the pending step (see module docstring); None if nothing is pending.
@@ -244,7 +254,7 @@ class PostValidatedOptimizer:
         were dropped: repeat the minibatch that produced them."""
         if self._pending is None:
             return None
-        reduction, snapshot = self._pending
+        reduction, snapshot, lr = self._pending
         self._pending = None
         state = reduction.wait()
         max_norm = self.config.max_grad_norm
@@ -254,7 +264,7 @@ class PostValidatedOptimizer:
         elif max_norm is not None and \
                 (coefficient := clip.clip_coefficient(state.norm, max_norm,
                                                       self.config.eps)) < 1.0:
-            self.target.redo_clipped(snapshot, coefficient)
+            self.target.redo_clipped(snapshot, coefficient, lr)
             outcome = StepOutcome(grad_norm=state.norm, action="clipped")
         else:
             outcome = StepOutcome(grad_norm=state.norm, action="accepted")

@@ -19,6 +19,15 @@ from CUDA events (:class:`~odc_pp.runtime.timing.ActionClock`), host clocks only
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
 actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
 
+Sample costs for the data planner: with the microbatches passed to :meth:`Profiler.record`,
+each microbatch's compute time on this rank (F + B + W over its chunks) is kept with the
+positions it executed (``linear`` = rows x row length, ``quadratic`` = rows x row length^2:
+padded rows and packed rows alike), and :meth:`Profiler.sample_cost_model` fits the
+measured seconds per token and per token^2
+(:func:`~odc_pp.data.load_balance.fit_microbatch_costs`) that ``--sample-cost-model``
+feeds every load-balance mode. On pp = 1 that is the whole model's cost; on pp > 1 this
+stage's share.
+
 Memory deltas (``CostModel.mem_f/mem_b/mem_w``, in microbatch-chunk units) come from the
 bytes each F saves (``activation_bytes``) and the bytes each B leaves held for its W
 (``wgrad_bytes``): per stage ``r = held / saved``, F adds 1, B ``r - 1`` and W ``-r``
@@ -36,6 +45,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..data.load_balance import FittedCost, fit_microbatch_costs
 from ..schedule.costs import CostModel
 from ..schedule.ir import ActionKind, Schedule
 from .runtime import MinibatchResult
@@ -73,11 +83,17 @@ class Profiler:
         self._transfers: list[float] = []
         self._message_cpu: dict[str, list[float]] = {"send": [], "recv": []}
         self.t_comm: float | None = None
+        self._sample_points: list[tuple[float, float, float]] = []
 
-    def record(self, result: MinibatchResult) -> None:
+    def record(self, result: MinibatchResult, microbatches=None) -> None:
+        """Keep ``result``'s timings (past the warm-up); with ``microbatches`` (the list run,
+        each with ``tokens [rows, length]``) also each microbatch's compute seconds for
+        :meth:`sample_cost_model`."""
         self._seen += 1
         if self._seen <= self.config.warmup_minibatches:
             return
+        if microbatches is not None:
+            self._record_samples(result, microbatches)
         for timing in result.timings:
             if timing.action.is_compute:
                 stage = self.schedule.stage_of(self.rank, timing.action.chunk)
@@ -89,6 +105,27 @@ class Profiler:
             self._bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
         for (chunk, _), nbytes in getattr(result, "wgrad_bytes", {}).items():
             self._wgrad_bytes[self.schedule.stage_of(self.rank, chunk)].append(nbytes)
+
+    def _record_samples(self, result: MinibatchResult, microbatches) -> None:
+        seconds: dict[int, float] = defaultdict(float)
+        for timing in result.timings:
+            if timing.action.is_compute:
+                seconds[timing.action.microbatch] += timing.busy
+        for index, microbatch in enumerate(microbatches):
+            if index in seconds:
+                rows, length = (int(v) for v in microbatch.tokens.shape)
+                self._sample_points.append((rows * length, rows * length * length,
+                                            seconds[index]))
+
+    def sample_cost_model(self) -> FittedCost:
+        """Measured seconds per token, per token^2 and per microbatch row (``c``) of this
+        rank's microbatches (needs
+        ``record(..., microbatches)`` with at least two different shapes)."""
+        if len({(lin, quad) for lin, quad, _ in self._sample_points}) < 3:
+            raise ValueError("the sample cost fit needs microbatches of at least three "
+                             "different shapes recorded past the warm-up")
+        linear, quadratic, times = zip(*self._sample_points)
+        return fit_microbatch_costs(linear, quadratic, times, with_constant=True)
 
     def _record_messages(self, result: MinibatchResult) -> None:
         """Per-message CPU time of SEND (a batch's busy time split over its sends) and
@@ -154,19 +191,6 @@ class Profiler:
         self.stage_costs = {stage: measured for part in gathered
                             for stage, measured in part["stages"].items()}
         return costs
-
-    def replan(self, name: str = "zb-auto", *, costs: CostModel | None = None,
-               num_microbatches: int | None = None, memory_limit: float | None = None,
-               **options) -> Schedule:
-        """A lowered schedule of family ``name`` planned with the measured costs."""
-        from ..schedule.generators import generate
-        from ..schedule.lowering import lower
-
-        costs = costs if costs is not None else self.cost_model()
-        schedule = generate(name, pp=self.schedule.pp,
-                            num_microbatches=num_microbatches or self.schedule.num_microbatches,
-                            costs=costs, memory_limit=memory_limit, **options)
-        return lower(schedule, costs)
 
 
 def merge_measurements(gathered: list[dict], num_stages: int) -> CostModel:

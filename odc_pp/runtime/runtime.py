@@ -34,6 +34,7 @@ The loss sum stays on the device until the minibatch ends (one transfer per mini
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -189,23 +190,35 @@ class PipelineRuntime:
         if self._prepost is None:
             self._prepost = (config.shapes_from_microbatch
                              and dist.get_backend(pp_group) == "gloo")
+        self.transport.receives_preposted = bool(self._prepost)
         self.schedule: Schedule | None = None
         """The schedule of the current (or last) minibatch."""
         self.actions: list[Action] = []
+        self._step_lr: float | None = None
 
     # ----- public ----------------------------------------------------------------
     def run_minibatch(self, schedule: Schedule, microbatches: Sequence[Microbatch], *,
-                      global_num_tokens: int | None = None) -> MinibatchResult:
-        """Run every action of this rank in ``schedule`` (lowered) for one minibatch.
+                      global_num_tokens: int | None = None,
+                      max_microbatches: int | None = None,
+                      step_lr: float | None = None) -> MinibatchResult:
+        """Run every action of this rank in ``schedule`` (lowered) for one minibatch; the
+        data-parallel hooks open it (``begin_minibatch``) and close it
+        (``finish_minibatch``, at POST_VALIDATION or the end).
 
         ``global_num_tokens``: tokens the loss is normalised by; default: the tokens of
         ``microbatches`` (pass the sum over data-parallel replicas when dp > 1).
+        ``max_microbatches``: the largest microbatch count of any replica (collective data
+        parallelism pads to it). ``step_lr``: learning rate of the post_validator's eager
+        step (None: the optimizer's own).
         """
         if len(microbatches) != schedule.num_microbatches:
             raise ValueError(f"schedule {schedule.name!r} expects "
                              f"{schedule.num_microbatches} microbatches, "
                              f"got {len(microbatches)}")
         self._use(schedule)
+        self.dp_hooks.begin_minibatch(max_microbatches=max_microbatches,
+                                      num_microbatches=len(microbatches))
+        self._step_lr = step_lr
         self._begin(microbatches, global_num_tokens)
         started = time.perf_counter()
         self._clock.restart()
@@ -267,6 +280,7 @@ class PipelineRuntime:
         self._pending_recv: dict[tuple, object] = {}
         self.store.reset_peak()
         self.wgrad_queue.reset_held_bytes()
+        self.transport.max_inflight_sends = 0
         if self._prepost:
             self._post_all_receives()
 
@@ -304,7 +318,7 @@ class PipelineRuntime:
         if self._validated is not None and self._validated.action != "accepted":
             self._repeat = True  # the validator dropped this minibatch's gradients
         else:
-            self.post_validator.step()
+            self.post_validator.step(self._step_lr)
 
     def _run_action(self, action: Action) -> None:
         kind = action.kind
@@ -332,7 +346,7 @@ class PipelineRuntime:
         if stage > 0:
             hidden = self._take_activation(chunk, microbatch).detach().requires_grad_()
         data = self._microbatches[microbatch]
-        capture = self.store.capture(key) if self._track else _nullcontext()
+        capture = self.store.capture(key) if self._track else contextlib.nullcontext()
         with capture:
             output = self.chunks[chunk](hidden, data)
             if stage == self.schedule.num_stages - 1:
@@ -413,6 +427,7 @@ class PipelineRuntime:
         """Post the group's receives (each timed alone), then issue its sends together
         (one timing shared by them): the profiler measures per-message CPU cost."""
         sends = [a for a in actions if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)]
+        self.transport.reap_sends()  # sent tensors live only while in flight
         for action in actions:
             if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
                 self._timed([action], self._remember_recv, started)
@@ -537,11 +552,3 @@ class PipelineRuntime:
                         f"schedule {schedule.name!r} is not lowered: rank {self.rank}'s "
                         f"{action.short()} needs a {kind.value} action; run it through "
                         "odc_pp.schedule.lowering.lower (or lower_communication) first")
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

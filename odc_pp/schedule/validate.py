@@ -19,7 +19,9 @@
    in list order (``costs``' deltas, OFFLOAD ``-mem_f``, RELOAD ``+mem_f``) never exceeds
    the limit;
 7. NCCL order, when ``nccl_layout`` is given (lowered schedules): :func:`check_nccl_order`
-   replays what the runtime issues under NCCL semantics on that communicator layout.
+   (:mod:`odc_pp.schedule.nccl_order`) replays what the runtime issues under NCCL
+   semantics on that communicator layout: creation rendezvous (after the start-up
+   warm-up), FIFO per communicator, rendezvous sends.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _where(rank: int, position: int, action: Action) -> str:
 def validate(schedule: Schedule, costs: CostModel | None = None,
              memory_limit: float | None = None, *, nccl_layout=None) -> None:
     """Raise ScheduleError unless ``schedule`` passes every check in the module doc.
-    ``nccl_layout``: a :class:`odc_pp.runtime.p2p_channels.ChannelLayout` to also check
+    ``nccl_layout``: a :class:`odc_pp.schedule.channels.ChannelLayout` to also check
     the lowered order under NCCL semantics on it."""
     _check_fields(schedule)
     _check_coverage(schedule)
@@ -303,143 +305,6 @@ def _describe(schedule: Schedule, key: tuple) -> str:
     return f"{tag} of chunk {chunk} microbatch {mb} on rank {rank}"
 
 
-# ----- 7. NCCL order ---------------------------------------------------------------
-def check_nccl_order(schedule: Schedule, layout=None, *, batch_sends: bool = True) -> None:
-    """Replay the runtime's operations of a lowered ``schedule`` under NCCL semantics and
-    raise ScheduleError naming the stuck ranks and actions if they deadlock.
-
-    Model (what :class:`odc_pp.runtime.PipelineRuntime` issues, receives not pre-posted,
-    shapes known so one operation per message): a run of consecutive SEND/RECV actions
-    posts each RECV as one non-blocking ``irecv``, then its SENDs together -- one
-    ``batch_isend_irecv`` per communicator when ``batch_sends`` and more than one,
-    else single ``isend``s. Communicators come from ``channel_key(layout, ...)``
-    (default layout: DIRECTED). Per rank and communicator, operations (a batch counts as
-    one) run strictly in issue order; the head's send to ``p`` completes only when ``p``'s
-    head on that communicator has the matching receive (conservative rendezvous), and
-    a receive blocks what is queued behind it. A compute waits for the receive of its
-    input; the rank's end waits for all its sends."""
-    from ..runtime.p2p_channels import ChannelLayout, channel_key  # torch-free
-
-    layout = ChannelLayout.DIRECTED if layout is None else layout
-    pp = schedule.pp
-    # op: [is_send, peer, message, done, (rank, position, action)]
-    queues: dict[tuple[int, tuple], list[list[list]]] = defaultdict(list)
-    recv_op: list[dict[tuple, list]] = [{} for _ in range(pp)]
-    sends_open = [0] * pp
-    pointer = [0] * pp
-
-    def issue(rank: int, position: int) -> int:
-        actions = schedule.ranks[rank]
-        end = position
-        while end < len(actions) and actions[end].kind in COMM_KINDS:
-            end += 1
-        sends: dict[tuple, list[list]] = defaultdict(list)
-        order: list[tuple] = []
-        for index in range(position, end):
-            action = actions[index]
-            message, src, dst, _ = _producer_and_consumer(schedule, action)
-            sending = action.kind in (ActionKind.SEND_F, ActionKind.SEND_B)
-            op = [sending, action.peer, message, False, (rank, index, action)]
-            if not sending:
-                queues[(rank, channel_key(layout, src, dst))].append([op])
-                recv_op[rank][message] = op
-                continue
-            sends_open[rank] += 1
-            key = channel_key(layout, src, dst, batched=True)
-            if key not in sends:
-                order.append(key)
-            sends[key].append(op)
-        for key in order:
-            ops = sends[key]
-            if batch_sends and len(ops) > 1:
-                queues[(rank, key)].append(ops)
-            else:
-                for op in ops:
-                    queues[(rank, channel_key(layout, rank, op[1]))].append([op])
-        return end
-
-    def needs(rank: int, action: Action):
-        stage = schedule.stage_of(rank, action.chunk) if action.chunk >= 0 else -1
-        if action.kind is ActionKind.F and stage > 0:
-            producer, tag = stage - 1, "F"
-        elif action.kind in _BACKWARD and stage < schedule.num_stages - 1:
-            producer, tag = stage + 1, "B"
-        else:
-            return None
-        if schedule.locate(producer)[0] == rank:
-            return None
-        return recv_op[rank].get((tag, producer, action.microbatch), "missing")
-
-    def advance(rank: int) -> bool:
-        moved = False
-        actions = schedule.ranks[rank]
-        while pointer[rank] < len(actions):
-            action = actions[pointer[rank]]
-            if action.kind in COMM_KINDS:
-                pointer[rank] = issue(rank, pointer[rank])
-                moved = True
-                continue
-            op = needs(rank, action)
-            if op == "missing":
-                raise ScheduleError(f"{_where(rank, pointer[rank], action)}: no RECV of its "
-                                    "input was issued before it")
-            if op is not None and not op[3]:
-                break
-            pointer[rank] += 1
-            moved = True
-        return moved
-
-    def match() -> bool:
-        moved = False
-        for (rank, key), entries in list(queues.items()):
-            if not entries:
-                continue
-            for op in entries[0]:
-                if not op[0] or op[3]:
-                    continue
-                other = queues.get((op[1], key))
-                if not other:
-                    continue
-                recv = next((o for o in other[0] if not o[0] and not o[3] and o[1] == rank),
-                            None)
-                if recv is None:
-                    continue
-                if recv[2] != op[2]:
-                    raise ScheduleError(
-                        f"{_where(*recv[4])} would receive {op[2][0]} of stage {op[2][1]} "
-                        f"microbatch {op[2][2]} sent by {_where(*op[4])} (NCCL matches in "
-                        f"order on communicator {key})")
-                op[3] = recv[3] = True
-                sends_open[rank] -= 1
-                moved = True
-        for entries in queues.values():
-            while entries and all(o[3] for o in entries[0]):
-                entries.pop(0)
-                moved = True
-        return moved
-
-    progress = True
-    while progress:
-        progress = False
-        for rank in range(pp):
-            progress |= advance(rank)
-        progress |= match()
-    stuck = [r for r in range(pp) if pointer[r] < len(schedule.ranks[r]) or sends_open[r]]
-    if stuck:
-        lines = []
-        for rank in stuck:
-            if pointer[rank] < len(schedule.ranks[rank]):
-                action = schedule.ranks[rank][pointer[rank]]
-                what = f"{_where(rank, pointer[rank], action)} waits for its RECV"
-            else:
-                what = f"rank {rank} end waits for its sends"
-            heads = [f"{key}: {', '.join(_where(*o[4]) for o in entries[0])}"
-                     for (r, key), entries in queues.items() if r == rank and entries]
-            lines.append(f"{what}; queue heads {'; '.join(heads)}")
-        raise ScheduleError(f"deadlock under NCCL semantics ({layout.value} channels): "
-                            + " | ".join(lines))
-
-
 # ----- 6. memory --------------------------------------------------------------------
 def _delta(action: Action, costs: CostModel) -> float:
     if action.kind is ActionKind.OFFLOAD:
@@ -474,3 +339,7 @@ def _check_memory(schedule: Schedule, costs: CostModel, memory_limit: float) -> 
                 action = schedule.ranks[rank][position]
                 raise ScheduleError(f"{_where(rank, position, action)}: activation memory "
                                     f"{memory:g} exceeds the limit {memory_limit:g}")
+
+
+# check 7 lives in its own module; it uses this module's helpers, hence the late import
+from .nccl_order import check_nccl_order  # noqa: E402

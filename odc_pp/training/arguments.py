@@ -40,6 +40,7 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
 
@@ -106,6 +107,10 @@ class ModelArgs:
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""
+    packed_attention: str = "auto"
+    """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
+    on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
+    (docs/gpu.md)."""
 
 
 @dataclass(kw_only=True)
@@ -128,11 +133,18 @@ class ParallelArgs:
     dp_mode: str = "odc"
     """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
     dp_ranks_per_host: int | None = None
-    """hierarchical: data-parallel ranks per host (default: local processes / pp)."""
+    """hierarchical: data-parallel ranks per host (default: local processes / (pp x tp),
+    the model copies one host holds)."""
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
     distributed_timeout_minutes: float = 5.0
     """Longest wait on a peer before the job fails."""
+
+    def ranks_per_host(self, local_world_size: int) -> int:
+        """hierarchical: data-parallel ranks per host -- --dp-ranks-per-host, or the
+        host's processes / (pp x tp)."""
+        copy = self.pipeline_model_parallel_size * self.tensor_model_parallel_size
+        return self.dp_ranks_per_host or max(1, local_world_size // copy)
 
 
 @dataclass(kw_only=True)
@@ -200,7 +212,16 @@ class DataArgs:
     """Pack each microbatch's samples back to back into one row (per-sample positions, no
     attention across samples, no padding); the row holds at most
     --max-tokens-per-microbatch (default --micro-batch-size x --seq-length) tokens, and
-    --load-balance lb-mini balances the packed rows by their attention-aware cost."""
+    --load-balance lb-mini balances the packed rows by their attention-aware cost. On by
+    default with --load-balance lb-mini (the ODC paper's setting; see docs/planner.md)."""
+    no_pack_sequences: bool = False
+    """With --load-balance lb-mini: padded rows instead of the default packing (lb-mini
+    then groups similar lengths, at most --micro-batch-size samples per microbatch unless
+    --max-tokens-per-microbatch caps count x longest)."""
+    sample_cost_model: str | None = None
+    """JSON file {"a": s/token^2, "b": s/token, "c": s/row} of measured costs (written by
+    benchmarks/bench_planner_validation.py --measure from the profiler) that every
+    load-balance mode weighs samples and microbatches with; default: the FLOPs formula."""
     load_balance: str = "none"
     """Assignment of samples to data-parallel ranks and microbatches: none (strided
     equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
@@ -263,6 +284,10 @@ class LoggingArgs:
     """Plain log lines instead of a progress bar."""
     schedule_png: str | None = None
     """Write the schedule timeline picture here (rank 0)."""
+    trace: str | None = None
+    """Write a Chrome/Perfetto trace (torch profiler ``traceEvents`` JSON) of the measured
+    F, B, W, communication, offload and step/sync time, one track per rank, to this file
+    (rank 0 gathers every rank's timings), and the measured schedule picture beside it."""
     log_activation_memory: bool = False
     """Count every microbatch's saved activations (saved-tensor hooks, a few percent of step
     time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
@@ -348,10 +373,10 @@ class TrainingArgs:
                 f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
                 f"one-chunk schedule")
         if self.parallel.dp_mode == "hierarchical":
-            per_host = self.parallel.dp_ranks_per_host or max(1, (local_world_size or world_size) // pp)
+            per_host = self.parallel.ranks_per_host(local_world_size or world_size)
             if dp % per_host:
                 raise ValueError(f"--dp-ranks-per-host {per_host} (default: processes per host"
-                                 f" / pp) does not divide the data-parallel size {dp}")
+                                 f" / (pp x tp)) does not divide the data-parallel size {dp}")
         if self.data.max_tokens_per_microbatch is None and \
                 self.data.global_batch_size % (self.data.micro_batch_size * dp):
             raise ValueError(f"--global-batch-size {self.data.global_batch_size} must be a multiple "
@@ -375,7 +400,11 @@ def _validate(args: TrainingArgs) -> list[str]:
                  for n in positive if _value(args, n) < 1]
     if problems:
         return problems
-    pp, schedule = args.parallel.pipeline_model_parallel_size, args.schedule.pipeline_schedule
+    return _validate_model(args) + _validate_layout(args) + _validate_run(args)
+
+
+def _validate_model(args: TrainingArgs) -> list[str]:
+    problems = []
     tp, model = args.parallel.tensor_model_parallel_size, args.model
     if tp < 1:
         problems.append(f"--tensor-model-parallel-size must be >= 1, got {tp}")
@@ -406,7 +435,12 @@ def _validate(args: TrainingArgs) -> list[str]:
         problems.append("--add-qkv-bias only matters with --disable-bias-linear")
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
+    return problems
 
+
+def _validate_layout(args: TrainingArgs) -> list[str]:
+    problems = []
+    pp, schedule = args.parallel.pipeline_model_parallel_size, args.schedule.pipeline_schedule
     fam = family(schedule)
     chunks = args.schedule.num_model_chunks or fam.default_chunks
     if not fam.accepts_chunks(chunks):
@@ -448,8 +482,15 @@ def _validate(args: TrainingArgs) -> list[str]:
     if args.schedule.memory_limit is not None and not (math.isfinite(args.schedule.memory_limit) and
                                               args.schedule.memory_limit > 0):
         problems.append(f"--memory-limit must be a finite number > 0, got {args.schedule.memory_limit}")
+    return problems
+
+
+def _validate_run(args: TrainingArgs) -> list[str]:
+    problems = []
     if args.run.inject_nonfinite_grad_iter is not None and args.run.inject_nonfinite_grad_iter < 1:
         problems.append("--inject-nonfinite-grad-iter must be >= 1")
+    if args.data.pack_sequences and args.data.no_pack_sequences:
+        problems.append("--pack-sequences and --no-pack-sequences contradict each other")
     if args.schedule.profile_iters < 0:
         problems.append("--profile-iters must be >= 0")
     if not (math.isfinite(args.optimizer.lr) and args.optimizer.lr >= 0):

@@ -1,80 +1,62 @@
 """Builds what one rank trains with -- model chunks (odc_pp.megatron), the data-parallel
 engine (odc_pp.odc), the sharded optimizer, lowered pipeline schedules (odc_pp.schedule)
-and the one pipeline runtime (odc_pp.runtime) -- and runs one iteration with them."""
+and the one pipeline runtime (odc_pp.runtime). Each builder takes only the argument
+section(s) it reads; :class:`~odc_pp.training.trainer.Trainer` runs the step with them."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from odc_pp.data import Microbatch
+from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
 from odc_pp.schedule.lowering import insert_post_validation, lower_communication
 from odc_pp.schedule.placement import last_stage_rank
 
-from .arguments import ScheduleArgs, TrainingArgs
-from .data_plan import IterationPlan
-from .distributed import Topology
+from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs)
+from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
-from .optimizer_step import (NonfiniteInjection, build_post_validator, inject_nonfinite_grad,
-                             synchronous_step)
+from .optimizer_step import NonfiniteInjection, build_post_validator
 from .replanning import check_same_schedule
 
-__all__ = ["Components", "IterationResult", "build_components", "run_iteration",
-           "build_schedule", "schedule_for", "resolve_step", "resolve_loss", "validate_now"]
+if TYPE_CHECKING:
+    from odc_pp.odc.engine import ShardedDataParallel
+    from odc_pp.odc.sharded_optimizer import ShardedAdamW
+    from odc_pp.runtime.post_validation import PostValidatedOptimizer
+    from odc_pp.runtime.runtime import PipelineRuntime
+
+__all__ = ["Components", "build_components", "build_schedule", "schedule_for",
+           "load_cost_model", "placement_of", "fall_back_without_cuda_ipc"]
 
 
-@dataclass
-class IterationResult:
-    loss: float | None
-    """Token-weighted mean loss of the global batch (None until :func:`resolve_loss`)."""
-    grad_norm: float | None
-    """Global gradient norm before clipping; None while the post-validated step awaits
-    its validation (filled in by :func:`resolve_step`)."""
-    busy_s: float
-    """This rank's time in compute actions."""
-    peak_memory_mb: float
-    """Peak device memory of this rank (CPU: peak saved-activation memory)."""
-    skipped: bool | None = False
-    """The optimizer step was skipped or rolled back (inf/nan); None while pending."""
-    minibatch: object = None
-    """The runtime's MinibatchResult (action timings, for the profiler)."""
-    previous_step: object = None
-    """Post-validation: the StepOutcome of the previous iteration's step, validated
-    during this iteration (None otherwise)."""
-    repeats: int = 0
-    """Times the minibatch ran again because the previous step was rolled back/clipped."""
-    loss_reduction: tuple | None = None
-    """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
-
-    @property
-    def pending(self) -> bool:
-        """The step awaits its validation (grad_norm and skipped unknown)."""
-        return self.grad_norm is None
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Components:
-    chunks: list
-    engine: object
-    optimizer: object
-    runtime: object
+    """What one rank trains with."""
+
+    chunks: list[torch.nn.Module]
+    """This rank's model chunks (virtual stages), in local chunk order."""
+    engine: ShardedDataParallel
+    """The data-parallel engine that shards the chunks' parameters and gradients."""
+    optimizer: ShardedAdamW
+    """AdamW over the engine's owned shards."""
+    runtime: PipelineRuntime
     """The PipelineRuntime: runs every schedule of this rank's chunks."""
     costs: CostModel
     """Cost model the schedules are generated for."""
     last_stage: bool
     """This rank runs the last virtual stage (reports the loss)."""
-    schedules: dict = field(default_factory=dict)
+    schedules: dict[int, Schedule] = field(default_factory=dict)
     """Lowered schedule per microbatch count (LB-Mini varies it between iterations);
     cleared when the costs change (ZB-auto re-planning)."""
-    post_validator: object = None
+    post_validator: PostValidatedOptimizer | None = None
     """PostValidatedOptimizer around ``optimizer`` (--enable-optimizer-post-validation)."""
-    injection: object = None
+    injection: NonfiniteInjection | None = None
     """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
     last_schedule: Schedule | None = None
     """The schedule the last iteration ran."""
@@ -112,27 +94,26 @@ def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
     return insert_post_validation(lowered) if post_validation else lowered
 
 
-def _last_stage_here(args: TrainingArgs, topo: Topology) -> bool:
+def _last_stage_here(schedule: ScheduleArgs, topo: Topology) -> bool:
     """This rank runs the last stage and reports the loss (tp rank 0: every tp rank of
     the last stage computes the same losses)."""
-    return last_stage_rank(placement_of(args.schedule.pipeline_schedule), topo.pp,
-                           args.schedule.num_model_chunks) == topo.pp_rank and \
-        topo.tp_rank == 0
+    return last_stage_rank(placement_of(schedule.pipeline_schedule), topo.pp,
+                           schedule.num_model_chunks) == topo.pp_rank and topo.tp_rank == 0
 
 
-def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
+def _dp_groups(parallel: ParallelArgs, topo: Topology, env_local_world: int):
     """(ODC group ranks' torch group, inter-host torch group or None, gradient-norm
     group). Collective: every rank creates every group in the same order. The norm group
     holds every rank owning a disjoint piece of the gradient: all ranks, or with
     hierarchical data parallelism one host's ranks of every stage (one model copy)."""
-    if args.parallel.dp_mode != "hierarchical":
+    if parallel.dp_mode != "hierarchical":
         return topo.dp_group, None, dist.group.WORLD
-    per_host = args.parallel.dp_ranks_per_host or \
-        max(1, env_local_world // (topo.pp * topo.tp))
+    per_host = parallel.ranks_per_host(env_local_world)
     if topo.dp % per_host:
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
                          f"size {topo.dp}")
     intra = inter = norm = None
+    made = []  # this rank's new groups, warmed up below (docs/nccl_ordering.md)
     for stage in range(topo.pp):
         for tp_rank in range(topo.tp):
             members = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
@@ -142,19 +123,58 @@ def _dp_groups(args: TrainingArgs, topo: Topology, env_local_world: int):
                 group = dist.new_group(members[host * per_host:(host + 1) * per_host])
                 if here and host == topo.dp_rank // per_host:
                     intra = group
+                    made.append(Communicator(ranks=tuple(sorted(
+                        members[host * per_host:(host + 1) * per_host])), kind="dp-intra",
+                        group=group))
             for slot in range(per_host):
                 group = dist.new_group(members[slot::per_host])
                 if here and slot == topo.dp_rank % per_host:
                     inter = group
+                    made.append(Communicator(ranks=tuple(sorted(members[slot::per_host])),
+                                             kind="dp-inter", group=group))
     for host in range(topo.dp // per_host):
         replicas = range(host * per_host, (host + 1) * per_host)
-        group = dist.new_group([topo.global_rank(dp_rank=replica, pp_rank=stage,
-                                                 tp_rank=tp_rank)
-                                for replica in replicas for stage in range(topo.pp)
-                                for tp_rank in range(topo.tp)])
+        ranks = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                 for replica in replicas for stage in range(topo.pp)
+                 for tp_rank in range(topo.tp)]
+        group = dist.new_group(ranks)
         if host == topo.dp_rank // per_host:
             norm = group
+            made.append(Communicator(ranks=tuple(sorted(ranks)), kind="norm", group=group))
+    warm_up_topology(topo, communicators=made,
+                     timeout_s=parallel.distributed_timeout_minutes * 60)
     return intra, inter, norm
+
+
+def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
+                               local_world_size: int, check=None) -> str | None:
+    """``--dp-mode odc`` on GPUs that cannot map each other's memory (CUDA IPC): switch
+    to ``--dp-mode collective`` (all-gather / reduce-scatter over NCCL) and return the
+    message saying why (rank 0 prints it); None when nothing changes. Collective over
+    all ranks (every rank takes the same decision). ``check``: ``cuda_ipc_problem``
+    (tests pass a mock). Hierarchical mode gets a ValueError naming the flag instead."""
+    if args.parallel.dp_mode == "collective" or topo.device.type != "cuda" or topo.dp == 1:
+        return None
+    if check is None:
+        from odc_pp.odc.transport_cuda import cuda_ipc_problem as check
+    problem = check(topo.dp_group, topo.device)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    problem = next((p for p in problems if p), None)
+    if problem is None:
+        return None
+    if args.parallel.dp_mode == "hierarchical":
+        raise ValueError(f"--dp-mode hierarchical maps the GPU memory of a host's "
+                         f"data-parallel ranks, which is not possible here ({problem}); use "
+                         f"--dp-mode collective")
+    args.parallel.dp_mode = "collective"
+    args.data_parallel_size(topo.world_size, local_world_size)  # the flags still hold?
+    message = (f"--dp-mode odc needs CUDA IPC between the data-parallel ranks, which is not "
+               f"possible here ({problem}): falling back to --dp-mode collective "
+               f"(all-gather / reduce-scatter over NCCL)")
+    if topo.rank == 0:
+        print(f"pretrain_gpt.py: {message}", flush=True)
+    return message
 
 
 def _counts_in_norm(topo: Topology):
@@ -170,45 +190,75 @@ def _counts_in_norm(topo: Topology):
     return lambda name, shape: not partition_of(name, gated_mlp=False).replicated
 
 
-def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
-                     local_world_size: int = 1) -> Components:
+def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs,
+                topo: Topology, *, vocab_size: int, seed: int) -> list[torch.nn.Module]:
+    """This rank's model chunks: the layout of ``schedule`` over ``topo``, tensor-parallel
+    as ``parallel`` says, seeded or with the --hf-checkpoint weights."""
     from odc_pp.megatron.model import build_chunks
     from odc_pp.megatron.tp import TensorParallel
+
+    config = model_config(model, vocab_size=vocab_size, device=str(topo.device),
+                          num_stages=topo.pp * schedule.num_model_chunks)
+    tensor_parallel = TensorParallel(group=topo.tp_group,
+                                     sequence_parallel=parallel.sequence_parallel,
+                                     keep_sp_input_for_w=parallel.keep_sp_input_for_w)
+    chunks = build_chunks(config, pp_rank=topo.pp_rank, pp_size=topo.pp,
+                          num_chunks=schedule.num_model_chunks,
+                          placement=placement_of(schedule.pipeline_schedule),
+                          seed=seed, tensor_parallel=tensor_parallel)
+    load_initial_weights(chunks, model, config)
+    return chunks
+
+
+def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
+                 param_dtype: str, local_world_size: int) -> tuple[ShardedDataParallel, object]:
+    """The data-parallel engine over ``chunks`` (--dp-mode) and the gradient-norm group."""
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
-    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
-    from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
-    dtype = "bfloat16" if args.model.bf16 else "float32"
-    model = model_config(args, vocab_size=vocab_size, device=str(topo.device),
-                         num_stages=topo.pp * args.schedule.num_model_chunks)
-    tensor_parallel = TensorParallel(group=topo.tp_group,
-                                     sequence_parallel=args.parallel.sequence_parallel,
-                                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
-    chunks = build_chunks(model, pp_rank=topo.pp_rank, pp_size=topo.pp,
-                          num_chunks=args.schedule.num_model_chunks,
-                          placement=placement_of(args.schedule.pipeline_schedule),
-                          seed=args.run.seed, tensor_parallel=tensor_parallel)
-    load_initial_weights(chunks, args, model)
-    torch_group, inter_host, norm_group = _dp_groups(args, topo, local_world_size)
-    timeout_s = args.parallel.distributed_timeout_minutes * 60
+    torch_group, inter_host, norm_group = _dp_groups(parallel, topo, local_world_size)
     transport = prim.TransportConfig(
-        backend="collective" if args.parallel.dp_mode == "collective" else "odc",
-        timeout_s=timeout_s, deterministic=not args.parallel.nondeterministic_dp)
+        backend="collective" if parallel.dp_mode == "collective" else "odc",
+        timeout_s=parallel.distributed_timeout_minutes * 60,
+        deterministic=not parallel.nondeterministic_dp)
     odc_group = prim.new_group(torch_group, config=transport)
-    engine = ShardedDataParallel(chunks, OdcConfig(mode=args.parallel.dp_mode, unit_driver="pipeline",
-                                                   param_dtype=dtype),
+    engine = ShardedDataParallel(chunks, OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline",
+                                                   param_dtype=param_dtype),
                                  odc_group, process_group=torch_group,
                                  inter_host_group=inter_host)
-    optimizer = ShardedAdamW(engine, AdamWConfig(
-        lr=args.optimizer.lr, betas=(args.optimizer.adam_beta1, args.optimizer.adam_beta2), eps=1e-8,
-        weight_decay=args.optimizer.weight_decay, no_decay=lambda name, shape: len(shape) == 1),
-        norm_group=norm_group, counts_in_norm=_counts_in_norm(topo))
+    return engine, norm_group
+
+
+def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo: Topology, *,
+                    norm_group) -> ShardedAdamW:
+    """AdamW over the engine's shards; biases and norms are not decayed."""
+    from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
+
+    config = AdamWConfig(lr=optimizer.lr, betas=(optimizer.adam_beta1, optimizer.adam_beta2),
+                         eps=1e-8, weight_decay=optimizer.weight_decay,
+                         no_decay=lambda name, shape: len(shape) == 1)
+    return ShardedAdamW(engine, config, norm_group=norm_group,
+                        counts_in_norm=_counts_in_norm(topo))
+
+
+def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
+                     local_world_size: int = 1) -> Components:
+    from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
+
+    chunks = build_model(args.model, args.schedule, args.parallel, topo,
+                         vocab_size=vocab_size, seed=args.run.seed)
+    engine, norm_group = build_engine(args.parallel, chunks, topo,
+                                      param_dtype="bfloat16" if args.model.bf16 else "float32",
+                                      local_world_size=local_world_size)
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group)
+    timeout_s = args.parallel.distributed_timeout_minutes * 60
     post_validator = injection = None
     if args.schedule.enable_optimizer_post_validation:
         if args.run.inject_nonfinite_grad_iter is not None:
             injection = NonfiniteInjection(optimizer)
-        post_validator = build_post_validator(optimizer, args, topo, injection=injection)
+        post_validator = build_post_validator(optimizer, clip_grad=args.optimizer.clip_grad,
+                                              timeout_s=timeout_s, device=topo.device,
+                                              injection=injection)
     runtime = PipelineRuntime(
         RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s,
                       track_activations=True if args.logging.log_activation_memory
@@ -217,11 +267,11 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
         channels=topo.pp_channels)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
                       costs=load_cost_model(args.schedule),
-                      last_stage=_last_stage_here(args, topo),
+                      last_stage=_last_stage_here(args.schedule, topo),
                       post_validator=post_validator, injection=injection)
 
 
-def schedule_for(parts: Components, args: TrainingArgs, topo: Topology,
+def schedule_for(parts: Components, schedule_args: ScheduleArgs, topo: Topology,
                  num_microbatches: int) -> Schedule:
     """The lowered schedule for this replica's microbatch count under ``parts.costs``."""
     if num_microbatches < 1:
@@ -229,7 +279,7 @@ def schedule_for(parts: Components, args: TrainingArgs, topo: Topology,
                          "--global-batch-size")
     schedule = parts.schedules.get(num_microbatches)
     if schedule is None:
-        schedule = build_schedule(args.schedule, pp=topo.pp,
+        schedule = build_schedule(schedule_args, pp=topo.pp,
                                   num_microbatches=num_microbatches, costs=parts.costs,
                                   post_validation=parts.post_validator is not None)
         # before the first step with it: every rank of the pipeline must run this plan,
@@ -241,83 +291,3 @@ def schedule_for(parts: Components, args: TrainingArgs, topo: Topology,
                                 what="pipeline schedule of the tensor-parallel ranks")
         parts.schedules[num_microbatches] = schedule
     return schedule
-
-
-def run_iteration(parts: Components, args: TrainingArgs, topo: Topology,
-                  microbatches: list[Microbatch], *, plan: IterationPlan,
-                  lr: float, iteration: int | None = None) -> IterationResult:
-    """Forward/backward of this rank's microbatches under the lowered schedule, and the
-    step (``iteration``: 1-based, for --inject-nonfinite-grad-iter).
-
-    Synchronous: the step follows the minibatch; the result is final. Post-validation:
-    the runtime steps eagerly at the schedule's POST_VALIDATION and validates the previous
-    iteration's step there (``previous_step``); when that one was rolled back or clipped
-    the minibatch runs again. The result stays pending until :func:`resolve_step` (the
-    next iteration's ``previous_step``, or :func:`validate_now`)."""
-    schedule = schedule_for(parts, args, topo, len(microbatches))
-    parts.last_schedule = schedule
-    injecting = args.run.inject_nonfinite_grad_iter == iteration and \
-        topo.rank == topo.world_size - 1
-    parts.optimizer.config.lr = lr  # the eager step at POST_VALIDATION uses it
-    if parts.injection is not None:
-        parts.injection.armed = injecting
-    repeats, previous = 0, None
-    try:
-        while True:
-            parts.engine.begin_minibatch(max_microbatches=plan.max_microbatches,
-                                         num_microbatches=len(microbatches))
-            result = parts.runtime.run_minibatch(
-                schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)))
-            previous = previous or result.validated
-            if not result.repeat:
-                break
-            repeats += 1
-    finally:
-        if parts.injection is not None:
-            parts.injection.armed = False
-    norm, skipped = None, None
-    if parts.post_validator is None:
-        if injecting:
-            inject_nonfinite_grad(parts.engine)
-        norm, skipped = synchronous_step(parts, args)
-    loss_sum = torch.tensor([result.loss_sum or 0.0 if parts.last_stage else 0.0],
-                            dtype=torch.float64)
-    # post-validation: no barrier at the end of the iteration; waited for in resolve_loss
-    work = dist.all_reduce(loss_sum, async_op=parts.post_validator is not None)
-    busy = sum(t.duration for t in result.timings if t.action.is_compute)
-    if topo.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(topo.device) / 2 ** 20
-    else:  # CPU: the runtime's count of saved activations
-        peak = result.peak_activation_bytes / 2 ** 20
-    iteration_result = IterationResult(
-        loss=None, grad_norm=norm, busy_s=busy, peak_memory_mb=peak, skipped=skipped,
-        minibatch=result, previous_step=previous, repeats=repeats,
-        loss_reduction=(work, loss_sum, plan.total_loss_tokens))
-    if work is None:
-        resolve_loss(iteration_result)
-    return iteration_result
-
-
-def resolve_loss(result: IterationResult) -> None:
-    """Wait for the loss all-reduce of ``result`` (started by run_iteration) and set
-    ``result.loss``."""
-    if result.loss_reduction is None:
-        return
-    work, loss_sum, tokens = result.loss_reduction
-    result.loss_reduction = None
-    if work is not None:
-        work.wait()
-    result.loss = float(loss_sum) / tokens
-
-
-def resolve_step(result: IterationResult, outcome) -> None:
-    """Fill in a pending ``result`` from its step's validated StepOutcome."""
-    result.grad_norm = outcome.grad_norm
-    result.skipped = outcome.action == "skipped"
-
-
-def validate_now(parts: Components, result: IterationResult) -> None:
-    """Finish a pending post-validated step at once (before a checkpoint, at the end):
-    the check, and a rollback or clipped redo if needed; no minibatch ran since."""
-    if result.pending:
-        resolve_step(result, parts.post_validator.validate())

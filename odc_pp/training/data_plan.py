@@ -7,9 +7,10 @@ broadcast and a resumed run replays exactly the batches of an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from odc_pp.data import (AttentionCost, IndexedTokenDataset, JsonlDataset, Microbatch,
+from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedTokenDataset, JsonlDataset, Microbatch,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
 from odc_pp.schedule.costs import transformer_layer_flops
@@ -17,7 +18,7 @@ from odc_pp.schedule.costs import transformer_layer_flops
 from .arguments import ModelArgs, TrainingArgs
 
 __all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size",
-           "sample_cost_model"]
+           "sample_cost_model", "load_sample_cost_model", "packs_sequences"]
 
 
 @dataclass
@@ -75,23 +76,47 @@ def sample_cost_model(model: ModelArgs) -> AttentionCost:
     return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))
 
 
+def load_sample_cost_model(path: str) -> FittedCost:
+    """The measured per-token costs of ``--sample-cost-model FILE`` ({"a", "b"[, "c"]})."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return FittedCost(a=float(data["a"]), b=float(data["b"]), c=float(data.get("c", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--sample-cost-model {path}: cannot read a cost model "
+                         f'{{"a": seconds/token^2, "b": seconds/token}} ({exc})') from exc
+
+
+def packs_sequences(args: TrainingArgs) -> bool:
+    """Whether microbatches are packed rows: --pack-sequences, or lb-mini's default."""
+    return args.data.pack_sequences or (args.data.load_balance == "lb-mini"
+                                        and not args.data.no_pack_sequences)
+
+
 class DataPlanner:
     """Global batch -> per-replica microbatches: the frontend's flags mapped onto
     :func:`odc_pp.data.plan_minibatch` (``--load-balance`` none, lb-mini or balanced;
-    ``--pack-sequences``: one packed row per microbatch, planned with
-    :func:`sample_cost_model`)."""
+    ``--pack-sequences``, lb-mini's default: one packed row per microbatch). Every mode
+    weighs samples and microbatches with one :class:`SampleCostModel`: the measured
+    ``--sample-cost-model`` file, else :func:`sample_cost_model`'s FLOPs formula."""
 
-    def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int) -> None:
+    def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int,
+                 segment_attention: bool = False) -> None:
         self.args = args
         self.source = source
         self.dp = dp
         self.pp = pp
         self.token_cap = args.data.max_tokens_per_microbatch or args.data.micro_batch_size * args.model.seq_length
-        self.packed = args.data.pack_sequences
+        self.packed = packs_sequences(args)
+        # packed rows attend per document with the varlen / flex kernels (CUDA, not
+        # --packed-attention dense); the dense kernel attends over the whole row
+        self.segment_attention = segment_attention and args.model.packed_attention != "dense"
         # sequence parallelism splits every microbatch's sequence over the tp ranks
         self.multiple = args.parallel.tensor_model_parallel_size \
             if args.parallel.sequence_parallel else 1
-        self.cost_model = sample_cost_model(args.model) if self.packed else None
+        self.cost_model: SampleCostModel = (
+            load_sample_cost_model(args.data.sample_cost_model) if args.data.sample_cost_model
+            else sample_cost_model(args.model))
 
     def plan(self, iteration: int) -> IterationPlan:
         sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
@@ -100,6 +125,7 @@ class DataPlanner:
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,
                               mode=self.args.data.load_balance, samples_per_microbatch=by_count,
                               min_microbatches=self.pp, packed=self.packed,
+                              segment_attention=self.segment_attention,
                               cost_model=self.cost_model)
         replicas = [[[sample_ids[p] for p in group] for group in replica]
                     for replica in plan.microbatches]

@@ -8,21 +8,27 @@ traffic stays inside a node when pp x tp <= GPUs per node; data-parallel groups 
 strided (``[0, 2]``, ``[1, 3]``): the ranks that hold the same stage and tp shard in every
 replica. A pipeline is the ranks of one replica with the same tp rank; under tensor
 parallelism each tp rank runs its own pipeline of the same schedule.
+
+Communicators: on GPU ``init_process_group`` gets ``device_id`` so NCCL creates them
+eagerly, and :func:`warm_up_topology` touches every group once in one global order
+before anything else runs on them (docs/nccl_ordering.md).
 """
 
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ..runtime.p2p_channels import create_pipeline_channels
+from ..runtime.p2p_channels import Communicator, create_pipeline_channels
+from ..runtime.warmup import warm_up
 
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology",
-           "layout_rank"]
+           "layout_rank", "local_device", "topology_groups", "warm_up_topology"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class Topology:
     tp_group: object = None
     """torch.distributed group of this stage's tensor-parallel ranks (None: tp = 1)."""
     tp_ranks: list[int] = field(default_factory=list)
+    communicators: list[Communicator] = field(default_factory=list)
+    """This rank's groups (tp, pp, dp, channels, world), for :func:`warm_up_topology`."""
 
     @property
     def is_first_stage_rank(self) -> bool:
@@ -82,12 +90,29 @@ def layout_rank(*, dp_rank: int, pp_rank: int, tp_rank: int, pp: int, tp: int) -
     return (dp_rank * pp + pp_rank) * tp + tp_rank
 
 
+def local_device(local_rank: int) -> torch.device:
+    """The one owner of this process's CUDA device: ``local_rank % device_count()``.
+    Where each process sees one GPU (SLURM ``--gpus-per-task=1``, Kubernetes,
+    ``CUDA_VISIBLE_DEVICES`` per rank) that is ``cuda:0`` whatever LOCAL_RANK says."""
+    count = torch.cuda.device_count()
+    if count < 1:
+        raise RuntimeError("no CUDA device is visible to this process")
+    return torch.device("cuda", local_rank % count)
+
+
 def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
-    """gloo on CPU, nccl on GPU (one per local rank); every collective times out."""
+    """gloo on CPU, nccl on GPU (:func:`local_device`); every collective times out. On
+    GPU the device goes to ``init_process_group`` as ``device_id`` (torch >= 2.3), so
+    NCCL creates each group's communicator eagerly."""
+    extra = {}
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
+        device = local_device(env.local_rank)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"
+        parameters = inspect.signature(dist.init_process_group).parameters
+        if "device_id" in parameters or any(p.kind is p.VAR_KEYWORD
+                                            for p in parameters.values()):
+            extra["device_id"] = device
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -95,8 +120,37 @@ def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                                timeout=datetime.timedelta(minutes=timeout_minutes))
+                                timeout=datetime.timedelta(minutes=timeout_minutes),
+                                **extra)
     return device
+
+
+def topology_groups(*, pp: int, tp: int, dp: int) -> dict[str, list[list[int]]]:
+    """Global ranks of every tp, pp and dp group (each list in creation order): the
+    layout of the module docstring, without torch."""
+    def rank_at(d: int, p: int, t: int) -> int:
+        return layout_rank(dp_rank=d, pp_rank=p, tp_rank=t, pp=pp, tp=tp)
+
+    return {"tp": [[rank_at(d, p, t) for t in range(tp)] for d in range(dp)
+                   for p in range(pp)],
+            "pp": [[rank_at(d, p, t) for p in range(pp)] for d in range(dp)
+                   for t in range(tp)],
+            "dp": [[rank_at(d, p, t) for d in range(dp)] for p in range(pp)
+                   for t in range(tp)]}
+
+
+def warm_up_topology(topo: "Topology", *, timeout_s: float, ops=None,
+                     communicators: list[Communicator] | None = None) -> int:
+    """Touch every group of ``topo`` (or ``communicators``, groups created later) once,
+    in the global warm-up order (collective: all ranks call it before any other
+    operation on these groups). ``ops``: the point-to-point backend (default:
+    torch.distributed's on ``topo.device``)."""
+    if ops is None:
+        from ..runtime.p2p import TorchP2POps
+
+        ops = TorchP2POps(topo.device)
+    return warm_up(topo.communicators if communicators is None else communicators,
+                   ops=ops, rank=topo.rank, timeout_s=timeout_s)
 
 
 def build_topology(env: DistEnv, pp: int, device: torch.device, *, tp: int = 1) -> Topology:
@@ -108,25 +162,22 @@ def build_topology(env: DistEnv, pp: int, device: torch.device, *, tp: int = 1) 
                          f"--tensor-model-parallel-size {tp}")
     dp = env.world_size // (pp * tp)
     tp_rank, pp_rank, dp_rank = env.rank % tp, env.rank // tp % pp, env.rank // (tp * pp)
-
-    def rank_at(d: int, p: int, t: int) -> int:
-        return layout_rank(dp_rank=d, pp_rank=p, tp_rank=t, pp=pp, tp=tp)
-
     mine = {}
-    pipelines = [[rank_at(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)]
-    for kind, groups in (
-            ("tp", [[rank_at(d, p, t) for t in range(tp)] for d in range(dp)
-                    for p in range(pp)]),
-            ("pp", pipelines),
-            ("dp", [[rank_at(d, p, t) for d in range(dp)] for p in range(pp)
-                    for t in range(tp)])):
+    communicators = [Communicator(ranks=tuple(range(env.world_size)), kind="world",
+                                  group=dist.group.WORLD)]
+    layout = topology_groups(pp=pp, tp=tp, dp=dp)
+    for kind, groups in layout.items():
         for ranks in groups:
             group = dist.new_group(ranks) if kind != "tp" or tp > 1 else None
             if env.rank in ranks:
                 mine[kind] = (group, ranks)
-    channels = create_pipeline_channels(pipelines)
+                if group is not None:
+                    communicators.append(Communicator(ranks=tuple(sorted(ranks)),
+                                                      kind=kind, group=group))
+    channels = create_pipeline_channels(layout["pp"])
+    communicators += channels.communicators()
     return Topology(rank=env.rank, world_size=env.world_size, pp=pp, dp=dp, pp_rank=pp_rank,
                     dp_rank=dp_rank, pp_group=mine["pp"][0], dp_group=mine["dp"][0],
                     pp_ranks=mine["pp"][1], dp_ranks=mine["dp"][1], device=device,
                     pp_channels=channels, tp=tp, tp_rank=tp_rank, tp_group=mine["tp"][0],
-                    tp_ranks=mine["tp"][1])
+                    tp_ranks=mine["tp"][1], communicators=communicators)

@@ -63,8 +63,11 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
         "gradient reduction overlaps compute: with --dp-mode odc and collective each unit's "
         "gradient is pushed to its owners as soon as its weight gradients are complete"),
     "--overlap-param-gather": _honoured(
-        "parameter gathers always overlap compute: the ODC engine prefetches the next unit's "
-        "parameters on a helper thread"),
+        "accepted, but there is nothing to switch on: pretrain_gpt.py gathers each model "
+        "chunk's parameters once per minibatch, at the chunk's first action, and keeps them "
+        "until the optimizer step (that first gather is not prefetched; the helper-thread "
+        "prefetch of the next unit belongs to the engine's module_hooks driver, not to the "
+        "pipeline runtime)"),
     "--calculate-per-token-loss": _honoured(
         "the loss is always the mean over every scored token of the global batch "
         "(per-token, independent of the microbatch and replica split)"),

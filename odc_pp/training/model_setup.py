@@ -3,29 +3,28 @@ and the weights they start from (seeded init, or ``--hf-checkpoint``)."""
 
 from __future__ import annotations
 
-from .arguments import TrainingArgs
+from .arguments import ModelArgs
 
 __all__ = ["model_config", "hf_config_of", "load_initial_weights"]
 
 
-def hf_config_of(args: TrainingArgs) -> dict | None:
+def hf_config_of(model: ModelArgs) -> dict | None:
     """The ``config.json`` of ``--hf-checkpoint`` (None without it)."""
-    if not args.model.hf_checkpoint:
+    if not model.hf_checkpoint:
         return None
     from odc_pp.megatron.hf_config import read_hf_config
 
-    return read_hf_config(args.model.hf_checkpoint)
+    return read_hf_config(model.hf_checkpoint)
 
 
-def model_config(args: TrainingArgs, *, vocab_size: int, device: str, num_stages: int):
+def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: int):
     """ModelConfig of the flags (with ``--hf-checkpoint`` the flags hold its values,
     merged at parse time; its Llama-3 rope scaling and tied embeddings come from it)."""
     from odc_pp.megatron.hf import untie_for_layout
     from odc_pp.megatron.hf_config import llama3_rope_scaling
     from odc_pp.megatron.model import ModelConfig
 
-    model = args.model
-    hf = hf_config_of(args)
+    hf = hf_config_of(model)
     if hf is not None:
         scaling = llama3_rope_scaling(hf)
         tied_in_hf = bool(hf.get("tie_word_embeddings"))
@@ -53,17 +52,18 @@ def model_config(args: TrainingArgs, *, vocab_size: int, device: str, num_stages
         position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
         rope_scaling=scaling, add_bias_linear=not model.disable_bias_linear,
         add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
-        tie_embeddings=tie, attention_backend=model.attention_backend)
+        tie_embeddings=tie, attention_backend=model.attention_backend,
+        packed_attention=model.packed_attention)
 
 
-def load_initial_weights(chunks, args: TrainingArgs, config) -> None:
+def load_initial_weights(chunks, model: ModelArgs, config) -> None:
     """With ``--hf-checkpoint``: this rank's chunks take the HF weights (each rank reads
     only the tensors of its chunks). Called once, before the data-parallel engine shards
     the chunks; a checkpoint found by ``--load`` then replaces them."""
-    hf = hf_config_of(args)
+    hf = hf_config_of(model)
     if hf is None:
         return
     from odc_pp.megatron.hf import load_hf_weights
 
-    load_hf_weights(chunks, args.model.hf_checkpoint, config,
+    load_hf_weights(chunks, model.hf_checkpoint, config,
                     tied_in_hf=bool(hf.get("tie_word_embeddings")))

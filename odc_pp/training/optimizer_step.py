@@ -2,21 +2,21 @@
 --enable-optimizer-post-validation -- and the test-only inf injection of
 --inject-nonfinite-grad-iter.
 
-Both paths take the global gradient norm and the clipping from :mod:`odc_pp.runtime.clip`
+Both paths take the global gradient norm and the clipping from :mod:`odc_pp.optim.clip`
 through the sharded AdamW, whose norm group holds every rank that owns a disjoint piece
 of the model's gradient: all pp x dp ranks, or with hierarchical data parallelism one
 host's ranks of every stage (one copy of the model). One all-reduce, so with
 post-validation it runs entirely in the background.
 
-Synchronous (after the minibatch): reduce, then skip (inf/nan anywhere: every rank drops
-the step's gradients and keeps its weights) or clip and step. Post-validation
-(:mod:`odc_pp.runtime.post_validation`, driven by the runtime at the schedule's
-POST_VALIDATION action): start the reduction, snapshot the owned master weights, AdamW
-moments and gradients, step and publish at once; the next minibatch runs on the new
-weights while the reduction completes, and at its POST_VALIDATION the check either keeps
-the step or rolls back (skip) / rolls back, clips with the global norm and steps again --
-then that minibatch runs again on the corrected weights. Both compute the same numbers,
-so losses are identical.
+Synchronous (after the minibatch): ``ShardedAdamW.clip_and_step`` -- reduce, then skip
+(inf/nan anywhere: every rank drops the step's gradients and keeps its weights) or clip
+and step. Post-validation (:mod:`odc_pp.runtime.post_validation`, driven by the runtime
+at the schedule's POST_VALIDATION action): start the reduction, snapshot the owned master
+weights, AdamW moments and gradients, step and publish at once; the next minibatch runs
+on the new weights while the reduction completes, and at its POST_VALIDATION the check
+either keeps the step or rolls back (skip) / rolls back, clips with the global norm and
+steps again -- then that minibatch runs again on the corrected weights. Both compute the
+same numbers, so losses are identical.
 """
 
 from __future__ import annotations
@@ -25,33 +25,18 @@ import math
 
 import torch
 
-from odc_pp.runtime import clip
 from odc_pp.runtime.post_validation import PostValidatedOptimizer, PostValidationConfig
 
-__all__ = ["build_post_validator", "synchronous_step", "inject_nonfinite_grad",
-           "NonfiniteInjection"]
+__all__ = ["build_post_validator", "inject_nonfinite_grad", "NonfiniteInjection"]
 
 
-def build_post_validator(optimizer, args, topo, *, injection=None) -> PostValidatedOptimizer:
-    """The post-validating wrapper of ``optimizer`` (a ShardedAdamW; ``--clip-grad 0``: no
+def build_post_validator(optimizer, *, clip_grad: float, timeout_s: float, device,
+                         injection=None) -> PostValidatedOptimizer:
+    """The post-validating wrapper of ``optimizer`` (a ShardedAdamW; ``clip_grad`` 0: no
     clip); ``injection``: a :class:`NonfiniteInjection` around it (tests)."""
-    config = PostValidationConfig(max_grad_norm=args.optimizer.clip_grad or None,
-                                  timeout_s=args.parallel.distributed_timeout_minutes * 60)
+    config = PostValidationConfig(max_grad_norm=clip_grad or None, timeout_s=timeout_s)
     return PostValidatedOptimizer(config, optimizer=injection or optimizer,
-                                  group=optimizer.norm_groups, device=topo.device)
-
-
-def synchronous_step(parts, args) -> tuple[float, bool]:
-    """Global check, then skip or clip (``--clip-grad``) and step; (global grad norm
-    before clipping, step skipped)."""
-    state = parts.optimizer.grad_state()
-    if not state.finite:  # inf/nan gradient: drop this step's gradients, keep the weights
-        parts.optimizer.finish_step()
-        return state.norm, True
-    if args.optimizer.clip_grad > 0:
-        clip.clip_(parts.engine.owned_grads(), state, args.optimizer.clip_grad)
-    parts.optimizer.step()
-    return state.norm, False
+                                  group=optimizer.norm_groups, device=device)
 
 
 def inject_nonfinite_grad(engine) -> None:
@@ -82,14 +67,15 @@ class NonfiniteInjection:
     def snapshot(self) -> object:
         return self.optimizer.snapshot()
 
-    def step_eagerly(self) -> None:
-        self.optimizer.step_eagerly()
+    def step_eagerly(self, lr: float | None = None) -> None:
+        self.optimizer.step_eagerly(lr)
 
     def restore(self, snapshot: object) -> None:
         self.optimizer.restore(snapshot)
 
-    def redo_clipped(self, snapshot: object, coefficient: float) -> None:
-        self.optimizer.redo_clipped(snapshot, coefficient)
+    def redo_clipped(self, snapshot: object, coefficient: float,
+                     lr: float | None = None) -> None:
+        self.optimizer.redo_clipped(snapshot, coefficient, lr)
 
     def finish_step(self) -> None:
         self.optimizer.finish_step()

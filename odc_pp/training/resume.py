@@ -78,7 +78,7 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
             "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
-            "hf_config": hf_config_of(args)}
+            "hf_config": hf_config_of(args.model)}
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:

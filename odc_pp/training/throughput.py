@@ -10,7 +10,7 @@ the usual 3x forward; multiply-add = 2 FLOPs):
 * attention scores and their product with values: ``12 * L * h * b * s^2`` (no causal
   halving, as in Megatron-LM and torchtitan).
 
-``tests/training/test_throughput.py`` checks this formula against
+``tests/dist/training/test_throughput.py`` checks this formula against
 ``torch.utils.flop_counter.FlopCounterMode`` run over forward and backward of the real
 megatron-core chunks.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from odc_pp.schedule.costs import transformer_layer_flops
-from odc_pp.schedule.offload_tuner import PRESETS
+from odc_pp.planner.offload_tuner import PRESETS
 
 __all__ = ["ModelShape", "flops_per_microbatch", "microbatch_flops", "default_peak_tflops",
            "peak_memory_mb"]
@@ -69,7 +69,7 @@ def microbatch_flops(shape: ModelShape, microbatch) -> float:
 
 def default_peak_tflops(device: torch.device) -> float | None:
     """The dense 16-bit peak of a GPU the offload tuner has a preset for
-    (:data:`odc_pp.schedule.offload_tuner.PRESETS`: A100, H100, H200); None on CPU or
+    (:data:`odc_pp.planner.offload_tuner.PRESETS`: A100, H100, H200); None on CPU or
     another device (pass --peak-tflops)."""
     if device.type != "cuda":
         return None

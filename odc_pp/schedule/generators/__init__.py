@@ -16,11 +16,8 @@ from ..placement import Placement
 from ..validate import peak_memory
 from .families import FAMILIES, FAMILY_NAMES, Family, family
 
-__all__ = ["GENERATOR_NAMES", "FAMILY_NAMES", "FAMILIES", "Family", "family", "generate",
+__all__ = ["FAMILY_NAMES", "FAMILIES", "Family", "family", "generate",
            "default_chunks", "training_schedule"]
-
-GENERATOR_NAMES: tuple[str, ...] = FAMILY_NAMES
-
 
 def default_chunks(name: str) -> int:
     """Model chunks per rank a family uses when ``num_chunks`` is not given."""
@@ -85,7 +82,7 @@ def _check_fixed_memory(schedule: Schedule, costs: CostModel,
 def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
              costs: CostModel | None = None, memory_limit: float | None = None,
              **options) -> Schedule:
-    """Build schedule family ``name`` (one of GENERATOR_NAMES) for the given shape.
+    """Build schedule family ``name`` (one of FAMILY_NAMES) for the given shape.
 
     ``memory_limit`` caps each rank's activation memory (units in the module doc);
     families with a fixed pattern (``memory_controlled`` False in the registry) reject a

@@ -21,7 +21,7 @@ from ..costs import CostModel
 from ..ir import Action, ActionKind
 from ..placement import Placement, locate, num_stages
 
-__all__ = ["v_block_orders", "v_block_peak", "order_peak"]
+__all__ = ["v_block_orders", "v_block_peak"]
 
 
 def _place(used: set[int], earliest: int, interval: int) -> int:
@@ -71,7 +71,8 @@ def v_block_orders(pp: int, num_microbatches: int, interval: int) -> list[list[A
 
 def v_block_peak(pp: int, num_microbatches: int, interval: int,
                  costs: CostModel) -> list[float]:
-    """Per-rank ``order_peak`` of ``v_block_orders(pp, num_microbatches, interval)``,
+    """Per-rank peak of the running sum of activation deltas along
+    ``v_block_orders(pp, num_microbatches, interval)``,
     computed from the block alone (no orders built).
 
     On a rank every copy of every block action has its own time (distinct residues), and
@@ -98,19 +99,5 @@ def v_block_peak(pp: int, num_microbatches: int, interval: int,
             for j in copies:
                 memory = sum(delta * min(max(j + d, 0), m) for d, delta in offsets)
                 peak = max(peak, memory)
-        peaks.append(peak)
-    return peaks
-
-
-def order_peak(orders: list[list[Action]], costs: CostModel) -> list[float]:
-    """Per-rank peak of the running sum of activation deltas, in order."""
-    delta = {kind: costs.memory_delta(kind) for kind in ActionKind}
-    peaks = []
-    for actions in orders:
-        memory = peak = 0.0
-        for action in actions:
-            memory += delta[action.kind]
-            if memory > peak:
-                peak = memory
         peaks.append(peak)
     return peaks

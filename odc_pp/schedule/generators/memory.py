@@ -112,17 +112,22 @@ def _engine_run(config_args: dict, may_stall: bool = False):
     return run
 
 
+def _first(backward_first: bool) -> str:
+    return "bfirst" if backward_first else "ffirst"
+
+
 def _engine_candidates(pp: int, num_microbatches: int, costs: CostModel, cap: float,
-                       intervals: tuple[float, ...]) -> list:
-    """Greedy engine runs at each injection interval, both backward priorities."""
-    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
-                             placement=Placement.V, costs=costs, caps=[cap] * pp,
-                             backward_first=backward_first, inject_interval=interval))
-            for interval in intervals for backward_first in (True, False)]
+                       intervals: dict[str, float]) -> list[tuple[str, object]]:
+    """Greedy engine runs at each named injection interval, both backward priorities."""
+    return [(f"engine-{pace}-{_first(backward_first)}",
+             _engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                              placement=Placement.V, costs=costs, caps=[cap] * pp,
+                              backward_first=backward_first, inject_interval=interval)))
+            for pace, interval in intervals.items() for backward_first in (True, False)]
 
 
 def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
-                      cap: float) -> list:
+                      cap: float) -> list[tuple[str, object]]:
     """V-placement engine runs without the admission reserve, paced in pairs.
 
     With a cap near a third of 1F1B's, the reserved slot halves what a rank may hold
@@ -132,24 +137,28 @@ def _paced_candidates(pp: int, num_microbatches: int, costs: CostModel,
     longer gap after each pair), recovers most of it. Runs that stall are dropped.
     """
     work = _rank_work(pp, 2, Placement.V, costs)
-    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
-                             placement=Placement.V, costs=costs, caps=[cap] * pp,
-                             inject_interval=period, pair_gap=gap * period,
-                             reserve_slot=False), may_stall=True)
-            for period, gaps in ((work, (0.0, 5 / 6, 1.0)), (13 * work / 12, (1.0,)),
-                                 (7 * work / 6, (0.0, 5 / 6)))
-            for gap in gaps]
+    periods = {"1": (work, {"0": 0.0, "5/6": 5 / 6, "1": 1.0}),
+               "13/12": (13 * work / 12, {"1": 1.0}),
+               "7/6": (7 * work / 6, {"0": 0.0, "5/6": 5 / 6})}
+    return [(f"pairs-{period_name}-gap{gap_name}",
+             _engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                              placement=Placement.V, costs=costs, caps=[cap] * pp,
+                              inject_interval=period, pair_gap=gap * period,
+                              reserve_slot=False), may_stall=True))
+            for period_name, (period, gaps) in periods.items()
+            for gap_name, gap in gaps.items()]
 
 
 def _unreserved_candidates(pp: int, num_microbatches: int, costs: CostModel, cap: float,
-                           interval: float) -> list:
+                           interval: float) -> list[tuple[str, object]]:
     """V-placement engine runs without the admission reserve at a steady ``interval``
     (between V-Half's and ZB-V's budgets the reserve costs more than pacing does); runs
     that stall are dropped."""
-    return [_engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
-                             placement=Placement.V, costs=costs, caps=[cap] * pp,
-                             backward_first=backward_first, inject_interval=interval,
-                             reserve_slot=False), may_stall=True)
+    return [(f"unreserved-{_first(backward_first)}",
+             _engine_run(dict(pp=pp, num_microbatches=num_microbatches, num_chunks=2,
+                              placement=Placement.V, costs=costs, caps=[cap] * pp,
+                              backward_first=backward_first, inject_interval=interval,
+                              reserve_slot=False), may_stall=True))
             for backward_first in (True, False)]
 
 
@@ -202,7 +211,7 @@ def _block_candidate(pp: int, num_microbatches: int, costs: CostModel, cap: floa
 
 
 def _rounds_candidates(pp: int, num_microbatches: int, costs: CostModel,
-                       cap: float) -> list:
+                       cap: float) -> list[tuple[str, object]]:
     """The zero-bubble paper's round-based ZB-V construction (``_rounds``), one thunk
     per (fill_b, fill_f) variant: dropped when its builder's clock already puts its
     bubble past the cutoff (as for the engine runs) or when it repeats an earlier
@@ -220,24 +229,26 @@ def _rounds_candidates(pp: int, num_microbatches: int, costs: CostModel,
                                 num_chunks=2, placement=Placement.V, ranks=built[1])
             return _Candidate(built[1], *_score(schedule, costs))
         return run
-    return [thunk(fill_b, fill_f) for fill_b in (True, False) for fill_f in (True, False)]
+    return [(f"rounds-fill_b={int(fill_b)}-fill_f={int(fill_f)}", thunk(fill_b, fill_f))
+            for fill_b in (True, False) for fill_f in (True, False)]
 
 
-def _evaluation_order(count: int, pp: int, costs: CostModel, cap: float) -> list[int]:
-    """Which candidate thunks to evaluate first (speed only: the result does not depend
-    on it). The likely winner goes first so that the others are abandoned early: at
-    V-Min-like caps the pair-paced runs (thunks 6-8), then the block (last); between
-    V-Min's and ZB-V's caps the unreserved runs (12, 13), then the engine runs paced at
-    two thirds and a half of a rank's work (5, 4, 3, 2); at ZB-V's cap the engine runs in
-    their order."""
-    if count <= 6:
-        first = [0, 1, 2]
+def _evaluation_order(names: list[str], pp: int, costs: CostModel, cap: float) -> list[int]:
+    """Positions in ``names`` in the order to evaluate those candidates (speed only: the
+    result does not depend on it). The likely winner goes first so that the others are
+    abandoned early: at V-Min-like caps the runs paced in pairs at one rank-work, then the
+    block; between V-Min's and ZB-V's caps the unreserved runs, then the engine runs paced
+    at two thirds and a half of a rank's work; at ZB-V's cap the engine runs in their
+    order."""
+    if all(name.startswith("engine-") for name in names):
+        first = ["engine-unpaced-bfirst", "engine-unpaced-ffirst", "engine-half-bfirst"]
     elif cap <= 2 * ((pp + 4) // 3) * costs.mem_f + 1e-9:
-        first = [6, 7, 8, count - 1]
+        first = ["pairs-1-gap0", "pairs-1-gap5/6", "pairs-1-gap1", "block"]
     else:
-        first = [12, 13, 5, 4, 3, 2]
-    first = [i for i in first if i < count]
-    return first + [i for i in range(count) if i not in first]
+        first = ["unreserved-bfirst", "unreserved-ffirst", "engine-two-thirds-ffirst",
+                 "engine-two-thirds-bfirst", "engine-half-ffirst", "engine-half-bfirst"]
+    order = [names.index(name) for name in first if name in names]
+    return order + [i for i in range(len(names)) if i not in order]
 
 
 def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
@@ -266,20 +277,21 @@ def v_family(name: str, pp: int, num_microbatches: int, costs: CostModel,
             best = ((round(candidate.bubble, 9), round(candidate.makespan, 9), 0), candidate)
     if best is None or best[1].bubble > 1e-9:  # nothing beats zero bubble
         work = _rank_work(pp, 2, Placement.V, costs)
-        thunks = _engine_candidates(pp, num_microbatches, costs, cap,
-                                    intervals=(0.0, work / 2, 2 * work / 3))
+        thunks = _engine_candidates(pp, num_microbatches, costs, cap, intervals={
+            "unpaced": 0.0, "half": work / 2, "two-thirds": 2 * work / 3})
         if cap < 2 * pp * costs.mem_f - 1e-9:
             thunks += _paced_candidates(pp, num_microbatches, costs, cap)
             thunks += _unreserved_candidates(pp, num_microbatches, costs, cap, work / 2)
         block = _block_candidate(pp, num_microbatches, costs, cap)
         if block is not None:
-            thunks.append(block)
-        order = _evaluation_order(len(thunks), pp, costs, cap)
+            thunks.append(("block", block))
+        order = _evaluation_order([name for name, _ in thunks], pp, costs, cap)
         if cap >= 2 * pp * costs.mem_f - 1e-9:  # at ZB-V's budget: the paper's rounds
             order = list(range(len(thunks), len(thunks) + 4)) + order
             thunks += _rounds_candidates(pp, num_microbatches, costs, cap)
         for index in order:
-            candidate = thunks[index](best[1].bubble if best else float("inf"))
+            _, run = thunks[index]  # ties go to the earlier candidate in the list
+            candidate = run(best[1].bubble if best else float("inf"))
             if candidate is None:
                 continue
             key = (round(candidate.bubble, 9), round(candidate.makespan, 9), index + 1)

@@ -1,0 +1,145 @@
+"""``odc-pp plan`` (tools level: reads HF configs and training flags): rank tp x pp x dp, schedule, offload, recompute, dp mode, load balance
+and token cap for a model, a cluster and a length distribution by predicted tokens/s,
+next to the Megatron-default configuration; prints each one's ``pretrain_gpt.py`` flags.
+See docs/planner.md for the model and where it is weak."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from odc_pp.planner.inputs import CLUSTERS, ModelSpec, load_lengths
+from odc_pp.planner.search import SCHEDULES, PlanConfig, format_plan, plan
+
+__all__ = ["main", "build_parser", "model_from_hf", "model_from_flags"]
+
+
+def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
+    """From an HF ``config.json`` (the file or its directory)."""
+    from odc_pp.megatron.hf_config import flags_from_hf, read_hf_config
+
+    directory = os.path.dirname(path) if path.endswith(".json") else path
+    config = read_hf_config(directory)
+    flags = flags_from_hf(config, os.path.join(directory, "config.json"))
+    seq = seq_length or int(config.get("max_position_embeddings", 4096))
+    return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
+                     num_attention_heads=flags["num_attention_heads"],
+                     ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
+                     seq_length=seq, swiglu=flags["swiglu"])
+
+
+def model_from_flags(text: str) -> ModelSpec:
+    """From Megatron model flags (``"--num-layers 32 --hidden-size 4096 ..."``), parsed by
+    ``pretrain_gpt.py``'s own parser so they keep Megatron's meaning."""
+    from odc_pp.training.arguments import parse_args
+
+    args = parse_args(text.split() + ["--mock-data"])
+    model = args.model
+    return ModelSpec(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                     num_attention_heads=model.num_attention_heads,
+                     ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
+                     vocab_size=model.vocab_size, seq_length=model.seq_length,
+                     swiglu=bool(getattr(model, "swiglu", False)))
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="odc-pp plan", description=__doc__.split("\n\n")[0])
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--hf-config", help="HF config.json (or its directory) of the model")
+    model.add_argument("--model-flags", help='Megatron model flags, quoted: "--num-layers 32 '
+                       '--hidden-size 4096 --num-attention-heads 32 --seq-length 8192 ..."')
+    parser.add_argument("--seq-length", type=int, default=None,
+                        help="longest sample (with --hf-config; default its "
+                             "max_position_embeddings)")
+    parser.add_argument("--cluster", choices=sorted(CLUSTERS), default="h100",
+                        help="GPU preset: peak bf16 TFLOP/s, HBM, 8 GPUs per node, NVLink, "
+                             "inter-node and host-link bandwidth")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="override the preset's 8")
+    parser.add_argument("--efficiency", type=float, default=None,
+                        help="fraction of peak a full-size layer reaches (default 0.45)")
+    lengths = parser.add_mutually_exclusive_group(required=True)
+    lengths.add_argument("--lengths-jsonl", help="JSONL with input_ids lists or length fields")
+    lengths.add_argument("--lengths-histogram",
+                         help='"LEN:WEIGHT,...", e.g. "512:70,2048:20,8192:8,32768:2"')
+    parser.add_argument("--global-batch", type=int, default=None,
+                        help="samples per optimizer step")
+    parser.add_argument("--global-batch-tokens", type=int, default=None,
+                        help="tokens per step instead (converted with the mean length)")
+    parser.add_argument("--memory-gb", type=float, default=None,
+                        help="usable memory per GPU (default 90%% of HBM)")
+    parser.add_argument("--tp-sizes", type=_ints, default=(1, 2, 4, 8))
+    parser.add_argument("--schedules", default=",".join(SCHEDULES),
+                        help="schedule families tried (comma-separated)")
+    parser.add_argument("--token-caps", type=_ints, default=(1, 2, 4),
+                        help="packed-row caps tried, in multiples of --seq-length")
+    parser.add_argument("--dp-modes", default="collective,odc")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="global minibatches drawn per candidate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write every prediction here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        model = model_from_hf(args.hf_config, seq_length=args.seq_length) if args.hf_config \
+            else model_from_flags(args.model_flags)
+        cluster = CLUSTERS[args.cluster]
+        if args.gpus_per_node or args.efficiency:
+            from dataclasses import replace
+
+            cluster = replace(cluster, gpus_per_node=args.gpus_per_node or cluster.gpus_per_node,
+                              efficiency=args.efficiency or cluster.efficiency)
+        lengths = load_lengths(jsonl=args.lengths_jsonl, histogram=args.lengths_histogram,
+                               seq_length=model.seq_length, seed=args.seed)
+        if (args.global_batch is None) == (args.global_batch_tokens is None):
+            raise ValueError("give exactly one of --global-batch and --global-batch-tokens")
+        batch = args.global_batch or max(1, round(args.global_batch_tokens / lengths.mean()))
+        config = PlanConfig(model=model, cluster=cluster, gpus=args.gpus, global_batch=batch,
+                            lengths=lengths, memory_gb=args.memory_gb, tp_sizes=args.tp_sizes,
+                            schedules=tuple(args.schedules.split(",")),
+                            token_caps=args.token_caps,
+                            dp_modes=tuple(args.dp_modes.split(",")), samples=args.samples,
+                            seed=args.seed)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"odc-pp plan: error: {exc}", file=sys.stderr)
+        return 2
+    began = time.process_time()
+    predictions, default = plan(config)
+    if not predictions:
+        print("odc-pp plan: no configuration runs (check --gpus, the layer and head counts)",
+              file=sys.stderr)
+        return 1
+    print(f"{cluster.name} x {args.gpus}, global batch {batch} samples "
+          f"(mean length {lengths.mean():.0f}), {len(predictions)} configurations in "
+          f"{time.process_time() - began:.1f} s CPU")
+    print(format_plan(predictions, default, top=args.top))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"predictions": [p.to_dict() for p in predictions],
+                       "megatron_default": default.to_dict() if default else None}, handle,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

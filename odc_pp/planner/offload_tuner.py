@@ -1,0 +1,575 @@
+"""``odc-pp tune-offload``: pick the pipeline schedule, activation-offload ratio and
+recompute option with the best predicted step time that fits a device memory budget.
+
+Estimates (per transformer layer, micro-batch size b, sequence s, hidden h, heads a,
+vocabulary V, ``bytes_per_value`` = 2 for 16-bit training):
+
+* forward FLOPs ``24 b s h^2 + 4 b s^2 h``; input-gradient (B) FLOPs
+  ``24 b s h^2 + 8 b s^2 h`` (all attention-score gradients are input gradients);
+  weight-gradient (W) FLOPs ``24 b s h^2``; times = FLOPs / (peak x MFU). Recomputing
+  layernorm/GeLU/dropout adds 5 % of the forward time to B.
+* activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", 16-bit, no tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes;
+  the ``5 a s / h`` attention-matrix term is dropped with flash attention (default);
+  recomputing layernorm, GeLU and dropout drops the two layernorm inputs (4 sbh),
+  the GeLU input (8 sbh) and the dropout masks (2 sbh): 34 -> 20.
+* model state: ``12 h^2 + 13 h`` parameters per layer plus ``V h`` for the embedding
+  (first stage) and output layer (last stage); 2 bytes of 16-bit parameters, 4 of fp32
+  gradients and 12 of fp32 master weights + Adam moments, the latter 12 sharded over the
+  data-parallel ranks (ODC shards parameters/optimizer state).
+
+Hardware presets (dense bf16 peak from NVIDIA's datasheets; host link = PCIe x16
+effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen5)):
+
+* a100: A100-SXM4-80GB, 312 TFLOP/s, 80 GB, PCIe Gen4 25 GB/s
+* h100: H100-SXM5-80GB, 989 TFLOP/s, 80 GB, PCIe Gen5 50 GB/s
+* h200: H200-SXM-141GB, 989 TFLOP/s, 141 GB, PCIe Gen5 50 GB/s
+
+``--measure`` instead times a matmul and a host-memory copy on this machine.
+
+Tensor parallelism (``--devices N --tp-sizes 1,2,4,8``): at equal device count each tp
+size gets ``pp = N / tp`` and every candidate below; for tp > 1 with
+``--sequence-parallel``, re-gathering W's inputs and keeping them
+(``--keep-sp-input-for-w``). Per rank the layer FLOPs and parameters divide by tp, the
+activations by tp under SP (without SP the 10 sbh outside the tensor-parallel regions
+stay whole: sbh (10 + 24/t), Korthikanti et al.), and F/B/W gain the ring collectives of
+:func:`odc_pp.schedule.costs.tensor_parallel_comm_seconds` over the NVLink bandwidth
+(presets: A100 NVLink3 240 GB/s, H100/H200 NVLink4 360 GB/s effective per direction);
+keeping W's inputs holds ``2 (1 - 1/t) sbh`` bytes per layer from B to W.
+
+Candidates are exactly what ``pretrain_gpt.py`` can run: every deterministic schedule
+family of the registry (``odc_pp.schedule.generators.families``; zb-auto is left out:
+training re-plans it from measured costs, so the simulated order is not what runs), with and without
+``--recompute-lgd``, and for a family that offloads every non-empty set of
+``--offload-chunks``. Each candidate's schedule is built by
+``odc_pp.schedule.generators.training_schedule`` -- the builder the training frontend
+calls -- from the cost model the frontend will plan with (its ``--cost-model`` file,
+passed here as ``--cost-model``; default: the frontend's default cost model), and timed
+by the simulator under the estimated costs above. The printed flags therefore select
+the very schedule whose step time is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
+                                   tensor_parallel_comm_seconds, transformer_layer_flops)
+from odc_pp.schedule.generators import FAMILIES, family, training_schedule
+from odc_pp.schedule.ir import Schedule
+from odc_pp.schedule.placement import rank_stages
+from odc_pp.schedule.simulator import simulate
+
+from .activation_memory import lgd_saving_per_token_hidden
+
+__all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
+           "tune_devices",
+           "estimate_costs", "candidate_schedule", "format_ranking", "measure_hardware",
+           "main"]
+
+GB = 1e9
+
+
+@dataclass(kw_only=True)
+class ModelShape:
+    """The transformer being trained."""
+
+    num_layers: int
+    """Transformer layers in the whole model."""
+    hidden_size: int
+    """Hidden size h."""
+    num_attention_heads: int
+    """Attention heads a."""
+    seq_length: int
+    """Sequence length s."""
+    micro_batch_size: int = 1
+    """Samples per microbatch b."""
+    vocab_size: int = 32000
+    """Vocabulary V."""
+    flash_attention: bool = True
+    """No s^2 attention-matrix activations (flash attention)."""
+    bytes_per_value: int = 2
+    """Bytes of one activation value (2: bf16/fp16)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "micro_batch_size", "vocab_size", "bytes_per_value"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("--hidden-size must be divisible by --num-attention-heads")
+
+
+@dataclass(kw_only=True)
+class Hardware:
+    """One accelerator and its host link."""
+
+    name: str
+    """Label."""
+    peak_tflops: float
+    """Dense 16-bit peak TFLOP/s."""
+    memory_gb: float
+    """Device memory."""
+    host_link_gbps: float
+    """Effective device<->host bandwidth, GB/s."""
+    mfu: float = 0.45
+    """Fraction of peak that transformer layers reach."""
+    tp_link_gbps: float | None = None
+    """Effective per-direction bandwidth between the tensor-parallel ranks (NVLink),
+    GB/s; None: unknown (tensor parallelism cannot be estimated)."""
+
+    def __post_init__(self) -> None:
+        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps) + \
+            ((self.tp_link_gbps,) if self.tp_link_gbps is not None else ())
+        if not all(math.isfinite(n) and n > 0 for n in numbers):
+            raise ValueError(f"hardware numbers must be finite and positive, got peak "
+                             f"{self.peak_tflops} TFLOP/s, memory {self.memory_gb} GB, host "
+                             f"link {self.host_link_gbps} GB/s")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
+
+
+PRESETS = {
+    "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
+                     host_link_gbps=25.0, tp_link_gbps=240.0),
+    "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
+                     host_link_gbps=50.0, tp_link_gbps=360.0),
+    "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
+                     host_link_gbps=50.0, tp_link_gbps=360.0),
+}
+
+
+@dataclass(kw_only=True)
+class TunerConfig:
+    """What to tune for."""
+
+    shape: ModelShape
+    """Model shape."""
+    hardware: Hardware
+    """Compute speed and host link."""
+    pp: int
+    """Pipeline ranks."""
+    num_microbatches: int
+    """Microbatches per iteration (per data-parallel rank)."""
+    dp: int = 1
+    """Data-parallel ranks sharing the optimizer state."""
+    memory_budget_gb: float | None = None
+    """Usable device memory per rank (default: the hardware's memory)."""
+    schedules: tuple[str, ...] = tuple(f.name for f in FAMILIES if not f.searched)
+    """Schedule families tried (registry names; an offloading family is tried with every
+    non-empty set of offload chunks)."""
+    plan_costs: CostModel = field(default_factory=CostModel)
+    """Cost model the training frontend builds schedules with: its ``--cost-model`` file
+    (default: the frontend's default, ``CostModel()``)."""
+    plan_costs_path: str | None = None
+    """Path of that ``--cost-model`` file, repeated in the printed flags (None: no file)."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage."""
+    sequence_parallel: bool = False
+    """``--sequence-parallel`` (needs tp > 1)."""
+    keep_sp_input_for_w: bool = False
+    """``--keep-sp-input-for-w`` (needs sequence_parallel)."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.shape.num_attention_heads % self.tp:
+            raise ValueError(f"tensor-parallel size {self.tp} must be >= 1 and divide "
+                             f"--num-attention-heads {self.shape.num_attention_heads}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs a tensor-parallel size > 1")
+        if self.keep_sp_input_for_w and not self.sequence_parallel:
+            raise ValueError("keeping W's inputs needs sequence parallelism")
+        if self.tp > 1 and self.hardware.tp_link_gbps is None:
+            raise ValueError("tensor parallelism needs the NVLink bandwidth: use a --preset "
+                             "or give --tp-link-gbps")
+        if self.pp < 1 or self.num_microbatches < 1 or self.dp < 1:
+            raise ValueError("--pp, --num-microbatches and --dp must be >= 1")
+        if self.num_microbatches < self.pp:
+            raise ValueError(f"--num-microbatches {self.num_microbatches} must be >= --pp "
+                             f"{self.pp}")
+        if self.memory_budget_gb is not None and not (
+                math.isfinite(self.memory_budget_gb) and self.memory_budget_gb > 0):
+            raise ValueError(f"--memory-budget-gb must be a finite number > 0, got "
+                             f"{self.memory_budget_gb}")
+        for name in self.schedules:
+            if family(name).searched:
+                raise ValueError(f"schedule {name} is re-planned from measured costs during "
+                                 f"training, so the simulated order is not what runs; it "
+                                 f"cannot be tuned")
+
+    @property
+    def budget_bytes(self) -> float:
+        return (self.memory_budget_gb or self.hardware.memory_gb) * GB
+
+
+@dataclass
+class Candidate:
+    schedule: str
+    """Registry family."""
+    num_chunks: int
+    """Model chunks per rank."""
+    offload_chunks: tuple[int, ...]
+    """Local chunks whose activations go to host memory (empty: none)."""
+    recompute: bool
+    """``--recompute-lgd``."""
+    step_s: float
+    """Simulated step time under the estimated costs."""
+    peak_memory_gb: float
+    """Largest per-rank peak (model state + activations)."""
+    fits: bool
+    """The peak fits the memory budget."""
+    bubble_rate: float
+    """Simulated bubble rate."""
+    flags: list[str] = field(default_factory=list)
+    """``pretrain_gpt.py`` flags that build exactly this candidate's schedule (add the
+    data flags and run on pp x dp ranks)."""
+    per_rank_peak_gb: list[float] = field(default_factory=list)
+    """Per-rank peaks."""
+    tp: int = 1
+    """Tensor-parallel size (with pp, the devices of one replica: tp x pp)."""
+    pp: int = 1
+    """Pipeline size."""
+    sequence_parallel: bool = False
+    keep_sp_input_for_w: bool = False
+
+
+def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int, ...],
+                   recompute: bool) -> list[str]:
+    """The ``pretrain_gpt.py`` flags of one candidate: schedule, pipeline, model shape and
+    batch (``--global-batch-size`` = micro batch x microbatches x dp)."""
+    shape = config.shape
+    global_batch = shape.micro_batch_size * config.num_microbatches * config.dp
+    out = ["--pipeline-schedule", name,
+           "--num-model-chunks", str(family(name).default_chunks),
+           "--pipeline-model-parallel-size", str(config.pp),
+           "--num-layers", str(shape.num_layers), "--hidden-size", str(shape.hidden_size),
+           "--num-attention-heads", str(shape.num_attention_heads),
+           "--seq-length", str(shape.seq_length),
+           "--micro-batch-size", str(shape.micro_batch_size),
+           "--global-batch-size", str(global_batch)]
+    if offload_chunks:
+        out += ["--cpu-offload", "--offload-chunks", *map(str, offload_chunks)]
+    if recompute:
+        out.append("--recompute-lgd")
+    if config.tp > 1:
+        out += ["--tensor-model-parallel-size", str(config.tp)]
+    if config.sequence_parallel:
+        out.append("--sequence-parallel")
+    if config.keep_sp_input_for_w:
+        out.append("--keep-sp-input-for-w")
+    if config.plan_costs_path is not None:
+        out += ["--cost-model", config.plan_costs_path]
+    return out
+
+
+def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
+    """Forward, input-gradient and weight-gradient FLOPs of one layer, one microbatch
+    (MLP width 4h)."""
+    h = shape.hidden_size
+    return transformer_layer_flops(shape.micro_batch_size, shape.seq_length, h, 4 * h)
+
+
+def layer_activation_bytes(shape: ModelShape, *, recompute: bool, tp: int = 1,
+                           sequence_parallel: bool = False) -> float:
+    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
+    b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
+                  shape.num_attention_heads)
+
+    # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime.
+    # Outside the tensor-parallel regions 10 of the 34 (6 of them -- layernorm inputs
+    # and dropout masks -- recomputed by lgd, which also drops the split GeLU input, 8)
+    per_value = 34 - (lgd_saving_per_token_hidden() if recompute else 0)
+    replicated = (10 - (6 if recompute else 0)) / per_value
+    factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
+                                               replicated_share=replicated)
+    attention = 0.0 if shape.flash_attention else 5 * a * s / h / tp
+    return s * b * h * (per_value * factor + attention) * shape.bytes_per_value / 2
+
+
+def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
+                   ) -> tuple[CostModel, float, list[float]]:
+    """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
+    rank) for ``schedule``."""
+    shape, hw = config.shape, config.hardware
+    fam = family(schedule)
+    chunks = fam.default_chunks
+    stages = config.pp * chunks
+    if shape.num_layers % stages:
+        raise ValueError(f"--num-layers {shape.num_layers} is not divisible by pp x chunks "
+                         f"= {stages} (schedule {schedule})")
+    layers = shape.num_layers // stages
+    tp = config.tp
+    flops_f, flops_b, flops_w = layer_flops(shape)
+    speed = hw.peak_tflops * 1e12 * hw.mfu * tp  # one tp rank does 1/tp of the FLOPs
+    tokens, h = shape.seq_length * shape.micro_batch_size, shape.hidden_size
+    comm_f, comm_b, comm_w = tensor_parallel_comm_seconds(
+        tokens=tokens, hidden=h, bytes_per_value=shape.bytes_per_value, tp=tp,
+        link_bytes_per_s=(hw.tp_link_gbps or 0.0) * GB,
+        sequence_parallel=config.sequence_parallel,
+        keep_sp_input_for_w=config.keep_sp_input_for_w)
+    t_f = layers * (flops_f / speed + comm_f)
+    t_b = layers * (flops_b / speed + comm_b) + (0.05 * t_f if recompute else 0.0)
+    t_w = layers * (flops_w / speed + comm_w)
+    chunk_bytes = layers * layer_activation_bytes(
+        shape, recompute=recompute, tp=tp, sequence_parallel=config.sequence_parallel)
+    # --keep-sp-input-for-w: B gathers the two column-parallel inputs, W frees them
+    kept = (2 * (1 - 1 / tp) * tokens * h * shape.bytes_per_value * layers / chunk_bytes
+            if config.keep_sp_input_for_w else 0.0)
+    costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
+                      offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes,
+                      mem_f=1.0, mem_b=kept, mem_w=-1.0 - kept)
+    layer_params = (12 * h * h + 13 * h) / tp
+    bytes_per_param = 2 + 4 + 12 / config.dp
+    static = []
+    for rank in range(config.pp):
+        params = layers * chunks * layer_params
+        holds = {0, stages - 1}
+        params += shape.vocab_size * h / tp * len(
+            holds.intersection(rank_stages(fam.placement, config.pp, chunks, rank)))
+        static.append(params * bytes_per_param)
+    return costs, chunk_bytes, static
+
+
+def candidate_schedule(config: TunerConfig, name: str, *,
+                       offload_chunks: tuple[int, ...] = ()) -> Schedule:
+    """The schedule ``pretrain_gpt.py`` builds for this candidate (same builder, same
+    planning cost model)."""
+    return training_schedule(name, pp=config.pp, num_microbatches=config.num_microbatches,
+                             num_chunks=family(name).default_chunks, costs=config.plan_costs,
+                             offload_chunks=list(offload_chunks) or None)
+
+
+def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
+              recompute: bool) -> Candidate:
+    costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
+    schedule = candidate_schedule(config, name, offload_chunks=chunks)
+    result = simulate(schedule, costs)
+    peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
+    peak = max(peaks)
+    return Candidate(schedule=name, num_chunks=schedule.num_chunks, offload_chunks=chunks,
+                     recompute=recompute, step_s=result.makespan, peak_memory_gb=peak / GB,
+                     fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
+                     flags=training_flags(config, name, offload_chunks=chunks,
+                                          recompute=recompute),
+                     per_rank_peak_gb=[p / GB for p in peaks], tp=config.tp, pp=config.pp,
+                     sequence_parallel=config.sequence_parallel,
+                     keep_sp_input_for_w=config.keep_sp_input_for_w)
+
+
+def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
+    return [c for size in range(1, num_chunks + 1)
+            for c in itertools.combinations(range(num_chunks), size)]
+
+
+def tune(config: TunerConfig) -> list[Candidate]:
+    """Every candidate, best first: those that fit the budget by predicted step time,
+    then those that do not by peak memory."""
+    candidates = []
+    for recompute in (False, True):
+        for name in config.schedules:
+            fam = family(name)
+            if config.shape.num_layers % (config.pp * fam.default_chunks) or \
+                    config.num_microbatches < fam.microbatches_per_rank * config.pp:
+                continue
+            for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [()]:
+                candidates.append(_evaluate(config, name, chunks, recompute))
+    if not candidates:
+        raise ValueError(f"--num-layers {config.shape.num_layers} is not divisible by pp "
+                         f"{config.pp} (or 2 x pp) for any schedule")
+    return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
+                                             else c.peak_memory_gb))
+
+
+def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
+                 ) -> list[Candidate]:
+    """TP against PP (+ offload) at equal device count and memory budget: every candidate
+    of :func:`tune` for each tp size with ``pp = devices / tp`` (tp > 1: sequence
+    parallel, W's inputs re-gathered or kept), ranked together. Sizes that do not divide
+    the devices, the heads or the layers are skipped."""
+    from dataclasses import replace
+
+    candidates = []
+    for tp in sorted(set(tp_sizes)):
+        if tp < 1 or devices % tp or config.shape.num_attention_heads % tp:
+            continue
+        pp = devices // tp
+        if config.num_microbatches < pp:
+            continue
+        variants = [(False, False)] if tp == 1 else [(True, False), (True, True)]
+        for sequence_parallel, keep in variants:
+            sized = replace(config, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
+                            keep_sp_input_for_w=keep)
+            try:
+                candidates += tune(sized)
+            except ValueError:  # no schedule divides the layers at this pp
+                continue
+    if not candidates:
+        raise ValueError(f"no tensor-parallel size of {sorted(tp_sizes)} divides "
+                         f"--devices {devices}, the heads and the layers")
+    return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
+                                             else c.peak_memory_gb))
+
+
+def format_ranking(candidates: list[Candidate], *, budget_gb: float, top: int = 15) -> str:
+    header = (f"{'#':>3} {'tp':>2} {'pp':>3} {'schedule':<12} {'offload chunks':<14} "
+              f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
+    lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
+    for rank, c in enumerate(candidates[:top], 1):
+        chunks = ",".join(map(str, c.offload_chunks)) or "-"
+        tp = f"{c.tp}{'s' if c.sequence_parallel else ''}{'k' if c.keep_sp_input_for_w else ''}"
+        lines.append(f"{rank:>3} {tp:>2} {c.pp:>3} {c.schedule:<12} {chunks:<14} "
+                     f"{'lgd' if c.recompute else 'no':<9} {c.step_s * 1e3:>10.2f} "
+                     f"{c.peak_memory_gb:>10.2f} {c.bubble_rate:>7.3f} "
+                     f"{'yes' if c.fits else 'NO'}")
+    return "\n".join(lines)
+
+
+def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
+    """Measured matmul throughput and host-memory copy bandwidth of this machine
+    (CUDA device when available; ``mfu`` is 1 because the matmul speed is achieved)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    size = 2048 if device == "cuda" else 512
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    flops, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        a @ a
+        flops += 2 * size ** 3
+    if device == "cuda":
+        torch.cuda.synchronize()
+    tflops = flops / (time.perf_counter() - start) / 1e12
+    host = torch.empty(64 * 2 ** 20, dtype=torch.uint8)
+    src = torch.ones(64 * 2 ** 20, dtype=torch.uint8, device=device)
+    moved, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        host.copy_(src)
+        moved += host.numel()
+    gbps = moved / (time.perf_counter() - start) / GB
+    return Hardware(name=f"measured-{device}", peak_tflops=tflops, memory_gb=memory_gb,
+                    host_link_gbps=gbps, mfu=1.0)
+
+
+def _finite_positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
+        "Rank schedules x offload ratio x recompute by predicted step time within a "
+        "device memory budget (see odc_pp/schedule/offload_tuner.py for the formulas)."))
+    p.add_argument("--num-layers", type=int, required=True)
+    p.add_argument("--hidden-size", type=int, required=True)
+    p.add_argument("--num-attention-heads", type=int, required=True)
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="count the 5as/h attention-matrix activations")
+    p.add_argument("--pp", type=int, default=None,
+                   help="pipeline ranks (or give --devices to rank tensor parallelism too)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices per replica: rank every tp size of --tp-sizes at pp = "
+                        "devices / tp")
+    p.add_argument("--tp-sizes", default="1,2,4,8",
+                   help="tensor-parallel sizes tried with --devices (comma-separated)")
+    p.add_argument("--tp-link-gbps", type=_finite_positive, default=None,
+                   help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (optimizer sharding)")
+    p.add_argument("--num-microbatches", type=int, required=True)
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    p.add_argument("--measure", action="store_true", help="measure this machine instead")
+    p.add_argument("--memory-budget-gb", type=_finite_positive, default=None,
+                   help="usable memory per rank (default: the device's)")
+    p.add_argument("--cost-model", default=None, metavar="FILE",
+                   help="the CostModel JSON file pretrain_gpt.py will get as --cost-model "
+                        "(it plans the schedule; default: none, the frontend's default)")
+    p.add_argument("--mfu", type=_finite_positive, default=None,
+                   help="override the MFU factor")
+    p.add_argument("--top", type=int, default=15, help="rows to print")
+    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    return p
+
+
+def _plan_costs(path: str | None) -> CostModel:
+    if path is None:
+        return CostModel()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return CostModel.from_dict(json.load(handle))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise ValueError(f"--cost-model {path!r}: {exc}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.measure == (args.preset is not None):
+            raise ValueError("give exactly one of --preset {a100,h100,h200} and --measure")
+        if args.measure:
+            hardware = measure_hardware(memory_gb=args.memory_budget_gb or 16.0)
+        else:
+            hardware = PRESETS[args.preset]
+        from dataclasses import replace
+
+        if args.mfu is not None:
+            hardware = replace(hardware, mfu=args.mfu)
+        if args.tp_link_gbps is not None:
+            hardware = replace(hardware, tp_link_gbps=args.tp_link_gbps)
+        if (args.pp is None) == (args.devices is None):
+            raise ValueError("give exactly one of --pp (pipeline only) and --devices "
+                             "(tensor and pipeline parallelism ranked together)")
+        shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                           num_attention_heads=args.num_attention_heads,
+                           seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+                           vocab_size=args.vocab_size,
+                           flash_attention=not args.no_flash_attention)
+        config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp or 1, dp=args.dp,
+                             num_microbatches=args.num_microbatches,
+                             memory_budget_gb=args.memory_budget_gb,
+                             plan_costs=_plan_costs(args.cost_model),
+                             plan_costs_path=args.cost_model)
+        if args.devices is None:
+            ranking = tune(config)
+        else:
+            sizes = tuple(int(x) for x in args.tp_sizes.split(",") if x.strip())
+            ranking = tune_devices(config, devices=args.devices, tp_sizes=sizes)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    budget = config.budget_bytes / GB
+    if args.json:
+        print(json.dumps([c.__dict__ for c in ranking[:args.top]], indent=1))
+    else:
+        print(f"hardware: {hardware}")
+        print(format_ranking(ranking, budget_gb=budget, top=args.top))
+    best = ranking[0]
+    if not best.fits:
+        print(f"error: no schedule fits {budget:.1f} GB per rank; the smallest needs "
+              f"{best.peak_memory_gb:.1f} GB ({best.schedule}, offload chunks "
+              f"{list(best.offload_chunks) or 'none'}, recompute "
+              f"{'lgd' if best.recompute else 'off'}). "
+              "Raise --memory-budget-gb, --pp or --dp, or lower --micro-batch-size / "
+              "--seq-length.", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(f"\nbest: {' '.join(best.flags)}\n  (on {best.tp * best.pp * config.dp} ranks, add "
+              f"the data flags; predicted {best.step_s * 1e3:.2f} ms/step, peak "
+              f"{best.peak_memory_gb:.2f} GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

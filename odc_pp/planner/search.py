@@ -1,0 +1,459 @@
+"""The planner's performance model and search (see docs/planner.md).
+
+A candidate (tp, pp, dp, schedule family and chunks, recompute, offload, dp mode, load
+balance, packing and token cap) is predicted as follows, deterministically:
+
+1. ``samples`` global minibatches are drawn (fixed seed) from the length distribution
+   and planned by :func:`odc_pp.data.plan_minibatch` exactly as ``pretrain_gpt.py`` plans
+   them (the same mode, cap, packing and FLOPs cost model): microbatch counts and shapes
+   per replica.
+2. A microbatch's F/B/W time on one virtual stage is its FLOPs
+   (:func:`~odc_pp.schedule.costs.transformer_layer_flops` on the executed shape: padded
+   rows, or a packed row's documents, whose attention the GPU kernels (varlen / flex)
+   compute per document; the output layer on the last stage) over the
+   cluster's achieved FLOP/s for that microbatch size (:meth:`Cluster.flops_per_s`, an
+   efficiency curve), divided by tp, plus the tensor-parallel collectives
+   (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`).
+3. Each replica's pipeline is the schedule ``pretrain_gpt.py`` builds
+   (:func:`~odc_pp.schedule.generators.training_schedule`), simulated
+   (:func:`~odc_pp.schedule.simulator.simulate`) with the replica's mean microbatch costs
+   and the pipeline transfer time of its activations (NVLink inside a node, else the
+   inter-node link). ODC: the step waits once for the slowest replica. Collective: the
+   replicas run in lock step, each microbatch as slow as its slowest replica's.
+4. Data-parallel gradient traffic that is not overlapped is added: collective all-reduce
+   (2 (dp-1)/dp of the stage's bf16 gradients), ODC reduce-scatter ((dp-1)/dp).
+5. Peak memory per rank: bf16 parameters, fp32 gradients, fp32 master + Adam sharded over
+   dp, the logits of the last stage, and the simulator's activation peak (microbatch
+   chunks) times the largest microbatch chunk's bytes (tune-offload's formula).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from odc_pp.data import AttentionCost, plan_minibatch
+from odc_pp.schedule.costs import (CostModel, tensor_parallel_comm_seconds,
+                                   transformer_layer_flops)
+from odc_pp.schedule.generators import family, training_schedule
+from .offload_tuner import ModelShape, layer_activation_bytes
+from odc_pp.schedule.simulator import simulate
+
+from .inputs import Cluster, ModelSpec
+
+__all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
+           "megatron_default"]
+
+GB = 1e9
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(kw_only=True)
+class PlanConfig:
+    """What to plan for."""
+
+    model: ModelSpec
+    """The transformer."""
+    cluster: Cluster
+    """GPU kind and links."""
+    gpus: int
+    """GPUs in the job."""
+    global_batch: int
+    """Samples per optimizer step."""
+    lengths: np.ndarray
+    """The sample-length distribution (samples are drawn from it)."""
+    memory_gb: float | None = None
+    """Usable memory per GPU (default: the GPU's HBM less 10%)."""
+    tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Tensor-parallel sizes tried (within a node)."""
+    schedules: tuple[str, ...] = SCHEDULES
+    """Schedule families tried."""
+    token_caps: tuple[int, ...] = (1, 2, 4)
+    """Packed-row token caps tried, in multiples of the sequence length."""
+    dp_modes: tuple[str, ...] = ("collective", "odc")
+    """Data-parallel modes tried."""
+    samples: int = 2
+    """Global minibatches drawn to predict each candidate."""
+    seed: int = 0
+    """Seed of those draws."""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
+            raise ValueError("--gpus, --global-batch and --samples must be >= 1")
+        if len(self.lengths) < 1:
+            raise ValueError("the length distribution is empty")
+        for name in self.schedules:
+            if family(name).searched:
+                raise ValueError(f"schedule {name} is re-planned during training; not plannable")
+
+    @property
+    def memory_bytes(self) -> float:
+        return (self.memory_gb or 0.9 * self.cluster.hbm_gb) * GB
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One configuration."""
+
+    tp: int
+    pp: int
+    dp: int
+    schedule: str
+    dp_mode: str
+    balance: str
+    packed: bool
+    token_cap: int | None
+    """Packed-row cap (None: one sample per microbatch, unpacked)."""
+    recompute: bool = False
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    """The predicted performance of one candidate."""
+
+    candidate: Candidate
+    step_s: float
+    tokens_per_s: float
+    breakdown: dict[str, float]
+    """Seconds per step: compute (busiest rank's own work), bubble (pipeline idle),
+    dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic)."""
+    peak_memory_gb: list[float]
+    """Predicted peak per pipeline rank (model state, activations, last rank's logits)."""
+    fits: bool
+    mfu: float
+    flags: list[str] = field(default_factory=list)
+    megatron_default: bool = False
+
+    def to_dict(self) -> dict:
+        return {"config": vars(self.candidate), "step_s": self.step_s,
+                "tokens_per_s": self.tokens_per_s, "breakdown": self.breakdown,
+                "peak_memory_gb": self.peak_memory_gb, "fits": self.fits, "mfu": self.mfu,
+                "megatron_default": self.megatron_default, "flags": self.flags}
+
+
+def pipeline_time(name: str, *, pp: int, num_microbatches: int, costs: CostModel,
+                  num_chunks: int | None = None, memory_limit: float | None = None,
+                  offload_chunks: list[int] | None = None):
+    """The simulated pipeline of the schedule ``pretrain_gpt.py`` builds: (SimResult,
+    Schedule). The one pipeline model of the planner and its validation."""
+    schedule = _training_schedule(name, pp, num_microbatches, num_chunks, memory_limit,
+                                  tuple(offload_chunks) if offload_chunks else None)
+    return simulate(schedule, costs), schedule
+
+
+@functools.lru_cache(maxsize=4096)
+def _training_schedule(name, pp, num_microbatches, num_chunks, memory_limit, offload_chunks):
+    """Schedules are planned with the frontend's default cost model, so one per shape
+    (the simulator does not modify them)."""
+    return training_schedule(name, pp=pp, num_microbatches=num_microbatches,
+                             num_chunks=num_chunks, costs=CostModel(),
+                             memory_limit=memory_limit,
+                             offload_chunks=list(offload_chunks) if offload_chunks else None)
+
+
+def _sample_cost(model: ModelSpec) -> AttentionCost:
+    """The data planner's default cost model (training.data_plan.sample_cost_model)."""
+    def flops(seq: int) -> float:
+        return sum(transformer_layer_flops(1, seq, model.hidden_size, model.flops_ffn))
+
+    quadratic = (flops(2) - 2 * flops(1)) / 2
+    return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))
+
+
+def _shapes(groups: list[list[int]], lengths: np.ndarray, packed: bool) -> list[tuple]:
+    """(rows, row length, documents) of each microbatch: documents are the packed samples'
+    lengths (attention per document on GPU: varlen / flex), None for padded rows."""
+    return [(1, int(lengths[g].sum()), tuple(int(v) for v in lengths[g])) if packed
+            else (len(g), int(lengths[g].max()), None) for g in groups]
+
+
+def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
+                 documents: tuple | None = None) -> tuple[list[float], list[float], list[float]]:
+    """F, B, W seconds of one microbatch ``[rows, length]`` per virtual stage (packed:
+    attention per document)."""
+    model, cluster = config.model, config.cluster
+    chunks = family(cand.schedule).default_chunks
+    stages = cand.pp * chunks
+    layers = model.num_layers / stages
+    tokens = rows * length
+    speed = cluster.flops_per_s(tokens) * cand.tp
+    if documents:
+        f, b, w = np.sum([transformer_layer_flops(1, d, model.hidden_size, model.flops_ffn)
+                          for d in documents], axis=0)
+    else:
+        f, b, w = transformer_layer_flops(rows, length, model.hidden_size, model.flops_ffn)
+    cf, cb, cw = tensor_parallel_comm_seconds(
+        tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
+        link_bytes_per_s=cluster.nvlink_gbps * GB, sequence_parallel=cand.tp > 1,
+        keep_sp_input_for_w=False)
+    t_f = layers * (f / speed + cf)
+    t_b = layers * (b / speed + cb) + (0.05 * layers * f / speed if cand.recompute else 0.0)
+    t_w = layers * (w / speed + cw)
+    logits = 2.0 * tokens * model.hidden_size * model.vocab_size / speed
+    out = [[t_f] * stages, [t_b] * stages, [t_w] * stages]
+    out[0][-1] += logits
+    out[1][-1] += logits
+    out[2][-1] += logits
+    return out[0], out[1], out[2]
+
+
+def _replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
+                   link: float, memory: tuple[float, float, float]) -> CostModel:
+    times = [_stage_times(config, cand, rows, length, docs) for rows, length, docs in shapes]
+    mean = [np.mean([t[k] for t in times], axis=0).tolist() for k in range(3)]
+    tokens = float(np.mean([r * s for r, s, _ in shapes]))
+    comm = tokens * config.model.hidden_size * 2 / cand.tp / link if cand.pp > 1 else 0.0
+    return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
+                     mem_f=memory[0], mem_b=memory[1], mem_w=memory[2])
+
+
+def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
+    """The sampled minibatches' plans; they depend on dp, pp and the data flags only, so
+    they are computed once per ``config`` for those."""
+    key = (cand.dp, cand.pp, cand.balance, cand.packed, cand.token_cap)
+    cache = config.__dict__.setdefault("_plan_cache", {})
+    if key not in cache:
+        cache[key] = _draw_plans(config, cand, cost_model)
+    return cache[key]
+
+
+def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
+    rng = np.random.default_rng(config.seed)
+    out = []
+    for _ in range(config.samples):
+        lengths = config.lengths[rng.integers(0, len(config.lengths), config.global_batch)]
+        cap = (cand.token_cap if cand.token_cap is not None
+               else config.model.seq_length)
+        plan = plan_minibatch(lengths, cand.dp, max_tokens=cap, mode=cand.balance,
+                              cost_model=cost_model, min_microbatches=cand.pp,
+                              samples_per_microbatch=None if cand.packed else 1,
+                              packed=cand.packed, segment_attention=True)
+        out.append((lengths, plan))
+    return out
+
+
+def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
+    if cand.dp == 1:
+        return 0.0
+    grads = config.model.params / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
+    inside = cand.tp * cand.pp * cand.dp <= config.cluster.gpus_per_node
+    link = (config.cluster.nvlink_gbps if inside else config.cluster.internode_gbps) * GB
+    share = (cand.dp - 1) / cand.dp * grads / link
+    return 2 * share if cand.dp_mode == "collective" else share
+
+
+def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
+    params = config.model.params / (cand.tp * cand.pp)
+    return params * (2 + 4 + 12 / cand.dp)
+
+
+def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
+                    offload: list[int] | None) -> tuple[tuple[float, ...], list]:
+    """((step, compute, bubble, dp wait) seconds, simulations) of one planned minibatch
+    (``per_replica``: each replica's microbatch shapes)."""
+    memory = (1.0, 0.0, -1.0)
+    if cand.dp_mode == "collective":
+        counts = {len(s) for s in per_replica}
+        if len(counts) != 1:
+            raise ValueError("collective needs equal microbatch counts")
+        count = counts.pop()
+        own = [_replica_costs(config, cand, s, link, memory) for s in per_replica]
+        lock = CostModel(**{k: np.max([getattr(c, k) for c in own], axis=0).tolist()
+                            for k in ("t_f", "t_b", "t_w")},
+                         t_comm=max(c.t_comm for c in own))
+        sim, _ = pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=count,
+                               costs=lock, offload_chunks=offload)
+        busy = max(sim.busy)
+        # each replica's own work on its busiest rank; the rest of lock step is waiting
+        chunks = family(cand.schedule).default_chunks
+        work = float(np.mean([count * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
+                              for c in own]))
+        return (sim.makespan, min(work, busy), sim.makespan - busy,
+                max(0.0, busy - work)), [sim]
+    sims = [pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=len(shapes),
+                          costs=_replica_costs(config, cand, shapes, link, memory),
+                          offload_chunks=offload)[0] for shapes in per_replica]
+    spans = [sim.makespan for sim in sims]
+    return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
+            float(np.mean([sim.makespan - max(sim.busy) for sim in sims])),
+            max(spans) - float(np.mean(spans))), sims
+
+
+def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
+                biggest: int) -> list[float]:
+    """Predicted peak bytes per pipeline rank: model state, activations (``units``
+    microbatch chunks of the largest microbatch) and the last rank's fp32 logits."""
+    model = config.model
+    fam = family(cand.schedule)
+    shape = ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                       num_attention_heads=model.num_attention_heads, seq_length=biggest,
+                       vocab_size=model.vocab_size)
+    chunk_bytes = model.num_layers / (cand.pp * fam.default_chunks) * layer_activation_bytes(
+        shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
+    if fam.offloads:  # offloaded chunks stay on the host between F and B
+        chunk_bytes *= 0.5
+    peaks = [float(_static_bytes(config, cand) + u * chunk_bytes) for u in units]
+    peaks[-1] += biggest * model.vocab_size * 4 / cand.tp
+    return peaks
+
+
+def predict(config: PlanConfig, cand: Candidate) -> Prediction:
+    """The prediction of one candidate (ValueError: the candidate cannot run)."""
+    model, cluster = config.model, config.cluster
+    fam = family(cand.schedule)
+    inside = cand.tp * cand.pp <= cluster.gpus_per_node
+    link = (cluster.nvlink_gbps if inside else cluster.internode_gbps) * GB
+    offload = list(range(fam.default_chunks)) if fam.offloads else None
+    parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
+    for lengths, plan in _plans(config, cand, _sample_cost(model)):
+        per_replica = [_shapes(groups, lengths, cand.packed) for groups in plan.microbatches]
+        times, sims = _minibatch_step(config, cand, per_replica, link, offload)
+        parts.append(times)
+        for sim in sims:
+            units = np.maximum(units, sim.peak_activation)
+        biggest = max(biggest, max(r * s for shapes in per_replica for r, s, _ in shapes))
+        real_tokens.append(int(lengths.sum()))
+        flops.append(sum(sum(transformer_layer_flops(1, int(s), model.hidden_size,
+                                                     model.flops_ffn)) * model.num_layers
+                         + 6.0 * s * model.hidden_size * model.vocab_size for s in lengths))
+    step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
+    comm = _dp_comm(config, cand)
+    step_s = step + comm
+    peaks = _peak_bytes(config, cand, units, biggest)
+    mfu = float(np.mean(flops)) / (step_s * config.gpus * cluster.peak_tflops * 1e12)
+    return Prediction(candidate=cand, step_s=step_s,
+                      tokens_per_s=float(np.mean(real_tokens)) / step_s,
+                      breakdown={"compute": compute, "bubble": bubble, "dp_wait": wait,
+                                 "comm": comm},
+                      peak_memory_gb=[round(p / GB, 3) for p in peaks],
+                      fits=bool(max(peaks) <= config.memory_bytes), mfu=mfu,
+                      flags=flags_of(config, cand))
+
+
+def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
+    """The ``pretrain_gpt.py`` flags of a candidate (add the data flags; run on
+    tp x pp x dp ranks)."""
+    fam = family(cand.schedule)
+    flags = config.model.model_flags() + [
+        "--tensor-model-parallel-size", str(cand.tp),
+        "--pipeline-model-parallel-size", str(cand.pp),
+        "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
+        "--dp-mode", cand.dp_mode, "--load-balance", cand.balance,
+        "--global-batch-size", str(config.global_batch), "--micro-batch-size", "1"]
+    if cand.packed:
+        flags += ["--pack-sequences", "--max-tokens-per-microbatch", str(cand.token_cap)]
+    elif cand.balance == "lb-mini":
+        flags.append("--no-pack-sequences")
+    if cand.tp > 1:
+        flags.append("--sequence-parallel")
+    if cand.recompute:
+        flags.append("--recompute-lgd")
+    if fam.offloads:
+        flags += ["--cpu-offload", "--offload-chunks",
+                  *map(str, range(fam.default_chunks))]
+    return flags
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(config: PlanConfig) -> list[Candidate]:
+    """Every candidate the search evaluates, in a fixed order."""
+    model, out = config.model, []
+    caps = [config.model.seq_length * k for k in config.token_caps]
+    for tp in config.tp_sizes:
+        if config.gpus % tp or tp > config.cluster.gpus_per_node or \
+                model.num_attention_heads % tp:
+            continue
+        for pp in _divisors(config.gpus // tp):
+            dp = config.gpus // (tp * pp)
+            if config.global_batch < dp:
+                continue
+            for name in config.schedules:
+                if model.num_layers % (pp * family(name).default_chunks):
+                    continue
+                if pp == 1 and name != "1f1b":
+                    continue  # every schedule is the same single stage
+                for dp_mode, balance, cap in _data_modes(config, dp, caps):
+                    out.append(Candidate(tp=tp, pp=pp, dp=dp, schedule=name,
+                                         dp_mode=dp_mode, balance=balance,
+                                         packed=cap is not None, token_cap=cap))
+    return out
+
+
+def _data_modes(config: PlanConfig, dp: int, caps: list[int]):
+    for dp_mode in config.dp_modes:
+        if dp == 1 and dp_mode != config.dp_modes[0]:
+            continue  # one replica: the dp mode does not matter
+        if config.global_batch % dp == 0:
+            yield dp_mode, "none", None
+            if dp > 1:
+                yield dp_mode, "balanced", None
+        if dp_mode == "odc":
+            for cap in caps:
+                yield dp_mode, "lb-mini", cap
+
+
+def megatron_default(cand: Candidate) -> bool:
+    """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts."""
+    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode == "collective" and \
+        cand.balance == "none" and not cand.packed
+
+
+def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
+    """(every candidate that runs, best first: fitting ones by tokens/s, then the rest by
+    memory; the best Megatron-default configuration, or None if none runs). A candidate
+    that does not fit memory is tried again with --recompute-lgd."""
+    out = []
+    for cand in candidates(config):
+        try:
+            pred = predict(config, cand)
+            if not pred.fits:
+                pred = min(pred, predict(config, Candidate(**{**vars(cand),
+                                                             "recompute": True})),
+                           key=lambda p: (not p.fits, -p.tokens_per_s))
+        except ValueError:  # shape the schedule or the data planner rejects
+            continue
+        pred.megatron_default = megatron_default(pred.candidate)
+        out.append(pred)
+    out.sort(key=lambda p: (not p.fits, -p.tokens_per_s if p.fits else max(p.peak_memory_gb),
+                            _key(p.candidate)))
+    default = next((p for p in out if p.megatron_default), None)
+    return out, default
+
+
+def _key(cand: Candidate) -> tuple:
+    return (cand.tp, cand.pp, cand.schedule, cand.dp_mode, cand.balance, cand.token_cap or 0,
+            cand.recompute)
+
+
+def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int) -> str:
+    """The ranking as text: top configurations and the Megatron default, with flags."""
+    lines = [f"{'#':>3} {'tp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} {'dp-mode':<10} "
+             f"{'balance':<8} {'cap':>6} {'rc':>2} {'tok/s':>10} {'step ms':>9} "
+             f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'mem GB':>7} "
+             f"{'MFU':>5} fits"]
+    shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
+                           else [])
+    for rank, pred in enumerate(shown, 1):
+        c, b = pred.candidate, pred.breakdown
+        label = "M" if pred.megatron_default else str(rank)
+        lines.append(
+            f"{label:>3} {c.tp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} {c.dp_mode:<10} "
+            f"{c.balance:<8} {c.token_cap or '-':>6} {'y' if c.recompute else '-':>2} "
+            f"{pred.tokens_per_s:>10.0f} {pred.step_s * 1e3:>9.1f} {b['compute'] * 1e3:>7.1f} "
+            f"{b['bubble'] * 1e3:>7.1f} {b['dp_wait'] * 1e3:>7.1f} {b['comm'] * 1e3:>7.1f} "
+            f"{max(pred.peak_memory_gb):>7.1f} {pred.mfu:>5.1%} {'yes' if pred.fits else 'NO'}")
+    if shown:
+        lines.append("")
+        lines.append("flags of #1: " + " ".join(shown[0].flags))
+    if default is not None:
+        lines.append("flags of the Megatron default (M): " + " ".join(default.flags))
+        if shown and shown[0] is not default:
+            lines.append(f"predicted speed-up of #1 over M: "
+                         f"{shown[0].tokens_per_s / default.tokens_per_s:.2f}x")
+    return "\n".join(lines)

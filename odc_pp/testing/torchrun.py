@@ -1,0 +1,65 @@
+"""Run pretrain_gpt.py through torchrun in a subprocess with a hard timeout (the one
+torchrun launcher of the tests and benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TINY_MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+              "--seq-length", "48", "--mock-data", "--vocab-size", "48",
+              "--global-batch-size", "8", "--micro-batch-size", "1", "--lr", "3e-2",
+              "--lr-warmup-iters", "1", "--min-lr", "3e-3", "--seed", "7",
+              "--no-progress-bar", "--distributed-timeout-minutes", "1.5"]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    log_path: str | None
+
+    def records(self) -> list[dict]:
+        with open(self.log_path) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records()]
+
+    def describe(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n" \
+               f"{self.stderr[-6000:]}"
+
+
+def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float = 240,
+           log: bool = True, script: str | None = None) -> Run:
+    """torchrun --standalone (free rendezvous port) of ``script`` (default pretrain_gpt.py);
+    the process group is killed on timeout."""
+    log_path = str(tmp_path / f"{name}.jsonl") if log else None
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), script or os.path.join(ROOT, "pretrain_gpt.py"),
+               *flags]
+    if log_path:
+        command += ["--log-json", log_path]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
+               PYTHONWARNINGS="ignore", TORCHELASTIC_ERROR_FILE="")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{name}: torchrun did not finish within {timeout:.0f} s\n"
+                             f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return Run(process.returncode, stdout, stderr, log_path)

@@ -1,0 +1,444 @@
+"""The training loop as one object: :meth:`Trainer.train_step` is the algorithm of one
+iteration -- data plan -> pipeline schedule -> the minibatch through the runtime (the
+data-parallel engine opens and closes it) -> ``optimizer.clip_and_step`` -> loss and
+statistics -- and :meth:`Trainer.train` runs the iterations with the named steps around
+them (logging, post-validation resolution, checkpoints, the exit interval).
+
+Loss. Each iteration's loss is the token-weighted mean over the whole global batch:
+``sum(token losses * loss mask) / scored tokens of the global batch``. Every microbatch's
+summed token loss is divided by that global count (known to every rank from the data
+plan), and gradients are *summed* over microbatches, replicas and stages, so the gradient
+is independent of how samples are split into replicas and microbatches: pp x dp runs
+match a single-process run up to float rounding.
+
+Post-validation (--enable-optimizer-post-validation): an iteration's step is validated
+during the next one, so its :class:`StepStats` stay pending (``grad_norm`` None) until
+then; its log record and checks wait for that, and every rank finishes the same
+iterations. Before a checkpoint, at the exit interval and at the end the pending step is
+validated at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .arguments import TrainingArgs
+from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
+from .components import Components, build_components, build_schedule, schedule_for
+from .data_plan import DataPlanner, IterationPlan, build_source
+from .distributed import Topology, read_env
+from .logging_utils import TrainingLogger, wandb_settings
+from .lr_schedule import LRSchedule
+from .optimizer_step import inject_nonfinite_grad
+from .replanning import ZbAutoReplanner
+from .resharding import sharded_state
+from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
+from .tracing import TraceRecorder
+from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
+
+__all__ = ["Trainer", "StepStats", "TrainingStopped"]
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot usefully go on (non-finite loss, too many skipped steps); every rank
+    raises it at the same iteration because it decides on globally reduced values."""
+
+
+@dataclass(kw_only=True)
+class Window:
+    """Throughput since the last log record (this rank)."""
+
+    tokens: int = 0
+    """Input positions of the global batches."""
+    time_s: float = 0.0
+    """Wall time of the steps."""
+    flops: float = 0.0
+    """This rank's share of the model FLOPs."""
+
+
+@dataclass(kw_only=True)
+class StepStats:
+    """One iteration's results on this rank."""
+
+    iteration: int
+    """Iterations done after this one (1-based)."""
+    lr: float
+    """Learning rate of the step."""
+    loss: float | None = None
+    """Token-weighted mean loss of the global batch (None until :meth:`resolve_loss`)."""
+    grad_norm: float | None = None
+    """Global gradient norm before clipping; None while the post-validated step awaits
+    its validation."""
+    skipped: bool | None = None
+    """The optimizer step was skipped or rolled back (inf/nan); None while pending."""
+    step_s: float = 0.0
+    """Wall time of the iteration."""
+    busy_s: float = 0.0
+    """This rank's time in compute actions."""
+    peak_memory_mb: float = 0.0
+    """Peak device memory of this rank (CPU: peak saved-activation memory)."""
+    wgrad_held_mb: float = 0.0
+    """Largest bytes one (chunk, microbatch)'s deferred W held from its B, in MiB."""
+    tokens: int = 0
+    """Input positions of the global batch."""
+    flops: float = 0.0
+    """This rank's share of its replica's model FLOPs."""
+    microbatches_per_replica: list[int] = field(default_factory=list)
+    """Microbatch count of every data-parallel replica."""
+    repeats: int = 0
+    """Times the minibatch ran again because the previous step was rolled back/clipped."""
+    minibatch: object = None
+    minibatch_started: float = 0.0
+    """``perf_counter`` when the runtime's action clock started (its timings' zero)."""
+    """The runtime's MinibatchResult (action timings, for the profiler)."""
+    previous_step: object = None
+    """Post-validation: the StepOutcome of the previous iteration's step, validated
+    during this iteration (None otherwise)."""
+    window: Window | None = None
+    """The throughput window this iteration closed (set when its record is due)."""
+    loss_reduction: tuple | None = None
+    """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
+
+    @property
+    def pending(self) -> bool:
+        """The step awaits its validation (grad_norm and skipped unknown)."""
+        return self.grad_norm is None
+
+    def resolve_step(self, outcome) -> None:
+        """Fill in the step from its (validated) StepOutcome."""
+        self.grad_norm = outcome.grad_norm
+        self.skipped = outcome.action == "skipped"
+
+    def resolve_loss(self) -> None:
+        """Wait for the loss all-reduce and set :attr:`loss`."""
+        if self.loss_reduction is None:
+            return
+        work, loss_sum, tokens = self.loss_reduction
+        self.loss_reduction = None
+        if work is not None:
+            work.wait()
+        self.loss = float(loss_sum) / tokens
+
+
+_GATHERED = ("busy_s", "idle_s", "peak_activation_mb", "peak_memory_mb", "window_flops",
+             "window_time", "wgrad_held_mb")
+"""The per-rank values every log record gathers from every rank."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Trains ``args`` on ``topo``: builds the data plan, the components and the
+    checkpointing, resuming from --load; :meth:`train` runs the iterations."""
+
+    def __init__(self, args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> None:
+        self.args, self.topo, self.out = args, topo, out
+        seed_everything(args.run.seed)
+        source, self.vocab = build_source(args)
+        self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
+                                   segment_attention=topo.device.type == "cuda")
+        self.parts: Components = build_components(
+            args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size)
+        opt = args.optimizer
+        self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
+                                      warmup_iters=opt.lr_warmup_iters,
+                                      decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style)
+        self.start = self._resume()
+        self.saver = self._saver()
+        self.logger = TrainingLogger(
+            train_iters=args.run.train_iters, log_json=args.logging.log_json,
+            tensorboard_dir=args.logging.tensorboard_dir,
+            progress_bar=not args.logging.no_progress_bar, stream=out,
+            **wandb_settings(args)) if topo.rank == 0 else None
+        self.records: list[dict] = []
+        self.window = Window()
+        self.shape = ModelShape(num_layers=args.model.num_layers,
+                                hidden_size=args.model.hidden_size,
+                                ffn_hidden_size=args.model.ffn_hidden_size,
+                                vocab_size=self.vocab)
+        self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
+        self.skipped_in_a_row = 0
+        self.replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
+        self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
+        self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
+        self.pending: StepStats | None = None
+        """Post-validation: the step awaiting its validation in the next iteration."""
+
+    # ----- the loop -------------------------------------------------------------------
+    def train(self) -> list[dict]:
+        """Iterations from the start (0, or where --load resumed) to --train-iters or
+        --exit-interval; returns the logged records (rank 0; other ranks: [])."""
+        for iteration in range(self.start, self.args.run.train_iters):
+            self._inject_fault(iteration)
+            stats = self.train_step(iteration)
+            self._observe(stats)
+            if self._settle(stats):
+                self._finish(stats)
+                self._save_if_due(stats.iteration)
+            if self._exit_due(stats.iteration):
+                self._say(f"exit interval {self.args.run.exit_interval} reached")
+                break
+        self.close()
+        return self.records
+
+    def train_step(self, iteration: int) -> StepStats:
+        """One iteration (``iteration``: 0-based): plan -> schedule -> minibatch ->
+        clip and step -> loss and statistics. With post-validation the runtime steps at
+        the schedule's POST_VALIDATION and the returned stats stay pending."""
+        plan = self.planner.plan(iteration)
+        microbatches = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
+        schedule = schedule_for(self.parts, self.args.schedule, self.topo, len(microbatches))
+        self.parts.last_schedule = schedule
+        lr = self.lr_schedule.lr_at(iteration)
+        began = time.perf_counter()
+        stats = StepStats(iteration=iteration + 1, lr=lr, tokens=plan.total_tokens,
+                          microbatches_per_replica=[len(r) for r in plan.replicas])
+        with self._nonfinite_injection(iteration + 1) as injecting:
+            result = self._run_minibatch(schedule, microbatches, plan, lr, stats)
+        if self.parts.post_validator is None:
+            if injecting:
+                inject_nonfinite_grad(self.parts.engine)
+            outcome = self.parts.optimizer.clip_and_step(self.args.optimizer.clip_grad, lr=lr)
+            stats.resolve_step(outcome)
+        self._start_loss_reduction(stats, result, plan)
+        stats.step_s = time.perf_counter() - began
+        if self.tracer is not None:
+            self.tracer.record(iteration + 1, began, stats.step_s, stats)
+        stats.busy_s = sum(t.duration for t in result.timings if t.action.is_compute)
+        if self.topo.device.type == "cuda":
+            stats.peak_memory_mb = torch.cuda.max_memory_allocated(self.topo.device) / 2 ** 20
+        else:  # CPU: the runtime's count of saved activations
+            stats.peak_memory_mb = result.peak_activation_bytes / 2 ** 20
+        held = getattr(result, "wgrad_bytes", None) or {}
+        stats.wgrad_held_mb = max(held.values(), default=0) / 2 ** 20
+        # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
+        stats.flops = sum(microbatch_flops(self.shape, mb) for mb in microbatches) / self.topo.pp
+        return stats
+
+    # ----- inside the step ------------------------------------------------------------
+    def _run_minibatch(self, schedule, microbatches, plan: IterationPlan, lr: float,
+                       stats: StepStats):
+        """The minibatch through the runtime; with post-validation again while the
+        previous step's validation rolled it back or clipped it."""
+        while True:
+            result = self.parts.runtime.run_minibatch(
+                schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),
+                max_microbatches=plan.max_microbatches, step_lr=lr)
+            stats.previous_step = stats.previous_step or result.validated
+            stats.minibatch = result
+            stats.minibatch_started = time.perf_counter() - result.wall_time
+            if not result.repeat:
+                return result
+            stats.repeats += 1
+
+    @contextlib.contextmanager
+    def _nonfinite_injection(self, iteration: int):
+        """--inject-nonfinite-grad-iter (tests): True on the last rank at that iteration;
+        with post-validation the injection wrapper is armed meanwhile."""
+        injecting = self.args.run.inject_nonfinite_grad_iter == iteration and \
+            self.topo.rank == self.topo.world_size - 1
+        injection = self.parts.injection
+        if injection is not None:
+            injection.armed = injecting
+        try:
+            yield injecting
+        finally:
+            if injection is not None:
+                injection.armed = False
+
+    def _start_loss_reduction(self, stats: StepStats, result, plan: IterationPlan) -> None:
+        """Sum the last stage's loss over all ranks; with post-validation in the
+        background (no barrier at the end of the iteration; waited for when finished)."""
+        loss_sum = torch.tensor([result.loss_sum or 0.0 if self.parts.last_stage else 0.0],
+                                dtype=torch.float64)
+        work = dist.all_reduce(loss_sum, async_op=self.parts.post_validator is not None)
+        stats.loss_reduction = (work, loss_sum, plan.total_loss_tokens)
+        if work is None:
+            stats.resolve_loss()
+
+    # ----- around the step ------------------------------------------------------------
+    def _inject_fault(self, iteration: int) -> None:
+        """--inject-fault-rank/--inject-fault-iter (tests): SIGKILL this process."""
+        run = self.args.run
+        if run.inject_fault_rank == self.topo.rank and iteration + 1 == run.inject_fault_iter:
+            print(f"rank {self.topo.rank}: injected fault at iteration {iteration + 1} "
+                  f"(SIGKILL)", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _observe(self, stats: StepStats) -> None:
+        """After every step: the schedule picture, ZB-auto re-planning, progress and the
+        throughput window."""
+        if self.render_pending:  # the schedule rank 0's pipeline just ran
+            self._render_schedule()
+            self.render_pending = False
+        if self.replanner.observe(self.parts, stats, max_microbatches=max(
+                stats.microbatches_per_replica), out=self.out if self.topo.rank == 0 else None):
+            self.render_pending = bool(self.args.logging.schedule_png) and self.topo.rank == 0
+        self.window.tokens += stats.tokens
+        self.window.time_s += stats.step_s
+        self.window.flops += stats.flops
+        if self.logger is not None:
+            self.logger.progress(stats.iteration)
+        if self._log_due(stats.iteration):
+            stats.window, self.window = self.window, Window()
+
+    def _settle(self, stats: StepStats) -> bool:
+        """Post-validation: finish the previous step, validated during this one, and
+        validate this one at once before a checkpoint, the exit or the end. True when
+        ``stats`` are final; otherwise they wait for the next iteration."""
+        if self.pending is not None:
+            self.pending.resolve_step(stats.previous_step)
+            self._finish(self.pending)
+            self.pending = None
+        done = stats.iteration
+        if stats.pending and (self._save_due(done) or self._exit_due(done)
+                              or done == self.args.run.train_iters):
+            stats.resolve_step(self.parts.post_validator.validate())
+        if stats.pending:
+            self.pending = stats
+            return False
+        return True
+
+    def _finish(self, stats: StepStats) -> None:
+        """A final step: its loss, its log record when due, the stop checks."""
+        stats.resolve_loss()
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if stats.skipped else 0
+        if self._log_due(stats.iteration):
+            self._log(stats)
+        check_finite(stats, stats.iteration, self.skipped_in_a_row, self.args)
+
+    def _log_due(self, done: int) -> bool:
+        return done % self.args.logging.log_interval == 0 or done == self.args.run.train_iters
+
+    def _log(self, stats: StepStats) -> None:
+        """Gather every rank's statistics; rank 0 logs the record."""
+        window = stats.window or Window()
+        mine = {"busy_s": stats.busy_s, "idle_s": stats.step_s - stats.busy_s,
+                "peak_activation_mb": stats.peak_memory_mb,
+                "peak_memory_mb": peak_memory_mb(self.topo.device),
+                "window_flops": window.flops, "window_time": window.time_s,
+                "wgrad_held_mb": stats.wgrad_held_mb}
+        ranks = self._gather(mine)
+        tflops = sum(r["window_flops"] / max(r["window_time"], 1e-9) for r in ranks) \
+            / self.topo.world_size / 1e12
+        record = {"iteration": stats.iteration, "loss": stats.loss, "lr": stats.lr,
+                  "grad_norm": stats.grad_norm,
+                  "tokens_per_s": window.tokens / max(window.time_s, 1e-9),
+                  "tflops_per_device": tflops,
+                  "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+                  "step_s": stats.step_s, "busy_s": [r["busy_s"] for r in ranks],
+                  "idle_s": [r["idle_s"] for r in ranks],
+                  "peak_activation_mb": max(r["peak_activation_mb"] for r in ranks),
+                  "peak_memory_mb": max(r["peak_memory_mb"] for r in ranks),
+                  # bytes one (chunk, microbatch)'s deferred W holds from its B
+                  "wgrad_held_mb": max(r["wgrad_held_mb"] for r in ranks),
+                  "skipped": stats.skipped,
+                  "microbatches_per_replica": stats.microbatches_per_replica}
+        if self.logger is not None:
+            self.logger.log(record)
+            self.records.append(record)
+
+    def _gather(self, values: dict[str, float]) -> list[dict[str, float]]:
+        """Every rank's ``values`` (the :data:`_GATHERED` names) on every rank."""
+        local = torch.tensor([values[name] for name in _GATHERED], dtype=torch.float64)
+        out = [torch.zeros_like(local) for _ in range(self.topo.world_size)]
+        dist.all_gather(out, local)
+        return [dict(zip(_GATHERED, t.tolist())) for t in out]
+
+    def _render_schedule(self) -> None:
+        """The schedule this rank's pipeline runs, simulated under the costs, as a PNG."""
+        from odc_pp.schedule.render import render_png
+        from odc_pp.schedule.simulator import simulate
+
+        path, schedule = self.args.logging.schedule_png, self.parts.last_schedule
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        render_png(schedule, simulate(schedule, self.parts.costs), path)
+        self._say(f"schedule picture ({schedule.name}, {schedule.num_microbatches} "
+                  f"microbatches): {path}")
+
+    # ----- checkpoints and the end ------------------------------------------------------
+    def _resume(self) -> int:
+        """Check --save before the first step (fail now, not at the first save); resume
+        from --load. The first iteration to run."""
+        args, topo = self.args, self.topo
+        if args.checkpoint.save:
+            check_save_dir(self.parts, args.checkpoint, topo, out=self.out)
+        if not args.checkpoint.load:
+            return 0
+        start, how = resume(self.parts, args, topo, restore_rng_state, vocab_size=self.vocab,
+                            out=self.out)
+        if how:
+            self._say(f"resumed from {args.checkpoint.load} at iteration {start} ({how})")
+        return start
+
+    def _saver(self) -> CheckpointSaver | None:
+        checkpoint, topo = self.args.checkpoint, self.topo
+        if not checkpoint.save:
+            return None
+        refuse_newer_checkpoints(checkpoint, topo, self.start)
+        return CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
+                               rank=topo.rank, world_size=topo.world_size,
+                               barrier=dist.barrier)
+
+    def _save_due(self, done: int) -> bool:
+        interval, run = self.args.checkpoint.save_interval, self.args.run
+        return self.saver is not None and (
+            (bool(interval) and done % interval == 0)
+            or done == run.train_iters or done == run.exit_interval)
+
+    def _save_if_due(self, done: int) -> None:
+        """An atomic checkpoint of iteration ``done`` at --save-interval, the exit and
+        the end."""
+        if not self._save_due(done):
+            return
+        state = dict(sharded_state(self.parts.engine, self.parts.optimizer),
+                     rng=capture_rng_state(), iteration=done)
+        path = self.saver.save(done, state, meta=checkpoint_meta(self.args, self.topo,
+                                                                 vocab_size=self.vocab))
+        self._say(f"saved checkpoint {path}")
+
+    def _exit_due(self, done: int) -> bool:
+        return bool(self.args.run.exit_interval and done >= self.args.run.exit_interval)
+
+    def _say(self, message: str) -> None:
+        if self.topo.rank == 0:
+            print(message, file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+        if self.tracer is not None:
+            self.tracer.close(self.parts.last_schedule,
+                              out=self.out if self.topo.rank == 0 else None)
+        self.parts.close()
+
+
+def check_finite(stats, done: int, skipped_in_a_row: int, args: TrainingArgs) -> None:
+    """Raise :class:`TrainingStopped` on a non-finite loss or after --max-skipped-steps
+    skipped steps in a row (every rank alike: both are global values)."""
+    if not math.isfinite(stats.loss):
+        raise TrainingStopped(
+            f"iteration {done}: the loss is {stats.loss}. Likely cause: the learning rate "
+            f"is too high for this model (--lr {args.optimizer.lr}); lower --lr, add warmup "
+            f"(--lr-warmup-iters) or clipping (--clip-grad), or check the data")
+    if skipped_in_a_row >= args.optimizer.max_skipped_steps:
+        raise TrainingStopped(
+            f"iteration {done}: {skipped_in_a_row} optimizer steps in a row were skipped "
+            f"because the gradients were inf/nan (--max-skipped-steps "
+            f"{args.optimizer.max_skipped_steps}). Likely cause: diverged weights from too high a "
+            f"learning rate (--lr {args.optimizer.lr}) or overflow in --bf16")

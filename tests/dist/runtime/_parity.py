@@ -1,0 +1,173 @@
+"""Worker code shared by the runtime tests: tiny GPT, data, reference and pipeline runs."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+MODEL = dict(vocab_size=128, hidden_size=64, num_layers=8, num_attention_heads=4,
+             max_sequence_length=32)
+SEQ_LENGTHS = (8, 16, 24, 32, 12, 20, 28, 8)
+STEPS = 3
+LR = 1e-3
+CLIP_NORM = 0.05  # small enough that every step of the tiny model clips
+
+
+def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
+                      equal_lengths: bool = False):
+    from odc_pp.data import Microbatch
+
+    generator = torch.Generator().manual_seed(seed)
+    microbatches = []
+    for index in range(num_microbatches):
+        seq = 16 if equal_lengths else SEQ_LENGTHS[index % len(SEQ_LENGTHS)]
+        tokens = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
+        labels = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
+        loss_mask = (torch.rand(batch, seq, generator=generator) > 0.1).float()
+        microbatches.append(Microbatch(tokens=tokens, labels=labels, loss_mask=loss_mask))
+    return microbatches
+
+
+def model_config(**changes):
+    from odc_pp.megatron.model import ModelConfig
+
+    return ModelConfig(**{**MODEL, **changes})
+
+
+def reference_run(config, microbatches, groups, *, steps=STEPS, max_grad_norm=None):
+    """Single-process training: same model, same data, plain autograd."""
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.data import count_tokens
+
+    (model,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    tokens = count_tokens(microbatches)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in microbatches:
+            token_losses = model(None, mb) * mb.loss_mask
+            (token_losses.sum() / tokens).backward()
+            total += float(token_losses.detach().sum())
+        losses.append(total / tokens)
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    return losses, {name: p.detach().clone() for name, p in model.global_named_parameters()}
+
+
+def build_schedule(name: str, pp: int, num_microbatches: int):
+    """A lowered schedule by name; hand-* names come from tests/dist/runtime/_schedules.py."""
+    from tests.dist.runtime import _schedules
+
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.lowering import lower, lower_communication
+
+    if name == "hand-1f1b":
+        return lower_communication(_schedules.one_f_one_b(pp, num_microbatches))
+    if name == "hand-zb":
+        return lower_communication(_schedules.one_f_one_b(pp, num_microbatches, split=True))
+    if name == "hand-v":
+        return lower_communication(_schedules.gpipe_v(pp, num_microbatches))
+
+    base, _, option = name.partition("+")
+    costs = CostModel(offload_bandwidth=1.0)
+    schedule = generate(base, pp=pp, num_microbatches=num_microbatches, costs=costs)
+    return lower(schedule, costs, post_validation=option == "pv")
+
+
+def runtime_config_for(name: str):
+    """``+hdr`` schedules send shape headers instead of deriving shapes from the data."""
+    from odc_pp.runtime import RuntimeConfig
+
+    return RuntimeConfig(shapes_from_microbatch=not name.endswith("+hdr"))
+
+
+def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime_config=None,
+                 max_grad_norm=None):
+    """Train ``steps`` minibatches; with ``max_grad_norm`` through a PostValidatedOptimizer
+    stepped at the schedule's POST_VALIDATION action and validated at the next one's (a
+    minibatch whose previous step was rolled back or clipped runs again)."""
+    from odc_pp.megatron.model import build_chunks
+    from odc_pp.runtime import (PipelineRuntime, PostValidatedOptimizer, PostValidationConfig,
+                                RuntimeConfig)
+
+    rank = dist.get_rank()
+    chunks = build_chunks(config, pp_rank=rank, pp_size=schedule.pp,
+                          num_chunks=schedule.num_chunks, placement=schedule.placement,
+                          process_groups=groups)
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=LR)
+    validator = None
+    if max_grad_norm is not None:
+        validator = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=max_grad_norm),
+                                           optimizer=optimizer, group=dist.group.WORLD)
+    runtime = PipelineRuntime(runtime_config or RuntimeConfig(), chunks=chunks,
+                              pp_group=dist.group.WORLD, post_validator=validator)
+    losses, results = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        result = runtime.run_minibatch(schedule, microbatches)
+        while result.repeat:
+            result = runtime.run_minibatch(schedule, microbatches)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, result.loss_sum)
+        losses.append(sum(x for x in gathered if x is not None) / result.num_tokens)
+        results.append(result)
+        if validator is None:
+            optimizer.step()
+    if validator is not None:
+        validator.validate()
+        results.append([outcome.action for outcome in validator.history])
+    named = {name: p.detach().clone() for chunk in chunks
+             for name, p in chunk.global_named_parameters()}
+    return losses, named, results
+
+
+def max_relative_difference(params, reference) -> float:
+    worst = 0.0
+    for name, expected in reference.items():
+        actual = params[name]
+        scale = expected.abs().max().clamp_min(1e-12)
+        worst = max(worst, float((actual.float() - expected.float()).abs().max() / scale))
+    return worst
+
+
+def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
+    from odc_pp.megatron.compat import singleton_process_groups
+
+    groups = singleton_process_groups()
+    microbatches = make_microbatches(num_microbatches)
+    references = {}
+    report = {}
+    for name in schedule_names:
+        clip = CLIP_NORM if name.endswith("+pv") else None
+        config = model_config(params_dtype="bfloat16" if name.endswith("+bf16") else "float32")
+        if rank == 0 and (clip, config.params_dtype) not in references:
+            references[(clip, config.params_dtype)] = reference_run(
+                config, microbatches, groups, max_grad_norm=clip)
+        reference = references.get((clip, config.params_dtype))
+        schedule = build_schedule(name, world_size, num_microbatches)
+        losses, named, results = pipeline_run(config, schedule, microbatches, groups,
+                                              max_grad_norm=clip,
+                                              runtime_config=runtime_config_for(name))
+        everything = [None] * world_size
+        dist.all_gather_object(everything, named)
+        if rank == 0:
+            merged = {k: v for part in everything for k, v in part.items()}
+            missing = sorted(set(reference[1]) - set(merged))
+            ref_losses = reference[0]
+            report[name] = {
+                "losses": losses, "reference_losses": ref_losses,
+                "loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+                "param_rel_diff": max_relative_difference(merged, reference[1]),
+                "missing": missing,
+                "post_validation": results[-1] if clip is not None else None,
+            }
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(report, handle)

@@ -1,0 +1,61 @@
+"""odc-pp plan (issue 22): --help works, the search is deterministic and always shows the
+Megatron default, and the top configuration's printed flags run through pretrain_gpt.py
+on CPU (tiny model, 2 ranks)."""
+
+import json
+
+import pytest
+
+from odc_pp.cli import main as odc_pp_main
+from odc_pp.testing.torchrun import launch
+
+TINY = ("--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 48 "
+        "--vocab-size 48")
+PLAN = ["plan", "--model-flags", TINY, "--gpus", "2", "--lengths-histogram",
+        "16:60,32:30,48:10", "--global-batch", "8", "--cluster", "h100", "--top", "3"]
+
+
+def test_plan_help_works(capsys):
+    with pytest.raises(SystemExit) as stop:
+        odc_pp_main(["plan", "--help"])
+    assert stop.value.code == 0
+    assert "--lengths-histogram" in capsys.readouterr().out
+
+
+def test_plan_is_deterministic_and_shows_the_megatron_default(tmp_path, capsys):
+    outputs = []
+    for index in range(2):
+        path = tmp_path / f"plan{index}.json"
+        assert odc_pp_main(PLAN + ["--json", str(path)]) == 0
+        outputs.append(json.loads(path.read_text()))
+    assert outputs[0] == outputs[1]
+    text = capsys.readouterr().out
+    assert "flags of the Megatron default (M)" in text
+    default = outputs[0]["megatron_default"]
+    assert default["config"]["dp_mode"] == "collective"
+    assert default["config"]["schedule"] in ("1f1b", "interleaved")
+    for pred in outputs[0]["predictions"]:
+        parts = pred["breakdown"]
+        assert sum(parts.values()) == pytest.approx(pred["step_s"], rel=1e-6)
+        assert pred["tokens_per_s"] > 0 and 0 < pred["mfu"] < 1
+
+
+def test_bad_input_names_the_flag(capsys):
+    assert odc_pp_main(PLAN[:-6] + ["--lengths-histogram", "x", "--global-batch", "8"]) == 2
+    assert "--lengths-histogram" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_top_configuration_runs_through_pretrain_gpt_with_the_printed_flags(tmp_path):
+    path = tmp_path / "plan.json"
+    assert odc_pp_main(PLAN + ["--json", str(path)]) == 0
+    top = json.loads(path.read_text())["predictions"][0]
+    c = top["config"]
+    nproc = c["tp"] * c["pp"] * c["dp"]
+    assert nproc == 2
+    run = launch(top["flags"] + ["--mock-data", "--vocab-size", "48", "--train-iters", "2",
+                                 "--lr", "1e-3", "--no-progress-bar", "--seed", "3",
+                                 "--distributed-timeout-minutes", "1.5"],
+                 nproc=nproc, tmp_path=tmp_path, name="planned")
+    assert run.returncode == 0, run.describe()
+    assert len(run.losses()) == 2

@@ -1,0 +1,228 @@
+import json
+
+import pytest
+
+from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.ir import ActionKind
+from odc_pp.schedule.lowering import lower_communication
+from odc_pp.planner.offload_tuner import (PRESETS, ModelShape, TunerConfig,
+                                           candidate_schedule, estimate_costs,
+                                           layer_activation_bytes, main, tune)
+from odc_pp.schedule.simulator import simulate
+
+SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+         "--seq-length", "8192", "--pp", "4", "--num-microbatches", "8"]
+
+
+def test_activation_formula_closed_form():
+    shape = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16, seq_length=2048,
+                       micro_batch_size=2, flash_attention=False)
+    s, b, h, a = 2048, 2, 1024, 16
+    assert layer_activation_bytes(shape, recompute=False) == s * b * h * (34 + 5 * a * s / h)
+    flash = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16, seq_length=2048,
+                       micro_batch_size=2)
+    assert layer_activation_bytes(flash, recompute=True) == s * b * h * 20
+
+
+def _frontend(flags: list[str], *, dp: int):
+    """What pretrain_gpt.py does with ``flags``: its parsed arguments, the per-replica
+    microbatch count on pp x dp ranks, and the schedule its components build."""
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.components import build_schedule, load_cost_model
+
+    args = parse_args(flags + ["--mock-data", "--vocab-size", "32000"])
+    pp = args.parallel.pipeline_model_parallel_size
+    replicas = args.data_parallel_size(pp * dp)
+    num_microbatches = args.data.global_batch_size // (args.data.micro_batch_size * replicas)
+    schedule = build_schedule(args.schedule, pp=pp, num_microbatches=num_microbatches,
+                              costs=load_cost_model(args.schedule))
+    return args, num_microbatches, schedule
+
+
+def _config(preset: str, budget: float, **extra) -> TunerConfig:
+    return TunerConfig(shape=ModelShape(num_layers=32, hidden_size=4096,
+                                        num_attention_heads=32, seq_length=8192),
+                       hardware=PRESETS[preset], pp=4, num_microbatches=8,
+                       memory_budget_gb=budget, **extra)
+
+
+@pytest.mark.parametrize("preset,budget,plan_costs", [
+    ("h100", 60, None),
+    ("a100", 45, CostModel(t_f=1.0, t_b=1.4, t_w=0.6, offload_bandwidth=0.5)),
+])
+def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_costs,
+                                                        tmp_path, capsys):
+    """Every ranked candidate's printed flags, parsed by the training frontend, build the
+    schedule the tuner simulated (same actions) and so the step time it reported."""
+    argv = SHAPE + ["--preset", preset, "--memory-budget-gb", str(budget), "--json",
+                    "--top", "100"]
+    extra = {}
+    if plan_costs is not None:
+        path = tmp_path / "costs.json"
+        path.write_text(json.dumps(plan_costs.to_dict()))
+        argv += ["--cost-model", str(path)]
+        extra = dict(plan_costs=plan_costs, plan_costs_path=str(path))
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["fits"]
+    config = _config(preset, budget, **extra)
+    assert any(r["offload_chunks"] for r in rows) and any(r["recompute"] for r in rows)
+    assert any(r["schedule"] in ("v-half", "v-min", "zbv") for r in rows)
+    for row in rows:
+        args, num_microbatches, built = _frontend(row["flags"], dp=config.dp)
+        assert (args.schedule.pipeline_schedule, args.schedule.num_model_chunks, args.model.recompute_lgd) == (
+            row["schedule"], row["num_chunks"], row["recompute"])
+        assert tuple(args.schedule.offload_chunks or ()) == tuple(row["offload_chunks"])
+        assert num_microbatches == config.num_microbatches
+        simulated = candidate_schedule(config, row["schedule"],
+                                       offload_chunks=tuple(row["offload_chunks"]))
+        # the frontend runs it with explicit communication (same compute order)
+        assert built.ranks == lower_communication(simulated).ranks, row["flags"]
+        if row["offload_chunks"]:
+            offloaded = {a.chunk for a in built.actions() if a.kind is ActionKind.OFFLOAD}
+            assert offloaded == set(row["offload_chunks"])
+        costs, _, _ = estimate_costs(config, row["schedule"], recompute=row["recompute"])
+        assert simulate(built, costs).makespan == pytest.approx(row["step_s"], rel=1e-12)
+
+
+def test_printed_best_line_is_the_top_candidate(capsys):
+    assert main(SHAPE + ["--preset", "h100", "--memory-budget-gb", "60"]) == 0
+    out = capsys.readouterr().out
+    best_line = next(line for line in out.splitlines() if line.startswith("best: "))
+    best = tune(_config("h100", 60))[0]
+    assert best_line.split() == ["best:"] + best.flags
+
+
+@pytest.mark.parametrize("preset", ["a100", "h100", "h200"])
+def test_presets_print_a_ranked_table_whose_top_choice_fits(preset, capsys):
+    assert main(SHAPE + ["--preset", preset, "--memory-budget-gb", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "step (ms)" in out and "best: --pipeline-schedule" in out
+    config = _config(preset, 60)
+    ranking = tune(config)
+    best = ranking[0]
+    assert best.fits and best.peak_memory_gb <= 60
+    fitting = [c for c in ranking if c.fits]
+    assert [c.step_s for c in fitting] == sorted(c.step_s for c in fitting)
+    # re-check the top choice independently: the frontend's schedule in the simulator
+    args, _, schedule = _frontend(best.flags, dp=1)
+    costs, chunk_bytes, static = estimate_costs(config, args.schedule.pipeline_schedule,
+                                                recompute=args.model.recompute_lgd)
+    sim = simulate(schedule, costs)
+    peak = max(s + p * chunk_bytes for s, p in zip(static, sim.peak_activation))
+    assert peak <= 60e9 and sim.makespan == pytest.approx(best.step_s)
+
+
+def test_tight_budget_trades_speed_for_memory(capsys):
+    assert main(SHAPE + ["--preset", "h100", "--memory-budget-gb", "80", "--json"]) == 0
+    loose = json.loads(capsys.readouterr().out)[0]
+    assert main(SHAPE + ["--preset", "h100", "--memory-budget-gb", "45", "--json"]) == 0
+    tight = json.loads(capsys.readouterr().out)[0]
+    assert loose["fits"] and tight["fits"] and tight["peak_memory_gb"] <= 45
+    assert loose["peak_memory_gb"] > 45 and tight["step_s"] > loose["step_s"]
+
+
+def test_infeasible_budget_is_a_clear_error(capsys):
+    assert main(SHAPE + ["--preset", "a100", "--memory-budget-gb", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no schedule fits 2.0 GB" in err and "--memory-budget-gb" in err
+
+
+def test_bad_input_is_a_clear_error(capsys):
+    assert main(SHAPE[:-2] + ["--num-microbatches", "2", "--preset", "h100"]) == 2
+    assert "--num-microbatches 2 must be >= --pp 4" in capsys.readouterr().err
+    assert main(SHAPE) == 2
+    assert "--preset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-1", "0"])
+def test_non_finite_or_non_positive_budget_names_the_flag(budget, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(SHAPE + ["--preset", "h100", "--memory-budget-gb", budget])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --memory-budget-gb: must be a finite number > 0" in err, err
+    with pytest.raises(ValueError, match="--memory-budget-gb must be a finite number > 0"):
+        _config("h100", float(budget))
+
+
+# ----- tensor parallelism ----------------------------------------------------------------
+def test_tensor_parallel_comm_terms():
+    from odc_pp.schedule.costs import tensor_parallel_comm_seconds
+
+    common = dict(tokens=4096, hidden=4096, bytes_per_value=2, link_bytes_per_s=1e11)
+    assert tensor_parallel_comm_seconds(tp=1, sequence_parallel=False,
+                                        keep_sp_input_for_w=False, **common) == (0, 0, 0)
+    volume = 4096 * 4096 * 2 / 1e11
+    f2, b2, w2 = tensor_parallel_comm_seconds(tp=2, sequence_parallel=True,
+                                              keep_sp_input_for_w=False, **common)
+    f8, _, w8 = tensor_parallel_comm_seconds(tp=8, sequence_parallel=True,
+                                             keep_sp_input_for_w=False, **common)
+    assert f2 == pytest.approx(4 * 0.5 * volume) and b2 == f2  # ring factor (tp-1)/tp
+    assert f8 == pytest.approx(4 * 7 / 8 * volume)
+    assert w2 == pytest.approx(2 * 0.5 * volume) and w8 == pytest.approx(2 * 7 / 8 * volume)
+    # keeping W's inputs (or no SP: the input is whole) moves W's gathers out of W
+    assert tensor_parallel_comm_seconds(tp=2, sequence_parallel=True,
+                                        keep_sp_input_for_w=True, **common)[2] == 0
+    assert tensor_parallel_comm_seconds(tp=2, sequence_parallel=False,
+                                        keep_sp_input_for_w=False, **common) == (f2, b2, 0)
+
+
+def _tp_config(**changes):
+    shape = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                       seq_length=8192)
+    return TunerConfig(**{"shape": shape, "hardware": PRESETS["h100"], "pp": 1,
+                          "num_microbatches": 32, **changes})
+
+
+def test_keeping_sp_inputs_trades_w_time_for_memory():
+    from odc_pp.planner.offload_tuner import estimate_costs
+
+    regather, chunk, _ = estimate_costs(_tp_config(tp=2, pp=4, sequence_parallel=True),
+                                        "zb-h1", recompute=False)
+    keep, chunk_keep, _ = estimate_costs(
+        _tp_config(tp=2, pp=4, sequence_parallel=True, keep_sp_input_for_w=True), "zb-h1",
+        recompute=False)
+    assert keep.t_w < regather.t_w and keep.t_f == regather.t_f and chunk_keep == chunk
+    assert regather.mem_b == 0 and keep.mem_b > 0 and keep.mem_w == -1 - keep.mem_b
+    # SP splits all activations; without SP the non-TP regions stay whole
+    no_sp, chunk_no_sp, _ = estimate_costs(_tp_config(tp=2, pp=4), "zb-h1", recompute=False)
+    assert chunk < chunk_no_sp < 2 * chunk
+
+
+def test_tuner_ranks_tp_against_pp_and_offload_at_equal_devices():
+    from dataclasses import replace
+
+    from odc_pp.planner.offload_tuner import tune_devices
+    from odc_pp.training.arguments import parse_args
+
+    budget = dict(memory_budget_gb=30)
+    fast = tune_devices(_tp_config(**budget), devices=8, tp_sizes=(1, 2, 4))
+    assert {c.tp for c in fast} == {1, 2, 4} and fast[0].fits
+    assert fast[0].tp > 1  # NVLink: tensor parallelism is worth its communication
+    slow_link = replace(PRESETS["h100"], tp_link_gbps=10.0)
+    slow = tune_devices(_tp_config(hardware=slow_link, **budget), devices=8,
+                        tp_sizes=(1, 2, 4))
+    assert slow[0].tp == 1 and slow[0].fits  # communication-bound: PP (+ offload) wins
+    for best in (fast[0], slow[0]):
+        assert best.tp * best.pp == 8
+        args = parse_args(best.flags + ["--mock-data", "--vocab-size", "32000"])
+        assert args.parallel.tensor_model_parallel_size == best.tp
+        assert args.parallel.pipeline_model_parallel_size == best.pp
+        assert args.parallel.sequence_parallel == best.sequence_parallel
+        assert args.parallel.keep_sp_input_for_w == best.keep_sp_input_for_w
+
+
+def test_tp_without_link_bandwidth_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match="NVLink"):
+        _tp_config(tp=2, hardware=replace_link(None))
+    assert main(["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8",
+                 "--seq-length", "128", "--num-microbatches", "8", "--preset", "h100",
+                 "--pp", "2", "--devices", "4"]) == 2
+    assert "exactly one of --pp" in capsys.readouterr().err
+
+
+def replace_link(value):
+    from dataclasses import replace
+
+    return replace(PRESETS["h100"], tp_link_gbps=value)
