@@ -9,7 +9,10 @@ Every layout trains the same GPT (mock data, same seed, same global batch) throu
 * ``tp2_sp``: the same with ``--sequence-parallel``;
 * ``tp2_sp_keep``: and ``--keep-sp-input-for-w`` (W keeps B's gathered inputs);
 * ``pp2``: ``--pipeline-model-parallel-size 2`` with ZB-H1;
-* ``pp2_offload``: pp=2 with the offload schedule (``--cpu-offload``).
+* ``pp2_offload``: pp=2 with the offload schedule (``--cpu-offload``);
+* ``pp2_selective`` / ``pp2_full``: pp=2 ZB-H1 with ``--recompute-lgd`` / with
+  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``
+  (beside ``pp2``: no recompute). Memory rows: compare ``peak_activation_mb``.
 
 Peak activation memory is the runtime's count of saved activation bytes resident on the
 compute device (``--log-activation-memory``; offloaded bytes are not resident), including
@@ -47,6 +50,12 @@ LAYOUTS = {
     "pp2": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
     "pp2_offload": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "offload",
                     "--cpu-offload"],
+    # activation recompute on pp2: none (pp2) / selective (--recompute-lgd) / full
+    "pp2_selective": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1",
+                      "--recompute-lgd"],
+    "pp2_full": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1",
+                 "--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"],
 }
 
 

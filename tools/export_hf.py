@@ -11,7 +11,8 @@ written as safetensors shards of at most ``--max-shard-size`` with
 ``model.safetensors.index.json``. ``config.json`` is the original one when the run started
 from ``--hf-checkpoint`` (the checkpoint stores it), else one built from the model flags
 (Llama-shaped models only). A config that ties the embeddings stays tied only if the
-embedding and output layer are still bitwise equal (under pp > 1 they train as copies).
+embedding and output layer are bitwise equal (tied training keeps them so on every
+layout; --untie-embeddings trains them apart).
 The dtype is the config's ``torch_dtype`` unless ``--dtype`` is given.
 """
 
@@ -49,7 +50,7 @@ def export_hf(load: str, output: str, *, max_shard_size: int, iteration: int | N
                          f"config's {config.get('vocab_size')}")
     tie = bool(config.get("tie_word_embeddings"))
     if tie and _OUTPUT in state and not torch.equal(state[_OUTPUT], state[_EMBEDDING]):
-        tie = False  # trained as two copies (pp > 1): export them untied
+        tie = False  # trained apart (--untie-embeddings): export them untied
     config["tie_word_embeddings"] = tie
     if tie:
         state.pop(_OUTPUT, None)

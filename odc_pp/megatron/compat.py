@@ -241,8 +241,9 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     if tie_embeddings and not (pre_process and post_process):
-        raise ValueError("tied embeddings need the embedding and the output layer in one "
-                         "chunk (one pipeline stage)")
+        raise ValueError("a shared embedding weight needs the embedding and the output "
+                         "layer in one chunk (across stages: two tied copies, "
+                         "odc_pp.megatron.model.tied_embedding_params)")
     extra = {}
     if position_embedding_type == "rope":
         extra = {"rotary_base": rotary_base, "rotary_percent": 1.0, "rope_scaling": False}

@@ -10,9 +10,10 @@ concatenated into ``linear_fc1``; everything else is copied. A missing tensor ra
 ValueError naming it and the directory.
 
 Tied embeddings. An HF model with ``tie_word_embeddings`` has no ``lm_head``; when one
-chunk holds embedding and output layer megatron ties them too, otherwise the output
-layer is a copy of the embedding (trained on its own: :func:`untie_for_layout`). Export
-writes them tied again only if they are still bitwise equal.
+chunk holds embedding and output layer megatron shares the weight, otherwise the output
+layer is a copy of the embedding whose gradient is summed with the embedding's
+(:func:`odc_pp.megatron.model.tied_embedding_params`; ``--untie-embeddings`` trains two
+independent weights instead). Export writes them tied only if they are bitwise equal.
 
 Export (:func:`hf_state_dict`, :func:`save_hf_directory`): the inverse conversion, then
 ``config.json`` (the original fields when the run started from ``--hf-checkpoint``) and
@@ -33,7 +34,7 @@ from .tp_layout import partition_of
 from .hf_config import megatron_to_hf_names
 
 __all__ = ["SafetensorsReader", "load_hf_weights", "to_megatron", "hf_state_dict",
-           "save_hf_directory", "parse_size", "untie_for_layout", "model_config_from_hf",
+           "save_hf_directory", "parse_size", "model_config_from_hf",
            "torch_dtype", "INDEX_NAME"]
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -123,9 +124,10 @@ def _from_megatron(name: str, tensor: torch.Tensor, config) -> list[torch.Tensor
     return [tensor]
 
 
-def model_config_from_hf(config: dict, *, num_stages: int = 1, **overrides):
+def model_config_from_hf(config: dict, **overrides):
     """A :class:`~odc_pp.megatron.model.ModelConfig` for an HF ``config.json`` dict
-    (``overrides``: device, params_dtype, max_sequence_length, ...)."""
+    (``overrides``: device, params_dtype, max_sequence_length, ...); tied as the config
+    says, on any layout."""
     from .hf_config import flags_from_hf, llama3_rope_scaling
     from .model import ModelConfig
 
@@ -140,15 +142,9 @@ def model_config_from_hf(config: dict, *, num_stages: int = 1, **overrides):
         position_embedding_type="rope", rotary_base=flags["rotary_base"],
         rope_scaling=llama3_rope_scaling(config), add_bias_linear=False,
         add_qkv_bias=flags["add_qkv_bias"], qk_layernorm=flags["qk_layernorm"],
-        tie_embeddings=untie_for_layout(bool(config.get("tie_word_embeddings")), num_stages))
+        tie_embeddings=bool(config.get("tie_word_embeddings")))
     fields.update(overrides)
     return ModelConfig(**fields)
-
-
-def untie_for_layout(tied_in_hf: bool, num_stages: int) -> bool:
-    """Whether the model ties embedding and output layer: as the HF config says when one
-    stage holds both, else untied (two copies; export re-ties them if still equal)."""
-    return tied_in_hf and num_stages == 1
 
 
 @torch.no_grad()

@@ -11,9 +11,12 @@ placement, dp) gives bit-identical full models -- or loaded from a Hugging Face 
 Architectures (:class:`ModelConfig`): GPT (LayerNorm, GeLU, learned positions) and the
 Llama family -- RMSNorm, SwiGLU, grouped-query attention, rotary embeddings with
 ``rotary_base`` and Llama-3 scaling, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3).
-Embeddings and output layer are tied only when one chunk holds both (pp x chunks = 1);
-across stages tying would need an extra all-reduce, so there they are two copies
-(:func:`odc_pp.megatron.hf.untie_for_layout`).
+Tied embeddings (``tie_embeddings``). When one chunk holds both, megatron's ``GPTModel``
+shares the weight. Across stages (Megatron's way) the last stage's output layer holds its
+own copy, initialised (and loaded) from the embedding's name so both start equal and
+marked ``shared_embedding``; :func:`tied_embedding_params` names the two copies, and
+the data-parallel engine sums their gradients before every step
+(:meth:`odc_pp.odc.engine.ShardedDataParallel.tie`), so they stay equal.
 
 Packing: a microbatch's ``position_ids`` feed the learned or rotary positions and its
 ``segment_ids`` the attention: the SDPA core attention gets them as
@@ -38,13 +41,21 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
+from .full_recompute import apply_full_recompute
 from .packed_attention import PACKED_KERNELS, PackedSegments
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
 from .tp_layout import partition_of
 
-__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name"]
+__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name",
+           "tied_embedding_params", "EMBEDDING_WEIGHT", "OUTPUT_WEIGHT"]
+
+EMBEDDING_WEIGHT = "model.embedding.word_embeddings.weight"
+"""Canonical global name of the input embedding."""
+OUTPUT_WEIGHT = "model.output_layer.weight"
+"""Canonical global name of the output layer (a copy of the embedding when tied across
+stages)."""
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -83,6 +94,12 @@ class ModelConfig:
     instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
     (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.planner.activation_memory`).
     Parameter names from ``global_named_parameters`` do not change."""
+    recompute_method: str | None = None
+    """Full activation recompute (:mod:`odc_pp.megatron.full_recompute`): uniform or
+    block, as Megatron's --recompute-method; None: off."""
+    recompute_num_layers: int = 1
+    """With ``recompute_method``: group size (uniform) or recomputed layers per chunk
+    (block)."""
     normalization: str = "LayerNorm"
     """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
     norm_epsilon: float = 1e-5
@@ -107,8 +124,9 @@ class ModelConfig:
     qk_layernorm: bool = False
     """Normalise queries and keys per head before RoPE (Qwen3)."""
     tie_embeddings: bool = False
-    """Output layer shares the embedding weight; needs the embedding and output layer in
-    one chunk (pp x chunks = 1)."""
+    """Output layer tied to the embedding: one shared weight when a chunk holds both,
+    else a copy on the last stage whose gradient is summed with the embedding's before
+    each step (:func:`tied_embedding_params`)."""
     attention_backend: str = "auto"
     """Core attention: host (megatron's math, explicit mask), sdpa
     (``scaled_dot_product_attention``) or auto (sdpa on CUDA, host on CPU)."""
@@ -139,6 +157,11 @@ class ModelConfig:
                 raise ValueError(f"rope_scaling needs {sorted(needed)}, got "
                                  f"{sorted(self.rope_scaling)}")
         float_dtype(self.params_dtype, what="params_dtype")
+        if self.recompute_method not in (None, "uniform", "block"):
+            raise ValueError(f"recompute_method must be uniform, block or None, got "
+                             f"{self.recompute_method!r}")
+        if self.recompute_num_layers < 1:
+            raise ValueError("recompute_num_layers must be >= 1")
         for name in ("vocab_size", "hidden_size", "num_layers", "max_sequence_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -190,6 +213,9 @@ class GPTChunk(torch.nn.Module):
         no mask; packed ones pass :class:`PackedSegments`."""
         self.packed_kernel = packed_kernel
         """Requested packed-attention kernel (``ModelConfig.packed_attention``)."""
+        self.tied_across_stages = False
+        """The model ties embedding and output layer on different stages (two copies kept
+        equal: :func:`tied_embedding_params`)."""
 
     @property
     def is_first(self) -> bool:
@@ -276,6 +302,23 @@ class GPTChunk(torch.nn.Module):
             yield canonical_name(global_name(name, self.layers.start)), param
 
 
+def tied_embedding_params(chunks: list[GPTChunk]) -> list[tuple[int, str]]:
+    """The tied embedding copies on this rank when the embedding and the output layer
+    live on different stages: ``(local chunk index, parameter name in the chunk)`` of the
+    first stage's embedding and of the last stage's ``shared_embedding`` output layer
+    (none without tying, or when one chunk shares a single weight)."""
+    if not any(chunk.tied_across_stages for chunk in chunks):
+        return []
+    out = []
+    for index, chunk in enumerate(chunks):
+        for name, param in chunk.named_parameters():
+            canonical = canonical_name(global_name(name, chunk.layers.start))
+            if (chunk.is_first and canonical == EMBEDDING_WEIGHT) or \
+                    getattr(param, "shared_embedding", False):
+                out.append((index, name))
+    return out
+
+
 def global_name(local_name: str, first_layer: int) -> str:
     return re.sub(r"decoder\.layers\.(\d+)\.",
                   lambda match: f"decoder.layers.{int(match.group(1)) + first_layer}.",
@@ -312,10 +355,6 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         raise ValueError("num_chunks must be >= 1")
     placement = Placement(placement)
     num_stages = pp_size * num_chunks
-    if config.tie_embeddings and num_stages > 1:
-        raise ValueError("tied embeddings need pp x model chunks = 1 (one chunk holds the "
-                         "embedding and the output layer); untie them for this layout "
-                         "(odc_pp.megatron.hf.untie_for_layout)")
     prepare_megatron_for_device(config.device, seed=seed)
     groups = process_groups if process_groups is not None else \
         singleton_process_groups(tp=tensor_parallel.group)
@@ -336,12 +375,15 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                               process_groups=groups,
                               position_embedding_type=config.position_embedding_type,
                               rotary_base=config.rotary_base,
-                              tie_embeddings=config.tie_embeddings)
+                              tie_embeddings=config.tie_embeddings and num_stages == 1)
         inv_freq = None
         if config.position_embedding_type == "rope":
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
         if stage == num_stages - 1:
             deferrable_output_layer(model)
+        if config.recompute_method is not None:
+            apply_full_recompute(model.decoder, config.recompute_method,
+                                 config.recompute_num_layers)
         for module in model.modules():
             if hasattr(module, "keep_sp_input_for_w"):
                 module.keep_sp_input_for_w = tensor_parallel.keep_sp_input_for_w
@@ -351,6 +393,9 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                              packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
+        gpt_chunk.tied_across_stages = config.tie_embeddings and num_stages > 1
+        if gpt_chunk.tied_across_stages and stage == num_stages - 1:
+            gpt_chunk.model.output_layer.weight.shared_embedding = True
         initialize_parameters(gpt_chunk, config, seed)
         reduce_partial_grads(gpt_chunk.global_named_parameters(), tensor_parallel)
         chunks.append(gpt_chunk)
@@ -393,6 +438,8 @@ def initialize_parameters(chunk: GPTChunk, config: ModelConfig, seed: int) -> No
     output_std = config.init_method_std / math.sqrt(2.0 * config.num_layers)
     tp = chunk.tensor_parallel
     for name, param in chunk.global_named_parameters():
+        if getattr(param, "shared_embedding", False):  # tied copy: the embedding's values
+            name = EMBEDDING_WEIGHT
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         partition = partition_of(name, gated_mlp=config.activation == "swiglu")
         shape = partition.full_shape(param.shape, tp.size)

@@ -53,6 +53,12 @@ Determinism. Summation order is the transport's business: make the group with
 ``TransportConfig(deterministic=True)`` and two runs give bitwise-identical results (the
 engine issues everything in program order).
 
+Tied parameters across units or ranks (:meth:`tie`; e.g. an embedding and its output-layer
+copy on another pipeline stage). After the minibatch's sync, :meth:`finish_minibatch`
+sums the copies' accumulated gradients over the ``tie`` group, each element taken once
+from its owner, and writes the sum back into every copy's owned range: the copies get the
+same gradient and (elementwise AdamW) the same update, so they stay bitwise equal.
+
 Synchronisation. :meth:`finish_minibatch` waits for this rank's pushes and calls ``sync``
 once; after it every owner's accumulator is final. After the optimizer step,
 :meth:`finish_step` zeroes the accumulators and calls ``sync`` again so that no peer reads a
@@ -73,6 +79,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..dtypes import float_dtype
 from . import primitives as prim
+from .tied import TiedGradients
 
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout"]
 
@@ -231,6 +238,7 @@ class ShardedDataParallel:
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
+        self._tied: TiedGradients | None = None
         self._prefetching = (config.prefetch and config.mode != "collective"
                              and config.unit_driver == "module_hooks")
         self._prefetcher = None  # the CPU helper thread; CUDA units need none
@@ -489,6 +497,16 @@ class ShardedDataParallel:
         if self.inter_host_group is not None:
             for unit in self.units:
                 dist.all_reduce(unit.grad_acc[:unit.owned_numel], group=self.inter_host_group)
+        if self._tied is not None:
+            self._tied.sum()
+
+    def tie(self, params: Sequence[tuple[int, str]], group: dist.ProcessGroup | None) -> None:
+        """Tie ``params`` (``(unit index, parameter name in the unit)`` on this rank) to
+        their copies on the other ranks of ``group`` (e.g. the data-parallel ranks of the
+        first and of the last pipeline stage; None: all copies are here). The copies must
+        start equal; their gradients are summed at :meth:`finish_minibatch`
+        (:class:`~odc_pp.odc.tied.TiedGradients`). Every rank of ``group`` calls it."""
+        self._tied = TiedGradients(self.units, params, group)
 
     def _pad_collectives(self) -> None:
         if self._max_microbatches is None:

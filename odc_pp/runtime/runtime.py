@@ -194,13 +194,15 @@ class PipelineRuntime:
         self.schedule: Schedule | None = None
         """The schedule of the current (or last) minibatch."""
         self.actions: list[Action] = []
+        self._forward_only = False
         self._step_lr: float | None = None
 
     # ----- public ----------------------------------------------------------------
     def run_minibatch(self, schedule: Schedule, microbatches: Sequence[Microbatch], *,
                       global_num_tokens: int | None = None,
                       max_microbatches: int | None = None,
-                      step_lr: float | None = None) -> MinibatchResult:
+                      step_lr: float | None = None,
+                      forward_only: bool = False) -> MinibatchResult:
         """Run every action of this rank in ``schedule`` (lowered) for one minibatch; the
         data-parallel hooks open it (``begin_minibatch``) and close it
         (``finish_minibatch``, at POST_VALIDATION or the end).
@@ -210,7 +212,17 @@ class PipelineRuntime:
         ``max_microbatches``: the largest microbatch count of any replica (collective data
         parallelism pads to it). ``step_lr``: learning rate of the post_validator's eager
         step (None: the optimizer's own).
+        ``forward_only`` (evaluation; ``schedule`` from
+        :func:`~odc_pp.schedule.lowering.forward_only`): F without autograd, nothing kept
+        for a backward, no gradients finished; ``loss_sum`` is the masked token-loss sum.
         """
+        if forward_only and any(a.kind not in (ActionKind.F, ActionKind.SEND_F,
+                                               ActionKind.RECV_F)
+                                for a in schedule.actions()):
+            raise ValueError(f"forward_only: schedule {schedule.name!r} has actions other "
+                             f"than F / SEND_F / RECV_F (make it with "
+                             f"odc_pp.schedule.lowering.forward_only)")
+        self._forward_only = forward_only
         if len(microbatches) != schedule.num_microbatches:
             raise ValueError(f"schedule {schedule.name!r} expects "
                              f"{schedule.num_microbatches} microbatches, "
@@ -230,10 +242,15 @@ class PipelineRuntime:
                 index = group_end
                 continue
             action = self.actions[index]
-            self._timed([action], self._run_action, started)
+            if forward_only:
+                with torch.no_grad():
+                    self._timed([action], self._run_action, started)
+            else:
+                self._timed([action], self._run_action, started)
             index += 1
         self._finish()
-        self._gradients_final()
+        if not forward_only:
+            self._gradients_final()
         loss_sum = None if self._loss_sum is None else float(self._loss_sum)
         return MinibatchResult(
             loss_sum=loss_sum, num_tokens=self._global_tokens,
@@ -346,6 +363,14 @@ class PipelineRuntime:
         if stage > 0:
             hidden = self._take_activation(chunk, microbatch).detach().requires_grad_()
         data = self._microbatches[microbatch]
+        if self._forward_only:
+            output = self.chunks[chunk](hidden, data)
+            if stage == self.schedule.num_stages - 1:
+                self._scaled_loss(output, data)
+            else:
+                self._hand_on(ActionKind.SEND_F, chunk, microbatch, output,
+                              self.schedule.next_stage_rank(self.rank, chunk), stage + 1)
+            return
         capture = self.store.capture(key) if self._track else contextlib.nullcontext()
         with capture:
             output = self.chunks[chunk](hidden, data)

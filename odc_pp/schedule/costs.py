@@ -9,7 +9,7 @@ from typing import Sequence
 from .ir import ActionKind
 
 __all__ = ["transformer_layer_flops", "CostModel", "tensor_parallel_comm_seconds",
-           "tensor_parallel_activation_factor"]
+           "tensor_parallel_activation_factor", "with_full_recompute"]
 
 Number = float | int
 
@@ -113,6 +113,26 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(**data)
+
+
+def with_full_recompute(costs: CostModel, fractions: Sequence[float],
+                        stage_ranks: Sequence[int]) -> CostModel:
+    """``costs`` with full activation recompute: B re-runs the forward of the recomputed
+    layers first, so each virtual stage's T_B grows by ``fraction * T_F`` (``fractions``:
+    per virtual stage, recomputed layers / layers of the stage; ``stage_ranks``: the rank
+    of each virtual stage, for per-rank cost lists). T_W is unchanged (W uses what B
+    recomputed). The result gives T_B per virtual stage."""
+    from dataclasses import replace
+
+    num_stages, pp = len(fractions), max(stage_ranks) + 1
+    if len(stage_ranks) != num_stages:
+        raise ValueError("give one rank per virtual stage")
+    if any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise ValueError(f"recompute fractions must lie in [0, 1], got {list(fractions)}")
+    t_b = [_per_stage(costs.t_b, stage, rank, pp, num_stages, "t_b")
+           + fraction * _per_stage(costs.t_f, stage, rank, pp, num_stages, "t_f")
+           for stage, (fraction, rank) in enumerate(zip(fractions, stage_ranks))]
+    return replace(costs, t_b=t_b)
 
 
 def transformer_layer_flops(batch: int, seq: int, hidden: int,

@@ -4,7 +4,9 @@ Each pass is a pure function ``Schedule -> new Schedule``; ``lower`` chains them
 
 * ``lower_communication`` adds SEND_F/RECV_F/SEND_B/RECV_B between ranks;
 * ``insert_offload`` adds OFFLOAD/RELOAD of saved activations (PipeOffload);
-* ``insert_post_validation`` marks where each rank's optimizer may step eagerly.
+* ``insert_post_validation`` marks where each rank's optimizer may step eagerly;
+* ``forward_only`` keeps a compute-only schedule's forwards (evaluation): each rank's F
+  in the training order, which stays deadlock-free (dropping actions removes waits).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import bisect
 from .costs import CostModel
 from .ir import COMM_KINDS, COMPUTE_KINDS, Action, ActionKind, Schedule
 
-__all__ = ["lower", "lower_communication", "insert_offload", "insert_post_validation"]
+__all__ = ["lower", "lower_communication", "insert_offload", "insert_post_validation",
+           "forward_only"]
 
 _BACKWARD = (ActionKind.B, ActionKind.BW)
 
@@ -203,6 +206,20 @@ def insert_post_validation(schedule: Schedule) -> Schedule:
         marker = Action(rank=rank, kind=ActionKind.POST_VALIDATION, chunk=-1, microbatch=-1)
         result.ranks[rank] = actions[:at] + [marker] + actions[at:]
     return result
+
+
+def forward_only(schedule: Schedule) -> Schedule:
+    """The forward pass of a compute-only ``schedule``: every rank's F actions in its
+    order, nothing else (lower it with :func:`lower_communication`)."""
+    if any(a.kind in COMM_KINDS for a in schedule.actions()):
+        raise ValueError(f"schedule {schedule.name!r} already has communication actions; "
+                         "forward_only expects a compute-only schedule")
+    return Schedule(name=f"{schedule.name}-forward", pp=schedule.pp,
+                    num_microbatches=schedule.num_microbatches,
+                    num_chunks=schedule.num_chunks, placement=schedule.placement,
+                    ranks=[[a for a in actions if a.kind is ActionKind.F]
+                           for actions in schedule.ranks],
+                    meta={"forward_only": True})
 
 
 def lower(schedule: Schedule, costs: CostModel | None = None, *, communication: bool = True,

@@ -27,6 +27,13 @@ class Run:
     log_path: str | None
 
     def records(self) -> list[dict]:
+        """The training iterations' records (evaluations: :meth:`eval_records`)."""
+        return [r for r in self._all_records() if "eval_loss" not in r]
+
+    def eval_records(self) -> list[dict]:
+        return [r for r in self._all_records() if "eval_loss" in r]
+
+    def _all_records(self) -> list[dict]:
         with open(self.log_path) as handle:
             return [json.loads(line) for line in handle if line.strip()]
 

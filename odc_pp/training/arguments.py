@@ -40,6 +40,7 @@ CHOICES = {
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
+    "recompute_method": (None, "uniform", "block"),
     "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
@@ -66,6 +67,18 @@ class ModelArgs:
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
     """Recompute norm/activation/dropout outputs in backward instead of saving them."""
+    recompute_full: bool = False
+    """Full activation recompute (Megatron's --recompute-granularity full, which maps
+    here): F keeps only the input of each recomputed layer group, B re-runs its forward
+    and computes the input gradients, W uses what B recomputed. Needs --recompute-method
+    and --recompute-num-layers."""
+    recompute_method: str | None = None
+    """With --recompute-full: uniform (every layer of a stage, in groups of
+    --recompute-num-layers, each group keeping only its input) or block (only the first
+    --recompute-num-layers layers of each stage, one by one)."""
+    recompute_num_layers: int | None = None
+    """With --recompute-full: the group size (uniform) or the number of recomputed layers
+    per stage (block)."""
     bf16: bool = False
     """Compute in bfloat16 (fp32 master weights)."""
     hf_checkpoint: str | None = None
@@ -100,10 +113,11 @@ class ModelArgs:
     qk_layernorm: bool = False
     """Normalise queries and keys per head (Qwen3)."""
     untie_embeddings: bool = False
-    """Train the input embedding and the output layer as two weights even when the
-    --hf-checkpoint config ties them. Required for a tied model on more than one stage
-    (pp x chunks > 1): odc-pp does not synchronise the two copies' gradients across stages.
-    Export then writes them tied only while they are still bitwise equal."""
+    """Train the input embedding and the output layer as two independent weights even
+    when the --hf-checkpoint config ties them (a different model; export then writes them
+    tied only while they are bitwise equal). Without it a tied model stays tied on every
+    layout: across stages the two copies' gradients are summed before each step, as
+    Megatron does."""
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""
@@ -231,6 +245,18 @@ class DataArgs:
     """JSONL file(s) or indexed-dataset prefix(es)."""
     mock_data: bool = False
     """Use the built-in synthetic long-tailed corpus (needs --vocab-size)."""
+    split: str | None = None
+    """Megatron's --split: comma-separated train,valid,test weights over the documents of
+    --data-path (normalised; e.g. 98,2,0). The valid part feeds evaluation. Default: every
+    document trains (Megatron defaults to 969,30,1; give it explicitly for that)."""
+    valid_data_path: list[str] | None = None
+    """Validation JSONL file(s) or indexed-dataset prefix(es) (instead of a --split part)."""
+    eval_interval: int = 1000
+    """Evaluate on the validation data every N iterations (when there is validation data:
+    --split with a valid part, --valid-data-path, or --mock-data)."""
+    eval_iters: int = 100
+    """Global batches per evaluation (0: no evaluation). Evaluation k takes the next
+    eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
     tokenizer_type: str = "ByteLevelTokenizer"
     """Tokenizer for JSONL / indexed data."""
     tokenizer_model: str | None = None
@@ -457,6 +483,19 @@ def _validate_layout(args: TrainingArgs) -> list[str]:
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
     if args.data.mock_data == bool(args.data.data_path):
         problems.append("give exactly one of --mock-data (with --vocab-size) and --data-path")
+    if args.model.recompute_full != (args.model.recompute_method is not None) or \
+            args.model.recompute_full != (args.model.recompute_num_layers is not None):
+        problems.append("--recompute-granularity full (--recompute-full) goes with both "
+                        "--recompute-method uniform|block and --recompute-num-layers N")
+    elif args.model.recompute_full and args.model.recompute_num_layers < 1:
+        problems.append("--recompute-num-layers must be >= 1")
+    if args.data.eval_interval < 1 or args.data.eval_iters < 0:
+        problems.append("--eval-interval must be >= 1 and --eval-iters >= 0")
+    if args.data.split is not None and args.data.valid_data_path:
+        problems.append("give one of --split (a valid part of --data-path) and "
+                        "--valid-data-path")
+    if args.data.split is not None and args.data.mock_data:
+        problems.append("--split divides the documents of --data-path; --mock-data has none")
     if args.data.mock_data and not args.model.vocab_size:
         problems.append("--mock-data needs --vocab-size")
     if args.data.tokenizer_type == "HuggingFaceTokenizer" and not args.data.tokenizer_model and \

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.runtime.p2p_channels import Communicator
-from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.costs import CostModel, with_full_recompute
 from odc_pp.schedule.generators import family, training_schedule
 from odc_pp.schedule.ir import Placement, Schedule
 from odc_pp.schedule.lowering import insert_post_validation, lower_communication
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from odc_pp.runtime.runtime import PipelineRuntime
 
 __all__ = ["Components", "build_components", "build_schedule", "schedule_for",
-           "load_cost_model", "placement_of", "fall_back_without_cuda_ipc"]
+           "load_cost_model", "placement_of", "fall_back_without_cuda_ipc",
+           "recompute_costs"]
 
 
 @dataclass(kw_only=True)
@@ -60,6 +61,8 @@ class Components:
     """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
     last_schedule: Schedule | None = None
     """The schedule the last iteration ran."""
+    eval_schedules: dict = field(default_factory=dict)
+    """Lowered forward-only schedule per microbatch count (evaluation)."""
 
     def close(self) -> None:
         self.engine.destroy()
@@ -78,6 +81,29 @@ def load_cost_model(schedule: ScheduleArgs) -> CostModel:
             return CostModel.from_dict(json.load(handle))
     except (OSError, json.JSONDecodeError, TypeError) as exc:
         raise ValueError(f"--cost-model {schedule.cost_model!r}: {exc}") from exc
+
+
+def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int) -> CostModel:
+    """With full recompute, T_B of each virtual stage grows by the forward of its
+    recomputed layers (the schedules and ZB-auto's first plan take it into account;
+    ZB-auto's re-plans measure it)."""
+    from odc_pp.megatron.full_recompute import recompute_groups
+    from odc_pp.megatron.model import stage_layers
+    from odc_pp.schedule.placement import locate
+
+    model = args.model
+    if not model.recompute_full:
+        return costs
+    chunks = args.schedule.num_model_chunks
+    num_stages = pp * chunks
+    fractions, ranks = [], []
+    for stage in range(num_stages):
+        layers = len(stage_layers(model.num_layers, num_stages, stage))
+        groups = recompute_groups(layers, model.recompute_method, model.recompute_num_layers)
+        fractions.append(sum(len(group) for group in groups) / layers)
+        ranks.append(locate(placement_of(args.schedule.pipeline_schedule), pp, chunks,
+                            stage)[0])
+    return with_full_recompute(costs, fractions, ranks)
 
 
 def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
@@ -177,17 +203,56 @@ def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
     return message
 
 
-def _counts_in_norm(topo: Topology):
+def _counts_in_norm(topo: Topology, tied: bool = False):
     """Tensor parallelism: a replicated parameter's gradient enters the global norm from
-    tp rank 0 only (every tp rank holds it whole); None without tensor parallelism."""
+    tp rank 0 only (every tp rank holds it whole); ``tied``: the output layer's copy of
+    the embedding does not enter it (the embedding does, as in Megatron); None when every
+    parameter counts."""
+    from odc_pp.megatron.model import OUTPUT_WEIGHT
     from odc_pp.megatron.tp_layout import partition_of
 
-    if topo.tp == 1:
+    if topo.tp == 1 and not tied:
         return None
-    if topo.tp_rank == 0:
-        return lambda name, shape: True
-    # the gated flag does not change whether a parameter is split
-    return lambda name, shape: not partition_of(name, gated_mlp=False).replicated
+
+    def counts(name: str, shape) -> bool:
+        if tied and name == OUTPUT_WEIGHT:
+            return False
+        # the gated flag does not change whether a parameter is split
+        return topo.tp_rank == 0 or not partition_of(name, gated_mlp=False).replicated
+    return counts
+
+
+def _tie_embeddings(engine, chunks, schedule: ScheduleArgs, parallel: ParallelArgs,
+                    topo: Topology, env_local_world: int) -> bool:
+    """A model tied across stages: the engine sums the embedding's and the output
+    layer's gradients over the data-parallel ranks (one ODC group: all, or one host's) of
+    the first and the last stage. Collective: every rank creates every group. True when
+    this model is tied across stages."""
+    from odc_pp.megatron.model import tied_embedding_params
+
+    if not any(chunk.tied_across_stages for chunk in chunks):
+        return False
+    last = last_stage_rank(placement_of(schedule.pipeline_schedule), topo.pp,
+                           schedule.num_model_chunks)
+    per_host = topo.dp
+    if parallel.dp_mode == "hierarchical":
+        per_host = parallel.ranks_per_host(env_local_world)
+    mine = made = None
+    for tp_rank in range(topo.tp):
+        for host in range(topo.dp // per_host):
+            members = sorted({topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+                              for replica in range(host * per_host, (host + 1) * per_host)
+                              for stage in (0, last)})
+            group = dist.new_group(members)
+            if topo.rank in members:
+                mine = group
+                made = Communicator(ranks=tuple(members), kind="tied", group=group)
+    warm_up_topology(topo, communicators=[made] if made else [],
+                     timeout_s=parallel.distributed_timeout_minutes * 60)
+    params = tied_embedding_params(chunks)
+    if mine is not None:
+        engine.tie(params, mine)
+    return True
 
 
 def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs,
@@ -230,15 +295,16 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
 
 
 def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo: Topology, *,
-                    norm_group) -> ShardedAdamW:
-    """AdamW over the engine's shards; biases and norms are not decayed."""
+                    norm_group, tied: bool = False) -> ShardedAdamW:
+    """AdamW over the engine's shards; biases and norms are not decayed. ``tied``: the
+    model is tied across stages (the output layer's copy stays out of the norm)."""
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
 
     config = AdamWConfig(lr=optimizer.lr, betas=(optimizer.adam_beta1, optimizer.adam_beta2),
                          eps=1e-8, weight_decay=optimizer.weight_decay,
                          no_decay=lambda name, shape: len(shape) == 1)
     return ShardedAdamW(engine, config, norm_group=norm_group,
-                        counts_in_norm=_counts_in_norm(topo))
+                        counts_in_norm=_counts_in_norm(topo, tied))
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
@@ -250,7 +316,10 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype="bfloat16" if args.model.bf16 else "float32",
                                       local_world_size=local_world_size)
-    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group)
+    tied = _tie_embeddings(engine, chunks, args.schedule, args.parallel, topo,
+                           local_world_size)
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
+                                tied=tied)
     timeout_s = args.parallel.distributed_timeout_minutes * 60
     post_validator = injection = None
     if args.schedule.enable_optimizer_post_validation:
@@ -266,7 +335,7 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
         pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
         channels=topo.pp_channels)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
-                      costs=load_cost_model(args.schedule),
+                      costs=recompute_costs(load_cost_model(args.schedule), args, topo.pp),
                       last_stage=_last_stage_here(args.schedule, topo),
                       post_validator=post_validator, injection=injection)
 

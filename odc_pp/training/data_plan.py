@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedTokenDataset, JsonlDataset, Microbatch,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
+from odc_pp.data.blending import BlendedSource, parse_blend
+from odc_pp.data.splits import DocumentRange, split_bounds
 from odc_pp.schedule.costs import transformer_layer_flops
 
 from .arguments import ModelArgs, TrainingArgs
 
-__all__ = ["IterationPlan", "DataPlanner", "build_source", "padded_vocab_size",
-           "sample_cost_model", "load_sample_cost_model", "packs_sequences"]
+__all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
+           "padded_vocab_size", "sample_cost_model", "load_sample_cost_model",
+           "packs_sequences"]
 
 
 @dataclass
@@ -40,20 +43,14 @@ def padded_vocab_size(size: int, multiple: int) -> int:
 
 
 def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
-    """(sample source, model vocabulary size) for the data flags."""
+    """(sample source, model vocabulary size) for the data flags (with --split: its
+    train part)."""
     if args.data.mock_data:
         corpus = SyntheticCorpus(vocab_size=args.model.vocab_size, seq_length=args.model.seq_length,
                                  seed=args.run.seed)
         return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
-    jsonl = [p for p in args.data.data_path if p.endswith((".jsonl", ".json"))]
-    if jsonl and len(jsonl) != len(args.data.data_path):
-        raise ValueError("--data-path mixes JSONL files and indexed-dataset prefixes; "
-                         "preprocess the JSONL with tools/preprocess_data.py")
-    if jsonl:
-        dataset = JsonlDataset(jsonl, tokenizer, args.model.seq_length)
-    else:
-        dataset = IndexedTokenDataset(args.data.data_path, args.model.seq_length, tokenizer.pad)
+    source = _source(args, args.data.data_path, tokenizer, "--data-path", part=0)
     # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
                               args.parallel.tensor_model_parallel_size)
@@ -63,7 +60,54 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
                              f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
                              f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
         vocab = args.model.vocab_size
-    return ShuffledSource(dataset, seed=args.run.seed), vocab
+    return source, vocab
+
+
+def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
+    """The validation samples: --valid-data-path, the valid part of --split, or for
+    --mock-data a second synthetic stream; None when there are none (or --eval-iters 0)."""
+    if args.data.eval_iters == 0:
+        return None
+    if args.data.mock_data:
+        corpus = SyntheticCorpus(vocab_size=args.model.vocab_size,
+                                 seq_length=args.model.seq_length, seed=args.run.seed + 1)
+        return ShuffledSource(corpus, seed=args.run.seed + 1)
+    if not args.data.valid_data_path and args.data.split is None:
+        return None
+    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+    if args.data.valid_data_path:
+        return _source(args, args.data.valid_data_path, tokenizer, "--valid-data-path")
+    return _source(args, args.data.data_path, tokenizer, "--data-path", part=1)
+
+
+def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
+            part: int | None = None):
+    """The shuffled source of ``items`` (paths, or Megatron's blend ``W1 P1 W2 P2``:
+    each dataset shuffled on its own, then blended); ``part``: with --split, that part
+    (0 train, 1 valid) of each dataset's documents; None when the part is empty."""
+    blend = parse_blend(items)
+    weights, paths = blend if blend else ([1.0], [items])
+    sources = []
+    for index, path in enumerate(paths):
+        dataset = _documents(args, [path] if blend else path, tokenizer, flag)
+        if part is not None and args.data.split is not None:
+            documents = split_bounds(args.data.split, len(dataset))[part]
+            if len(documents) == 0 and part > 0:
+                return None
+            dataset = DocumentRange(dataset, documents, name=("train", "valid")[part])
+        sources.append(ShuffledSource(dataset, seed=args.run.seed + index))
+    return BlendedSource(sources, weights) if blend else sources[0]
+
+
+def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str):
+    """The JSONL or indexed dataset of ``paths`` (one kind)."""
+    jsonl = [p for p in paths if p.endswith((".jsonl", ".json"))]
+    if jsonl and len(jsonl) != len(paths):
+        raise ValueError(f"{flag} mixes JSONL files and indexed-dataset prefixes; "
+                         "preprocess the JSONL with tools/preprocess_data.py")
+    if jsonl:
+        return JsonlDataset(jsonl, tokenizer, args.model.seq_length)
+    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad)
 
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:

@@ -139,6 +139,28 @@ class TrainingLogger:
         if self._wandb is not None:
             self._wandb.log(flat_scalars(record), step=record["iteration"])
 
+    def log_eval(self, record: dict) -> None:
+        """An evaluation's record (``iteration``, ``eval_loss``, ``eval_ppl``,
+        ``eval_tokens``): one line on the stream, one JSON line, TensorBoard and wandb
+        ``valid/``."""
+        if self._bar_drawn:
+            self.stream.write("\r\033[K")
+            self._bar_drawn = False
+        print(f"validation at iter {record['iteration']:>5} | loss {record['eval_loss']:.4f} "
+              f"| ppl {record['eval_ppl']:.4g} | {record['eval_tokens']:.0f} tokens",
+              file=self.stream, flush=True)
+        if self.log_json:
+            with open(self.log_json, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key in ("eval_loss", "eval_ppl"):
+                self._writer.add_scalar(f"valid/{key.removeprefix('eval_')}", record[key],
+                                        record["iteration"])
+            self._writer.flush()
+        if self._wandb is not None:  # same step as that iteration's training record
+            self._wandb.log({f"valid/{key.removeprefix('eval_')}": record[key]
+                             for key in ("eval_loss", "eval_ppl")}, step=record["iteration"])
+
     def close(self) -> None:
         if self._bar_drawn:
             self.stream.write("\n")

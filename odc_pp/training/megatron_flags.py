@@ -51,10 +51,6 @@ def _rejected(message: str, *, takes_value: bool = False) -> PastedFlag:
     return PastedFlag(takes_value=takes_value, action="rejected", message=message)
 
 
-_FULL_RECOMPUTE = ("full-layer activation recompute is not supported; use --recompute-lgd "
-                   "(recompute layernorm/GeLU/dropout) or --pipeline-schedule offload "
-                   "--cpu-offload (activation offload) to cut activation memory")
-
 PASTED_FLAGS: dict[str, PastedFlag] = {
     "--use-distributed-optimizer": _honoured(
         "optimizer state is always sharded over the data-parallel group (ODC / collective "
@@ -96,16 +92,17 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
         "--recompute-activations (selective recompute) maps to --recompute-lgd: odc-pp "
         "recomputes layernorm, GeLU and dropout outputs rather than core attention",
         "--recompute-lgd"),
-    "--recompute-method": _rejected(f"--recompute-method: {_FULL_RECOMPUTE}", takes_value=True),
-    "--recompute-num-layers": _rejected(f"--recompute-num-layers: {_FULL_RECOMPUTE}",
-                                        takes_value=True),
     "--recompute-granularity": PastedFlag(
         takes_value=True, action="by-value",
-        message=f"--recompute-granularity takes 'selective' here; 'full': {_FULL_RECOMPUTE}",
+        message="--recompute-granularity takes 'selective' or 'full'",
         by_value=(("selective", _mapped(
             "--recompute-granularity selective maps to --recompute-lgd: odc-pp recomputes "
             "layernorm, GeLU and dropout outputs rather than core attention",
-            "--recompute-lgd")),)),
+            "--recompute-lgd")),
+                  ("full", _mapped(
+                      "--recompute-granularity full maps to --recompute-full: whole "
+                      "transformer layers recomputed in B (with --recompute-method and "
+                      "--recompute-num-layers, as Megatron)", "--recompute-full")))),
     "--transformer-impl": PastedFlag(
         takes_value=True, action="by-value",
         message="--transformer-impl takes 'local' here; 'transformer_engine' is not supported "

@@ -20,22 +20,14 @@ def hf_config_of(model: ModelArgs) -> dict | None:
 def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: int):
     """ModelConfig of the flags (with ``--hf-checkpoint`` the flags hold its values,
     merged at parse time; its Llama-3 rope scaling and tied embeddings come from it)."""
-    from odc_pp.megatron.hf import untie_for_layout
     from odc_pp.megatron.hf_config import llama3_rope_scaling
     from odc_pp.megatron.model import ModelConfig
 
     hf = hf_config_of(model)
     if hf is not None:
         scaling = llama3_rope_scaling(hf)
-        tied_in_hf = bool(hf.get("tie_word_embeddings"))
-        if tied_in_hf and num_stages > 1 and not model.untie_embeddings:
-            raise ValueError(
-                f"--hf-checkpoint {model.hf_checkpoint}: config.json ties the embedding and "
-                f"the output layer (tie_word_embeddings), but on this layout they live on "
-                f"different stages ({num_stages} pipeline stages) and odc-pp does not "
-                f"synchronise their gradients: pass --untie-embeddings to train them as two "
-                f"weights, or use --pipeline-model-parallel-size 1 with one model chunk")
-        tie = untie_for_layout(tied_in_hf and not model.untie_embeddings, num_stages)
+        # tied across stages too: the copies' gradients are summed (Megatron's way)
+        tie = bool(hf.get("tie_word_embeddings")) and not model.untie_embeddings
     else:
         scaling = {"factor": model.rope_scaling_factor, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} \
@@ -46,7 +38,9 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
         num_attention_heads=model.num_attention_heads, ffn_hidden_size=model.ffn_hidden_size,
         max_sequence_length=model.max_position_embeddings,
         params_dtype="bfloat16" if model.bf16 else "float32", device=device,
-        recompute_lgd=model.recompute_lgd, normalization=model.normalization,
+        recompute_lgd=model.recompute_lgd,
+        recompute_method=model.recompute_method if model.recompute_full else None,
+        recompute_num_layers=model.recompute_num_layers or 1, normalization=model.normalization,
         norm_epsilon=model.norm_epsilon, activation="swiglu" if model.swiglu else "gelu",
         num_query_groups=model.num_query_groups, kv_channels=model.kv_channels,
         position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,

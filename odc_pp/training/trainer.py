@@ -2,7 +2,7 @@
 iteration -- data plan -> pipeline schedule -> the minibatch through the runtime (the
 data-parallel engine opens and closes it) -> ``optimizer.clip_and_step`` -> loss and
 statistics -- and :meth:`Trainer.train` runs the iterations with the named steps around
-them (logging, post-validation resolution, checkpoints, the exit interval).
+them (logging, post-validation resolution, evaluation, checkpoints, the exit interval).
 
 Loss. Each iteration's loss is the token-weighted mean over the whole global batch:
 ``sum(token losses * loss mask) / scored tokens of the global batch``. Every microbatch's
@@ -36,8 +36,9 @@ import torch.distributed as dist
 from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components, build_schedule, schedule_for
-from .data_plan import DataPlanner, IterationPlan, build_source
+from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology, read_env
+from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .optimizer_step import inject_nonfinite_grad
@@ -152,6 +153,11 @@ class Trainer:
         source, self.vocab = build_source(args)
         self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
                                    segment_attention=topo.device.type == "cuda")
+        valid = build_valid_source(args)
+        self.eval_planner = DataPlanner(args, valid, dp=topo.dp, pp=topo.pp,
+                                        segment_attention=topo.device.type == "cuda") \
+            if valid else None
+        """Plans the validation batches (--eval-iters > 0 and a validation split)."""
         self.parts: Components = build_components(
             args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size)
         opt = args.optimizer
@@ -189,6 +195,7 @@ class Trainer:
             self._observe(stats)
             if self._settle(stats):
                 self._finish(stats)
+                self._evaluate_if_due(stats.iteration)
                 self._save_if_due(stats.iteration)
             if self._exit_due(stats.iteration):
                 self._say(f"exit interval {self.args.run.exit_interval} reached")
@@ -307,6 +314,7 @@ class Trainer:
             self.pending = None
         done = stats.iteration
         if stats.pending and (self._save_due(done) or self._exit_due(done)
+                              or eval_due(self.args, done, self.eval_planner)
                               or done == self.args.run.train_iters):
             stats.resolve_step(self.parts.post_validator.validate())
         if stats.pending:
@@ -370,6 +378,16 @@ class Trainer:
         render_png(schedule, simulate(schedule, self.parts.costs), path)
         self._say(f"schedule picture ({schedule.name}, {schedule.num_microbatches} "
                   f"microbatches): {path}")
+
+    def _evaluate_if_due(self, done: int) -> None:
+        """--eval-interval: the validation loss after iteration ``done`` (every rank;
+        rank 0 logs it)."""
+        if not eval_due(self.args, done, self.eval_planner):
+            return
+        stats = evaluate(self.parts, self.args, self.topo, self.eval_planner,
+                         done // self.args.data.eval_interval)
+        if self.logger is not None:
+            self.logger.log_eval(eval_record(done, stats))
 
     # ----- checkpoints and the end ------------------------------------------------------
     def _resume(self) -> int:

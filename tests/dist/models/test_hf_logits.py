@@ -43,7 +43,7 @@ def worker(rank, world_size, root, out_path):
         config = read_hf_config(directory)
         tied = bool(config.get("tie_word_embeddings"))
         # pp = 1: one chunk (tied embeddings stay tied)
-        model = model_config_from_hf(config, num_stages=1)
+        model = model_config_from_hf(config)
         (chunk,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
         read = load_hf_weights([chunk], directory, model, tied_in_hf=tied)
         with torch.no_grad():
@@ -51,8 +51,8 @@ def worker(rank, world_size, root, out_path):
         report[f"{kind}/pp1"] = _relative(ours, expected)
         report[f"{kind}/pp1_read_all"] = read == set(hf.state_dict()) - (
             {"lm_head.weight"} if tied else set())
-        # pp = 2, zbv: 4 stages, V placement, chunks built per rank (untied copies)
-        model = model_config_from_hf(config, num_stages=4)
+        # pp = 2, zbv: 4 stages, V placement, chunks built per rank (tied: two copies)
+        model = model_config_from_hf(config)
         stages = {}
         reads = []
         for pp_rank in range(2):
@@ -85,7 +85,7 @@ def worker(rank, world_size, root, out_path):
     config = read_hf_config(directory)
     chunks = {}
     for recompute in (False, True):
-        model = model_config_from_hf(config, num_stages=1, recompute_lgd=recompute)
+        model = model_config_from_hf(config, recompute_lgd=recompute)
         (chunks[recompute],) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
         load_hf_weights([chunks[recompute]], directory, model, tied_in_hf=False)
     samples = [torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(n))
@@ -107,7 +107,7 @@ def worker(rank, world_size, root, out_path):
                                        for n in grads[False])
     # the SDPA core attention (CUDA's; it runs on CPU too) equals the host attention,
     # causal (no mask) and packed (segment mask), with GQA
-    model = model_config_from_hf(config, num_stages=1, attention_backend="sdpa")
+    model = model_config_from_hf(config, attention_backend="sdpa")
     (sdpa,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
     load_hf_weights([sdpa], directory, model, tied_in_hf=False)
     with torch.no_grad():
@@ -132,7 +132,7 @@ def worker(rank, world_size, root, out_path):
             open(os.path.join(broken, "config.json"), "w") as dst:
         dst.write(src.read())
     config = read_hf_config(broken)
-    model = model_config_from_hf(config, num_stages=1)
+    model = model_config_from_hf(config)
     (chunk,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
     try:
         load_hf_weights([chunk], broken, model, tied_in_hf=False)

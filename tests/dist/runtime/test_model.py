@@ -33,6 +33,25 @@ def worker(rank, world_size, out_path):
         dict(other_seed.global_named_parameters())["model.decoder.layers.3.mlp.linear_fc1.weight"],
         reference["model.decoder.layers.3.mlp.linear_fc1.weight"])
 
+    # tied across stages: the last stage's output layer is a shared_embedding copy
+    # initialised from the embedding's name (both copies start equal)
+    from dataclasses import replace
+
+    from odc_pp.megatron.model import tied_embedding_params
+
+    tied = replace(config, tie_embeddings=True)
+    (first,) = build_chunks(tied, pp_rank=0, pp_size=2, seed=5, process_groups=groups)
+    (last,) = build_chunks(tied, pp_rank=1, pp_size=2, seed=5, process_groups=groups)
+    output = last.model.output_layer.weight
+    report["tied_copies_equal"] = bool(getattr(output, "shared_embedding", False)) and \
+        torch.equal(first.model.embedding.word_embeddings.weight, output)
+    report["tied_params"] = (
+        tied_embedding_params([first]) == [(0, "model.embedding.word_embeddings.weight")]
+        and tied_embedding_params([last]) == [(0, "model.output_layer.weight")]
+        and tied_embedding_params([full]) == [])
+    report["untied_differ"] = not torch.equal(reference["model.output_layer.weight"],
+                                              reference["model.embedding.word_embeddings.weight"])
+
     # split backward on the real model: B (deferred) then W equals plain autograd
     microbatch = make_microbatches(1)[0]
     full(None, microbatch).sum().backward()

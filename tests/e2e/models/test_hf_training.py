@@ -54,10 +54,13 @@ def _hf_loss_of_iteration(flags, hf_model, iteration: int = 1) -> float:
 CASES = {
     # Llama 3 (untied, rope scaling, GQA) on pp=2 zbv x dp=2 odc
     "llama": ("llama", ["--pipeline-schedule", "zbv", "--dp-mode", "odc"]),
-    # Qwen2 (qkv bias, tied embeddings: two copies across stages, --untie-embeddings) on
-    # 1f1b x collective, recomputing RMSNorm/SwiGLU
+    # Qwen2 (qkv bias, tied embeddings: kept tied across the two stages) on 1f1b x
+    # collective, recomputing RMSNorm/SwiGLU
     "qwen2": ("qwen2", ["--pipeline-schedule", "1f1b", "--dp-mode", "collective",
-                        "--recompute-lgd", "--untie-embeddings"]),
+                        "--recompute-lgd"]),
+    # tied Qwen2 on pp=4 (zb-h1): the first and the last stage on different ranks
+    "qwen2_pp4": ("qwen2", ["--pipeline-schedule", "zb-h1", "--dp-mode", "odc",
+                            "--pipeline-model-parallel-size", "4"]),
     # Llama 3 under tp=2 + SP x pp=2 zbv: qkv split per query group (GQA: one kv head per
     # rank), SwiGLU's gate/up per partition, vocab-parallel embedding and output layer
     "llama_tp2": ("llama", ["--pipeline-schedule", "zbv", "--dp-mode", "odc",
@@ -119,7 +122,7 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     assert abs(record["loss"] - expected) <= 1e-5 * expected, (record["loss"], expected)
 
 
-def test_tied_model_on_two_stages_needs_untie_embeddings(tmp_path):
+def test_tied_model_stays_tied_on_two_stages_unless_untied(tmp_path):
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.model_setup import model_config
 
@@ -127,13 +130,76 @@ def test_tied_model_on_two_stages_needs_untie_embeddings(tmp_path):
     make_hf_model("qwen2", hf_dir)
     flags = ["--hf-checkpoint", hf_dir, "--mock-data", "--seq-length", "32"]
     vocab = parse_args(flags).model.vocab_size
-    with pytest.raises(ValueError, match="--untie-embeddings"):
-        model_config(parse_args(flags).model, vocab_size=vocab, device="cpu", num_stages=2)
-    assert model_config(parse_args(flags).model, vocab_size=vocab, device="cpu",
-                        num_stages=1).tie_embeddings
+    for stages in (1, 2):
+        assert model_config(parse_args(flags).model, vocab_size=vocab, device="cpu",
+                            num_stages=stages).tie_embeddings
     untied = model_config(parse_args(flags + ["--untie-embeddings"]).model, vocab_size=vocab,
                           device="cpu", num_stages=2)
     assert not untied.tie_embeddings
+
+
+TIED_LAYOUTS = {
+    "zbv": ["--pipeline-schedule", "zbv"],
+    "1f1b": ["--pipeline-schedule", "1f1b"],
+    # two one-rank "hosts": the tie group is built per host
+    "1f1b-hierarchical": ["--pipeline-schedule", "1f1b", "--dp-mode", "hierarchical",
+                          "--dp-ranks-per-host", "1"],
+}
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", sorted(TIED_LAYOUTS))
+def test_tied_embeddings_across_stages_train_as_one_weight(layout, tmp_path):
+    """Tied Qwen2 on pp=2 x dp=2: iteration 1 is transformers' loss; 5 AdamW steps with
+    clipping give the losses of the pp=1 run (one shared weight), the checkpoint's two
+    copies are bitwise equal and the export is tied."""
+    import transformers
+
+    hf_dir = str(tmp_path / "hf")
+    hf_model = make_hf_model("qwen2", hf_dir, vocab_size=264)
+    data = str(tmp_path / "data.jsonl")
+    _write_pretokenized_data(data)
+    flags = ["--hf-checkpoint", hf_dir, "--seq-length", "48", "--data-path", data,
+             "--global-batch-size", "8", "--micro-batch-size", "1", "--lr", "1e-2",
+             "--clip-grad", "0.5", "--train-iters", "5", "--seed", "3", "--no-progress-bar",
+             "--distributed-timeout-minutes", "1.5"]
+    save = str(tmp_path / "ckpt")
+    run = launch(flags + ["--pipeline-model-parallel-size", "2", *TIED_LAYOUTS[layout],
+                          "--save", save],
+                 nproc=4, tmp_path=tmp_path, name="pp2")
+    assert run.returncode == 0, run.describe()
+    reference = launch(flags, nproc=1, tmp_path=tmp_path, name="pp1")
+    assert reference.returncode == 0, reference.describe()
+    losses, expected = run.losses(), reference.losses()
+    hf_loss = _hf_loss_of_iteration(flags, hf_model)
+    assert abs(losses[0] - hf_loss) <= 1e-5 * hf_loss, (losses[0], hf_loss)
+    assert len(losses) == 5, losses
+    for ours, theirs in zip(losses, expected):
+        assert abs(ours - theirs) <= 1e-5 * theirs, (losses, expected)
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from export_checkpoint import export
+
+    _, state = export(save)
+    (embedding,) = [t for n, t in state.items() if n.endswith("word_embeddings.weight")]
+    (output,) = [t for n, t in state.items() if n.endswith("output_layer.weight")]
+    assert torch.equal(embedding, output)
+    assert not torch.equal(embedding, hf_model.model.embed_tokens.weight)  # it moved
+
+    out = str(tmp_path / "exported")
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_hf.py"),
+                           "--load", save, "--output", out], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())[
+        "tie_word_embeddings"] is True
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert "lm_head.weight" not in {n for n, _ in reloaded.named_parameters()} or \
+        reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    assert torch.equal(reloaded.model.embed_tokens.weight, embedding.to(
+        reloaded.model.embed_tokens.weight.dtype))
 
 
 def test_contradicting_flag_exits_2_naming_it(tmp_path):

@@ -78,11 +78,13 @@ def test_logger_writes_the_record_to_an_offline_wandb_run(tmp_path, monkeypatch)
                             wandb_save_dir=str(tmp_path), wandb_config={"seed": 7})
     logger.log(RECORD)
     logger.log(dict(RECORD, iteration=4, loss=2.25))
+    logger.log_eval({"iteration": 4, "eval_loss": 2.0, "eval_ppl": 7.5, "eval_tokens": 96})
     logger.close()
     pytest.importorskip("wandb").teardown()  # finish() returns before wandb-core has written
     rows = _history(_offline_run(tmp_path))
     assert [row["loss"] for row in rows] == [2.5, 2.25]
     assert [row["_step"] for row in rows] == [3, 4]
+    assert (rows[1]["valid/loss"], rows[1]["valid/ppl"]) == (2.0, 7.5)  # the same step's row
     expected = flat_scalars(RECORD)
     assert set(expected) <= set(rows[0]), sorted(set(expected) - set(rows[0]))
     assert rows[0]["idle_s/rank1"] == 0.2 and rows[0]["skipped"] == 0.0
@@ -108,12 +110,15 @@ def test_pretrain_gpt_logs_to_wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = launch(TINY_MODEL + ["--train-iters", "2", "--pipeline-schedule", "1f1b",
+                               "--eval-interval", "2", "--eval-iters", "1",
                                "--wandb-project", "odc-pp-test", "--wandb-exp-name", "e2e",
                                "--wandb-save-dir", str(tmp_path)],
                  nproc=1, tmp_path=tmp_path, name="wandb")
     assert run.returncode == 0, run.describe()
     rows = _history(_offline_run(tmp_path))
     logged = run.records()
+    (evaluated,) = run.eval_records()
+    assert rows[-1]["valid/loss"] == pytest.approx(evaluated["eval_loss"], rel=1e-12)
     assert [row["loss"] for row in rows] == pytest.approx([r["loss"] for r in logged],
                                                           rel=1e-12)
     for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "idle_s/rank0",

@@ -28,7 +28,7 @@ def worker(rank, world_size, root, out_path):
     report = {}
     results = {}
     for device in ("cpu", "cuda"):
-        model = model_config_from_hf(config, num_stages=1, device=device)
+        model = model_config_from_hf(config, device=device)
         (chunk,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
         load_hf_weights([chunk], root, model, tied_in_hf=False)
         report[f"{device}_attention"] = type(

@@ -40,10 +40,15 @@ def test_value_flags_honoured_mapped_or_rejected():
     assert args.model.recompute_lgd and "--recompute-lgd" in notes[0]
     with pytest.raises(ValueError, match="--transformer-impl local"):
         parse_args_with_notes(BASE + ["--transformer-impl", "transformer_engine"])
-    with pytest.raises(ValueError, match="--recompute-lgd"):
+    args, notes = parse_args_with_notes(BASE + ["--recompute-granularity", "full",
+                                                "--recompute-method", "block",
+                                                "--recompute-num-layers", "2"])
+    assert args.model.recompute_full and "--recompute-full" in notes[0]
+    assert (args.model.recompute_method, args.model.recompute_num_layers) == ("block", 2)
+    with pytest.raises(ValueError, match="--recompute-method"):
         parse_args_with_notes(BASE + ["--recompute-granularity", "full"])
-    with pytest.raises(ValueError, match="--recompute-lgd"):
-        parse_args_with_notes(BASE + ["--recompute-method", "uniform"])
+    with pytest.raises(ValueError, match="--recompute-granularity"):
+        parse_args_with_notes(BASE + ["--recompute-granularity", "partial"])
 
 
 @pytest.mark.parametrize("flag,equivalent", [("--use-flash-attn", "drop the flag"),

@@ -1,0 +1,67 @@
+"""Tied parameters across units or ranks of a :class:`~odc_pp.odc.engine.ShardedDataParallel`
+(an embedding and its output-layer copy on another pipeline stage).
+
+After the minibatch's sync the owned accumulators hold each copy's summed gradient.
+:meth:`TiedGradients.sum` adds the copies' owned pieces into one full-size fp32 buffer
+(each element taken once per copy, from its owner), all-reduces it over the tie group
+(every rank holding a copy), and writes the sum back into every copy's owned range: the
+copies get the same gradient and, AdamW being elementwise, the same update, so they stay
+bitwise equal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["TiedGradients"]
+
+
+class TiedGradients:
+    """The tied copies one rank holds: ``(unit, position in the unit)``, and the group."""
+
+    def __init__(self, units, params: Sequence[tuple[int, str]],
+                 group: dist.ProcessGroup | None) -> None:
+        """``units``: the engine's units; ``params``: ``(unit index, parameter name in
+        the unit)`` of the copies on this rank (at least one); ``group``: the ranks
+        holding copies (None: all copies are on this rank)."""
+        self.entries = []
+        for index, name in params:
+            unit = units[index]
+            if name not in unit.names:
+                raise ValueError(f"tied parameter {name!r} is not a trainable parameter of "
+                                 f"unit {index}")
+            self.entries.append((unit, unit.names.index(name)))
+        if not self.entries:
+            raise ValueError("a rank of the tie group holds no tied parameter")
+        shapes = {unit.shapes[position] for unit, position in self.entries}
+        if len(shapes) > 1:
+            raise ValueError(f"tied parameters have different shapes {sorted(shapes)}")
+        self.numel = math.prod(shapes.pop())
+        self.group = group
+
+    @staticmethod
+    def _overlap(unit, position: int) -> tuple[slice, slice]:
+        """(slice of the parameter, slice of the owned accumulator) this rank owns."""
+        offset = unit.offsets[position]
+        first = max(unit.start, offset)
+        last = max(first, min(unit.end, offset + unit.params[position].numel()))
+        return slice(first - offset, last - offset), slice(first - unit.start,
+                                                           last - unit.start)
+
+    @torch.no_grad()
+    def sum(self) -> None:
+        """Every copy's owned gradient becomes the sum over all copies."""
+        device = self.entries[0][0].grad_acc.device
+        total = torch.zeros(self.numel, dtype=torch.float32, device=device)
+        for unit, position in self.entries:
+            piece, owned = self._overlap(unit, position)
+            total[piece] += unit.grad_acc[owned]
+        if self.group is not None:
+            dist.all_reduce(total, group=self.group)
+        for unit, position in self.entries:
+            piece, owned = self._overlap(unit, position)
+            unit.grad_acc[owned] = total[piece]

@@ -1,0 +1,109 @@
+"""Evaluation (``--eval-interval``, ``--eval-iters``): the validation loss, forward only.
+
+Evaluation ``k`` (at iteration ``k * eval_interval``) runs the validation global batches
+``(k - 1) * eval_iters`` .. ``k * eval_iters - 1`` (indices past the data cycle through
+it in a fresh seeded order each epoch, :class:`~odc_pp.data.ShuffledSource`), so a
+resumed run evaluates on exactly the batches of an uninterrupted one. Each batch is
+planned like a training batch (:class:`~odc_pp.training.data_plan.DataPlanner`) and runs
+through the forward-only pipeline of the training schedule's family
+(:func:`~odc_pp.schedule.lowering.forward_only`: every rank's F actions in training
+order, so every layout and placement works). The loss is token-weighted like the
+training loss: ``sum(token losses * loss mask) / scored tokens`` over all the
+evaluation's batches. Parameters are gathered by the data-parallel engine as in training;
+nothing is accumulated and the optimizer is untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from odc_pp.schedule.generators import training_schedule
+from odc_pp.schedule.lowering import forward_only, lower_communication
+
+from .arguments import TrainingArgs
+from .data_plan import DataPlanner
+from .distributed import Topology
+from .replanning import check_same_schedule
+
+__all__ = ["EvalStats", "evaluate", "due", "eval_record"]
+
+
+@dataclass(kw_only=True)
+class EvalStats:
+    """One evaluation's result (the same on every rank)."""
+
+    loss: float
+    """Token-weighted mean loss over the evaluation's batches."""
+    tokens: float
+    """Scored tokens the loss averages over."""
+    batches: int
+    """Validation global batches evaluated."""
+
+
+def due(args: TrainingArgs, done: int, planner: DataPlanner | None) -> bool:
+    """Evaluate after iteration ``done`` (1-based)?"""
+    return planner is not None and args.data.eval_iters > 0 and \
+        done % args.data.eval_interval == 0
+
+
+def _schedule(parts, args: TrainingArgs, topo: Topology, num_microbatches: int):
+    """The lowered forward-only schedule for this replica's microbatch count (cached)."""
+    cache = parts.eval_schedules
+    if num_microbatches not in cache:
+        compute = training_schedule(args.schedule.pipeline_schedule, pp=topo.pp,
+                                    num_microbatches=num_microbatches,
+                                    num_chunks=args.schedule.num_model_chunks,
+                                    costs=parts.costs,
+                                    memory_limit=args.schedule.memory_limit)
+        schedule = lower_communication(forward_only(compute))
+        check_same_schedule(schedule, topo.pp_group, what="evaluation schedule")
+        if topo.tp_group is not None:
+            check_same_schedule(schedule, topo.tp_group,
+                                what="evaluation schedule of the tensor-parallel ranks")
+        cache[num_microbatches] = schedule
+    return cache[num_microbatches]
+
+
+def evaluate(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
+             evaluation: int) -> EvalStats:
+    """Evaluation number ``evaluation`` (1-based) on ``planner``'s validation source.
+    Collective over all ranks."""
+    first = (evaluation - 1) * args.data.eval_iters
+    loss_sum = torch.zeros(1, dtype=torch.float64)
+    tokens = 0.0
+    for chunk in parts.chunks:  # no dropout (and no dropout RNG drawn), as Megatron
+        chunk.eval()
+    try:
+        for batch in range(first, first + args.data.eval_iters):
+            batch_sum, batch_tokens = _batch_loss_sum(parts, args, topo, planner, batch)
+            loss_sum += batch_sum
+            tokens += batch_tokens
+    finally:
+        for chunk in parts.chunks:
+            chunk.train()
+    dist.all_reduce(loss_sum)
+    return EvalStats(loss=float(loss_sum) / tokens, tokens=tokens,
+                     batches=args.data.eval_iters)
+
+
+def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
+                    batch: int) -> tuple[float, float]:
+    """(this rank's share of validation batch ``batch``'s masked token-loss sum -- the
+    last stage's, 0 elsewhere --, the batch's scored tokens)."""
+    plan = planner.plan(batch)
+    microbatches = planner.microbatches(plan.replicas[topo.dp_rank])
+    schedule = _schedule(parts, args, topo, len(microbatches))
+    result = parts.runtime.run_minibatch(
+        schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),
+        max_microbatches=plan.max_microbatches, forward_only=True)
+    return ((result.loss_sum or 0.0) if parts.last_stage else 0.0), plan.total_loss_tokens
+
+
+def eval_record(done: int, stats: EvalStats) -> dict:
+    """The logged record of an evaluation after iteration ``done``."""
+    return {"iteration": done, "eval_loss": stats.loss,
+            "eval_ppl": math.exp(min(stats.loss, 700.0)), "eval_tokens": stats.tokens}
