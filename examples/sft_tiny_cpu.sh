@@ -7,10 +7,10 @@
 # 1. builds a tiny random Llama (4 layers, hidden 64, GQA, Llama-3 RoPE) with transformers
 #    and save_pretrained (HF in: config.json + safetensors) under ${OUT:-out/sft_tiny};
 # 2. writes pre-tokenized SFT data, {"input_ids": [...], "loss_mask": [...]} per line
-#    (L ids, L - 1 mask entries; the predictions of prompt tokens masked). Ids stay below
-#    256 so the default byte-level tokenizer's vocabulary (258, its padding id 257) validates
-#    them; the model's vocabulary (264) is the checkpoint's. With a real model pass its
-#    tokenizer (--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR);
+#    (L ids, L - 1 mask entries; the predictions of prompt tokens masked). Ids are checked
+#    against the model's vocabulary (264, the checkpoint's config); the default byte-level
+#    tokenizer only supplies the padding id (257). With a real model pass its tokenizer
+#    (--tokenizer-model DIR) so that padding uses the model's own id;
 # 3. fine-tunes it with pretrain_gpt.py --hf-checkpoint on 4 CPU processes (gloo);
 # 4. exports the checkpoint with tools/export_hf.py (HF out) and reloads it with
 #    transformers.AutoModelForCausalLM.from_pretrained.

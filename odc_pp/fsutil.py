@@ -19,9 +19,14 @@ def fsync_dir(path: str) -> None:
 def write_file_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):  # no partial temporary file left behind
+            os.remove(tmp)
+        raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -85,7 +85,8 @@ RECORD_KEYS = ("text", "messages", "input_ids")
 """The keys that name a JSONL record's format (exactly one per record)."""
 
 
-def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Sample | None:
+def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
+                    vocab_size: int | None = None) -> Sample | None:
     """One JSONL record -> :class:`Sample`. Formats (exactly one key of :data:`RECORD_KEYS`):
 
     * ``{"text": ...}``: tokenized, plus end-of-document; every token scored.
@@ -94,7 +95,7 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Samp
     * ``{"input_ids": [...], "loss_mask": [...]}`` (pre-tokenized): L ids train L - 1
       predictions, so ``loss_mask`` (optional, default all 1) has L - 1 entries of 0 or 1:
       ``loss_mask[i]`` weighs the prediction of ``input_ids[i + 1]``. Ids must be
-      ``< tokenizer.vocab_size``.
+      ``< vocab_size``: the model's embedding size when given, else the tokenizer's.
 
     Truncated to ``seq_length + 1`` tokens; None when a text or chat record has fewer than
     2 tokens. A malformed record raises ValueError saying what is wrong (callers add
@@ -110,7 +111,9 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Samp
         raise ValueError(f"JSONL record needs a 'text', 'messages' or 'input_ids' key, got "
                          f"{sorted(record)}")
     if "input_ids" in record:
-        tokens, predicted = _pretokenized(record, tokenizer.vocab_size)
+        bound = (vocab_size, "the model's vocabulary size") if vocab_size else \
+            (tokenizer.vocab_size, "the tokenizer's vocabulary size")
+        tokens, predicted = _pretokenized(record, *bound)
         return Sample(tokens=tokens[:seq_length + 1], loss_mask=predicted[:seq_length])
     if "text" in record:
         tokens = tokenizer.encode(str(record["text"])) + [tokenizer.eod]
@@ -125,7 +128,8 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int) -> Samp
                   loss_mask=np.asarray(scored[1:], dtype=np.float32))
 
 
-def _pretokenized(record: dict, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _pretokenized(record: dict, vocab_size: int,
+                  what: str) -> tuple[np.ndarray, np.ndarray]:
     """Validated ``(input_ids, loss_mask)`` arrays of a pre-tokenized record."""
     unknown = sorted(set(record) - {"input_ids", "loss_mask"})
     if unknown:
@@ -138,7 +142,7 @@ def _pretokenized(record: dict, vocab_size: int) -> tuple[np.ndarray, np.ndarray
     for position, value in enumerate(ids):
         if type(value) is not int or not 0 <= value < vocab_size:
             raise ValueError(f"input_ids[{position}] = {json.dumps(value)} is not a token id "
-                             f"in [0, {vocab_size}) (the tokenizer's vocabulary size)")
+                             f"in [0, {vocab_size}) ({what})")
     if "loss_mask" not in record:
         return np.asarray(ids, dtype=np.int64), np.ones(len(ids) - 1, dtype=np.float32)
     mask = record["loss_mask"]
@@ -180,14 +184,15 @@ def load_jsonl_documents(path: str) -> list[tuple[int, dict]]:
     return records
 
 
-def encode_jsonl_file(path: str, tokenizer: Tokenizer,
-                      seq_length: int) -> list[tuple[int, dict, Sample | None]]:
+def encode_jsonl_file(path: str, tokenizer: Tokenizer, seq_length: int, *,
+                      vocab_size: int | None = None) -> list[tuple[int, dict, Sample | None]]:
     """``(line number, record, sample or None)`` of every record of a JSONL file
     (:func:`encode_document`); a malformed record raises ValueError naming ``path:line``."""
     out = []
     for line_number, record in load_jsonl_documents(path):
         try:
-            out.append((line_number, record, encode_document(record, tokenizer, seq_length)))
+            out.append((line_number, record, encode_document(record, tokenizer, seq_length,
+                                                             vocab_size=vocab_size)))
         except ValueError as exc:
             raise ValueError(f"{path}:{line_number}: {exc}") from exc
     return out
@@ -197,11 +202,14 @@ class JsonlDataset:
     """Documents of JSONL files, tokenized once at construction. Every file must give at
     least one sample with scored tokens; errors name the file (and line)."""
 
-    def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_length: int) -> None:
+    def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_length: int, *,
+                 vocab_size: int | None = None) -> None:
+        """``vocab_size``: the model's embedding size, the bound of pre-tokenized ids
+        (default: the tokenizer's vocabulary)."""
         self.pad_id = tokenizer.pad
         self.samples: list[Sample] = []
         for path in paths:
-            encoded = encode_jsonl_file(path, tokenizer, seq_length)
+            encoded = encode_jsonl_file(path, tokenizer, seq_length, vocab_size=vocab_size)
             usable = [s for _, _, s in encoded if s is not None and s.num_loss_tokens > 0]
             if not usable:
                 raise ValueError(_why_unusable(path, encoded, seq_length))

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .datasets import encode_jsonl_file
-from .tokenizers import TOKENIZER_TYPES, build_tokenizer
+from .tokenizers import TOKENIZER_TYPES, build_tokenizer, tokenizer_type_for
 
 __all__ = ["preprocess_jsonl", "main"]
 
@@ -44,12 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--input", nargs="+", required=True, help="JSONL file(s)")
     parser.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
-    parser.add_argument("--tokenizer-type", default="ByteLevelTokenizer", choices=TOKENIZER_TYPES)
+    parser.add_argument("--tokenizer-type", default=None, choices=TOKENIZER_TYPES,
+                        help="default: HuggingFaceTokenizer with --tokenizer-model, else "
+                             "ByteLevelTokenizer")
     parser.add_argument("--tokenizer-model", default=None, help="local HF tokenizer path")
     args = parser.parse_args(argv)
     try:
         count = preprocess_jsonl(args.input, args.output_prefix,
-                                 tokenizer_type=args.tokenizer_type,
+                                 tokenizer_type=tokenizer_type_for(args.tokenizer_type,
+                                                                   args.tokenizer_model),
                                  tokenizer_model=args.tokenizer_model)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

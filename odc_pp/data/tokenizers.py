@@ -9,7 +9,7 @@ from typing import Protocol
 from .chat import encode_role_headers, encode_with_template
 
 __all__ = ["Tokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer", "build_tokenizer",
-           "TOKENIZER_TYPES"]
+           "TOKENIZER_TYPES", "tokenizer_type_for"]
 
 TOKENIZER_TYPES = ("ByteLevelTokenizer", "HuggingFaceTokenizer")
 
@@ -124,6 +124,22 @@ def _load_hf(path: str):
     if not os.path.isfile(file):
         raise ValueError(f"no tokenizer.json in {path!r} (needed without `transformers`)")
     return None, RawTokenizer.from_file(file)
+
+
+def tokenizer_type_for(tokenizer_type: str | None, tokenizer_model: str | None) -> str:
+    """The tokenizer type the flags mean: ``--tokenizer-model`` alone means
+    HuggingFaceTokenizer, nothing means ByteLevelTokenizer. ValueError (naming the flag)
+    for a --tokenizer-model that does not exist or that the type would ignore."""
+    if tokenizer_model is not None and not os.path.exists(tokenizer_model):
+        raise ValueError(f"--tokenizer-model {tokenizer_model!r} does not exist: give a local "
+                         f"directory (or tokenizer.json) of a Hugging Face tokenizer")
+    if tokenizer_type is None:
+        return "HuggingFaceTokenizer" if tokenizer_model else "ByteLevelTokenizer"
+    if tokenizer_type == "ByteLevelTokenizer" and tokenizer_model:
+        raise ValueError(f"--tokenizer-type ByteLevelTokenizer takes no --tokenizer-model "
+                         f"(got {tokenizer_model!r}); drop one of them, or use "
+                         f"--tokenizer-type HuggingFaceTokenizer")
+    return tokenizer_type
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str | None = None) -> Tokenizer:

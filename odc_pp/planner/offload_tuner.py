@@ -59,6 +59,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
+                                        check_work)
 from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
                                    tensor_parallel_comm_seconds, transformer_layer_flops)
 from odc_pp.schedule.generators import FAMILIES, family, training_schedule
@@ -456,49 +458,40 @@ def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
                     host_link_gbps=gbps, mfu=1.0)
 
 
-def _finite_positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
         "Rank schedules x offload ratio x recompute by predicted step time within a "
         "device memory budget (see odc_pp/schedule/offload_tuner.py for the formulas)."))
-    p.add_argument("--num-layers", type=int, required=True)
-    p.add_argument("--hidden-size", type=int, required=True)
-    p.add_argument("--num-attention-heads", type=int, required=True)
-    p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--num-layers", type=bounded_int(1, 100000), required=True)
+    p.add_argument("--hidden-size", type=bounded_int(1, 10 ** 6), required=True)
+    p.add_argument("--num-attention-heads", type=bounded_int(1, 10 ** 5), required=True)
+    p.add_argument("--seq-length", type=bounded_int(1, 10 ** 8), required=True)
+    p.add_argument("--micro-batch-size", type=bounded_int(1, 10 ** 5), default=1)
+    p.add_argument("--vocab-size", type=bounded_int(1, 10 ** 8), default=32000)
     p.add_argument("--no-flash-attention", action="store_true",
                    help="count the 5as/h attention-matrix activations")
-    p.add_argument("--pp", type=int, default=None,
+    p.add_argument("--pp", type=bounded_int(1, MAX_PP), default=None,
                    help="pipeline ranks (or give --devices to rank tensor parallelism too)")
-    p.add_argument("--devices", type=int, default=None,
+    p.add_argument("--devices", type=bounded_int(1, MAX_PP * 64), default=None,
                    help="devices per replica: rank every tp size of --tp-sizes at pp = "
                         "devices / tp")
     p.add_argument("--tp-sizes", default="1,2,4,8",
                    help="tensor-parallel sizes tried with --devices (comma-separated)")
-    p.add_argument("--tp-link-gbps", type=_finite_positive, default=None,
+    p.add_argument("--tp-link-gbps", type=bounded_float(0, 1e6, open_low=True), default=None,
                    help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (optimizer sharding)")
-    p.add_argument("--num-microbatches", type=int, required=True)
+    p.add_argument("--dp", type=bounded_int(1, 10 ** 6), default=1,
+                   help="data-parallel ranks (optimizer sharding)")
+    p.add_argument("--num-microbatches", type=bounded_int(1, MAX_MICROBATCHES), required=True)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None)
     p.add_argument("--measure", action="store_true", help="measure this machine instead")
-    p.add_argument("--memory-budget-gb", type=_finite_positive, default=None,
+    p.add_argument("--memory-budget-gb", type=bounded_float(0, 1e6, open_low=True), default=None,
                    help="usable memory per rank (default: the device's)")
     p.add_argument("--cost-model", default=None, metavar="FILE",
                    help="the CostModel JSON file pretrain_gpt.py will get as --cost-model "
                         "(it plans the schedule; default: none, the frontend's default)")
-    p.add_argument("--mfu", type=_finite_positive, default=None,
+    p.add_argument("--mfu", type=bounded_float(0, 1, open_low=True), default=None,
                    help="override the MFU factor")
-    p.add_argument("--top", type=int, default=15, help="rows to print")
+    p.add_argument("--top", type=bounded_int(1, 10000), default=15, help="rows to print")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
     return p
 
@@ -531,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.pp is None) == (args.devices is None):
             raise ValueError("give exactly one of --pp (pipeline only) and --devices "
                              "(tensor and pipeline parallelism ranked together)")
+        check_work(args.pp or args.devices, args.num_microbatches, 2)  # V schedules: 2 chunks
         shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
                            num_attention_heads=args.num_attention_heads,
                            seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,

@@ -7,8 +7,11 @@ import json
 import math
 import sys
 
+from .cli_bounds import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_PP, MAX_TIME, MAX_WORK,
+                         bounded_float, bounded_int, check_work)
 from .compare import build_schedule, compare_schedules, family_names, format_table
 from .costs import CostModel
+from .generators.families import family
 from .lowering import lower
 from .simulator import OBJECTIVES, simulate
 
@@ -26,46 +29,11 @@ def _numbers(text: str) -> float | list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number or a comma-separated list of numbers") from None
-    bad = [v for v in values if not math.isfinite(v) or v < 0]
+    bad = [v for v in values if not math.isfinite(v) or not 0 <= v <= MAX_TIME]
     if bad:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: times must be finite numbers >= 0, got {bad[0]}")
+            f"{text!r}: times must be finite numbers in [0, {MAX_TIME:g}], got {bad[0]}")
     return values[0] if len(values) == 1 else values
-
-
-def _finite(*, positive: bool):
-    """argparse type: a finite number, > 0 (``positive``) or >= 0."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number {'> 0' if positive else '>= 0'}, got {text!r}")
-        return value
-    return parse
-
-
-def _finite_signed(text: str) -> float:
-    """argparse type: any finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,27 +44,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedule", default="zb-auto", choices=family_names(),
                         metavar="NAME",
                         help=f"family: {', '.join(family_names())} (default zb-auto)")
-    parser.add_argument("--pp", type=_positive_int, required=True, help="pipeline ranks")
-    parser.add_argument("--microbatches", type=_positive_int, required=True,
-                        help="microbatches per minibatch")
-    parser.add_argument("--chunks", type=_positive_int, default=None,
+    parser.add_argument("--pp", type=bounded_int(1, MAX_PP), required=True,
+                        help=f"pipeline ranks (at most {MAX_PP}; pp x microbatches x chunks "
+                             f"at most {MAX_WORK})")
+    parser.add_argument("--microbatches", type=bounded_int(1, MAX_MICROBATCHES), required=True,
+                        help=f"microbatches per minibatch (at most {MAX_MICROBATCHES})")
+    parser.add_argument("--chunks", type=bounded_int(1, MAX_CHUNKS), default=None,
                         help="model chunks per rank (default: the family's own)")
     parser.add_argument("--cost-f", type=_numbers, default=1.0,
                         help="forward time: one number or a comma list per rank/stage")
     parser.add_argument("--cost-b", type=_numbers, default=1.0, help="input-grad time")
     parser.add_argument("--cost-w", type=_numbers, default=1.0, help="weight-grad time")
-    parser.add_argument("--cost-comm", type=_finite(positive=False), default=0.0,
+    parser.add_argument("--cost-comm", type=bounded_float(0, MAX_TIME), default=0.0,
                         help="transfer latency")
-    parser.add_argument("--memory-limit", type=_finite(positive=True), default=None,
-                        help="activation limit per rank in microbatch-chunks")
-    parser.add_argument("--offload-bandwidth", type=_finite(positive=True), default=None,
+    parser.add_argument("--memory-limit", type=bounded_float(0, 1e9, open_low=True),
+                        default=None, help="activation limit per rank in microbatch-chunks")
+    parser.add_argument("--offload-bandwidth", type=bounded_float(0, 1e12, open_low=True),
+                        default=None,
                         help="host link: microbatch-chunk activations per time unit")
-    parser.add_argument("--mem-f", type=_finite_signed, default=1.0,
+    parser.add_argument("--mem-f", type=bounded_float(-1e6, 1e6), default=1.0,
                         help="activation delta of F in microbatch-chunk units (default 1)")
-    parser.add_argument("--mem-b", type=_finite_signed, default=0.0,
+    parser.add_argument("--mem-b", type=bounded_float(-1e6, 1e6), default=0.0,
                         help="activation delta of B (default 0; the zero-bubble paper's "
                              "model: -(1 - r), B frees what W does not need)")
-    parser.add_argument("--mem-w", type=_finite_signed, default=-1.0,
+    parser.add_argument("--mem-w", type=bounded_float(-1e6, 1e6), default=-1.0,
                         help="activation delta of W (default -1; the paper's: -r); "
                              "the three must sum to 0")
     parser.add_argument("--objective", choices=OBJECTIVES, default="span",
@@ -104,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "iteration time when post-validation overlaps iterations "
                              "(default); makespan = for runs that synchronise before the "
                              "optimizer step")
-    parser.add_argument("--max-evaluations", type=_positive_int, default=None,
+    parser.add_argument("--max-evaluations", type=bounded_int(1, 10 ** 6), default=None,
                         help="candidates zb-auto scores (default: scaled to pp x "
                              "microbatches); the result depends only on the inputs")
     parser.add_argument("--lower", action="store_true",
@@ -115,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--render", choices=("ascii", "svg", "png"), default=None)
     parser.add_argument("--output", default=None,
                         help="file for --render (required for png and with --json)")
-    parser.add_argument("--width", type=_positive_int, default=120,
+    parser.add_argument("--width", type=bounded_int(20, 100000), default=120,
                         help="columns of --render ascii")
     return parser
 
@@ -204,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed usage/error (or --help)
         return int(exc.code or 0)
     try:
+        chunks = args.chunks or (max(family(name).default_chunks for name in family_names())
+                                 if args.compare else family(args.schedule).default_chunks)
+        check_work(args.pp, args.microbatches, chunks)
         costs = _costs(args)
         return _run_compare(args, costs) if args.compare else _run_one(args, costs)
     except (ValueError, _UsageError) as exc:

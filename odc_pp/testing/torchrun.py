@@ -45,20 +45,29 @@ class Run:
                f"{self.stderr[-6000:]}"
 
 
-def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float = 240,
-           log: bool = True, script: str | None = None) -> Run:
-    """torchrun --standalone (free rendezvous port) of ``script`` (default pretrain_gpt.py);
-    the process group is killed on timeout."""
+def start(flags: list[str], *, nproc: int, tmp_path, name: str, log: bool = True,
+          script: str | None = None, torchrun: list[str] | None = None,
+          env: dict | None = None) -> tuple[subprocess.Popen, str | None]:
+    """Start torchrun (default ``--standalone``: a free rendezvous port; ``torchrun``
+    replaces those launcher options) of ``script`` in its own session; returns the process
+    and the --log-json path."""
     log_path = str(tmp_path / f"{name}.jsonl") if log else None
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    command = [sys.executable, "-m", "torch.distributed.run",
+               *(torchrun if torchrun is not None else ["--standalone"]),
                "--nproc-per-node", str(nproc), script or os.path.join(ROOT, "pretrain_gpt.py"),
                *flags]
     if log_path:
         command += ["--log-json", log_path]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
-               PYTHONWARNINGS="ignore", TORCHELASTIC_ERROR_FILE="")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
+                       PYTHONWARNINGS="ignore", TORCHELASTIC_ERROR_FILE="", **(env or {}))
+    process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return process, log_path
+
+
+def finish(process: subprocess.Popen, log_path: str | None, *, name: str,
+           timeout: float = 240) -> Run:
+    """Wait for a :func:`start`-ed torchrun; its process group is killed on timeout."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -70,3 +79,12 @@ def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float 
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     return Run(process.returncode, stdout, stderr, log_path)
+
+
+def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float = 240,
+           log: bool = True, script: str | None = None) -> Run:
+    """torchrun --standalone (free rendezvous port) of ``script`` (default pretrain_gpt.py);
+    the process group is killed on timeout."""
+    process, log_path = start(flags, nproc=nproc, tmp_path=tmp_path, name=name, log=log,
+                              script=script)
+    return finish(process, log_path, name=name, timeout=timeout)

@@ -20,6 +20,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
+from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate as translate_megatron_flags
@@ -41,6 +42,7 @@ CHOICES = {
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
     "recompute_method": (None, "uniform", "block"),
+    "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
     "packed_attention": ("auto", "varlen", "flex", "dense"),
 }
 
@@ -62,7 +64,9 @@ class ModelArgs:
     max_position_embeddings: int | None = None
     """Position-embedding table size (default: seq length)."""
     vocab_size: int | None = None
-    """Vocabulary size for --mock-data (other data take it from the tokenizer)."""
+    """Embedding rows of the model. Needed with --mock-data; with --data-path it replaces the
+    tokenizer's padded vocabulary (it must hold the tokenizer's ids) and bounds
+    pre-tokenized input_ids; --hf-checkpoint sets it from config.json."""
     make_vocab_size_divisible_by: int = 8
     """Pad the tokenizer's vocabulary to a multiple of this."""
     recompute_lgd: bool = False
@@ -257,8 +261,9 @@ class DataArgs:
     eval_iters: int = 100
     """Global batches per evaluation (0: no evaluation). Evaluation k takes the next
     eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
-    tokenizer_type: str = "ByteLevelTokenizer"
-    """Tokenizer for JSONL / indexed data."""
+    tokenizer_type: str | None = None
+    """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
+    --tokenizer-model, else ByteLevelTokenizer)."""
     tokenizer_model: str | None = None
     """Local path of a Hugging Face tokenizer."""
 
@@ -330,6 +335,15 @@ class RunArgs:
     """Iterations (global batches) to train."""
     exit_interval: int | None = None
     """Stop after this iteration (after saving), as if interrupted."""
+    exit_signal_handler: bool = False
+    """Megatron's flag: save and exit on --exit-signal. SIGTERM is always handled so: every
+    rank finishes the current iteration, saves (with --save) and exits with status 4
+    (docs/preemption.md); this flag adds --exit-signal when that is another signal."""
+    exit_signal: str = "SIGTERM"
+    """The signal --exit-signal-handler handles besides SIGTERM (SIGINT, SIGUSR1, SIGUSR2)."""
+    exit_duration_in_mins: float | None = None
+    """Stop, saving with --save, after the first iteration at which a rank has run longer
+    than this many minutes (every rank agrees: the maximum over ranks); exit status 0."""
     inject_fault_rank: int | None = None
     """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
     inject_fault_iter: int = 1
@@ -362,6 +376,11 @@ class TrainingArgs:
     """Length, seed and fault injection of the run."""
 
     def __post_init__(self) -> None:
+        try:
+            self.data.tokenizer_type = tokenizer_type_for(self.data.tokenizer_type,
+                                                          self.data.tokenizer_model)
+        except ValueError as exc:
+            raise ValueError(f"invalid arguments:\n  {exc}") from None
         problems = _validate(self)
         if problems:
             raise ValueError("invalid arguments:\n  " + "\n  ".join(problems))
@@ -386,7 +405,7 @@ class TrainingArgs:
                              f"is not divisible by --pipeline-model-parallel-size {pp} x "
                              f"--tensor-model-parallel-size {tp}")
         dp = world_size // (pp * tp)
-        if self.model.hf_checkpoint is None and self.data.mock_data and \
+        if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
                              f"--tensor-model-parallel-size {tp}")
@@ -501,6 +520,8 @@ def _validate_layout(args: TrainingArgs) -> list[str]:
     if args.data.tokenizer_type == "HuggingFaceTokenizer" and not args.data.tokenizer_model and \
             args.data.data_path:
         problems.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model PATH")
+    if args.data.mock_data and args.data.tokenizer_model:
+        problems.append("--tokenizer-model is not used with --mock-data (synthetic token ids)")
     if args.model.max_position_embeddings is not None and \
             args.model.max_position_embeddings < args.model.seq_length:
         problems.append(f"--max-position-embeddings {args.model.max_position_embeddings} is "
@@ -551,6 +572,12 @@ def _validate_run(args: TrainingArgs) -> list[str]:
         problems.append("--finetune needs --load DIR (the checkpoint to start from)")
     if args.run.exit_interval is not None and args.run.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
+    if args.run.exit_signal != "SIGTERM" and not args.run.exit_signal_handler:
+        problems.append(f"--exit-signal {args.run.exit_signal} needs --exit-signal-handler")
+    if args.run.exit_duration_in_mins is not None and not (
+            math.isfinite(args.run.exit_duration_in_mins) and args.run.exit_duration_in_mins > 0):
+        problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
+                        f"{args.run.exit_duration_in_mins}")
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
                                                args.parallel.dp_mode != "hierarchical"):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
@@ -655,6 +682,9 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --hf-checkpoint {values['hf_checkpoint']}: architecture and "
                      f"weights from its config.json and safetensors")
     args = args_from_flags(values)
+    if values.get("tokenizer_type") is None and values.get("tokenizer_model"):
+        notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
+                     f"--tokenizer-type: HuggingFaceTokenizer")
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

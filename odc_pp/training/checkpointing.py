@@ -40,13 +40,14 @@ from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 __all__ = ["LATEST", "CorruptCheckpointError", "CheckpointSaver", "checkpoint_dir",
            "rank_file", "list_iterations", "write_rank_file", "load_rank_state", "read_meta",
-           "save_checkpoint", "prune_checkpoint", "remove_leftovers", "latest_iteration",
-           "read_latest", "save_dir_problem", "free_space_problem", "capture_rng_state",
+           "save_checkpoint", "CheckpointWriteError", "prune_checkpoint", "remove_leftovers",
+           "latest_iteration",
+           "read_latest", "save_dir_problem", "checkpoint_bytes", "free_space_problem", "capture_rng_state",
            "restore_rng_state"]
 
 LATEST = "latest"
 _ITER = re.compile(r"^iter_(\d{7,})$")
-_LEFTOVER = re.compile(r"^\.(tmp|prune)_iter_\d{7,}$")
+_LEFTOVER = re.compile(r"^\.(tmp|prune)_iter_\d{7,}(\.[0-9a-f]+)?$")
 _TAG = b"odc-pp rank file v1"
 # tag, sha256 (64 hex), payload length (20 digits): a fixed-size first line
 _HEADER = len(_TAG) + 1 + 64 + 1 + 20 + 1
@@ -196,34 +197,90 @@ def read_meta(directory: str) -> dict:
 
 # ----- saving and retention -----------------------------------------------------------------
 def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_size: int,
-                    barrier: Callable[[], None], meta: dict | None = None) -> str:
+                    barrier: Callable[[], None], meta: dict | None = None, token: str = "",
+                    agree: Callable[[bool], bool] | None = None) -> str:
     """Collective over all ranks (each passes its own ``state``); returns the final path.
-    Refuses (RuntimeError) to replace an existing ``iter_*`` directory."""
+    Refuses (RuntimeError) to replace an existing ``iter_*`` directory.
+
+    ``token`` (the job's, :class:`~.save_lock.SaveLock`) makes the temporary directory
+    ``.tmp_iter_N.TOKEN`` unique per job. ``agree(ok) -> all ranks ok`` (an all-reduce)
+    lets every rank learn of another rank's failed write: then the temporary directory is
+    removed and every rank raises :class:`CheckpointWriteError` naming the path."""
     final = checkpoint_dir(save, iteration)
-    tmp = os.path.join(save, f".tmp_iter_{iteration:07d}")
+    tmp = os.path.join(save, f".tmp_iter_{iteration:07d}" + (f".{token}" if token else ""))
     if rank == 0:
         if os.path.exists(final):
             raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
                                f"(resume with --load {save}, or give a new --save directory)")
-        os.makedirs(save, exist_ok=True)
+        _named(lambda: os.makedirs(save, exist_ok=True), save, "create")
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        _named(lambda: os.makedirs(tmp), tmp, "create")
     barrier()
-    write_rank_file(rank_file(tmp, rank), state)
+    path = rank_file(tmp, rank)
+    error = None
+    try:
+        _named(lambda: write_rank_file(path, state), path, "write")
+    except CheckpointWriteError as exc:
+        error = exc
+        _remove_quietly(path)
+    if agree is not None and not agree(error is None):
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        raise error or CheckpointWriteError(
+            f"checkpoint {final} was not saved: another rank could not write its file into "
+            f"{tmp} (its message names the path); the partial directory was removed")
+    if error is not None:  # without agreement: this rank leaves, its peers' barrier fails
+        raise error
     barrier()
     if rank == 0:
-        missing = [r for r in range(world_size) if not os.path.isfile(rank_file(tmp, r))]
-        if missing:
-            raise RuntimeError(f"ranks {missing} wrote no checkpoint file into {tmp}: --save "
-                               "must be a directory that every node can see (shared storage)")
-        info = dict(meta or {}, iteration=iteration, world_size=world_size)
-        write_file_atomic(os.path.join(tmp, "meta.json"), json.dumps(info).encode())
-        fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(save)
-        write_file_atomic(os.path.join(save, LATEST), f"{iteration}\n".encode())
+        try:
+            _finish_save(save, tmp, final, iteration, world_size, meta)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     barrier()
     return final
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (disk full, permissions, ...); the message names the
+    path."""
+
+
+def _named(action: Callable[[], object], path: str, verb: str):
+    """Run ``action``; an OSError becomes a :class:`CheckpointWriteError` naming ``path``."""
+    try:
+        return action()
+    except CheckpointWriteError:
+        raise
+    except OSError as exc:
+        raise CheckpointWriteError(exc.errno, f"cannot {verb} checkpoint path {path}: "
+                                   f"{exc.strerror or exc}") from exc
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _finish_save(save: str, tmp: str, final: str, iteration: int, world_size: int,
+                 meta: dict | None) -> None:
+    """Rank 0, every rank file written: meta.json, rename into place, ``latest``."""
+    missing = [r for r in range(world_size) if not os.path.isfile(rank_file(tmp, r))]
+    if missing:
+        raise RuntimeError(f"ranks {missing} wrote no checkpoint file into {tmp}: --save "
+                           "must be a directory that every node can see (shared storage)")
+    info = dict(meta or {}, iteration=iteration, world_size=world_size)
+    meta_path = os.path.join(tmp, "meta.json")
+    _named(lambda: write_file_atomic(meta_path, json.dumps(info).encode()), meta_path, "write")
+    _named(lambda: fsync_dir(tmp), tmp, "flush")
+    _named(lambda: os.rename(tmp, final), final, "rename into")
+    _named(lambda: fsync_dir(save), save, "flush")
+    latest = os.path.join(save, LATEST)
+    _named(lambda: write_file_atomic(latest, f"{iteration}\n".encode()), latest, "write")
 
 
 def prune_checkpoint(save: str, iteration: int) -> None:
@@ -253,7 +310,8 @@ class CheckpointSaver:
     pruned, nor is the one just saved or the one ``latest`` names."""
 
     def __init__(self, save: str, *, keep: int, rank: int, world_size: int,
-                 barrier: Callable[[], None]) -> None:
+                 barrier: Callable[[], None], token: str = "",
+                 agree: Callable[[bool], bool] | None = None) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1 (--keep-checkpoints)")
         self.save_dir = save
@@ -261,13 +319,17 @@ class CheckpointSaver:
         self.rank = rank
         self.world_size = world_size
         self.barrier = barrier
+        self.token = token
+        """Job token of the temporary names (:func:`save_checkpoint`)."""
+        self.agree = agree
         self.written: list[int] = []
         """Iterations this run saved and has not pruned, oldest first."""
 
     def save(self, iteration: int, state: dict, meta: dict | None = None) -> str:
         """Collective: save, then (rank 0) prune this run's older checkpoints."""
         path = save_checkpoint(self.save_dir, iteration, state, rank=self.rank,
-                               world_size=self.world_size, barrier=self.barrier, meta=meta)
+                               world_size=self.world_size, barrier=self.barrier, meta=meta,
+                               token=self.token, agree=self.agree)
         self.written.append(iteration)
         if len(self.written) > self.keep:
             protected = {iteration, latest_iteration(self.save_dir)}
@@ -316,10 +378,36 @@ def save_dir_problem(save: str, rank: int) -> str | None:
     return None
 
 
+def checkpoint_bytes(state: dict) -> int:
+    """Bytes :func:`write_rank_file` writes for ``state``: every distinct tensor storage
+    (torch.save writes a shared storage once, 64-byte aligned) plus the pickled rest
+    (serialized here with the tensors emptied) and the checksum header."""
+    storages: dict[int, int] = {}
+    count = 0
+
+    def strip(value):
+        nonlocal count
+        if torch.is_tensor(value):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            count += 1
+            return torch.empty(0, dtype=value.dtype)
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(strip(item) for item in value)
+        return value
+
+    buffer = io.BytesIO()
+    torch.save(strip(state), buffer)
+    return _HEADER + len(buffer.getbuffer()) + sum(storages.values()) + 64 * len(storages)
+
+
 def free_space_problem(save: str, needed_bytes: int) -> str | None:
-    """Why ``save`` lacks room for one more checkpoint of ``needed_bytes``, or None."""
+    """Why ``save`` lacks room for ``needed_bytes`` more, or None."""
     free = shutil.disk_usage(save).free
     if free >= needed_bytes:
         return None
-    return (f"--save {save} has {free / 2 ** 20:.1f} MiB free, one checkpoint needs about "
-            f"{needed_bytes / 2 ** 20:.1f} MiB; free space or give another --save directory")
+    return (f"--save {save} has {free / 2 ** 20:.1f} MiB free, this run's checkpoints need "
+            f"about {needed_bytes / 2 ** 20:.1f} MiB; free space or give another --save "
+            f"directory")

@@ -20,8 +20,8 @@ from odc_pp.schedule.costs import transformer_layer_flops
 from .arguments import ModelArgs, TrainingArgs
 
 __all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
-           "padded_vocab_size", "sample_cost_model", "load_sample_cost_model",
-           "packs_sequences"]
+           "model_vocab_size", "padded_vocab_size", "sample_cost_model",
+           "load_sample_cost_model", "packs_sequences"]
 
 
 @dataclass
@@ -50,16 +50,8 @@ def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
                                  seed=args.run.seed)
         return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
-    source = _source(args, args.data.data_path, tokenizer, "--data-path", part=0)
-    # Megatron's rule: the vocabulary splits evenly over the tensor-parallel ranks
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
-                              args.parallel.tensor_model_parallel_size)
-    if args.model.hf_checkpoint:  # the model's vocabulary is the checkpoint's
-        if tokenizer.vocab_size > args.model.vocab_size:
-            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
-                             f"vocab_size {args.model.vocab_size} of --hf-checkpoint "
-                             f"{args.model.hf_checkpoint}; use the checkpoint's tokenizer")
-        vocab = args.model.vocab_size
+    vocab = model_vocab_size(args, tokenizer)
+    source = _source(args, args.data.data_path, tokenizer, "--data-path", part=0, vocab=vocab)
     return source, vocab
 
 
@@ -75,21 +67,24 @@ def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
     if not args.data.valid_data_path and args.data.split is None:
         return None
     tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+    vocab = model_vocab_size(args, tokenizer)
     if args.data.valid_data_path:
-        return _source(args, args.data.valid_data_path, tokenizer, "--valid-data-path")
-    return _source(args, args.data.data_path, tokenizer, "--data-path", part=1)
+        return _source(args, args.data.valid_data_path, tokenizer, "--valid-data-path",
+                       vocab=vocab)
+    return _source(args, args.data.data_path, tokenizer, "--data-path", part=1, vocab=vocab)
 
 
 def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
-            part: int | None = None):
+            part: int | None = None, vocab: int | None = None):
     """The shuffled source of ``items`` (paths, or Megatron's blend ``W1 P1 W2 P2``:
     each dataset shuffled on its own, then blended); ``part``: with --split, that part
-    (0 train, 1 valid) of each dataset's documents; None when the part is empty."""
+    (0 train, 1 valid) of each dataset's documents; None when the part is empty.
+    ``vocab``: the model's embedding rows, which bound pre-tokenized ids."""
     blend = parse_blend(items)
     weights, paths = blend if blend else ([1.0], [items])
     sources = []
     for index, path in enumerate(paths):
-        dataset = _documents(args, [path] if blend else path, tokenizer, flag)
+        dataset = _documents(args, [path] if blend else path, tokenizer, flag, vocab)
         if part is not None and args.data.split is not None:
             documents = split_bounds(args.data.split, len(dataset))[part]
             if len(documents) == 0 and part > 0:
@@ -99,15 +94,33 @@ def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
     return BlendedSource(sources, weights) if blend else sources[0]
 
 
-def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str):
+def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
+               vocab: int | None):
     """The JSONL or indexed dataset of ``paths`` (one kind)."""
     jsonl = [p for p in paths if p.endswith((".jsonl", ".json"))]
     if jsonl and len(jsonl) != len(paths):
         raise ValueError(f"{flag} mixes JSONL files and indexed-dataset prefixes; "
                          "preprocess the JSONL with tools/preprocess_data.py")
     if jsonl:
-        return JsonlDataset(jsonl, tokenizer, args.model.seq_length)
+        # pre-tokenized ids are bounded by the model's embedding, not the tokenizer
+        return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab)
     return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad)
+
+
+def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
+    """The model's embedding rows: --hf-checkpoint's vocab_size or --vocab-size when given
+    (it must hold the tokenizer's ids), else the tokenizer's vocabulary padded to
+    --make-vocab-size-divisible-by x tp (Megatron's rule)."""
+    given = args.model.vocab_size
+    if given is None:
+        return padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by *
+                                 args.parallel.tensor_model_parallel_size)
+    source = (f"the vocab_size {given} of --hf-checkpoint {args.model.hf_checkpoint}"
+              if args.model.hf_checkpoint else f"--vocab-size {given}")
+    if tokenizer.vocab_size > given:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than {source}; "
+                         f"use the model's tokenizer (--tokenizer-model) or a larger vocabulary")
+    return given
 
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:

@@ -28,7 +28,8 @@ from ..runtime.p2p_channels import Communicator, create_pipeline_channels
 from ..runtime.warmup import warm_up
 
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology",
-           "layout_rank", "local_device", "topology_groups", "warm_up_topology"]
+           "layout_rank", "local_device", "topology_groups", "warm_up_topology",
+           "all_ranks_true"]
 
 
 @dataclass(frozen=True)
@@ -181,3 +182,13 @@ def build_topology(env: DistEnv, pp: int, device: torch.device, *, tp: int = 1) 
                     pp_ranks=mine["pp"][1], dp_ranks=mine["dp"][1], device=device,
                     pp_channels=channels, tp=tp, tp_rank=tp_rank, tp_group=mine["tp"][0],
                     tp_ranks=mine["tp"][1], communicators=communicators)
+
+
+def all_ranks_true(flag: bool) -> bool:
+    """Collective over the world: whether ``flag`` is true on every rank (a MIN all-reduce
+    of a CPU tensor; gloo)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return bool(flag)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return bool(tensor.item())

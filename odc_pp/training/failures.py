@@ -24,11 +24,21 @@ import time
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-__all__ = ["PEER_ECHO_GRACE_S", "exit_after_failure", "is_peer_echo"]
+__all__ = ["PEER_ECHO_GRACE_S", "exit_after_failure", "is_peer_echo", "at_failure_exit"]
 
 PEER_ECHO_GRACE_S = 3.0
 """How long a rank whose failure only echoes a peer's waits before it exits (seconds);
 well above torchrun's default monitor interval (0.1 s)."""
+
+_AT_EXIT: list = []
+
+
+def at_failure_exit(callback) -> None:
+    """Run ``callback()`` in :func:`exit_after_failure` before the process leaves (for
+    what a failed run must not leave held, e.g. the ``--save`` lock; it must be harmless
+    when the resource is already gone); its errors are ignored."""
+    _AT_EXIT.append(callback)
+
 
 _PEER_ECHO_MARKERS = ("closed by peer", "reset by peer", "connection closed",
                       "connection reset", "broken pipe")
@@ -55,6 +65,11 @@ def exit_after_failure(exc: BaseException, code: int, *, grace_s: float = PEER_E
     An own failure is recorded in the torchelastic error file and exits now; an echo of a
     peer's failure exits after ``grace_s`` without an error file (see the module contract).
     """
+    for callback in list(_AT_EXIT):
+        try:
+            callback()
+        except Exception:  # leaving anyway: a cleanup must not hide the real error
+            pass
     if is_peer_echo(exc):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -14,6 +14,7 @@ from rank 0, never from each rank's own view alone.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import torch
@@ -23,17 +24,17 @@ from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 from ..megatron.dist_ckpt import is_megatron_checkpoint
 from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
-from .checkpointing import (LATEST, CorruptCheckpointError, checkpoint_dir, free_space_problem,
-                            latest_iteration, list_iterations, read_meta, remove_leftovers,
-                            save_dir_problem)
+from .checkpointing import (LATEST, CorruptCheckpointError, capture_rng_state, checkpoint_bytes,
+                            checkpoint_dir, free_space_problem, latest_iteration,
+                            list_iterations, read_meta, remove_leftovers, save_dir_problem)
 from .distributed import Topology
 from .megatron_checkpoint import resume_from_megatron
 from .model_setup import hf_config_of
-from .resharding import STATE_NAMES, assemble_by_name, owned_state, read_optimizer_state, \
+from .resharding import assemble_by_name, owned_state, read_optimizer_state, sharded_state, \
     unit_layout
 
 __all__ = ["MODEL_FLAGS", "MODEL_KEYS", "LAYOUT_KEYS", "checkpoint_meta", "model_differences",
-           "check_save_dir", "resume", "refuse_newer_checkpoints"]
+           "check_save_dir", "retained_copies", "resume", "refuse_newer_checkpoints"]
 
 # the model configuration: must equal the saved values (another model cannot be resumed)
 MODEL_FLAGS = {
@@ -65,7 +66,7 @@ LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "
                "tp", "sequence_parallel")
 # layout keys that checkpoints written before they existed lack
 _LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False}
-_STATE_OVERHEAD = 1 << 20  # RNG states and layout of a rank file, generously
+_META_BYTES = 1 << 12  # meta.json of a checkpoint
 
 
 def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> dict:
@@ -111,11 +112,12 @@ def _same_dir(a: str | None, b: str | None) -> bool:
 def check_save_dir(parts, checkpoint: CheckpointArgs, topo: Topology, *,
                    out=sys.stdout) -> None:
     """Collective, before the first step: every rank can write into ``--save`` and it has
-    room for one more checkpoint; leftovers of crashed saves / prunes are removed."""
+    room for the checkpoints this run holds at once (:func:`retained_copies`); the
+    estimate is logged. Leftovers of crashed saves / prunes are removed."""
     problem = save_dir_problem(checkpoint.save, topo.rank)
-    own_bytes = sum(tensor.numel() * tensor.element_size()
-                    for name in STATE_NAMES for tensor in getattr(parts.optimizer, name))
-    gathered = _gather((problem, own_bytes + _STATE_OVERHEAD), topo)
+    state = dict(sharded_state(parts.engine, parts.optimizer), rng=capture_rng_state(),
+                 iteration=0)
+    gathered = _gather((problem, checkpoint_bytes(state)), topo)
     problems = [p for p, _ in gathered if p]  # the same list on every rank
     if problems:
         raise ValueError("; ".join(problems[:4]))
@@ -125,10 +127,31 @@ def check_save_dir(parts, checkpoint: CheckpointArgs, topo: Topology, *,
         if removed:
             print(f"removed leftovers of an interrupted save or prune in {checkpoint.save}: "
                   f"{', '.join(removed)}", file=out, flush=True)
-        space = free_space_problem(checkpoint.save, sum(size for _, size in gathered))
+        one = sum(size for _, size in gathered) + _META_BYTES
+        copies = retained_copies(checkpoint)
+        print(f"--save {checkpoint.save}: one checkpoint is about {one / 2 ** 20:.2f} MiB "
+              f"({topo.world_size} rank files); this run holds up to {copies} of its own at "
+              f"once ({_copies_why(checkpoint)}): {copies * one / 2 ** 20:.2f} MiB needed, "
+              f"{shutil.disk_usage(checkpoint.save).free / 2 ** 20:.1f} MiB free",
+              file=out, flush=True)
+        space = free_space_problem(checkpoint.save, copies * one)
     space = _from_rank0(space, topo)
     if space:
         raise ValueError(space)
+
+
+def retained_copies(checkpoint: CheckpointArgs) -> int:
+    """How many of its own checkpoints a run has on disk at once: with --save-interval, the
+    --keep-checkpoints it keeps plus the one being written before the oldest is pruned;
+    otherwise one (the final / exit save)."""
+    return checkpoint.keep_checkpoints + 1 if checkpoint.save_interval else 1
+
+
+def _copies_why(checkpoint: CheckpointArgs) -> str:
+    if checkpoint.save_interval:
+        return (f"--keep-checkpoints {checkpoint.keep_checkpoints} + 1 being written before "
+                f"the oldest is pruned")
+    return "no --save-interval: only the final or exit save"
 
 
 def refuse_newer_checkpoints(checkpoint: CheckpointArgs, topo: Topology, start: int) -> None:

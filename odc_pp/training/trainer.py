@@ -37,14 +37,17 @@ from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components, build_schedule, schedule_for
 from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
-from .distributed import Topology, read_env
+from .distributed import Topology, all_ranks_true, read_env
+from .elastic import adopt_elastic_restart
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .optimizer_step import inject_nonfinite_grad
+from .preemption import ExitController, ExitDecision
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
+from .save_lock import lock_save_dir
 from .tracing import TraceRecorder
 from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
 
@@ -149,6 +152,8 @@ class Trainer:
 
     def __init__(self, args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> None:
         self.args, self.topo, self.out = args, topo, out
+        self.exits = ExitController.for_args(args)  # SIGTERM etc.: finish, save, exit
+        self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
         self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
@@ -164,6 +169,7 @@ class Trainer:
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
                                       warmup_iters=opt.lr_warmup_iters,
                                       decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style)
+        self.lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
         self.start = self._resume()
         self.saver = self._saver()
         self.logger = TrainingLogger(
@@ -193,12 +199,14 @@ class Trainer:
             self._inject_fault(iteration)
             stats = self.train_step(iteration)
             self._observe(stats)
+            self.stop = self.exits.should_exit(stats.iteration)  # collective: same on all
             if self._settle(stats):
                 self._finish(stats)
                 self._evaluate_if_due(stats.iteration)
                 self._save_if_due(stats.iteration)
             if self._exit_due(stats.iteration):
-                self._say(f"exit interval {self.args.run.exit_interval} reached")
+                self._say(self.stop.reason or
+                          f"exit interval {self.args.run.exit_interval} reached")
                 break
         self.close()
         return self.records
@@ -396,6 +404,7 @@ class Trainer:
         args, topo = self.args, self.topo
         if args.checkpoint.save:
             check_save_dir(self.parts, args.checkpoint, topo, out=self.out)
+        adopt_elastic_restart(args, topo, out=self.out)  # torchrun restart: newest --save
         if not args.checkpoint.load:
             return 0
         start, how = resume(self.parts, args, topo, restore_rng_state, vocab_size=self.vocab,
@@ -411,13 +420,14 @@ class Trainer:
         refuse_newer_checkpoints(checkpoint, topo, self.start)
         return CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
                                rank=topo.rank, world_size=topo.world_size,
-                               barrier=dist.barrier)
+                               barrier=dist.barrier, token=self.lock.token,
+                               agree=all_ranks_true)
 
     def _save_due(self, done: int) -> bool:
         interval, run = self.args.checkpoint.save_interval, self.args.run
         return self.saver is not None and (
             (bool(interval) and done % interval == 0)
-            or done == run.train_iters or done == run.exit_interval)
+            or done == run.train_iters or done == run.exit_interval or self.stop.stop)
 
     def _save_if_due(self, done: int) -> None:
         """An atomic checkpoint of iteration ``done`` at --save-interval, the exit and
@@ -431,7 +441,8 @@ class Trainer:
         self._say(f"saved checkpoint {path}")
 
     def _exit_due(self, done: int) -> bool:
-        return bool(self.args.run.exit_interval and done >= self.args.run.exit_interval)
+        return bool(self.args.run.exit_interval and done >= self.args.run.exit_interval) \
+            or self.stop.stop
 
     def _say(self, message: str) -> None:
         if self.topo.rank == 0:
@@ -444,6 +455,9 @@ class Trainer:
             self.tracer.close(self.parts.last_schedule,
                               out=self.out if self.topo.rank == 0 else None)
         self.parts.close()
+        if self.lock is not None:
+            self.lock.release()
+        self.exits.finish()  # raises TrainingInterrupted after a signal stop
 
 
 def check_finite(stats, done: int, skipped_in_a_row: int, args: TrainingArgs) -> None:

@@ -17,6 +17,7 @@ from .components import fall_back_without_cuda_ipc
 from .distributed import (Topology, build_topology, init_distributed, read_env,
                           warm_up_topology)
 from .failures import exit_after_failure, is_peer_echo
+from .preemption import TrainingInterrupted
 from .trainer import Trainer, TrainingStopped
 
 __all__ = ["main", "train", "TrainingStopped"]
@@ -31,8 +32,9 @@ def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
-    training), 1 failure."""
-    env = read_env()
+    training), 4 interrupted by a signal (checkpoint saved, docs/preemption.md), 1
+    failure."""
+    env, code = read_env(), 0
     try:
         args, notes = parse_args_with_notes(argv)
         args.data_parallel_size(env.world_size, env.local_world_size)
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
         exit_after_failure(exc, 2)
+    except TrainingInterrupted as exc:  # saved (with --save) and stopped on a signal
+        if env.rank == 0:
+            print(f"pretrain_gpt.py: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
     except TrainingStopped as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
@@ -72,5 +78,5 @@ def main(argv: list[str] | None = None) -> int:
         exit_after_failure(exc, 1)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0
+    return code
 

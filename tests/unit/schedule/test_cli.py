@@ -118,14 +118,16 @@ def test_non_finite_or_negative_cost_is_one_error_naming_the_flag(flag, value, c
                  flag, value]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # no makespan line
-    assert f"argument {flag}: '{value}': times must be finite numbers >= 0" in captured.err
+    assert f"argument {flag}: '{value}': times must be finite numbers in [0, 1e+12]" in \
+        captured.err
     assert captured.err.count("error:") == 1 and "memory_limit" not in captured.err
 
 
 @pytest.mark.parametrize("flag,value,expected", [
-    ("--cost-comm", "nan", "argument --cost-comm: must be a finite number >= 0"),
-    ("--memory-limit", "nan", "argument --memory-limit: must be a finite number > 0"),
-    ("--offload-bandwidth", "inf", "argument --offload-bandwidth: must be a finite number > 0"),
+    ("--cost-comm", "nan", "argument --cost-comm: must be a finite number in [0, 1e+12]"),
+    ("--memory-limit", "nan", "argument --memory-limit: must be a finite number in (0, 1e+09]"),
+    ("--offload-bandwidth", "inf",
+     "argument --offload-bandwidth: must be a finite number in (0, 1e+12]"),
 ])
 def test_non_finite_setting_is_one_error_naming_the_flag(flag, value, expected, capsys):
     assert main(["--pp", "4", "--microbatches", "8", flag, value]) == 2

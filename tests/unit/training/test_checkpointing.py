@@ -152,8 +152,8 @@ def test_save_dir_checks(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpointing.shutil, "disk_usage",
                         lambda path: usage(10 * 2 ** 20, 9 * 2 ** 20, 2 ** 20))
     problem = free_space_problem(str(tmp_path), 5 * 2 ** 20)
-    assert problem == (f"--save {tmp_path} has 1.0 MiB free, one checkpoint needs about 5.0 "
-                       f"MiB; free space or give another --save directory")
+    assert problem == (f"--save {tmp_path} has 1.0 MiB free, this run's checkpoints need "
+                       f"about 5.0 MiB; free space or give another --save directory")
 
 
 def test_model_differences_name_the_flag():
