@@ -28,7 +28,8 @@ def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
     return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
                      num_attention_heads=flags["num_attention_heads"],
                      ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
-                     seq_length=seq, swiglu=flags["swiglu"])
+                     seq_length=seq, swiglu=flags["swiglu"],
+                     source_flags=("--hf-checkpoint", directory, "--seq-length", str(seq)))
 
 
 def model_from_flags(text: str) -> ModelSpec:
@@ -42,7 +43,8 @@ def model_from_flags(text: str) -> ModelSpec:
                      num_attention_heads=model.num_attention_heads,
                      ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
                      vocab_size=model.vocab_size, seq_length=model.seq_length,
-                     swiglu=bool(getattr(model, "swiglu", False)))
+                     swiglu=bool(getattr(model, "swiglu", False)),
+                     source_flags=tuple(text.split()))
 
 
 def _ints(text: str) -> tuple[int, ...]:

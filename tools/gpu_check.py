@@ -16,7 +16,7 @@ Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME``
 * ``attention``: ``benchmarks/bench_packed_attention.py``: the packed-sequence kernels
   (varlen flash, FlexAttention, dense) against the pre-issue-21 dense-mask path in bf16
   (output and gradients), the kernel ``auto`` picks, CUDA-event fwd+bwd timings.
-* ``hf-config``: ``tests/models/test_hf_config.py`` under the installed transformers (a
+* ``hf-config``: ``tests/unit/models/test_hf_config.py`` under the installed transformers (a
   config saved by transformers >= 5 has ``rope_parameters``).
 * ``device-choice``: a training run as rank ``LOCAL_RANK=1`` of a host where the process
   sees one GPU (SLURM ``--gpus-per-task=1``, Kubernetes).
@@ -190,7 +190,7 @@ def _stage_hf_config(context: Context) -> list[Check]:
     version = _probe(context, "hf-config-version", "import transformers as t; print(t.__version__)")
     status, output = run_command(
         context, "hf-config", [context.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/models/test_hf_config.py"], timeout_s=180)
+                               "tests/unit/models/test_hf_config.py"], timeout_s=180)
     counts = pytest_counts(output)
     return [Check(name="hf_config_installed_transformers",
                   passed=status == 0 and counts.get("passed", 0) > 0,
@@ -335,7 +335,7 @@ def _stage_bench_tp(context: Context) -> list[Check]:
 STAGES: tuple[Stage, ...] = (
     Stage(name="attention", summary="packed attention kernels vs the dense path, timings",
           timeout_s=420, run=_stage_attention),
-    Stage(name="hf-config", summary="tests/models/test_hf_config.py, installed transformers",
+    Stage(name="hf-config", summary="tests/unit/models/test_hf_config.py, installed transformers",
           timeout_s=200, run=_stage_hf_config),
     Stage(name="setup", summary="megatron-core importable (installed from .whl/ if missing)",
           timeout_s=540, run=_stage_setup),

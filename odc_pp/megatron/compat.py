@@ -32,8 +32,17 @@ SP embedding reduce-scatter            ``LanguageModelEmbedding`` attributes    
                                        ``deterministic_mode``), ``add_position_embedding``,
                                        ``tokentype_embeddings``, ``embedding_dropout``
 Layer spec                             ``get_gpt_layer_local_spec(normalization=,         0.16.1
-(:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec
-                                       activation under ``use_te_activation_func=True``
+(:mod:`odc_pp.megatron.spec`)          qk_layernorm=)`` submodule names; the MLP's spec   0.17.1
+                                       activation under ``use_te_activation_func=True``   0.19.2
+MLP submodules of a layer spec         0.16: ``ModuleSpec.submodules``; 0.17+: a          0.16.1
+(:func:`mlp_submodules`)               builder ``functools.partial(MLP.as_mlp_submodule,  0.17.1
+                                       submodules=MLPSubmodules(...))``                   0.19.2
+Checkpoint keys                        ``GPTModel.sharded_state_dict(metadata=            0.16.1
+(:func:`megatron_sharded_state_dict`)  {"dp_cp_group": ...})`` (no ``parallel_state``)    0.17.1
+                                                                                          0.19.2
+torch_dist save / load on CPU          ``dist_checkpointing.save`` calls                  0.16.1
+(:func:`cpu_dist_checkpointing`)       ``torch.cuda.synchronize`` and                     0.17.1
+                                       ``torch.cuda.current_device`` (needs psutil)       0.19.2
 Chunk forward without                  ``GPTModel`` attributes ``embedding``, ``decoder``  0.16.1
 ``GPTModel.forward``                   (``TransformerBlock.forward(hidden_states=,
 (:func:`gpt_chunk_forward`)            attention_mask=, rotary_pos_emb=)``),
@@ -50,8 +59,10 @@ SDPA core attention on GPU             the same ``DotProductAttention`` attribut
 (:class:`SdpaDotProductAttention`)     host attention
 =====================================  =================================================  ======
 
-Only 0.16.1 has been run (the pin in pyproject.toml); any other version is untested, and
-the rows above are where a difference would show.
+Run: 0.16.1 (``make test``, Python 3.11) and 0.17.1 / 0.19.2 (``make test-mcore-all``,
+Python 3.12, the tests that touch megatron-core; logs in benchmarks/results/mcore_lane_*.txt).
+The pin in pyproject.toml is ``>=0.16.1,<0.20``; another version is untested, and the rows
+above are where a difference would show.
 
 CPU. megatron-core 0.16 hard-codes CUDA in three places that a CPU run reaches, each
 avoided through an extension point instead of a patch:
@@ -88,6 +99,9 @@ runtime's pipeline layout is invisible to megatron (each chunk is a 1-stage mode
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.distributed as dist
 from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
@@ -99,7 +113,8 @@ __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_ma
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
            "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
-           "sequence_parallel_embedding",
+           "sequence_parallel_embedding", "mlp_submodules", "megatron_sharded_state_dict",
+           "cpu_dist_checkpointing",
            "TorchNorm"]
 
 
@@ -142,6 +157,42 @@ def singleton_process_groups(*, tp=None):
     return ProcessGroupCollection(tp=tp, pp=own_group, cp=own_group, embd=own_group,
                                   pos_embd=own_group, mp=tp, tp_cp=tp,
                                   dp=own_group, dp_cp=own_group)
+
+
+def mlp_submodules(layer_spec):
+    """The ``MLPSubmodules`` (``linear_fc1``, ``activation_func``, ``linear_fc2``) of a
+    transformer layer spec, to edit in place: megatron-core <= 0.16 describes the MLP as a
+    ``ModuleSpec`` (``.submodules``); 0.17+ as a builder, ``functools.partial(
+    MLP.as_mlp_submodule, submodules=MLPSubmodules(...))``."""
+    mlp = layer_spec.submodules.mlp
+    if isinstance(mlp, functools.partial):
+        return mlp.keywords["submodules"]
+    return mlp.submodules
+
+
+def megatron_sharded_state_dict(model, process_groups) -> dict:
+    """``model.sharded_state_dict()`` (megatron's checkpoint keys) without
+    ``parallel_state``: the data-parallel group its replica ids need is given as
+    ``metadata["dp_cp_group"]`` (megatron-core >= 0.16 reads it from there)."""
+    return model.sharded_state_dict(metadata={"dp_cp_group": process_groups.dp_cp})
+
+
+@contextlib.contextmanager
+def cpu_dist_checkpointing():
+    """Run megatron's ``dist_checkpointing.save`` / ``load`` on a machine without CUDA.
+    Its torch_dist writer calls ``torch.cuda.synchronize()`` after staging tensors to the
+    host and broadcasts a failure flag on ``torch.cuda.current_device()``; without CUDA
+    both are pointed at the CPU for the duration (nothing changes where CUDA exists)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    synchronize, current_device = torch.cuda.synchronize, torch.cuda.current_device
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.current_device = synchronize, current_device
 
 
 class TorchNorm:

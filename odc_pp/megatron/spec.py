@@ -15,7 +15,7 @@ import copy
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .compat import HostDotProductAttention, SdpaDotProductAttention, TorchNorm
+from .compat import HostDotProductAttention, SdpaDotProductAttention, TorchNorm, mlp_submodules
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
 from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
                         get_recomputed_bias_dropout_add)
@@ -67,7 +67,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     attention.linear_proj = DeferrableRowParallelLinear
     if CORE_ATTENTION[core_attention] is not None:
         attention.core_attention = CORE_ATTENTION[core_attention]
-    mlp = spec.submodules.mlp.submodules
+    mlp = mlp_submodules(spec)
     mlp.linear_fc1 = DeferrableColumnParallelLinear
     mlp.linear_fc2 = DeferrableRowParallelLinear
     if recompute_lgd:
@@ -83,7 +83,7 @@ def apply_recompute_lgd(spec: ModuleSpec) -> ModuleSpec:
     layer.input_layernorm = IdentityOp
     layer.pre_mlp_layernorm = IdentityOp
     layer.self_attention.submodules.linear_qkv = DeferrableNormColumnParallelLinear
-    mlp = layer.mlp.submodules
+    mlp = mlp_submodules(spec)
     mlp.linear_fc1 = DeferrableNormColumnParallelLinear
     mlp.activation_func = IdentityOp
     mlp.linear_fc2 = DeferrableGeluRowParallelLinear

@@ -84,6 +84,10 @@ class ModelSpec:
     """Longest sample (--seq-length)."""
     swiglu: bool = False
     """Gated MLP (three h x ffn matmuls instead of two)."""
+    source_flags: tuple[str, ...] = ()
+    """The model flags exactly as the user gave them (``--model-flags``, or
+    ``--hf-checkpoint DIR``); printed in every configuration's flags so a plan runs the
+    same model (GQA, vocabulary, norms and rope included). Empty: rebuilt from the shape."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
@@ -103,6 +107,8 @@ class ModelSpec:
         return self.num_layers * per_layer + 2 * self.vocab_size * h
 
     def model_flags(self) -> list[str]:
+        if self.source_flags:
+            return list(self.source_flags)
         flags = ["--num-layers", str(self.num_layers), "--hidden-size", str(self.hidden_size),
                  "--num-attention-heads", str(self.num_attention_heads),
                  "--ffn-hidden-size", str(self.ffn_hidden_size),

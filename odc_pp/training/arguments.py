@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import math
 import sys
@@ -302,6 +303,14 @@ class LoggingArgs:
     """Append one JSON object per logged iteration to this file (rank 0)."""
     tensorboard_dir: str | None = None
     """TensorBoard event files (when tensorboard is installed)."""
+    wandb_project: str | None = None
+    """Weights & Biases project: log the same record as --log-json / TensorBoard to wandb
+    (rank 0; needs the ``wandb`` extra; WANDB_MODE=offline writes a local run directory)."""
+    wandb_exp_name: str | None = None
+    """wandb run name (with --wandb-project)."""
+    wandb_save_dir: str | None = None
+    """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
+    --save is given, else wandb's default ./wandb)."""
     no_progress_bar: bool = False
     """Plain log lines instead of a progress bar."""
     schedule_png: str | None = None
@@ -574,7 +583,19 @@ def _validate_run(args: TrainingArgs) -> list[str]:
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
     if args.parallel.distributed_timeout_minutes <= 0:
         problems.append("--distributed-timeout-minutes must be > 0")
+    problems += wandb_problems(args.logging)
     return problems
+
+
+def wandb_problems(logging: LoggingArgs) -> list[str]:
+    """--wandb-* flags without --wandb-project, or wandb not installed."""
+    if not logging.wandb_project:
+        return [f"--{_flag(name)} needs --wandb-project" for name in
+                ("wandb_exp_name", "wandb_save_dir") if getattr(logging, name)]
+    if importlib.util.find_spec("wandb") is None:
+        return [f"--wandb-project {logging.wandb_project!r} needs the wandb package, which is "
+                f"not installed: pip install 'odc-pp[wandb]' (or pip install wandb)"]
+    return []
 
 
 def _flag(name: str) -> str:

@@ -1,8 +1,10 @@
-"""Training logs: a console progress bar, one JSON object per logged iteration, and
-TensorBoard event files when tensorboard is installed. Used on rank 0 only."""
+"""Training logs: a console progress bar, one JSON object per logged iteration,
+TensorBoard event files when tensorboard is installed, and a Weights & Biases run with
+``--wandb-project`` (the same record). Used on rank 0 only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -10,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["TrainingLogger", "format_record"]
+__all__ = ["TrainingLogger", "format_record", "flat_scalars", "wandb_settings"]
 
 
 def format_record(record: dict) -> str:
@@ -30,6 +32,41 @@ def format_record(record: dict) -> str:
     return " | ".join(parts)
 
 
+def flat_scalars(record: dict) -> dict[str, float]:
+    """A log record's numbers under their keys (booleans as 0/1, per-rank lists as
+    ``key/rank<i>``, None left out): what wandb is given."""
+    scalars = {}
+    for key, value in record.items():
+        if isinstance(value, (list, tuple)):
+            scalars.update({f"{key}/rank{rank}": float(item) for rank, item in enumerate(value)
+                            if isinstance(item, (int, float))})
+        elif isinstance(value, (bool, int, float)):
+            scalars[key] = float(value)
+    return scalars
+
+
+def wandb_settings(args) -> dict:
+    """The :class:`TrainingLogger` keywords for wandb from :class:`TrainingArgs` (as
+    Megatron: the run's files under ``--wandb-save-dir``, else ``--save``/wandb)."""
+    logging, save = args.logging, args.checkpoint.save
+    if not logging.wandb_project:
+        return {}
+    save_dir = logging.wandb_save_dir or (os.path.join(save, "wandb") if save else None)
+    return {"wandb_project": logging.wandb_project, "wandb_exp_name": logging.wandb_exp_name,
+            "wandb_save_dir": save_dir, "wandb_config": dataclasses.asdict(args)}
+
+
+def _start_wandb(project: str, name: str | None, save_dir: str | None, config: dict | None):
+    try:
+        import wandb
+    except ImportError as error:
+        raise RuntimeError(f"--wandb-project {project!r} needs the wandb package: pip install "
+                           f"'odc-pp[wandb]' (or pip install wandb)") from error
+    if save_dir:
+        os.makedirs(save_dir, exist_ok=True)
+    return wandb.init(project=project, name=name or None, dir=save_dir, config=config)
+
+
 @dataclass(kw_only=True)
 class TrainingLogger:
     train_iters: int
@@ -42,6 +79,14 @@ class TrainingLogger:
     """Redraw a bar between log lines (only when the stream is a terminal)."""
     stream: TextIO = sys.stdout
     """Console stream."""
+    wandb_project: str | None = None
+    """Log every record to this Weights & Biases project as well (needs wandb)."""
+    wandb_exp_name: str | None = None
+    """wandb run name."""
+    wandb_save_dir: str | None = None
+    """wandb's local run files go here (default: wandb's ./wandb)."""
+    wandb_config: dict | None = None
+    """The run's configuration, recorded with the wandb run."""
 
     def __post_init__(self) -> None:
         if self.train_iters < 1:
@@ -54,6 +99,8 @@ class TrainingLogger:
             except ImportError:
                 print("note: tensorboard is not installed; --tensorboard-dir ignored",
                       file=self.stream)
+        self._wandb = _start_wandb(self.wandb_project, self.wandb_exp_name, self.wandb_save_dir,
+                                   self.wandb_config) if self.wandb_project else None
         if self.log_json:
             os.makedirs(os.path.dirname(os.path.abspath(self.log_json)), exist_ok=True)
         self._start = time.perf_counter()
@@ -89,10 +136,13 @@ class TrainingLogger:
             for rank, idle in enumerate(record.get("idle_s") or []):
                 self._writer.add_scalar(f"idle_s/rank{rank}", idle, record["iteration"])
             self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log(flat_scalars(record), step=record["iteration"])
 
     def log_eval(self, record: dict) -> None:
         """An evaluation's record (``iteration``, ``eval_loss``, ``eval_ppl``,
-        ``eval_tokens``): one line on the stream, one JSON line, TensorBoard ``valid/``."""
+        ``eval_tokens``): one line on the stream, one JSON line, TensorBoard and wandb
+        ``valid/``."""
         if self._bar_drawn:
             self.stream.write("\r\033[K")
             self._bar_drawn = False
@@ -107,9 +157,14 @@ class TrainingLogger:
                 self._writer.add_scalar(f"valid/{key.removeprefix('eval_')}", record[key],
                                         record["iteration"])
             self._writer.flush()
+        if self._wandb is not None:  # same step as that iteration's training record
+            self._wandb.log({f"valid/{key.removeprefix('eval_')}": record[key]
+                             for key in ("eval_loss", "eval_ppl")}, step=record["iteration"])
 
     def close(self) -> None:
         if self._bar_drawn:
             self.stream.write("\n")
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.finish()

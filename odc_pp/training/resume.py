@@ -22,11 +22,13 @@ import torch.distributed as dist
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
+from ..megatron.dist_ckpt import is_megatron_checkpoint
 from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, capture_rng_state, checkpoint_bytes,
                             checkpoint_dir, free_space_problem, latest_iteration,
                             list_iterations, read_meta, remove_leftovers, save_dir_problem)
 from .distributed import Topology
+from .megatron_checkpoint import resume_from_megatron
 from .model_setup import hf_config_of
 from .resharding import assemble_by_name, owned_state, read_optimizer_state, sharded_state, \
     unit_layout
@@ -235,7 +237,11 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
     """Collective: load the newest verifying checkpoint under ``args.checkpoint.load`` into ``parts``
     (optimizer state and published parameter shards; RNG state too when the layout is
     unchanged). Returns (iteration to continue from, how it was resumed); (0, "") when
-    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0."""
+    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0.
+    A Megatron-LM torch_dist save directory is read by :mod:`.megatron_checkpoint`."""
+    if _from_rank0(is_megatron_checkpoint(args.checkpoint.load) if topo.rank == 0 else None,
+                   topo):
+        return resume_from_megatron(parts, args, topo, out=out)
     kind, found = _from_rank0(_candidates(args.checkpoint.load) if topo.rank == 0 else None, topo)
     if kind == "error":
         raise ValueError(found)

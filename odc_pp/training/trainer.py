@@ -40,7 +40,7 @@ from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_sou
 from .distributed import Topology, all_ranks_true, read_env
 from .elastic import adopt_elastic_restart
 from .evaluation import due as eval_due, eval_record, evaluate
-from .logging_utils import TrainingLogger
+from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .optimizer_step import inject_nonfinite_grad
 from .preemption import ExitController, ExitDecision
@@ -175,8 +175,8 @@ class Trainer:
         self.logger = TrainingLogger(
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
             tensorboard_dir=args.logging.tensorboard_dir,
-            progress_bar=not args.logging.no_progress_bar, stream=out) \
-            if topo.rank == 0 else None
+            progress_bar=not args.logging.no_progress_bar, stream=out,
+            **wandb_settings(args)) if topo.rank == 0 else None
         self.records: list[dict] = []
         self.window = Window()
         self.shape = ModelShape(num_layers=args.model.num_layers,

@@ -25,6 +25,8 @@ EXTERNAL_FLAGS = {
     # torchrun elastic, SLURM
     "--max-restarts", "--gpus-per-task", "--signal", "--ntasks-per-node", "--nodes",
     "--requeue", "--job-name", "--time", "--kill-on-bad-exit",
+    # Megatron-LM's own pretrain_gpt.py (loading an exported checkpoint there: docs/megatron.md)
+    "--ckpt-format", "--no-load-optim", "--no-load-rng",
 }
 """Flags of other programs that the pages may show."""
 

@@ -59,3 +59,16 @@ def test_top_configuration_runs_through_pretrain_gpt_with_the_printed_flags(tmp_
                  nproc=nproc, tmp_path=tmp_path, name="planned")
     assert run.returncode == 0, run.describe()
     assert len(run.losses()) == 2
+
+
+def test_printed_flags_keep_the_users_model_flags():
+    """GQA, vocabulary and norm flags the planner does not model still reach the printed
+    command, so the planned run trains the model the user described."""
+    from odc_pp.plan_command import model_from_flags
+
+    text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-groups 2 "
+            "--group-query-attention --vocab-size 96 --seq-length 128 "
+            "--normalization RMSNorm")
+    model = model_from_flags(text)
+    assert model.model_flags() == text.split()
+    assert model.vocab_size == 96

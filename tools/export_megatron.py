@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Export a pretrain_gpt.py checkpoint (any pipeline / tensor / data-parallel layout) as a
+Megatron-LM checkpoint in megatron-core's ``dist_checkpointing`` torch_dist format, which
+``megatron.core.dist_checkpointing.load`` reads into a ``GPTModel`` at any pp / tp.
+
+    python tools/export_megatron.py --load ckpt --output megatron_ckpt [--iteration 50]
+
+The weights are the optimizer's fp32 master weights reassembled by name
+(``tools/export_checkpoint.py``), put into a one-stage model built from the checkpoint's
+model flags, and saved through that model's ``sharded_state_dict()`` (the keys of
+megatron-core's local layer spec, norms under Transformer Engine's fused names) as
+``megatron_ckpt/iter_<iteration>/`` with ``latest_checkpointed_iteration.txt``. Only the
+model is written (fp32): in Megatron-LM load it with ``--no-load-optim --no-load-rng``
+(``--finetune`` to restart the iteration count). Runs on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_checkpoint import export  # noqa: E402  (the one full-state assembler)
+
+from odc_pp.megatron.compat import singleton_process_groups  # noqa: E402
+from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
+from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
+from odc_pp.training.checkpointing import checkpoint_dir, read_meta  # noqa: E402
+
+_OUTPUT = "model.output_layer.weight"
+
+
+def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
+    """The one-stage fp32 model a checkpoint's ``meta.json`` describes."""
+    return ModelConfig(
+        vocab_size=meta["vocab_size"], hidden_size=meta["hidden_size"],
+        num_layers=meta["num_layers"], num_attention_heads=meta["num_attention_heads"],
+        ffn_hidden_size=meta.get("ffn_hidden_size"),
+        max_sequence_length=meta["max_position_embeddings"],
+        normalization=meta.get("normalization", "LayerNorm"),
+        norm_epsilon=meta.get("norm_epsilon", 1e-5),
+        activation="swiglu" if meta.get("swiglu") else "gelu",
+        num_query_groups=meta.get("num_query_groups"), kv_channels=meta.get("kv_channels"),
+        position_embedding_type=meta.get("position_embedding_type", "learned_absolute"),
+        rotary_base=meta.get("rotary_base", 10000.0),
+        add_bias_linear=not meta.get("disable_bias_linear", False),
+        add_qkv_bias=meta.get("add_qkv_bias", False),
+        qk_layernorm=meta.get("qk_layernorm", False), tie_embeddings=tied)
+
+
+def _init_single_process_group() -> None:
+    if dist.is_initialized():
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+
+
+def export_megatron(load: str, output: str, iteration: int | None = None) -> tuple[int, str]:
+    """(iteration, directory written)."""
+    iteration, state = export(load, iteration)
+    meta = read_meta(checkpoint_dir(load, iteration))
+    _init_single_process_group()
+    groups = singleton_process_groups()
+    config = model_config_from_meta(meta, tied=_OUTPUT not in state)
+    (chunk,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
+    params = dict(chunk.global_named_parameters())
+    if sorted(params) != sorted(state):
+        raise ValueError(f"checkpoint {load} iteration {iteration} does not match the model its "
+                         f"meta.json describes: {sorted(set(params) ^ set(state))[:4]}")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name])
+    return iteration, save_megatron_checkpoint(chunk, output, iteration, process_groups=groups)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--load", required=True, help="the --save directory of the run")
+    parser.add_argument("--output", required=True,
+                        help="Megatron-LM save directory to write (iter_*/ and tracker)")
+    parser.add_argument("--iteration", type=int, help="default: the latest checkpoint")
+    args = parser.parse_args(argv)
+    try:
+        iteration, directory = export_megatron(args.load, args.output, args.iteration)
+    except ValueError as error:
+        print(f"export_megatron.py: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    print(f"wrote {directory}: iteration {iteration}, megatron-core torch_dist")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
