@@ -112,15 +112,19 @@ def _sample_worker(rank, world_size, out_path):
         profiler.record(result, microbatches)
     fitted = profiler.sample_cost_model()
     with open(f"{out_path}.{rank}", "w") as handle:
-        json.dump({"a": fitted.a, "b": fitted.b, "points": profiler._sample_points}, handle)
+        json.dump({"a": fitted.a, "b": fitted.b, "c": fitted.c,
+                   "points": profiler._sample_points}, handle)
 
 
 @pytest.mark.multiproc
 def test_sample_cost_model_is_fitted_from_measured_microbatches(tmp_path):
     """Correctness only: the fit exists, is non-negative and uses the executed shapes
-    (rows x length, rows x length^2); no timing is asserted."""
+    (rows x length, rows x length^2); no timing is asserted (which of a, b, c carries the
+    measured time depends on the machine: on a noisy run the per-row constant alone can
+    fit best)."""
     run_workers(_sample_worker, 1, str(tmp_path / "samples"),
                 config=LaunchConfig(timeout_s=120))
     report = json.loads((tmp_path / "samples.0").read_text())
-    assert report["a"] >= 0 and report["b"] >= 0 and report["a"] + report["b"] > 0
+    coefficients = [report["a"], report["b"], report["c"]]
+    assert all(value >= 0 for value in coefficients) and sum(coefficients) > 0
     assert sorted((p[0], p[1]) for p in report["points"]) == [(8, 64), (32, 512), (32, 1024)]
