@@ -18,8 +18,10 @@ each under the three plans of :func:`odc_pp.data.plan_minibatch` (``--load-balan
 
 The headline is ODC + LB-Mini against collective + balanced and FSDP2 + balanced. A
 balanced workload (all sequences the same length) checks the overhead. Every
-configuration lives in one run and they take turns step by step, so the ratios are
-measured side by side. Step time is the slowest rank's, median over the measured steps;
+configuration lives in one run and they take turns step by step (each measured step is a
+round; the order rotates between rounds), so the ratios are measured side by side. Two
+ranks with one thread each (ranks <= cores). Step time is the slowest rank's, median with
+min-max over the rounds, next to the 1-minute load average before each round;
 utilisation is a rank's compute time for its own microbatches (timed on an unsharded copy
 of the model, one rank at a time) over the step time.
 
@@ -29,7 +31,6 @@ of the model, one rank at a time) over the step time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,6 +45,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from odc_pp.testing.bench import emit, load_1min, rotated, spread  # noqa: E402
 from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 from odc_pp.data import AttentionCost, plan_minibatch  # noqa: E402
 
@@ -217,9 +219,11 @@ def worker(rank, world, settings: Settings, configs) -> dict:
     systems = {config_key(*c): build_system(c[1], settings) for c in configs}
     step_times = {config_key(*c): [] for c in configs}
     busy_times = {(workload, mode): [] for workload, _, mode in configs}
+    loads = []
     for step in range(settings.steps + 1):
-        shift = step % len(configs)
-        for workload, system, mode in configs[shift:] + configs[:shift]:
+        if step > 0:
+            loads.append(load_1min())
+        for workload, system, mode in rotated(configs, step):
             key = config_key(workload, system, mode)
             lengths = workload_lengths(settings, step, workload == "balanced")
             plan = make_plan(settings, lengths, world, mode)
@@ -236,7 +240,7 @@ def worker(rank, world, settings: Settings, configs) -> dict:
         if engine is not None:
             engine.destroy()
             engine.group.destroy()
-    return {config_key(workload, system, mode): {
+    return {"load_1min": loads} | {config_key(workload, system, mode): {
         "step_times": step_times[config_key(workload, system, mode)],
         "busy_times": busy_times[(workload, mode)],
         "microbatches": [len(r) for r in make_plan(
@@ -253,12 +257,13 @@ HEADLINE = "imbalanced/odc/lb-mini"
 
 def summarize(per_rank: list[dict]) -> dict:
     summary = {}
-    for key in per_rank[0]:
+    for key in (k for k in per_rank[0] if k != "load_1min"):
         steps = [max(times) for times in zip(*(r[key]["step_times"] for r in per_rank))]
         step_time = statistics.median(steps)
         summary[key] = {
             "step_time_s": round(step_time, 4),
             "step_times_s": [round(t, 4) for t in steps],
+            "step_time_spread": spread(steps),
             "utilisation_per_rank": [round(statistics.median(r[key]["busy_times"]) / step_time, 3)
                                      for r in per_rank],
             "microbatches_per_rank_step1": per_rank[0][key]["microbatches"],
@@ -293,7 +298,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
-    parser.add_argument("--steps", type=int, default=Settings.steps)
+    parser.add_argument("--steps", type=int, default=Settings.steps,
+                        help="measured rounds (>= 3) after one warm-up step")
     parser.add_argument("--layers", type=int, default=Settings.layers)
     parser.add_argument("--hidden", type=int, default=Settings.hidden)
     parser.add_argument("--samples", type=int, default=Settings.samples)
@@ -306,18 +312,13 @@ def main(argv=None) -> int:
                            config=LaunchConfig(timeout_s=args.timeout))
     summary = summarize(per_rank)
     result = {"benchmark": "bench_odc", "dp": 2, "device": "cpu (gloo, 1 thread per rank)",
-              "settings": asdict(settings), "results": summary,
+              "settings": asdict(settings), "load_1min_per_round": per_rank[0]["load_1min"],
+              "results": summary,
               "speedup_vs_odc_lb_mini": speedups(summary),
               "same_plan_speedup_of_odc": same_plan_ratios(summary),
               "wall_s": round(time.perf_counter() - start, 1)}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
-    if args.json:
-        print(text)
-    else:
+    emit(result, out=args.out, as_json=args.json)
+    if not args.json:
         for key, value in summary.items():
             print(f"{key:32s} step {value['step_time_s']:.3f} s  util "
                   f"{value['utilisation_per_rank']}")

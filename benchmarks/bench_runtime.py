@@ -6,7 +6,11 @@ schedule from costs profiled on those same timed steps (mean T_F/T_B/T_W per sta
 OFFLOAD/RELOAD time from the action timings, T_comm from a ping-pong), and runtime
 efficiency = predicted / measured. ZB-auto is also re-planned from the costs profiled on
 zb-h1's warm-up steps ("zb-auto-replanned"). All configurations are timed in rounds
-(one step of each per round) so load from other processes hits them alike.
+(one step of each per round, the order rotating between rounds) so load from other
+processes hits them alike; the 1-minute load average before each round is recorded and
+each row reports the median step with min-max over the rounds. Defaults follow the timing
+rules of this machine: 2 ranks with 1 thread each, a compute-dominated shape (hidden 256,
+sequences of 1024).
 
 In the same run, torch.distributed.pipelining's ScheduleZBVZeroBubble and
 ScheduleInterleavedZeroBubble train the *same megatron-core chunks* (wrapped as
@@ -20,7 +24,6 @@ sequence length here because torch.distributed.pipelining requires static shapes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from odc_pp.testing.bench import emit, load_1min, rotated, spread  # noqa: E402
 from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
@@ -43,11 +47,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (>= 3)")
     parser.add_argument("--schedules", default=",".join(OURS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
@@ -261,8 +265,10 @@ def run_benchmark(args):
     for name in ("torch-ZBVZeroBubble", "torch-InterleavedZeroBubble"):
         runners.append(bench_torch(name, cache, microbatches, args))
     # rounds over every configuration, so load from other processes hits all alike
-    for _ in range(args.repeats):
-        for runner in runners:
+    loads = []
+    for round_index in range(args.repeats):
+        loads.append(load_1min())
+        for runner in rotated(runners, round_index):
             runner.time_one_step()
     for runner in runners:
         if runner.profiler is not None:
@@ -271,7 +277,8 @@ def run_benchmark(args):
     rows = []
     for runner in runners:
         row = dict(runner.row, measured_s=statistics.median(runner.times),
-                   step_times_s=runner.times)
+                   step_times_s=runner.times, measured_spread=spread(runner.times),
+                   load_1min=loads)
         if "predicted_s" in row:
             row["efficiency"] = row["predicted_s"] / row["measured_s"]
         rows.append(row)
@@ -296,12 +303,8 @@ def main(argv=None):
               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
                           "backend": "gloo"},
               "rows": rows, "summary": summary}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=1)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
+    emit(result, out=args.out, as_json=args.json)
+    if not args.json:
         for row in rows:
             extra = (f"  predicted {row['predicted_s']:.3f}s  efficiency {row['efficiency']:.2f}"
                      if "predicted_s" in row else "")

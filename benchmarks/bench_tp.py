@@ -21,8 +21,11 @@ re-gathers, or the gathered input it keeps), the max over ranks and iterations; 
 stage of these layouts runs each W right after its B, so that peak hardly sees W's
 holdings, and ``wgrad_held_mb`` reports them directly: the most one (chunk,
 microbatch)'s deferred W holds from its B (the re-gather vs keep trade). Step time is the
-median over the iterations after the first (warm-up), then the median over rounds;
-layouts alternate within a round, so load from other processes hits them alike. Ratios are against ``pp2`` in the same run.
+median over the iterations after the first (warm-up), then the median (with min-max) over
+rounds; layouts alternate within a round and the order rotates between rounds, so load
+from other processes hits them alike, and the 1-minute load average before each run is
+recorded. Ratios are against ``pp2`` in the same run. Two ranks with one thread each
+(ranks <= cores) at a compute-dominated shape (hidden 256, sequences of 1024).
 
     .venv/bin/python benchmarks/bench_tp.py --json
 """
@@ -30,7 +33,6 @@ layouts alternate within a round, so load from other processes hits them alike. 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from odc_pp.testing.bench import emit, load_1min, rotated, spread  # noqa: E402
 from odc_pp.testing.torchrun import launch  # noqa: E402  (the one torchrun launcher)
 
 TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"]
@@ -63,11 +66,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--global-batch", type=int, default=4)
     parser.add_argument("--layouts", default=",".join(LAYOUTS),
                         help="comma-separated subset of " + ",".join(LAYOUTS))
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
@@ -84,6 +87,7 @@ def run_once(args, layout: str, tmp, name: str) -> dict:
              "--train-iters", str(args.iters), "--seed", "1234", "--no-progress-bar",
              "--log-activation-memory", "--distributed-timeout-minutes", "3",
              *LAYOUTS[layout]]
+    load = load_1min()
     run = launch(flags, nproc=2, tmp_path=tmp, name=name, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{layout}: {run.describe()}")
@@ -92,7 +96,7 @@ def run_once(args, layout: str, tmp, name: str) -> dict:
             "peak_activation_mb": max(r["peak_activation_mb"] for r in records),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in records),
             "wgrad_held_mb": max(r["wgrad_held_mb"] for r in records),
-            "losses": [r["loss"] for r in records]}
+            "losses": [r["loss"] for r in records], "load_1min": load}
 
 
 def main(argv=None):
@@ -106,7 +110,7 @@ def main(argv=None):
     runs = {name: [] for name in layouts}
     with tempfile.TemporaryDirectory() as directory:
         for round_ in range(args.rounds):
-            for name in layouts:
+            for name in rotated(layouts, round_):
                 runs[name].append(run_once(args, name, Path(directory), f"{name}_{round_}"))
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
               "machine": {"cpus": os.cpu_count(), "ranks": 2, "torch_threads_per_rank": 1,
@@ -117,6 +121,8 @@ def main(argv=None):
             "flags": " ".join(LAYOUTS[name]),
             "step_s": statistics.median(r["step_s"] for r in rounds),
             "step_s_rounds": [r["step_s"] for r in rounds],
+            "step_s_spread": spread([r["step_s"] for r in rounds]),
+            "load_1min": [r["load_1min"] for r in rounds],
             "peak_activation_mb": max(r["peak_activation_mb"] for r in rounds),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rounds),
             "wgrad_held_mb": max(r["wgrad_held_mb"] for r in rounds),
@@ -128,11 +134,7 @@ def main(argv=None):
             entry["activation_vs_pp2"] = (entry["peak_activation_mb"] /
                                           base["peak_activation_mb"]
                                           if base["peak_activation_mb"] else None)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=1)
-    if args.json:
-        print(json.dumps(result, indent=1))
+    emit(result, out=args.out, as_json=args.json)
     return result
 
 

@@ -10,10 +10,10 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    the prediction uses the exact plans pretrain_gpt.py makes (``DataPlanner``) and the
    schedule it builds (``build_schedule``), simulated with the calibrated costs per
    replica (ODC: the slowest replica; collective: lock step).
-3. Rounds alternate the configurations; each runs pretrain_gpt.py on 2 ranks with
-   ``OMP_NUM_THREADS=1``; the first iteration is a warm-up. Reported per configuration:
-   median predicted and measured step time, min-max, error; overall median and worst
-   error, and the load average before and after.
+3. Rounds alternate the configurations (the order rotates between rounds); each runs
+   pretrain_gpt.py on 2 ranks with ``OMP_NUM_THREADS=1``; the first iteration is a
+   warm-up. Reported per configuration: median predicted and measured step time, min-max,
+   error and the load average before each run; overall median and worst error.
 
 Not modelled (the known weak points): the optimizer step and the loss all-reduce,
 pipeline transfer time (gloo, t_comm = 0), the embedding and output layer (layers split
@@ -25,13 +25,15 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from odc_pp.testing.bench import load_1min, rotated
+from odc_pp.testing.torchrun import launch
+
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
          "--mock-data", "--vocab-size", "512", "--global-batch-size", "16",
          "--lr", "1e-4", "--no-progress-bar", "--seed", "11"]
@@ -50,6 +52,12 @@ CONFIGS = {  # name -> flags (2 ranks each)
                                "--no-pack-sequences", "--micro-batch-size", "2"],
 }
 LENGTHS = {"seq1024": ["--seq-length", "1024"], "seq512": ["--seq-length", "512"]}
+"""Two length distributions of the mock corpus (log-normal, median seq/4, clipped)."""
+MEASURED = [f"{c}/seq1024" for c in CONFIGS] + [
+    f"{c}/seq512" for c in ("pp2-1f1b", "pp2-zbv", "dp2-collective-balanced",
+                            "dp2-odc-lb-mini-packed")]
+"""The 14 measured (configuration, distribution) pairs: every configuration at seq 1024,
+and a pipeline and a data-parallel pair at seq 512 (the budget of one quiet-machine run)."""
 
 
 def calibrate(seq_length: int = 1024) -> dict:
@@ -107,13 +115,17 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     out = []
     for iteration in iterations:
         plan = planner.plan(iteration)
-        replicas = []
+        per_microbatch = []  # [replica][microbatch] -> seconds of F + B + W, whole model
         for groups in plan.replicas:
             shapes = [(1, sum(source.length(i) for i in g)) if planner.packed
                       else (len(g), max(source.length(i) for i in g)) for g in groups]
-            total = float(np.mean([a * r * s * s + b * r * s + calibration["c"]
-                                   for r, s in shapes])) / stages
-            replicas.append((len(groups), total))
+            per_microbatch.append([a * r * s * s + b * r * s + calibration["c"]
+                                   for r, s in shapes])
+        if pp == 1:  # no pipeline: a replica's microbatches run back to back
+            out.append(_data_parallel_step(per_microbatch,
+                                           lock_step=args.parallel.dp_mode == "collective"))
+            continue
+        replicas = [(len(c), float(np.mean(c)) / stages) for c in per_microbatch]
         if args.parallel.dp_mode == "collective" and dp > 1:
             replicas = [(replicas[0][0], max(t for _, t in replicas))]
         spans = []
@@ -127,16 +139,25 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     return out
 
 
+def _data_parallel_step(costs: list[list[float]], *, lock_step: bool) -> float:
+    """Step seconds of dp replicas without a pipeline: ODC waits once per minibatch (the
+    slowest replica's sum); per-unit collectives wait at every microbatch (the sum over
+    microbatch positions of the slowest replica's; a replica with fewer microbatches
+    replays empty ones)."""
+    if not lock_step:
+        return max(sum(c) for c in costs)
+    depth = max(len(c) for c in costs)
+    return sum(max(c[j] if j < len(c) else 0.0 for c in costs) for j in range(depth))
+
+
 def _run(flags: list[str], iters: int) -> list[float]:
+    """Step seconds of every iteration of a 2-rank pretrain_gpt.py run (1 thread each)."""
     with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "log.jsonl")
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONWARNINGS="ignore")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", os.path.join(ROOT, "pretrain_gpt.py"), *flags,
-                        "--train-iters", str(iters), "--log-json", log], cwd=ROOT, env=env,
-                       check=True, capture_output=True, timeout=1800)
-        with open(log) as handle:
-            return [json.loads(line)["step_s"] for line in handle if line.strip()]
+        run = launch(flags + ["--train-iters", str(iters)], nproc=2, tmp_path=Path(tmp),
+                     name="planner_measure", timeout=1800)
+        if run.returncode != 0:
+            raise RuntimeError(run.describe())
+        return [r["step_s"] for r in run.records()]
 
 
 def measure_section(*, rounds: int = 3, iters: int = 4,
@@ -148,11 +169,15 @@ def measure_section(*, rounds: int = 3, iters: int = 4,
                        "c": calibration["c"]}, handle)
     load_before = os.getloadavg()
     runs: dict[str, list[list[float]]] = {}
+    loads: dict[str, list[float]] = {}
     configs = {f"{c}/{l}": MODEL + cf + lf for c, cf in CONFIGS.items()
-               for l, lf in LENGTHS.items()}
-    for _ in range(rounds):  # configurations alternate round by round
-        for name, flags in configs.items():
-            runs.setdefault(name, []).append(_run(flags, iters)[1:])
+               for l, lf in LENGTHS.items() if f"{c}/{l}" in MEASURED}
+    for round_index in range(rounds):  # configurations alternate round by round
+        for name in rotated(list(configs), round_index):
+            loads.setdefault(name, []).append(load_1min())
+            runs.setdefault(name, []).append(_run(configs[name], iters)[1:])
+            print(f"round {round_index} {name}: {runs[name][-1]}", file=sys.stderr,
+                  flush=True)
     rows, errors = [], []
     for name, flags in configs.items():
         predicted = predict(flags, calibration, range(1, iters))
@@ -165,7 +190,7 @@ def measure_section(*, rounds: int = 3, iters: int = 4,
                      "measured_median_s": statistics.median(measured),
                      "measured_min_max_s": [min(min(r) for r in runs[name]),
                                             max(max(r) for r in runs[name])],
-                     "error_pct": round(error, 2)})
+                     "error_pct": round(error, 2), "load_1min": loads[name]})
     return {"calibration": calibration, "rows": rows, "rounds": rounds,
             "median_abs_error_pct": statistics.median(errors),
             "worst_abs_error_pct": max(errors),

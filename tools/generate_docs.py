@@ -103,19 +103,48 @@ def _v(d: dict) -> str:
             f"{s['all_within_budget']}")
 
 
+def _loads(values: list[float]) -> str:
+    return f"load {min(values):.1f}-{max(values):.1f}"
+
+
 def _runtime(d: dict) -> str:
     s, eff = d["summary"], [r["efficiency"] for r in d["rows"] if r.get("efficiency")]
-    return (f"measured / simulated step {min(eff):.2f}-{max(eff):.2f}; ZB-V "
+    rows = {r["schedule"]: r for r in d["rows"]}
+    loads = d["rows"][0].get("load_1min")
+    zb = (f"; ZB-H2 {rows['1f1b']['measured_s'] / rows['zb-h2']['measured_s']:.2f}x 1F1B"
+          if "zb-h2" in rows and "1f1b" in rows else "")
+    return (f"pp=2, 2 ranks x 1 thread, seq {d['config']['seq']} hidden "
+            f"{d['config']['hidden']}, {d['config']['repeats']} rounds"
+            f"{', ' + _loads(loads) if loads else ''}: measured / simulated step "
+            f"{min(eff):.2f}-{max(eff):.2f}{zb}; ZB-V "
             f"{s['zbv_vs_torch-ZBVZeroBubble_speedup']:.2f}x faster than PyTorch's "
             f"ScheduleZBVZeroBubble on the same chunks")
 
 
 def _odc(d: dict) -> str:
     s = d["speedup_vs_odc_lb_mini"]
-    return (f"dp=2, long-tailed lengths: ODC + LB-Mini "
+    loads = d.get("load_1min_per_round")
+    where = (f"{len(loads)} rounds, {_loads(loads)}" if loads
+             else "measured at load 10-14: not evidence")
+    return (f"dp=2, long-tailed lengths, own block stack: ODC + LB-Mini "
             f"{s['imbalanced: collective/balanced / odc+lb-mini']:.2f}x faster than "
             f"collective + balanced, {s['imbalanced: fsdp2/balanced / odc+lb-mini']:.2f}x "
-            f"than PyTorch FSDP2 + balanced (measured at load 10-14: not evidence)")
+            f"than PyTorch FSDP2 + balanced ({where})")
+
+
+def _lb_mini(d: dict) -> str:
+    parts = []
+    for path, v in d["verdict"].items():
+        points = [p for p in d["points"] if p["path"] == path]
+        ratios = " / ".join(
+            f"{p['configs']['odc+lb-mini']['speedup_vs_baseline']['median']:.2f}"
+            for p in points)
+        batches = "/".join(str(p["samples_per_replica"]) for p in points)
+        parts.append(f"{path} {ratios}x at {batches} samples per replica")
+    loads = [x for p in d["points"] for c in p["configs"].values() for x in c["load_1min"]]
+    return (f"dp=2 (pretrain_gpt.py, 2 ranks x 1 thread, {d['settings']['rounds']} "
+            f"rounds, {_loads(loads)}): ODC + LB-Mini vs collective + balanced, "
+            + "; ".join(parts))
 
 
 def _transport(d: dict) -> str:
@@ -143,7 +172,10 @@ def _tp(d: dict) -> str:
     base = layouts["pp2"]["step_s"]
     parts = ", ".join(f"{name} {layouts[name]['step_s'] / base:.1f}x"
                       for name in layouts if name != "pp2")
-    return f"step time relative to pp=2 (gloo on 2 cores, says nothing about NVLink): {parts}"
+    loads = [x for v in layouts.values() for x in v.get("load_1min", [])]
+    where = f", {d['config']['rounds']} rounds, {_loads(loads)}" if loads else ""
+    return (f"step time relative to pp=2 (gloo on 2 cores, says nothing about NVLink"
+            f"{where}): {parts}")
 
 
 def _demo(d: dict) -> str:
@@ -169,6 +201,7 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "paper_tables.json": ("bench_paper_tables.py", _paper),
     "v_schedules.json": ("bench_v_schedules.py", _v),
     "runtime_cpu.json": ("bench_runtime.py", _runtime),
+    "lb_mini_sweep.json": ("bench_lb_mini.py", _lb_mini),
     "odc_cpu.json": ("bench_odc.py", _odc),
     "transport_cpu_2ranks.json": ("bench_transport.py", _transport),
     "post_validation_cpu.json": ("bench_post_validation.py", _post_validation),

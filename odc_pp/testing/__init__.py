@@ -3,7 +3,9 @@
 * :mod:`odc_pp.testing.launch` -- ``run_workers(fn, world_size, *args)``: gloo processes
   on this machine, each running a Python function, with deadlines on every wait;
 * :mod:`odc_pp.testing.torchrun` -- ``launch(flags, nproc=...)``: ``pretrain_gpt.py``
-  under ``torchrun --standalone`` with a hard timeout, and ``TINY_MODEL``'s flags.
+  under ``torchrun --standalone`` with a hard timeout, and ``TINY_MODEL``'s flags;
+* :mod:`odc_pp.testing.bench` -- what a timed benchmark records (load average, median
+  with min-max, rotated round order) and how it writes its JSON.
 """
 
-__all__ = ["launch", "torchrun"]
+__all__ = ["bench", "launch", "torchrun"]

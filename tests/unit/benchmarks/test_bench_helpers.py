@@ -1,0 +1,72 @@
+"""The timing helpers every benchmark shares, the LB-Mini sweep's verdict, and the
+planner measurement's data-parallel step (pure functions: no timing here)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from odc_pp.testing.bench import emit, rotated, spread
+
+sweep = importlib.import_module("benchmarks.bench_lb_mini")
+measure = importlib.import_module("benchmarks.planner_measure")
+
+
+def test_spread_is_median_min_max_of_the_rounds():
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0,
+                                       "rounds": [3.0, 1.0, 2.0]}
+
+
+def test_rotated_order_puts_each_item_first_once():
+    items = ["a", "b", "c"]
+    firsts = [rotated(items, r)[0] for r in range(3)]
+    assert sorted(firsts) == items
+    assert all(sorted(rotated(items, r)) == items for r in range(5))
+
+
+def test_emit_writes_the_document_and_creates_folders(tmp_path):
+    out = tmp_path / "deep" / "result.json"
+    emit({"x": 1}, out=str(out), as_json=False)
+    assert json.loads(out.read_text()) == {"x": 1}
+
+
+def _runs(times: dict[str, list[float]]) -> dict:
+    return {config: [{"step_s": t, "idle_s": [0.0, 0.1], "busy_s": [t, t - 0.1],
+                      "microbatches_per_replica": [[1, 1]], "load_1min": 0.5}
+                     for t in values] for config, values in times.items()}
+
+
+def test_sweep_ratios_are_baseline_over_config_per_round():
+    runs = {("packed", 2): _runs({"collective+balanced": [2.0, 2.2, 1.8],
+                                  "odc+balanced": [2.0, 2.0, 2.0],
+                                  "odc+lb-mini": [1.6, 2.0, 1.5]})}
+    (point,) = sweep.summarize(runs)
+    ratio = point["configs"]["odc+lb-mini"]["speedup_vs_baseline"]
+    assert ratio["rounds"] == [1.25, 1.1, 1.2]
+    assert (ratio["median"], ratio["min"], ratio["max"]) == (1.2, 1.1, 1.25)
+
+
+def test_sweep_verdict_checks_the_three_conditions():
+    runs = {("padded", 2): _runs({"collective+balanced": [1.0] * 3,
+                                  "odc+balanced": [0.9] * 3, "odc+lb-mini": [0.8] * 3}),
+            ("padded", 4): _runs({"collective+balanced": [1.0] * 3,
+                                  "odc+balanced": [0.9] * 3, "odc+lb-mini": [1.05] * 3})}
+    verdict = sweep.verdict(sweep.summarize(runs))["padded"]
+    assert verdict["peak_speedup"] == 1.25 and verdict["peak_at_samples_per_replica"] == 2
+    assert verdict["peak_at_least_1.2"]
+    assert not verdict["never_below_1.0"]          # 1/1.05 < 1
+    assert not verdict["never_below_odc_balanced"]  # 0.952 < 1.111
+
+
+def test_padded_lb_mini_runs_unpacked_and_every_config_shares_the_path_flags():
+    assert "--no-pack-sequences" in sweep.config_flags("padded", "odc+lb-mini")
+    for config in sweep.CONFIGS:
+        assert sweep.config_flags("packed", config)[:3] == sweep.PATHS["packed"]
+
+
+@pytest.mark.parametrize("lock_step, expected", [(False, 5.0), (True, 3.0 + 2.0 + 1.0)])
+def test_data_parallel_step_odc_waits_once_collectives_every_microbatch(lock_step, expected):
+    costs = [[3.0, 1.0, 1.0], [1.0, 2.0]]  # replica 0 has 3 microbatches, replica 1 two
+    assert measure._data_parallel_step(costs, lock_step=lock_step) == expected
