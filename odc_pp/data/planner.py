@@ -122,18 +122,42 @@ def plan_minibatch(lengths: Sequence[int], num_replicas: int, *, max_tokens: int
         microbatches = _lb_mini_padded(array, num_replicas, max_tokens, cost_model,
                                        samples_per_microbatch, min_microbatches)
     elif mode == "lb-mini":
-        microbatches = []
-        for indices in balance_minibatch(array, num_replicas, cost_model):
-            groups = pack_microbatches(indices, array, max_tokens, cost_model or TokenCost(),
-                                       row_cost=True, segments=segment_attention)
-            groups = _split_until(groups, min_microbatches, array)
-            microbatches.append([sorted(group) for group in groups])
+        microbatches = _lb_mini_packed(array, num_replicas, max_tokens, cost_model,
+                                       samples_per_microbatch, min_microbatches,
+                                       segment_attention)
     else:
         microbatches = _balanced(array, num_replicas, max_tokens, cost_model,
                                  samples_per_microbatch, min_microbatches, packed)
     return MinibatchPlan(microbatches=microbatches,
                          costs=replica_costs(microbatches, array, cost_model, packed=packed,
                                              segments=segment_attention))
+
+
+def _lb_mini_packed(lengths: np.ndarray, num_replicas: int, max_tokens: int,
+                    cost_model: SampleCostModel | None, samples_per_microbatch: int | None,
+                    min_microbatches: int, segments: bool) -> list[list[list[int]]]:
+    """Packed lb-mini: replicas balanced by cost (any sample counts), each packed into
+    rows by what the rows cost as executed. ``balanced``'s packed plan under the same
+    flags is a candidate too (the smaller largest replica cost, then total, wins; ties
+    keep lb-mini's own), so lb-mini is never costlier than balanced."""
+    own = []
+    for indices in balance_minibatch(lengths, num_replicas, cost_model):
+        groups = pack_microbatches(indices, lengths, max_tokens, cost_model or TokenCost(),
+                                   row_cost=True, segments=segments)
+        groups = _split_until(groups, min_microbatches, lengths)
+        own.append([sorted(group) for group in groups])
+    candidates = [own]
+    try:
+        candidates.append(_balanced(lengths, num_replicas, max_tokens, cost_model,
+                                    samples_per_microbatch, min_microbatches, True))
+    except ValueError:  # uneven counts or a cap balanced cannot meet: not a candidate
+        pass
+
+    def score(plan: list[list[list[int]]]) -> tuple[float, float]:
+        costs = replica_costs(plan, lengths, cost_model, packed=True, segments=segments)
+        return max(costs), sum(costs)
+
+    return min(candidates, key=score)
 
 
 def _lb_mini_padded(lengths: np.ndarray, num_replicas: int, max_tokens: int,

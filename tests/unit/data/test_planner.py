@@ -212,6 +212,24 @@ def test_unpacked_lb_mini_costs_padding_and_never_loses_to_balanced(per_replica)
                        for c, r in zip(lb.costs, lb.microbatches))
 
 
+@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("per_replica", [2, 4, 8, 16])
+def test_packed_lb_mini_never_loses_to_packed_balanced(per_replica, segments):
+    """Packed rows (CPU's one mask per row, or per-document attention): lb-mini's largest
+    replica is never costlier than balanced's under the same flags and cost model."""
+    cost = AttentionCost(quadratic_coef=1 / (6 * 256))
+    for seed in range(6):
+        lengths = _long_tail(seed, 2 * per_replica)
+        for cap, mbs in ((1024, 1), (2048, None)):
+            kw = dict(max_tokens=cap, cost_model=cost, samples_per_microbatch=mbs,
+                      packed=True, segment_attention=segments)
+            lb = plan_minibatch(lengths, 2, mode="lb-mini", **kw)
+            bal = plan_minibatch(lengths, 2, mode="balanced", **kw)
+            assert max(lb.costs) <= max(bal.costs) * (1 + 1e-9)
+            assert sorted(i for r in lb.microbatches for mb in r for i in mb) == \
+                list(range(len(lengths)))
+
+
 def test_packed_row_cost_is_the_row_length_under_one_mask():
     from odc_pp.data import microbatch_cost
 
