@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="6b: calibrate once, then measure two-rank configs (quiet "
                              "machine only)")
+    parser.add_argument("--repredict", default=None, metavar="FILE",
+                        help="6b without re-running: the measured rows of FILE's "
+                             "this_machine section, predicted again by the current model")
     parser.add_argument("--write-sample-cost", default=None,
                         help="with --measure: write the calibrated --sample-cost-model file")
     parser.add_argument("--output", default=None,
@@ -238,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.planner_measure import measure_section
 
         doc["this_machine"] = measure_section(cost_file=args.write_sample_cost)
+    elif args.repredict:
+        from benchmarks.planner_measure import predict_section
+
+        with open(args.repredict, encoding="utf-8") as handle:
+            doc["this_machine"] = predict_section(json.load(handle)["this_machine"])
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1)

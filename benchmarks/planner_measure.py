@@ -12,12 +12,15 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    replica (ODC: the slowest replica; collective: lock step).
 3. Rounds alternate the configurations (the order rotates between rounds); each runs
    pretrain_gpt.py on 2 ranks with ``OMP_NUM_THREADS=1``; the first iteration is a
-   warm-up. Reported per configuration: median predicted and measured step time, min-max,
-   error and the load average before each run; overall median and worst error.
+   warm-up. Reported per configuration: the mean predicted and measured step over the
+   same iterations (each iteration's measured time is its median over the rounds), the
+   min-max, the error and the load average before each run; overall median and worst
+   error.
 
-Not modelled (the known weak points): the optimizer step and the loss all-reduce,
-pipeline transfer time (gloo, t_comm = 0), the embedding and output layer (layers split
-evenly over stages), and variation of microbatch costs inside a replica (mean costs).
+Each microbatch is simulated at its own cost (``CostModel.microbatch_scale``), so uneven
+lengths leave the bubbles they make. Not modelled (the known weak points): the optimizer
+step and the loss all-reduce, pipeline transfer time (gloo, t_comm = 0), the embedding
+and output layer (layers split evenly over stages).
 """
 
 from __future__ import annotations
@@ -125,14 +128,16 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             out.append(_data_parallel_step(per_microbatch,
                                            lock_step=args.parallel.dp_mode == "collective"))
             continue
-        replicas = [(len(c), float(np.mean(c)) / stages) for c in per_microbatch]
-        if args.parallel.dp_mode == "collective" and dp > 1:
-            replicas = [(replicas[0][0], max(t for _, t in replicas))]
+        if args.parallel.dp_mode == "collective" and dp > 1:  # lock step
+            per_microbatch = [[max(c[j] for c in per_microbatch)
+                               for j in range(len(per_microbatch[0]))]]
         spans = []
-        for count, total in replicas:
-            costs = CostModel(t_f=total * shares["F"], t_b=total * shares["B"],
-                              t_w=total * shares["W"])
-            schedule = build_schedule(args.schedule, pp=pp, num_microbatches=count,
+        for costs_of in per_microbatch:
+            mean = float(np.mean(costs_of))
+            costs = CostModel(t_f=mean / stages * shares["F"], t_b=mean / stages * shares["B"],
+                              t_w=mean / stages * shares["W"],
+                              microbatch_scale=[c / mean for c in costs_of])
+            schedule = build_schedule(args.schedule, pp=pp, num_microbatches=len(costs_of),
                                       costs=CostModel())
             spans.append(simulate(schedule, costs).makespan)
         out.append(max(spans))
@@ -170,28 +175,49 @@ def measure_section(*, rounds: int = 3, iters: int = 4,
     load_before = os.getloadavg()
     runs: dict[str, list[list[float]]] = {}
     loads: dict[str, list[float]] = {}
-    configs = {f"{c}/{l}": MODEL + cf + lf for c, cf in CONFIGS.items()
-               for l, lf in LENGTHS.items() if f"{c}/{l}" in MEASURED}
+    configs = _configs()
     for round_index in range(rounds):  # configurations alternate round by round
         for name in rotated(list(configs), round_index):
             loads.setdefault(name, []).append(load_1min())
             runs.setdefault(name, []).append(_run(configs[name], iters)[1:])
             print(f"round {round_index} {name}: {runs[name][-1]}", file=sys.stderr,
                   flush=True)
-    rows, errors = [], []
-    for name, flags in configs.items():
-        predicted = predict(flags, calibration, range(1, iters))
+    rows = []
+    for name in configs:
         measured = [statistics.median(step[i] for step in runs[name])
                     for i in range(iters - 1)]
-        error = 100 * (statistics.median(predicted) - statistics.median(measured)) / \
-            statistics.median(measured)
-        errors.append(abs(error))
-        rows.append({"config": name, "predicted_s": statistics.median(predicted),
-                     "measured_median_s": statistics.median(measured),
+        rows.append({"config": name, "measured_median_s": statistics.median(measured),
+                     "measured_per_iteration_s": measured, "measured_runs_s": runs[name],
                      "measured_min_max_s": [min(min(r) for r in runs[name]),
                                             max(max(r) for r in runs[name])],
-                     "error_pct": round(error, 2), "load_1min": loads[name]})
-    return {"calibration": calibration, "rows": rows, "rounds": rounds,
-            "median_abs_error_pct": statistics.median(errors),
-            "worst_abs_error_pct": max(errors),
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+                     "load_1min": loads[name]})
+    section = {"calibration": calibration, "rows": rows, "rounds": rounds,
+               "iterations": iters, "loadavg_before": load_before,
+               "loadavg_after": os.getloadavg()}
+    return predict_section(section)
+
+
+def _configs() -> dict[str, list[str]]:
+    return {f"{c}/{l}": MODEL + cf + lf for c, cf in CONFIGS.items()
+            for l, lf in LENGTHS.items() if f"{c}/{l}" in MEASURED}
+
+
+def predict_section(section: dict) -> dict:
+    """``section`` (calibration and measured rows) with every row's prediction and error
+    from the current model: deterministic, so measured rows can be re-predicted without
+    re-running them (``bench_planner_validation.py --repredict``)."""
+    configs, errors = _configs(), []
+    iters = section.get("iterations", 4)
+    for row in section["rows"]:
+        predicted = predict(configs[row["config"]], section["calibration"], range(1, iters))
+        measured = row["measured_per_iteration_s"]
+        # the mean step over the same iterations (throughput), iteration for iteration
+        error = 100 * (statistics.fmean(predicted) - statistics.fmean(measured)) / \
+            statistics.fmean(measured)
+        row.update(predicted_s=statistics.fmean(predicted),
+                   measured_mean_s=statistics.fmean(measured),
+                   predicted_per_iteration_s=predicted, error_pct=round(error, 2))
+        errors.append(abs(error))
+    section.update(median_abs_error_pct=statistics.median(errors),
+                   worst_abs_error_pct=max(errors))
+    return section

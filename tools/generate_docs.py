@@ -5,7 +5,9 @@
   the table of flags pasted from Megatron-LM scripts;
 * README.md's results table, from benchmarks/results/*.json: each registered result file
   gives one row (its headline numbers), a file that is not there gives none. To add a
-  benchmark to the README, add a function to ROWS and rerun.
+  benchmark to the README, add a function to ROWS and rerun;
+* README.md's speed evidence: the LB-Mini sweep and the planner's validation tables (a)
+  and (b), from lb_mini_sweep.json and planner_validation.json.
 
     python tools/generate_docs.py           # rewrite both
     python tools/generate_docs.py --check   # exit 1 if either is stale
@@ -32,6 +34,8 @@ README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 BEGIN = "<!-- results-table:begin (tools/generate_docs.py) -->"
 END = "<!-- results-table:end -->"
+SPEED_BEGIN = "<!-- speed-evidence:begin (tools/generate_docs.py) -->"
+SPEED_END = "<!-- speed-evidence:end -->"
 
 
 # ----- docs/flags.md -------------------------------------------------------------------
@@ -227,12 +231,96 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def _result(name: str) -> dict | None:
+    path = os.path.join(RESULTS, name)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _ratio(entry: dict) -> str:
+    r = entry["speedup_vs_baseline"]
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def sweep_table(d: dict) -> list[str]:
+    """The LB-Mini sweep: speed-up over collective + balanced per batch and path."""
+    paths = sorted({p["path"] for p in d["points"]})
+    lines = ["| samples per replica | " + " | ".join(
+        f"{path}: ODC + LB-Mini | {path}: ODC + balanced" for path in paths) + " |",
+        "|---|" + "---|---|" * len(paths)]
+    for batch in sorted({p["samples_per_replica"] for p in d["points"]}):
+        cells = []
+        for path in paths:
+            (point,) = [p for p in d["points"]
+                        if p["path"] == path and p["samples_per_replica"] == batch]
+            cells += [_ratio(point["configs"]["odc+lb-mini"]),
+                      _ratio(point["configs"]["odc+balanced"])]
+        lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+    loads = [x for p in d["points"] for c in p["configs"].values() for x in c["load_1min"]]
+    return lines + ["", f"Median (min-max) over {d['settings']['rounds']} rounds, load average "
+                    f"{min(loads):.1f}-{max(loads):.1f}; the planner's cost model: "
+                    f"{'calibrated' if '--sample-cost-model' in d['settings']['model'] else 'FLOPs'}."]
+
+
+def paper_table(d: dict) -> list[str]:
+    """Validation (a): the zero-bubble paper's Table 4 from its Table 9 costs."""
+    lines = ["| schedule | ours: mean (max) error | bubble-only, same rows | bar | beaten |",
+             "|---|---|---|---|---|"]
+    for name, e in d["summary"].items():
+        if "/" in name:
+            continue
+        lines.append(f"| {name} | {e['ours_mean_abs_error_pct']:.2f}% "
+                     f"({e['ours_max_abs_error_pct']:.2f}%) | "
+                     f"{e['bubble_only_mean_abs_error_pct_same_rows']:.2f}% | "
+                     f"{e['bar_pct']}% | {'yes' if e['beats_bar'] else '**no**'} |")
+    return lines
+
+
+def machine_table(d: dict) -> list[str]:
+    """Validation (b): predicted vs measured step time of two-rank runs here."""
+    lines = ["| configuration / lengths | predicted s | measured s (min-max) | error |",
+             "|---|---|---|---|"]
+    for row in d["rows"]:
+        low, high = row["measured_min_max_s"]
+        lines.append(f"| {row['config']} | {row['predicted_s']:.3f} | "
+                     f"{row['measured_median_s']:.3f} ({low:.3f}-{high:.3f}) | "
+                     f"{row['error_pct']:+.1f}% |")
+    loads = [x for row in d["rows"] for x in row.get("load_1min", [])]
+    return lines + ["", f"{len(d['rows'])} configurations, {d['rounds']} rounds, load "
+                    f"{min(loads):.1f}-{max(loads):.1f}: median error "
+                    f"{d['median_abs_error_pct']:.1f}%, worst {d['worst_abs_error_pct']:.1f}%."]
+
+
+def speed_evidence() -> str:
+    """The README's sweep and validation tables (a part whose result is missing says so)."""
+    sweep, validation = _result("lb_mini_sweep.json"), _result("planner_validation.json")
+    out = ["**ODC + LB-Mini vs collective + balanced, dp=2, measured here** "
+           "([json](benchmarks/results/lb_mini_sweep.json)):", ""]
+    out += sweep_table(sweep) if sweep else ["(not measured)"]
+    out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows), each schedule's "
+            "throughput predicted from the paper's Table 9 costs relative to its measured "
+            "1F1B ([json](benchmarks/results/planner_validation.json)):", ""]
+    out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
+    out += ["", "**(b) This machine**, calibrated once from the profiler, 2 ranks x 1 "
+            "thread:", ""]
+    machine = (validation or {}).get("this_machine")
+    out += machine_table(machine) if machine else ["(not measured)"]
+    return "\n".join(out)
+
+
+def _between(text: str, begin: str, end: str, body: str) -> str:
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"README.md lacks the markers {begin!r} ... {end!r}")
+    return text[:start + len(begin)] + "\n" + body + "\n" + text[stop:]
+
+
 def replaced(readme: str) -> str:
-    """``readme`` with the text between the markers replaced by :func:`table`."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
-    return readme[:start + len(BEGIN)] + "\n" + table() + "\n" + readme[end:]
+    """``readme`` with the text between each pair of markers regenerated."""
+    readme = _between(readme, BEGIN, END, table())
+    return _between(readme, SPEED_BEGIN, SPEED_END, speed_evidence())
 
 
 def generated() -> dict[str, str]:

@@ -202,12 +202,25 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
 
 def _replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
                    link: float, memory: tuple[float, float, float]) -> CostModel:
+    """A replica's costs: per-stage means, each microbatch scaled by its own cost."""
     times = [_stage_times(config, cand, rows, length, docs) for rows, length, docs in shapes]
+    return _scaled_costs(config, cand, shapes, times, link, memory)
+
+
+def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
+                  times: list, link: float, memory: tuple[float, float, float]) -> CostModel:
+    """Mean F/B/W per stage over ``times`` (one (F, B, W) per microbatch), with
+    ``microbatch_scale`` = each microbatch's total over the mean total (uneven lengths
+    leave bubbles that a mean cost hides)."""
     mean = [np.mean([t[k] for t in times], axis=0).tolist() for k in range(3)]
+    totals = [float(np.sum(t)) for t in times]
+    average = float(np.mean(totals))
+    scale = [total / average for total in totals] if average > 0 else None
     tokens = float(np.mean([r * s for r, s, _ in shapes]))
     comm = tokens * config.model.hidden_size * 2 / cand.tp / link if cand.pp > 1 else 0.0
     return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
-                     mem_f=memory[0], mem_b=memory[1], mem_w=memory[2])
+                     mem_f=memory[0], mem_b=memory[1], mem_w=memory[2],
+                     microbatch_scale=scale)
 
 
 def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
@@ -261,9 +274,13 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
             raise ValueError("collective needs equal microbatch counts")
         count = counts.pop()
         own = [_replica_costs(config, cand, s, link, memory) for s in per_replica]
-        lock = CostModel(**{k: np.max([getattr(c, k) for c in own], axis=0).tolist()
-                            for k in ("t_f", "t_b", "t_w")},
-                         t_comm=max(c.t_comm for c in own))
+        # lock step: at every microbatch position the slowest replica's microbatch
+        times = [[_stage_times(config, cand, *shape) for shape in s] for s in per_replica]
+        slowest = [max((t[j] for t in times), key=lambda ft: float(np.sum(ft)))
+                   for j in range(count)]
+        widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
+                  for j in range(count)]
+        lock = _scaled_costs(config, cand, widest, slowest, link, memory)
         sim, _ = pipeline_time(cand.schedule, pp=cand.pp, num_microbatches=count,
                                costs=lock, offload_chunks=offload)
         busy = max(sim.busy)

@@ -59,6 +59,11 @@ class CostModel:
     """Activation memory change of B."""
     mem_w: float = -1.0
     """Activation memory change of W."""
+    microbatch_scale: Sequence[float] | None = None
+    """Relative compute cost of each microbatch (index: microbatch id; every F, B and W
+    of microbatch i takes ``scale[i]`` times its stage's time): variable-length data gives
+    microbatches of different cost, and their spread adds bubbles a mean cost hides. None:
+    every microbatch costs the same."""
 
     def __post_init__(self) -> None:
         for name in ("t_f", "t_b", "t_w"):
@@ -77,6 +82,12 @@ class CostModel:
         if not all(math.isfinite(getattr(self, n)) for n in ("mem_f", "mem_b", "mem_w")):
             raise ValueError(f"mem_f, mem_b and mem_w must be finite, got {self.mem_f}, "
                              f"{self.mem_b} and {self.mem_w}")
+        if self.microbatch_scale is not None:
+            scale = list(self.microbatch_scale)
+            if any(not math.isfinite(v) or v < 0 for v in scale):
+                raise ValueError(f"microbatch_scale must be finite non-negative numbers, got "
+                                 f"{self.microbatch_scale!r}")
+            self.microbatch_scale = tuple(float(v) for v in scale)
         if abs(self.mem_f + self.mem_b + self.mem_w) > 1e-9:
             raise ValueError("memory deltas must sum to zero (mem_f + mem_b + mem_w == 0): "
                              "a microbatch's activations must be freed by its backward")
@@ -106,6 +117,15 @@ class CostModel:
         if self.offload_bandwidth is None:
             raise ValueError("offload needs offload_bandwidth (--offload-bandwidth)")
         return 1.0 / self.offload_bandwidth
+
+    def scale_of(self, microbatch: int) -> float:
+        """The relative cost of ``microbatch`` (1 without ``microbatch_scale``)."""
+        if self.microbatch_scale is None:
+            return 1.0
+        if not 0 <= microbatch < len(self.microbatch_scale):
+            raise ValueError(f"microbatch_scale has {len(self.microbatch_scale)} entries; "
+                             f"microbatch {microbatch} has none")
+        return self.microbatch_scale[microbatch]
 
     def to_dict(self) -> dict:
         return asdict(self)

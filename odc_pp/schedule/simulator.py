@@ -314,6 +314,7 @@ class _Compiled:
                         duration = durations[(action.kind, stage)] = costs.compute_time(
                             action.kind, stage=stage, rank=rank, pp=self.pp,
                             num_stages=self.num_stages)
+                    duration *= costs.scale_of(action.microbatch)
                 elif code in (_OFFLOAD, _RELOAD):
                     duration = costs.offload_time
                 ops.append((code, key, deps, duration,

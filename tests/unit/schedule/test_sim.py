@@ -175,3 +175,35 @@ def test_score_is_the_simulated_objective_with_cutoff_and_memory(one_f_one_b):
     assert score(schedule, costs, memory_limit=max(full.peak_activation) - 0.5) is None
     with pytest.raises(ValueError, match="objective"):
         score(schedule, costs, objective="latency")
+
+
+def test_microbatch_scale_multiplies_each_microbatchs_compute():
+    """Variable-length microbatches: pp = 1 runs them back to back, so the makespan is the
+    sum of the scaled costs; all-ones equals no scale."""
+    from odc_pp.schedule.generators import generate
+
+    single = generate("1f1b", pp=1, num_microbatches=3)
+    scaled = simulate(single, CostModel(t_f=1, t_b=1, t_w=1, microbatch_scale=[0.5, 2, 1]))
+    assert scaled.makespan == pytest.approx(3 * (0.5 + 2 + 1))
+    sched = generate("zb-h1", pp=4, num_microbatches=8)
+    ones = simulate(sched, CostModel(microbatch_scale=[1.0] * 8)).makespan
+    assert ones == pytest.approx(simulate(sched, CostModel()).makespan)
+
+
+def test_uneven_microbatches_cost_more_than_their_mean_in_a_pipeline():
+    """The same total work in uneven microbatches leaves bubbles a mean cost hides."""
+    from odc_pp.schedule.generators import generate
+
+    sched = generate("1f1b", pp=4, num_microbatches=8)
+    uneven = [3.0, 0.2, 0.2, 0.2, 3.0, 0.2, 0.2, 2.0]
+    mean = sum(uneven) / len(uneven)
+    flat = simulate(sched, CostModel(t_f=mean, t_b=mean, t_w=mean)).makespan
+    real = simulate(sched, CostModel(microbatch_scale=uneven)).makespan
+    assert real > flat * 1.05
+
+
+def test_microbatch_scale_is_validated():
+    with pytest.raises(ValueError, match="microbatch_scale"):
+        CostModel(microbatch_scale=[1.0, -1.0])
+    with pytest.raises(ValueError, match="microbatch 2 has none"):
+        CostModel(microbatch_scale=[1.0, 1.0]).scale_of(2)
