@@ -136,21 +136,6 @@ def _odc(d: dict) -> str:
             f"than PyTorch FSDP2 + balanced ({where})")
 
 
-def _lb_mini(d: dict) -> str:
-    parts = []
-    for path, v in d["verdict"].items():
-        points = [p for p in d["points"] if p["path"] == path]
-        ratios = " / ".join(
-            f"{p['configs']['odc+lb-mini']['speedup_vs_baseline']['median']:.2f}"
-            for p in points)
-        batches = "/".join(str(p["samples_per_replica"]) for p in points)
-        parts.append(f"{path} {ratios}x at {batches} samples per replica")
-    loads = [x for p in d["points"] for c in p["configs"].values() for x in c["load_1min"]]
-    return (f"dp=2 (pretrain_gpt.py, 2 ranks x 1 thread, {d['settings']['rounds']} "
-            f"rounds, {_loads(loads)}): ODC + LB-Mini vs collective + balanced, "
-            + "; ".join(parts))
-
-
 def _transport(d: dict) -> str:
     row = max(d["rows"], key=lambda r: r["mib"])
     return (f"at {row['mib']:.0f} MiB: gather {row['gather_vs_gloo_all_gather']:.1f}x gloo "
@@ -205,7 +190,6 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "paper_tables.json": ("bench_paper_tables.py", _paper),
     "v_schedules.json": ("bench_v_schedules.py", _v),
     "runtime_cpu.json": ("bench_runtime.py", _runtime),
-    "lb_mini_sweep.json": ("bench_lb_mini.py", _lb_mini),
     "odc_cpu.json": ("bench_odc.py", _odc),
     "transport_cpu_2ranks.json": ("bench_transport.py", _transport),
     "post_validation_cpu.json": ("bench_post_validation.py", _post_validation),
@@ -280,15 +264,12 @@ def paper_table(d: dict) -> list[str]:
 
 def machine_table(d: dict) -> list[str]:
     """Validation (b): predicted vs measured step time of two-rank runs here."""
-    lines = ["| configuration / lengths | predicted mean step, s | measured mean step, s "
-             "(fastest-slowest step) | error |", "|---|---|---|---|"]
+    lines = ["| config / lengths | predicted s | measured s | error |", "|---|---|---|---|"]
     for row in d["rows"]:
-        low, high = row["measured_min_max_s"]
-        lines.append(f"| {row['config']} | {row['predicted_s']:.3f} | "
-                     f"{row['measured_mean_s']:.3f} ({low:.3f}-{high:.3f}) | "
-                     f"{row['error_pct']:+.1f}% |")
+        lines.append(f"| {row['config']} | {row['predicted_s']:.2f} | "
+                     f"{row['measured_mean_s']:.2f} | {row['error_pct']:+.1f}% |")
     loads = [x for row in d["rows"] for x in row.get("load_1min", [])]
-    return lines + ["", f"{len(d['rows'])} configurations, {d['rounds']} rounds, load "
+    return lines + ["", f"Mean step over the same iterations, {d['rounds']} rounds, load "
                     f"{min(loads):.1f}-{max(loads):.1f}: median error "
                     f"{d['median_abs_error_pct']:.1f}%, worst {d['worst_abs_error_pct']:.1f}%."]
 
@@ -299,12 +280,11 @@ def speed_evidence() -> str:
     out = ["**ODC + LB-Mini vs collective + balanced, dp=2, measured here** "
            "([json](benchmarks/results/lb_mini_sweep.json)):", ""]
     out += sweep_table(sweep) if sweep else ["(not measured)"]
-    out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows), each schedule's "
-            "throughput predicted from the paper's Table 9 costs relative to its measured "
-            "1F1B ([json](benchmarks/results/planner_validation.json)):", ""]
+    out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows) from its Table 9 "
+            "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
+            ""]
     out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
-    out += ["", "**(b) This machine**, calibrated once from the profiler, 2 ranks x 1 "
-            "thread:", ""]
+    out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated once:", ""]
     machine = (validation or {}).get("this_machine")
     out += machine_table(machine) if machine else ["(not measured)"]
     return "\n".join(out)
