@@ -273,9 +273,11 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
         if len(counts) != 1:
             raise ValueError("collective needs equal microbatch counts")
         count = counts.pop()
-        own = [_replica_costs(config, cand, s, link, memory) for s in per_replica]
-        # lock step: at every microbatch position the slowest replica's microbatch
+        # each microbatch's stage times, computed once for the replicas and the lock step
         times = [[_stage_times(config, cand, *shape) for shape in s] for s in per_replica]
+        own = [_scaled_costs(config, cand, s, t, link, memory)
+               for s, t in zip(per_replica, times)]
+        # lock step: at every microbatch position the slowest replica's microbatch
         slowest = [max((t[j] for t in times), key=lambda ft: float(np.sum(ft)))
                    for j in range(count)]
         widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
