@@ -155,16 +155,24 @@ def with_full_recompute(costs: CostModel, fractions: Sequence[float],
     return replace(costs, t_b=t_b)
 
 
-def transformer_layer_flops(batch: int, seq: int, hidden: int,
-                            ffn_hidden: int) -> tuple[float, float, float]:
+def transformer_layer_flops(batch: int, seq: int, hidden: int, ffn_hidden: int, *,
+                            query_width: int | None = None, kv_width: int | None = None,
+                            gated_mlp: bool = False) -> tuple[float, float, float]:
     """Forward, input-gradient (B) and weight-gradient (W) FLOPs of one transformer layer
-    on one ``[batch, seq]`` microbatch (multiply-add = 2 FLOPs). Weight matmuls (qkv and
-    projection ``4 h^2``, MLP ``2 h f``) cost ``2 b s (4 h^2 + 2 h f)`` in F, again in B and
-    in W; attention scores and values cost ``4 b s^2 h`` in F and twice that in B (no
-    causal halving, as in Megatron-LM and torchtitan). The one FLOPs formula of the
-    project: the offload tuner's cost estimate and the training log's TFLOP/s use it."""
-    dense = 2 * batch * seq * (4 * hidden * hidden + 2 * hidden * ffn_hidden)
-    attention = 4 * batch * seq * seq * hidden
+    on one ``[batch, seq]`` microbatch (multiply-add = 2 FLOPs), Megatron-LM's formula
+    (``num_floating_point_operations``): per token the query and output projections
+    ``2 h q`` (``q`` = heads x kv_channels, ``h`` by default), the key and value
+    projections ``2 h k`` (``k`` = query groups x kv_channels: GQA makes them smaller),
+    the MLP ``2 h f``, or ``3 h f`` with a gated MLP (SwiGLU's fc1 has ``2 f`` outputs);
+    each costs ``2 b s x`` in F, again in B and in W. Attention scores and values cost
+    ``4 b s^2 q`` in F and twice that in B (no causal halving, as in Megatron-LM and
+    torchtitan). The one FLOPs formula of the project: the offload tuner's cost
+    estimate, the planner and the training log's TFLOP/s and MFU use it."""
+    query = hidden if query_width is None else query_width
+    kv = query if kv_width is None else kv_width
+    weights = 2 * hidden * query + 2 * hidden * kv + (3 if gated_mlp else 2) * hidden * ffn_hidden
+    dense = 2 * batch * seq * weights
+    attention = 4 * batch * seq * seq * query
     return float(dense + attention), float(dense + 2 * attention), float(dense)
 
 

@@ -15,7 +15,7 @@ from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedToke
                          global_batch_indices, pack, plan_minibatch)
 from odc_pp.data.blending import BlendedSource, parse_blend
 from odc_pp.data.splits import DocumentRange, split_bounds
-from odc_pp.schedule.costs import transformer_layer_flops
+from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
 
@@ -104,7 +104,7 @@ def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
     if jsonl:
         # pre-tokenized ids are bounded by the model's embedding, not the tokenizer
         return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab)
-    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad)
+    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab)
 
 
 def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
@@ -125,9 +125,12 @@ def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:
     """A sample's training cost ``s + q s^2`` from the project's FLOPs formula
-    (:func:`~odc_pp.schedule.costs.transformer_layer_flops`: F + B + W of one layer)."""
+    (:meth:`~odc_pp.training.throughput.ModelShape.layer_flops`: F + B + W of one layer,
+    GQA and SwiGLU counted)."""
+    shape = ModelShape.of(model, vocab_size=0)
+
     def flops(seq: int) -> float:
-        return sum(transformer_layer_flops(1, seq, model.hidden_size, model.ffn_hidden_size))
+        return sum(shape.layer_flops(1, seq))
 
     quadratic = (flops(2) - 2 * flops(1)) / 2  # flops(s) = linear s + quadratic s^2
     return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))

@@ -5,10 +5,14 @@ Model FLOPs of one microbatch of ``b`` samples padded to ``s`` tokens (forward +
 the usual 3x forward; multiply-add = 2 FLOPs):
 
 * matrix multiplies with weights: ``6 * b * s * P``, where ``P`` counts the weights that
-  multiply activations: per layer ``4 h^2`` (qkv and projection) + ``2 h f`` (the MLP), and
+  multiply activations: per layer ``2 h q + 2 h k`` (query and output projections, key and
+  value projections: GQA's are smaller) + ``2 h f`` (the MLP; ``3 h f`` with SwiGLU), and
   the output layer ``V h``; embeddings, norms and biases do no matmul;
-* attention scores and their product with values: ``12 * L * h * b * s^2`` (no causal
+* attention scores and their product with values: ``12 * L * q * b * s^2`` (no causal
   halving, as in Megatron-LM and torchtitan).
+
+This is Megatron-LM's ``num_floating_point_operations`` (``12 B s L h^2 ((1 + g/a + s/h)
++ 1.5 f/h + V / (2 L h))`` for a SwiGLU GQA model with kv_channels = h/a).
 
 ``tests/dist/training/test_throughput.py`` checks this formula against
 ``torch.utils.flop_counter.FlopCounterMode`` run over forward and backward of the real
@@ -27,7 +31,7 @@ from odc_pp.schedule.costs import transformer_layer_flops
 from odc_pp.planner.offload_tuner import PRESETS
 
 __all__ = ["ModelShape", "flops_per_microbatch", "microbatch_flops", "default_peak_tflops",
-           "peak_memory_mb"]
+           "peak_memory_mb", "peak_allocated_mb"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,14 +46,37 @@ class ModelShape:
     """MLP hidden size f."""
     vocab_size: int
     """Padded vocabulary V (the output layer's rows)."""
+    query_width: int | None = None
+    """Attention heads x kv_channels (q); None: hidden_size."""
+    kv_width: int | None = None
+    """Query groups x kv_channels (k, the width of K and of V); None: query_width (MHA)."""
+    gated_mlp: bool = False
+    """SwiGLU: the MLP multiplies 3 h f weights instead of 2 h f."""
+
+    @classmethod
+    def of(cls, model, vocab_size: int) -> "ModelShape":
+        """The shape of ``--num-layers`` ... (a :class:`~odc_pp.training.arguments.ModelArgs`)
+        with ``vocab_size`` embedding rows."""
+        heads = model.num_attention_heads
+        channels = model.kv_channels or model.hidden_size // heads
+        groups = (model.num_query_groups or heads) if model.group_query_attention else heads
+        return cls(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                   ffn_hidden_size=model.ffn_hidden_size, vocab_size=vocab_size,
+                   query_width=heads * channels, kv_width=groups * channels,
+                   gated_mlp=bool(model.swiglu))
+
+    def layer_flops(self, batch: int, seq: int) -> tuple[float, float, float]:
+        """F, B and W FLOPs of one layer on a ``[batch, seq]`` microbatch."""
+        return transformer_layer_flops(batch, seq, self.hidden_size, self.ffn_hidden_size,
+                                       query_width=self.query_width, kv_width=self.kv_width,
+                                       gated_mlp=self.gated_mlp)
 
 
 def flops_per_microbatch(shape: ModelShape, batch: int, seq: int) -> float:
     """Forward + backward model FLOPs of one ``[batch, seq]`` microbatch: every layer's
     F + B + W (:func:`odc_pp.schedule.costs.transformer_layer_flops`) and the output
     layer's ``6 b s V h``."""
-    per_layer = sum(transformer_layer_flops(batch, seq, shape.hidden_size,
-                                            shape.ffn_hidden_size))
+    per_layer = sum(shape.layer_flops(batch, seq))
     return shape.num_layers * per_layer + 6.0 * batch * seq * shape.vocab_size * \
         shape.hidden_size
 
@@ -87,3 +114,11 @@ def peak_memory_mb(device: torch.device) -> float:
         return torch.cuda.max_memory_reserved(device) / 2 ** 20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10
+
+
+def peak_allocated_mb(device: torch.device) -> float:
+    """Peak memory held by tensors: ``torch.cuda.max_memory_allocated`` on a GPU (what the
+    dry run predicts), the peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return peak_memory_mb(device)

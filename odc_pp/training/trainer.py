@@ -49,7 +49,8 @@ from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
 from .save_lock import lock_save_dir
 from .tracing import TraceRecorder
-from .throughput import ModelShape, default_peak_tflops, microbatch_flops, peak_memory_mb
+from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
+                         peak_memory_mb)
 
 __all__ = ["Trainer", "StepStats", "TrainingStopped"]
 
@@ -135,8 +136,8 @@ class StepStats:
         self.loss = float(loss_sum) / tokens
 
 
-_GATHERED = ("busy_s", "idle_s", "peak_activation_mb", "peak_memory_mb", "window_flops",
-             "window_time", "wgrad_held_mb")
+_GATHERED = ("busy_s", "idle_s", "peak_activation_mb", "peak_memory_mb",
+             "peak_allocated_mb", "window_flops", "window_time", "wgrad_held_mb")
 """The per-rank values every log record gathers from every rank."""
 
 
@@ -179,10 +180,7 @@ class Trainer:
             **wandb_settings(args)) if topo.rank == 0 else None
         self.records: list[dict] = []
         self.window = Window()
-        self.shape = ModelShape(num_layers=args.model.num_layers,
-                                hidden_size=args.model.hidden_size,
-                                ffn_hidden_size=args.model.ffn_hidden_size,
-                                vocab_size=self.vocab)
+        self.shape = ModelShape.of(args.model, self.vocab)
         self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
         self.skipped_in_a_row = 0
         self.replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
@@ -347,6 +345,7 @@ class Trainer:
         mine = {"busy_s": stats.busy_s, "idle_s": stats.step_s - stats.busy_s,
                 "peak_activation_mb": stats.peak_memory_mb,
                 "peak_memory_mb": peak_memory_mb(self.topo.device),
+                "peak_allocated_mb": peak_allocated_mb(self.topo.device),
                 "window_flops": window.flops, "window_time": window.time_s,
                 "wgrad_held_mb": stats.wgrad_held_mb}
         ranks = self._gather(mine)
@@ -361,6 +360,7 @@ class Trainer:
                   "idle_s": [r["idle_s"] for r in ranks],
                   "peak_activation_mb": max(r["peak_activation_mb"] for r in ranks),
                   "peak_memory_mb": max(r["peak_memory_mb"] for r in ranks),
+                  "peak_allocated_mb": max(r["peak_allocated_mb"] for r in ranks),
                   # bytes one (chunk, microbatch)'s deferred W holds from its B
                   "wgrad_held_mb": max(r["wgrad_held_mb"] for r in ranks),
                   "skipped": stats.skipped,

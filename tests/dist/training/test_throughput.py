@@ -12,16 +12,20 @@ from odc_pp.testing.launch import run_workers
 
 SHAPE = dict(vocab_size=96, hidden_size=32, num_layers=3, num_attention_heads=4,
              ffn_hidden_size=80, max_sequence_length=40)
+LLAMA = dict(SHAPE, activation="swiglu", num_query_groups=2, kv_channels=12,
+             position_embedding_type="rope", normalization="RMSNorm", add_bias_linear=False)
+"""SwiGLU, GQA (4 heads over 2 groups) and a head dimension other than h / a: Megatron's
+formula counts 3 h f for the MLP and g/a of the query width for K and V."""
 
 
-def worker(rank, world_size, out_path):
+def worker(rank, world_size, out_path, config=SHAPE):
     from torch.utils.flop_counter import FlopCounterMode
 
     from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.data.microbatch import Microbatch
 
-    (model,) = build_chunks(ModelConfig(**SHAPE), pp_rank=0, pp_size=1, seed=3,
+    (model,) = build_chunks(ModelConfig(**config), pp_rank=0, pp_size=1, seed=3,
                             process_groups=singleton_process_groups())
     counted = {}
     for batch, seq in [(1, 8), (2, 17), (3, 40)]:
@@ -34,13 +38,23 @@ def worker(rank, world_size, out_path):
         json.dump(counted, handle)
 
 
+def _shape(config: dict) -> ModelShape:
+    heads, channels = config["num_attention_heads"], config.get("kv_channels")
+    channels = channels or config["hidden_size"] // heads
+    return ModelShape(num_layers=config["num_layers"], hidden_size=config["hidden_size"],
+                      ffn_hidden_size=config["ffn_hidden_size"], vocab_size=config["vocab_size"],
+                      query_width=heads * channels,
+                      kv_width=config.get("num_query_groups", heads) * channels,
+                      gated_mlp=config.get("activation") == "swiglu")
+
+
 @pytest.mark.multiproc
-def test_flops_formula_matches_torch_flop_counter(tmp_path):
+@pytest.mark.parametrize("config", [SHAPE, LLAMA], ids=["gpt", "swiglu-gqa"])
+def test_flops_formula_matches_torch_flop_counter(tmp_path, config):
     out = tmp_path / "flops.json"
-    run_workers(worker, 1, str(out))
+    run_workers(worker, 1, str(out), config)
     counted = json.loads(out.read_text())
-    shape = ModelShape(num_layers=SHAPE["num_layers"], hidden_size=SHAPE["hidden_size"],
-                       ffn_hidden_size=SHAPE["ffn_hidden_size"], vocab_size=SHAPE["vocab_size"])
+    shape = _shape(config)
     for key, flops in counted.items():
         batch, seq = map(int, key.split("x"))
         assert flops_per_microbatch(shape, batch, seq) == pytest.approx(flops, rel=1e-9), key
@@ -49,3 +63,18 @@ def test_flops_formula_matches_torch_flop_counter(tmp_path):
 def test_peak_and_memory_readings_on_cpu():
     assert default_peak_tflops(torch.device("cpu")) is None
     assert peak_memory_mb(torch.device("cpu")) > 10  # this interpreter's resident set
+
+
+def test_model_shape_of_the_flags_is_megatrons_formula():
+    """ModelShape.of(--flags) for Llama-3-8B's layer shape gives Megatron-LM's
+    12 B s L h^2 ((1 + g/a + s/h) + 1.5 f/h + V / (2 L h)) (the issue's 6.55e14 per step
+    of 8 x 8192 tokens at 4 layers)."""
+    from types import SimpleNamespace
+    model = SimpleNamespace(num_layers=4, hidden_size=4096, ffn_hidden_size=14336,
+                            num_attention_heads=32, num_query_groups=8, kv_channels=None,
+                            group_query_attention=True, swiglu=True)
+    shape = ModelShape.of(model, 128256)
+    b, s, L, h, a, g, f, V = 8, 8192, 4, 4096, 32, 8, 14336, 128256
+    megatron = 12 * b * s * L * h * h * ((1 + g / a + s / h) + 1.5 * f / h + V / (2 * L * h))
+    assert flops_per_microbatch(shape, b, s) == pytest.approx(megatron, rel=1e-12)
+    assert megatron == pytest.approx(6.55e14, rel=2e-3)
