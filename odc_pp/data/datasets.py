@@ -89,7 +89,8 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
                     vocab_size: int | None = None) -> Sample | None:
     """One JSONL record -> :class:`Sample`. Formats (exactly one key of :data:`RECORD_KEYS`):
 
-    * ``{"text": ...}``: tokenized, plus end-of-document; every token scored.
+    * ``{"text": "..."}``: a string, tokenized, plus end-of-document; every token scored
+      (``null``, a number, a list or an object is an error, never its Python ``str()``).
     * ``{"messages": [{"role", "content"}, ...]}``: the tokenizer's chat template
       (``Tokenizer.encode_chat``); only assistant tokens scored.
     * ``{"input_ids": [...], "loss_mask": [...]}`` (pre-tokenized): L ids train L - 1
@@ -116,7 +117,11 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
         tokens, predicted = _pretokenized(record, *bound)
         return Sample(tokens=tokens[:seq_length + 1], loss_mask=predicted[:seq_length])
     if "text" in record:
-        tokens = tokenizer.encode(str(record["text"])) + [tokenizer.eod]
+        text = record["text"]
+        if not isinstance(text, str):
+            raise ValueError(f"'text' must be a JSON string, got a JSON {json_type(text)} "
+                             f"({json.dumps(text)[:40]})")
+        tokens = tokenizer.encode(text) + [tokenizer.eod]
         scored = [1] * len(tokens)
     else:
         tokens, scored = tokenizer.encode_chat(record["messages"])
@@ -241,10 +246,16 @@ def _why_unusable(path: str, encoded: list, seq_length: int) -> str:
 class IndexedTokenDataset:
     """Documents of Megatron indexed datasets (``prefix.bin`` / ``prefix.idx``), one
     sample per document, truncated to ``seq_length + 1`` tokens (no concatenation:
-    post-training keeps document boundaries)."""
+    post-training keeps document boundaries). With ``vocab_size`` (the model's embedding
+    rows) every token id of every ``.bin`` is checked when it is opened
+    (:func:`~.token_check.check_token_ids`): an id outside ``[0, vocab_size)`` is a
+    ValueError naming the file, document, position and id."""
 
-    def __init__(self, prefixes: Sequence[str], seq_length: int, pad_id: int) -> None:
+    def __init__(self, prefixes: Sequence[str], seq_length: int, pad_id: int, *,
+                 vocab_size: int | None = None) -> None:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        from .token_check import check_token_ids
 
         self.pad_id = pad_id
         self.seq_length = seq_length
@@ -254,6 +265,8 @@ class IndexedTokenDataset:
                 raise ValueError(f"--data-path {prefix!r}: no {prefix}.bin / {prefix}.idx "
                                  "(make them with tools/preprocess_data.py)")
             self.parts.append(IndexedDataset(prefix))
+            if vocab_size is not None:
+                check_token_ids(prefix, self.parts[-1], vocab_size)
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         long_enough = np.concatenate([p.sequence_lengths >= 2 for p in self.parts])
         self.valid = np.flatnonzero(long_enough)

@@ -85,7 +85,7 @@ def test_jsonl_text_and_messages(tmp_path):
     truncated = encode_document({"text": "x" * 100}, tok, seq_length=16)
     assert len(truncated.tokens) == 17
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": 1}\n{oops\n')
+    bad.write_text('{"text": "1"}\n{oops\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         JsonlDataset([str(bad)], tok, seq_length=16)
 
