@@ -34,6 +34,9 @@ Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME``
 * ``train-offload``: the offload schedule (``--cpu-offload``); the log's peak memory is the
   caching allocator's peak *reservation*.
 * ``train-zb-auto``: ZB-auto re-planned from measured costs (CUDA-event action timings).
+* ``step``: ``benchmarks/bench_gpu_step.py`` (issue 29): the Llama-3-8B-shaped step, full
+  rows (1f1b, zbv), the lb-mini packed path, unpacked rows and the Hugging Face baseline,
+  with the dry run's prediction; a check per run and per target.
 * ``bench-tp``: the GPU rows of ``benchmarks/bench_tp.py`` (tp=2 vs pp=2 vs pp=2 + offload,
   ``benchmarks/results/tp_gpu.json``); needs two GPUs, so on one it records ``bench_tp_gpu_skipped``.
 
@@ -79,6 +82,8 @@ BENCH_PATH = os.path.join("benchmarks", "results", "transport_gpu.json")
 GATHER_TARGET = 0.7
 """gather (rank 0 alone) / device-to-device copy at >= 64 MiB (issue 3's target)."""
 NO_DEVICE = "no CUDA device"
+STEP_BUDGET_S = 420
+"""The step stage's cap (its runs share it; setup and build come first in one call)."""
 
 # A small GPT that the GPU runs in seconds; the fp32 comparison uses a smaller one so the
 # CPU reference stays fast.
@@ -332,6 +337,36 @@ def _stage_bench_tp(context: Context) -> list[Check]:
                   detail=f"exit {status}: {_tail(output, 3)}")]
 
 
+def _stage_step(context: Context) -> list[Check]:
+    """benchmarks/bench_gpu_step.py: the Llama-3-8B-shaped step (full rows 1f1b / zbv, the
+    lb-mini packed path, unpacked, the Hugging Face baseline); one check per run and one
+    per issue-29 target (passed = met; the detail gives the distance)."""
+    out = os.path.join(context.log_dir, "gpu_step.json")
+    if os.path.exists(out):
+        os.remove(out)
+    budget = max(30, min(STEP_BUDGET_S, context.time_left() - 15))
+    status, output = run_command(
+        context, "step", [context.python, "benchmarks/bench_gpu_step.py", "--out", out,
+                          "--work", os.path.join(context.log_dir, "gpu_step"),
+                          "--budget-s", f"{budget:.0f}"], timeout_s=budget + 10)
+    if not os.path.exists(out):
+        return [Check(name="gpu_step", passed=False, detail=f"exit {status}: {_tail(output)}")]
+    with open(out) as handle:
+        result = json.load(handle)
+    checks = [Check(name=f"gpu_step_{name.replace('-', '_')}", passed=row.get("exit") == 0,
+                    detail=json.dumps({k: row[k] for k in ("step_s", "tokens_per_s", "mfu",
+                                                           "peak_allocated_gb", "error")
+                                       if k in row})[:600])
+              for name, row in result["runs"].items()]
+    for key, value in result.get("verdicts", {}).items():
+        target = result["targets"][key]
+        met = value <= target if key in ("packed_within_points_of_full",
+                                         "first_over_steady") else value >= target
+        checks.append(Check(name=f"gpu_step_target_{key}", passed=met,
+                            detail=f"{value:.3f} (target {target:g})"))
+    return checks
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(name="attention", summary="packed attention kernels vs the dense path, timings",
           timeout_s=420, run=_stage_attention),
@@ -358,6 +393,8 @@ STAGES: tuple[Stage, ...] = (
           timeout_s=560, run=_stage_offload),
     Stage(name="train-zb-auto", summary="pretrain_gpt.py: zb-auto re-planned from events",
           timeout_s=560, run=_stage_zb_auto),
+    Stage(name="step", summary="benchmarks/bench_gpu_step.py: the 8B-shaped step vs HF",
+          timeout_s=STEP_BUDGET_S + 20, run=_stage_step),
     Stage(name="bench-tp", summary="benchmarks/bench_tp.py on two GPUs (skipped on one)",
           timeout_s=600, run=_stage_bench_tp),
 )

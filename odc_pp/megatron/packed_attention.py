@@ -115,24 +115,42 @@ class PackedSegments:
         return self._block_mask
 
 
+FLEX_MIN_HEAD_DIM = 16
+"""Inductor's flex attention (compiled on CUDA) refuses smaller head dimensions; the eager
+CPU forward takes any."""
+FLASH_MAX_HEAD_DIM = 256
+"""Flash kernels take head dimensions that are multiples of 8, up to this."""
+
+
 def resolve_kernel(request: str, *, device: torch.device | str, dtype: torch.dtype,
-                   dropout: float, contiguous: bool = True, needs_grad: bool = False) -> str:
+                   dropout: float, contiguous: bool = True, needs_grad: bool = False,
+                   head_dim: int | None = None) -> str:
     """The kernel that runs (``varlen``, ``flex`` or ``dense``) for a request of
-    :data:`PACKED_KERNELS`; a request that cannot run here is one ValueError naming why."""
+    :data:`PACKED_KERNELS`; a request that cannot run here is one ValueError naming why.
+    ``auto`` never picks a kernel that cannot run the shape: flex needs a head dimension
+    of at least :data:`FLEX_MIN_HEAD_DIM`, varlen a multiple of 8 up to
+    :data:`FLASH_MAX_HEAD_DIM` (None: not known, assumed to fit)."""
     cuda = torch.device(device).type == "cuda"
+    flash_dim = head_dim is None or (head_dim % 8 == 0 and head_dim <= FLASH_MAX_HEAD_DIM)
+    flex_dim = not cuda or head_dim is None or head_dim >= FLEX_MIN_HEAD_DIM  # compiled on CUDA
     varlen_ok = cuda and dtype in _FLASH_DTYPES and dropout == 0.0 and contiguous and \
-        varlen_backend(1) is not None
+        flash_dim and varlen_backend(1) is not None
     if request == "auto":
-        return "varlen" if varlen_ok else "flex" if cuda and dropout == 0.0 else "dense"
+        return "varlen" if varlen_ok else \
+            "flex" if cuda and dropout == 0.0 and flex_dim else "dense"
     if request == "varlen" and not varlen_ok:
         raise ValueError(
             f"--packed-attention varlen needs CUDA, bf16/fp16, no attention dropout, "
             f"contiguous segments and torch.nn.attention.varlen or flash_attn (here: device "
             f"{torch.device(device)}, {dtype}, dropout {dropout}, contiguous {contiguous}, "
+            f"head dim {head_dim} (a multiple of 8, <= {FLASH_MAX_HEAD_DIM}), "
             f"varlen {'found' if varlen_backend(1) else 'missing'}); use auto or dense")
     if request == "flex" and (dropout > 0.0 or (not cuda and needs_grad)):
         raise ValueError("--packed-attention flex has no attention dropout and no CPU "
                          "backward; use auto or dense")
+    if request == "flex" and not flex_dim:
+        raise ValueError(f"--packed-attention flex needs a head dimension >= "
+                         f"{FLEX_MIN_HEAD_DIM} (here {head_dim}); use auto or dense")
     return request
 
 
@@ -203,7 +221,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if kernel is None:
         kernel = resolve_kernel(segments.kernel, device=q.device, dtype=q.dtype,
                                 dropout=dropout, contiguous=segments.contiguous,
-                                needs_grad=q.requires_grad)
+                                needs_grad=q.requires_grad, head_dim=q.shape[-1])
     batch, heads, seq, dim = q.shape
     if kernel == "varlen":
         if varlen is None:

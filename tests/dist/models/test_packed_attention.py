@@ -114,6 +114,15 @@ def test_kernel_choice_is_a_function_of_device_dtype_dropout(monkeypatch):
     cuda = dict(device="cuda", dropout=0.0)
     assert resolve_kernel("auto", dtype=torch.bfloat16, **cuda) == "varlen"
     assert resolve_kernel("auto", dtype=torch.float32, **cuda) == "flex"
+    # auto never picks a kernel that refuses the shape (Inductor's flex: head dim >= 16;
+    # flash: a multiple of 8 up to 256); the GPU test's fp32 model has head dim 8
+    assert resolve_kernel("auto", dtype=torch.float32, head_dim=8, **cuda) == "dense"
+    assert resolve_kernel("auto", dtype=torch.float32, head_dim=16, **cuda) == "flex"
+    assert resolve_kernel("auto", dtype=torch.bfloat16, head_dim=20, **cuda) == "flex"
+    assert resolve_kernel("auto", dtype=torch.bfloat16, head_dim=8, contiguous=False,
+                          **cuda) == "dense"
+    with pytest.raises(ValueError, match="head dimension >= 16"):
+        resolve_kernel("flex", dtype=torch.float32, head_dim=8, **cuda)
     assert resolve_kernel("auto", dtype=torch.bfloat16, contiguous=False, **cuda) == "flex"
     assert resolve_kernel("auto", device="cuda", dtype=torch.bfloat16, dropout=0.1) == "dense"
     assert resolve_kernel("auto", device="cpu", dtype=torch.float32, dropout=0.0) == "dense"
