@@ -18,14 +18,21 @@ Flags (Megatron-LM's meaning):
 
 Exit codes (of every worker): :data:`EXIT_PREEMPTED` (4) after a signal stop -- the run is
 not finished, resume it with ``--load``; 0 after ``--exit-duration-in-mins`` (as Megatron
-and ``--exit-interval``) or when the signal came during the last iteration. A second
-signal of the same kind kills the process at once (the default action is restored after
-the first).
+and ``--exit-interval``) or when the signal came during the last iteration.
+
+Repeated signals (SLURM signals every process of the job step, torchrun among them, and
+torchrun forwards its own SIGTERM to the workers a few ms later): the first asks for the
+save; every later one is logged and absorbed while the save is pending or running. The
+stop decision starts the save's grace period, :data:`REPEAT_GRACE_S` (torchrun's 30 s
+between its forwarded SIGTERM and its SIGKILL); only a signal that comes after that grace
+period kills the process (the default action). A hung job is ended by the scheduler's
+SIGKILL, as always.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -36,13 +43,17 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["EXIT_PREEMPTED", "EXIT_SIGNALS", "ExitDecision", "ExitController",
-           "TrainingInterrupted", "PROCESS_START"]
+           "TrainingInterrupted", "PROCESS_START", "REPEAT_GRACE_S"]
 
 EXIT_PREEMPTED = 4
 """Exit status of every worker after a signal stop (a checkpoint was saved with --save)."""
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """Signals ``--exit-signal`` may name (Megatron-LM's choices)."""
+
+REPEAT_GRACE_S = 30.0
+"""Seconds after the stop decision (the start of the save) during which repeated signals
+are absorbed; a signal after that kills (torchrun's grace between SIGTERM and SIGKILL)."""
 
 PROCESS_START = time.time()
 """When this module was first imported: the start of ``pretrain_gpt.py`` for
@@ -88,7 +99,8 @@ class ExitController:
                  duration_minutes: float | None = None, train_iters: int,
                  start_time: float = PROCESS_START,
                  reduce: Callable[[list[float]], list[float]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 grace_s: float = REPEAT_GRACE_S) -> None:
         unknown = [name for name in signals if name not in EXIT_SIGNALS]
         if unknown:
             raise ValueError(f"--exit-signal {unknown[0]} is not one of {EXIT_SIGNALS}")
@@ -106,6 +118,12 @@ class ExitController:
         """The first handled signal's number (0: none yet)."""
         self.decision = ExitDecision(stop=False)
         """The latest decision of :meth:`should_exit`."""
+        self.grace_s = grace_s
+        """Repeats are absorbed until this long after the stop decision (the save)."""
+        self.repeats = 0
+        """Handled signals after the first (logged and absorbed)."""
+        self.stopping_since: float | None = None
+        """``clock()`` at the stop decision: the save's grace period starts there."""
         self._previous: dict[int, object] = {}
 
     @classmethod
@@ -137,9 +155,21 @@ class ExitController:
 
     def _on_signal(self, number: int, frame) -> None:
         if not self.received:
-            self.received = number
-        # a second signal of this kind ends the process the default way
-        signal.signal(number, signal.SIG_DFL)
+            self.received = number  # ask for the save at the next iteration boundary
+            return
+        self.repeats += 1
+        name = signal.Signals(number).name
+        since = self.stopping_since
+        if since is not None and self.clock() - since > self.grace_s:
+            _say(f"{name} received {self.clock() - since:.1f} s after the save started "
+                 f"(grace {self.grace_s:g} s): exiting now")
+            signal.signal(number, signal.SIG_DFL)  # the default action, at once
+            os.kill(os.getpid(), number)
+            return
+        state = "the save is pending at the end of this iteration" if since is None else \
+            "the save is running"
+        _say(f"{name} received again (repeat {self.repeats}): absorbed, {state}; a signal "
+             f"more than {self.grace_s:g} s after the save started exits at once")
 
     # ----- the agreement --------------------------------------------------------------------
     def should_exit(self, iteration: int) -> ExitDecision:
@@ -160,14 +190,30 @@ class ExitController:
                 reason=f"--exit-duration-in-mins {self.duration_minutes:g} reached "
                        f"({minutes:.2f} minutes on the slowest rank): every rank stopped "
                        f"after iteration {iteration}")
+        if decision.stop and self.stopping_since is None:
+            self.stopping_since = self.clock()  # the save's grace period starts
         self.decision = decision
         return decision
 
     def finish(self) -> None:
         """After the loop: restore the handlers; raise :class:`TrainingInterrupted` when a
-        signal stopped the run before its last iteration."""
-        self.uninstall()
+        signal stopped the run before its last iteration. After a signal the handlers stay
+        (until :meth:`uninstall`): the process is on its way out with its status, and a late
+        repeat (torchrun's forwarded SIGTERM) must not turn that into a death by signal."""
+        if not self.received:
+            self.uninstall()
         if self.decision.stop and self.decision.exit_code:
             raise TrainingInterrupted(
                 f"interrupted: {self.decision.reason}; resume with --load",
                 self.decision.exit_code)
+
+
+def _say(message: str) -> None:
+    """One line on stderr from a signal handler: ``os.write`` (a buffered ``print`` could
+    re-enter a write the handler interrupted)."""
+    rank = os.environ.get("RANK")
+    prefix = f"rank {rank}: " if rank is not None else ""
+    try:
+        os.write(2, f"{prefix}{message}\n".encode())
+    except OSError:
+        pass

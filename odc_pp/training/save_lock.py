@@ -1,21 +1,41 @@
 """One job per ``--save`` directory: a lock file naming the job that writes there.
 
 ``SAVE/.odc-pp.lock`` holds, as JSON, the job id (SLURM's job id, else torchrun's run id),
-the host, the pid of rank 0 (and its start time in clock ticks, so a reused pid is not
-mistaken for the holder), the torchrun agent's pid and when it was taken. Rank 0 creates it
-with ``O_EXCL`` before anything is written into the directory:
+the attempt (``SLURM_RESTART_COUNT``, ``TORCHELASTIC_RESTART_COUNT``), the host, the pid
+of rank 0 (and its start time in clock ticks, so a reused pid is not mistaken for the
+holder), the torchrun agent's pid, a random token, the lease and the holder's last
+heartbeat. Rank 0 takes it before anything is written into the directory:
 
-* held by a **live** process (same host, pid alive with the same start time): refused, one
-  ``ValueError`` naming the holder and the file;
-* held by a **dead** process on this host, or by an earlier attempt of this job (the same
-  job id, after an elastic restart, possibly on another host): taken over, with a message;
-* held by another job on another host, whose liveness cannot be checked from here: refused,
-  saying to delete the file if that job is gone.
+* **Atomically.** The complete content is written to a temporary file which is then
+  hard-linked to the lock name (``os.link`` fails when the name exists, on local file
+  systems and NFS alike): of N concurrent starters exactly one creates the lock, and no
+  reader ever sees a half-written one. Taking over a stale lock is atomic the same way:
+  the starters that found the holder stale race to link ``.odc-pp.lock.takeover.TOKEN``
+  (TOKEN: the stale holder's); the one winner re-checks that the lock still names that
+  holder and replaces it, the others then see the new, live holder and are refused.
+* **A lease.** The holder refreshes its heartbeat every ``lease / 4`` seconds (a thread
+  of rank 0). The lease is :data:`LEASE_S` (60 s; ``ODC_PP_LOCK_LEASE_S`` sets another).
+  A holder on another host is alive for as long as its heartbeat is younger than its
+  lease (host clocks are assumed synchronised well within the lease, as NTP keeps them).
 
-The lock also yields the job's token (:attr:`SaveLock.token`), which makes the temporary
-directory names of a save unique per job. A run that ends normally removes its lock; a
-failing one removes it on its way out (:func:`~.failures.exit_after_failure`); a killed
-one leaves it for the next start to take over.
+Who may take over a held lock:
+
+* a holder on **this host** is alive when its pid runs with the recorded start time:
+  then refused, one ``ValueError`` naming the holder and the file; a dead one is taken
+  over, with a message;
+* an **earlier attempt of this job** (the same job id and a lower attempt: an elastic
+  restart or a SLURM requeue, whose earlier workers the launcher stopped first) is taken
+  over at once, on any host;
+* any other holder on **another host** is taken over only when its lease has expired.
+
+This host's name is ``ODC_PP_HOST_ID`` when set (containers sharing a host name, tests
+with fake hosts), else the host name. The lock also yields the job's token
+(:attr:`SaveLock.token`), which makes the temporary directory names of a save unique per
+job; leftovers (``.tmp_iter_*``) are removed only by the holder, so never while another
+job's lease is live. A run that ends normally removes its lock; a failing one removes it
+on its way out (:func:`~.failures.exit_after_failure`); a killed one leaves it for the
+next start to take over (at once on the same host or by a later attempt, after the lease
+from another host).
 """
 
 from __future__ import annotations
@@ -25,14 +45,49 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from .failures import at_failure_exit
 
-__all__ = ["LOCK_NAME", "LockOwner", "SaveLock", "current_owner", "job_id", "lock_save_dir"]
+__all__ = ["LEASE_S", "LOCK_NAME", "LockOwner", "SaveLock", "current_owner", "host_id",
+           "job_id", "lease_seconds", "lock_save_dir"]
 
 LOCK_NAME = ".odc-pp.lock"
+
+LEASE_S = 60.0
+"""Seconds a holder's heartbeat stays valid; it is refreshed every quarter of that."""
+
+TAKEOVER_WAIT_S = 30.0
+"""How long a starter waits for another starter's takeover of the same stale lock to
+finish before it gives up naming the takeover file."""
+
+
+def lease_seconds() -> float:
+    """The lease of a lock taken now: ``ODC_PP_LOCK_LEASE_S`` or :data:`LEASE_S`."""
+    text = os.environ.get("ODC_PP_LOCK_LEASE_S")
+    if not text:
+        return LEASE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"ODC_PP_LOCK_LEASE_S={text!r} is not a number of seconds > 0")
+    return value
+
+
+def host_id() -> str:
+    """This host's name in lock files: ``ODC_PP_HOST_ID`` when set, else the host name."""
+    return os.environ.get("ODC_PP_HOST_ID") or socket.gethostname()
+
+
+def attempt() -> list[int]:
+    """This start's attempt: ``[SLURM_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT]``
+    (a requeue raises the first, an elastic restart the second)."""
+    return [int(os.environ.get(name) or 0)
+            for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")]
 
 
 def job_id() -> str:
@@ -79,7 +134,7 @@ class LockOwner:
     job_id: str
     """:func:`job_id` of the holder."""
     host: str
-    """Host name of the holder's rank 0."""
+    """:func:`host_id` of the holder's rank 0."""
     pid: int
     """Process id of the holder's rank 0."""
     start_ticks: int | None
@@ -90,50 +145,81 @@ class LockOwner:
     """Random token of the holder (its temporary names include it)."""
     since: str
     """When the lock was taken (UTC)."""
+    attempt: list[int] = field(default_factory=lambda: [0, 0])
+    """:func:`attempt` of the holder: which start of its job it is."""
+    lease_s: float = LEASE_S
+    """The holder's lease: it is alive while its heartbeat is younger than this."""
+    heartbeat: float = 0.0
+    """``time.time()`` of the holder's last refresh."""
 
     def describe(self) -> str:
         return (f"job {self.job_id} (host {self.host}, pid {self.pid}, torchrun agent pid "
-                f"{self.agent_pid}, since {self.since})")
+                f"{self.agent_pid}, attempt {'.'.join(map(str, self.attempt))}, since "
+                f"{self.since})")
 
 
-def current_owner() -> LockOwner:
+def current_owner(*, host: str | None = None, lease_s: float | None = None) -> LockOwner:
+    """The lock content of this process (``host``/``lease_s``: tests' fake hosts)."""
     pid = os.getpid()
-    return LockOwner(job_id=job_id(), host=socket.gethostname(), pid=pid,
+    return LockOwner(job_id=job_id(), host=host or host_id(), pid=pid,
                      start_ticks=_start_ticks(pid), agent_pid=os.getppid(),
                      token=secrets.token_hex(4),
-                     since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                     since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     attempt=attempt(), lease_s=lease_s or lease_seconds(),
+                     heartbeat=time.time())
 
 
-def _read(path: str) -> LockOwner | None:
-    """The owner recorded in ``path``; None when it is unreadable (a torn write)."""
+def _read(path: str) -> tuple[LockOwner | None, str | None]:
+    """The owner recorded in ``path`` and its identity (the token, or the inode of an
+    unreadable file); ``(None, None)`` when there is no such file."""
     try:
         with open(path) as handle:
-            data = json.load(handle)
-        return LockOwner(**{key: data[key] for key in LockOwner.__dataclass_fields__})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_new(path: str, owner: LockOwner) -> bool:
-    """Create ``path`` holding ``owner``; False when it exists already."""
+            ident = f"ino{os.fstat(handle.fileno()).st_ino}"
+            text = handle.read()
+            mtime = os.fstat(handle.fileno()).st_mtime
+    except FileNotFoundError:
+        return None, None
+    except OSError:
+        return None, "unreadable"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(owner), handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return True
+        data = json.loads(text)
+        owner = LockOwner(**{key: data[key] for key in LockOwner.__dataclass_fields__
+                             if key in data})
+    except (ValueError, TypeError, AttributeError):
+        return None, ident
+    if "heartbeat" not in data:  # written by an older odc-pp: its mtime is the heartbeat
+        owner = replace(owner, heartbeat=mtime)
+    return owner, owner.token
 
 
-def _replace(path: str, owner: LockOwner) -> None:
-    tmp = f"{path}.{owner.token}"
+def _write_tmp(path: str, owner: LockOwner, suffix: str) -> str:
+    """A complete, flushed file ``path.TOKEN.SUFFIX`` holding ``owner``."""
+    tmp = f"{path}.{owner.token}.{suffix}"
     with open(tmp, "w") as handle:
         json.dump(asdict(owner), handle)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def _link_new(path: str, owner: LockOwner) -> bool:
+    """Create ``path`` holding ``owner``, atomically and complete; False when it exists."""
+    tmp = _write_tmp(path, owner, "new")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.remove(tmp)
+
+
+def _replace(path: str, owner: LockOwner) -> None:
+    os.replace(_write_tmp(path, owner, "swap"), path)
+
+
+def _takeover_path(path: str, ident: str) -> str:
+    return f"{path}.takeover.{ident}"
 
 
 class SaveLock:
@@ -143,55 +229,138 @@ class SaveLock:
         self.save = save
         self.path = os.path.join(save, LOCK_NAME)
         self.owner = owner
+        self.lost = ""
+        """Why this process no longer holds the lock (found by the heartbeat), or ''."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     @property
     def token(self) -> str:
         return self.owner.token
 
     @classmethod
-    def acquire(cls, save: str, *, out=None) -> "SaveLock":
+    def acquire(cls, save: str, *, out=None, host: str | None = None,
+                lease_s: float | None = None, heartbeat: bool = True) -> "SaveLock":
         """Take the lock of ``save`` (created if missing) or raise ValueError naming the
-        live holder (see the module doc)."""
+        live holder (see the module doc); the heartbeat thread runs until
+        :meth:`release`."""
         os.makedirs(save, exist_ok=True)
-        lock = cls(save, current_owner())
+        lock = cls(save, current_owner(host=host, lease_s=lease_s))
+        why = lock._take()
         at_failure_exit(lock.release)  # a failed start or run leaves no lock behind
-        if _write_new(lock.path, lock.owner):
-            return lock
-        holder = _read(lock.path)
-        why = lock._takeover_reason(holder)
-        _replace(lock.path, lock.owner)
-        if _read(lock.path) != lock.owner:  # another starter took it over at the same time
-            raise ValueError(f"--save {save}: another job took over the lock {lock.path} "
-                             f"at the same time as this one; one job per --save directory")
-        print(f"--save {save}: took over the lock {lock.path}: {why}", file=out or sys.stdout,
-              flush=True)
+        if why:
+            print(f"--save {save}: took over the lock {lock.path}: {why}",
+                  file=out or sys.stdout, flush=True)
+        if heartbeat:
+            lock._thread = threading.Thread(target=lock._beat, daemon=True,
+                                            name="odc-pp save lock heartbeat")
+            lock._thread.start()
         return lock
+
+    def _take(self) -> str:
+        """Create or take over the lock file; '' when created, else why it was taken over."""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while True:
+            if _link_new(self.path, self.owner):
+                return ""
+            holder, ident = _read(self.path)
+            if ident is None:  # released in between: try again
+                continue
+            why = self._takeover_reason(holder)  # ValueError while the holder is live
+            claim = _takeover_path(self.path, ident)
+            if self._claim(claim, holder):
+                try:
+                    if _read(self.path)[1] == ident:  # still the holder judged above
+                        _replace(self.path, self.owner)
+                        return why
+                finally:
+                    os.remove(claim)
+                continue
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"--save {self.save}: another starter has been taking over the lock "
+                    f"{self.path} for {TAKEOVER_WAIT_S:g} s ({claim}); if no job is "
+                    f"starting on this directory, delete {claim}")
+            time.sleep(0.01)  # the winner replaces the lock: then its holder is judged
+
+    def _claim(self, claim: str, holder: LockOwner | None) -> bool:
+        """Win the right to replace the stale lock (one starter wins); a claim left by a
+        starter that died while holding it is removed after a lease."""
+        if _link_new(claim, self.owner):
+            return True
+        try:
+            age = time.time() - os.stat(claim).st_mtime
+        except FileNotFoundError:
+            return False
+        if age > (holder.lease_s if holder else LEASE_S):
+            try:
+                os.remove(claim)
+            except FileNotFoundError:
+                pass
+        return False
 
     def _takeover_reason(self, holder: LockOwner | None) -> str:
         """Why a held lock may be taken over; ValueError when it may not."""
         if holder is None:
-            return "the lock file was unreadable (a torn write of a crashed start)"
+            return "the lock file was unreadable (damaged or written by something else)"
         me = self.owner
         if holder.host == me.host and holder.pid == me.pid:
             return "this process held it already"
+        earlier = holder.job_id == me.job_id and not holder.job_id.startswith("pid-") and \
+            list(holder.attempt) < list(me.attempt)
         if holder.host == me.host:
             if _alive(holder.pid, holder.start_ticks):
                 raise ValueError(
                     f"--save {self.save} is in use by {holder.describe()}: one job per --save "
                     f"directory (a second one would overwrite or prune its checkpoints). Give "
                     f"this job another --save, or stop that job first (lock file {self.path})")
-            same = " (an earlier attempt of this job)" if holder.job_id == me.job_id else ""
+            same = " (an earlier attempt of this job)" if earlier else ""
             return f"its holder {holder.describe()}{same} is no longer running"
-        if holder.job_id == me.job_id and not holder.job_id.startswith("pid-"):
+        if earlier:
             return f"it was held by an earlier attempt of this job: {holder.describe()}"
-        raise ValueError(
-            f"--save {self.save} is locked by {holder.describe()} on another host, which this "
-            f"host cannot check: one job per --save directory. If that job is gone, delete "
-            f"{self.path}; otherwise give this job another --save")
+        age = time.time() - holder.heartbeat
+        if age <= holder.lease_s:
+            raise ValueError(
+                f"--save {self.save} is locked by {holder.describe()} on another host, whose "
+                f"heartbeat is {max(age, 0.0):.0f} s old (lease {holder.lease_s:g} s): one job "
+                f"per --save directory. Give this job another --save, or stop that job; its "
+                f"lock {self.path} expires {holder.lease_s:g} s after its last heartbeat")
+        return (f"the lease of {holder.describe()} on another host expired (last heartbeat "
+                f"{age:.0f} s ago, lease {holder.lease_s:g} s)")
+
+    def refresh(self) -> bool:
+        """Renew the heartbeat; False (and :attr:`lost` says why) when another starter has
+        taken the lock over or is taking it over."""
+        holder, ident = _read(self.path)
+        if ident != self.token:
+            self.lost = (f"the lock {self.path} now names "
+                         f"{holder.describe() if holder else 'no holder'}")
+        elif os.path.exists(_takeover_path(self.path, self.token)):
+            self.lost = f"another starter is taking over the lock {self.path}"
+        if self.lost:
+            return False
+        self.owner = replace(self.owner, heartbeat=time.time())
+        _replace(self.path, self.owner)
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.owner.lease_s / 4):
+            try:
+                if self.refresh():
+                    continue
+            except OSError as exc:
+                self.lost = f"cannot refresh the lock {self.path}: {exc}"
+            print(f"--save {self.save}: this job lost its lock: {self.lost}; its lease had "
+                  f"expired (no heartbeat for {self.owner.lease_s:g} s)", file=sys.stderr,
+                  flush=True)
+            return
 
     def release(self) -> None:
-        """Remove the lock file if this process still holds it."""
-        if _read(self.path) == self.owner:
+        """Stop the heartbeat; remove the lock file if this process still holds it."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if _read(self.path)[1] == self.token:
             try:
                 os.remove(self.path)
             except FileNotFoundError:
@@ -227,7 +396,8 @@ def lock_save_dir(save: str | None, topo, *, out=sys.stdout) -> SaveLock | None:
 
 
 class _Unheld(SaveLock):
-    """Another rank's view of rank 0's lock: the token, never released from here."""
+    """Another rank's view of rank 0's lock: the token, never refreshed or released from
+    here."""
 
     def release(self) -> None:
         return None

@@ -71,15 +71,24 @@ def test_exit_duration_uses_the_slowest_rank():
     assert not alone.should_exit(7).stop
 
 
-def test_handler_sets_the_flag_and_a_second_signal_gets_the_default_action():
+def test_handler_sets_the_flag_and_absorbs_repeats_until_the_saves_grace_ends():
     previous = signal.getsignal(signal.SIGUSR1)
-    controller = ExitController(signals=("SIGUSR1",), train_iters=5,
-                                reduce=lambda mine: mine).install()
+    now = [100.0]
+    controller = ExitController(signals=("SIGUSR1",), train_iters=5, grace_s=30.0,
+                                reduce=lambda mine: mine, clock=lambda: now[0]).install()
     try:
         os.kill(os.getpid(), signal.SIGUSR1)
         assert controller.received == signal.SIGUSR1
-        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGUSR1)  # torchrun's forwarded copy: absorbed
+        assert controller.repeats == 1 and signal.getsignal(signal.SIGUSR1) != signal.SIG_DFL
         assert controller.should_exit(2).reason.startswith("SIGUSR1 received")
+        assert controller.stopping_since == 100.0  # the save's grace period starts
+        now[0] = 130.0
+        os.kill(os.getpid(), signal.SIGUSR1)  # within the grace: absorbed
+        assert controller.repeats == 2
+        with pytest.raises(TrainingInterrupted):
+            controller.finish()
+        assert signal.getsignal(signal.SIGUSR1) == controller._on_signal  # still absorbing
     finally:
         controller.uninstall()
         signal.signal(signal.SIGUSR1, previous)
@@ -133,10 +142,12 @@ def test_a_dead_holder_is_taken_over_with_a_message_and_released(tmp_path, capsy
 
 def test_another_hosts_lock_is_refused_unless_it_is_this_jobs_earlier_attempt(tmp_path,
                                                                               monkeypatch):
-    _holder(tmp_path, host="elsewhere", job_id="slurm-7", pid=1)
-    with pytest.raises(ValueError, match="on another host, which this host cannot check"):
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    _holder(tmp_path, host="elsewhere", job_id="slurm-7", pid=1, attempt=[0, 0])
+    with pytest.raises(ValueError, match="on another host, whose heartbeat is 0 s old"):
         SaveLock.acquire(str(tmp_path))
-    monkeypatch.setenv("SLURM_JOB_ID", "7")  # the same job restarted on another node
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # the same job requeued on another node
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     lock = SaveLock.acquire(str(tmp_path))
     assert lock.owner.job_id == "slurm-7"
     assert lock.token != current_owner().token  # unique per start
