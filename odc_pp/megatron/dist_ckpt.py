@@ -36,6 +36,7 @@ import re
 import torch
 
 from .compat import cpu_dist_checkpointing, megatron_sharded_state_dict
+from .dcp_reader import check_files, load_tensors, read_metadata
 from .recompute import canonical_name
 
 __all__ = ["TRACKER", "is_megatron_checkpoint", "megatron_checkpoint_dir",
@@ -79,17 +80,17 @@ def megatron_checkpoint_dir(load: str, iteration: int | None = None) -> tuple[in
 def read_megatron_tensors(directory: str) -> dict[str, torch.Tensor]:
     """Every tensor of a torch_dist checkpoint, whole (global shape), on the CPU. Local:
     no collective, every caller reads what it needs itself. Byte entries (``_extra_state``,
-    RNG states, parameter groups) are left out."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint import load as dcp_load
+    RNG states, parameter groups) are left out. Read by :mod:`.dcp_reader`: no code in the
+    files runs, and a missing, truncated or damaged file is a
+    :class:`~.dcp_reader.DamagedCheckpointError` naming it."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = FileSystemReader(directory)
-    metadata = reader.read_metadata()
+    metadata = read_metadata(directory)
+    check_files(directory, metadata)
     tensors = {key: torch.empty(entry.size, dtype=entry.properties.dtype)
                for key, entry in metadata.state_dict_metadata.items()
                if isinstance(entry, TensorStorageMetadata) and odc_names(key, 1) is not None}
-    dcp_load(tensors, storage_reader=reader, no_dist=True)
+    load_tensors(directory, tensors, metadata)
     return tensors
 
 

@@ -284,6 +284,10 @@ class CheckpointArgs:
     finetune: bool = False
     """With --load: take only the model weights (saved under any layout); optimizer state,
     RNG and iteration count start afresh (Megatron's --finetune; save elsewhere)."""
+    override_resume_iteration: int | None = None
+    """With --load: continue from iteration N whatever the checkpoint records. Without it
+    the iteration is the one the checkpoint records, and a directory name, `latest`,
+    meta.json or rank file that disagree stop the run (a renamed or symlinked checkpoint)."""
     save_interval: int | None = None
     """Save every N iterations (and at the end)."""
     keep_checkpoints: int = 2
@@ -570,6 +574,11 @@ def _validate_run(args: TrainingArgs) -> list[str]:
         problems.append("--load-optional needs --load DIR")
     if args.checkpoint.finetune and not args.checkpoint.load:
         problems.append("--finetune needs --load DIR (the checkpoint to start from)")
+    override = args.checkpoint.override_resume_iteration
+    if override is not None and (override < 0 or not args.checkpoint.load
+                                 or args.checkpoint.finetune):
+        problems.append(f"--override-resume-iteration {override} needs --load DIR, no "
+                        f"--finetune, and must be >= 0")
     if args.run.exit_interval is not None and args.run.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
     if args.run.exit_signal != "SIGTERM" and not args.run.exit_signal_handler:

@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -38,7 +39,7 @@ import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-__all__ = ["LATEST", "CorruptCheckpointError", "CheckpointSaver", "checkpoint_dir",
+__all__ = ["LATEST", "CorruptCheckpointError", "UntrustedCheckpointError", "safe_globals", "CheckpointSaver", "checkpoint_dir",
            "rank_file", "list_iterations", "write_rank_file", "load_rank_state", "read_meta",
            "save_checkpoint", "CheckpointWriteError", "prune_checkpoint", "remove_leftovers",
            "latest_iteration",
@@ -165,13 +166,47 @@ def _read_verified(path: str) -> bytes:
     return payload
 
 
+class UntrustedCheckpointError(ValueError):
+    """A checkpoint file holds a type our files never contain (a crafted or foreign pickle);
+    it was not loaded and none of its code ran (the message names the file)."""
+
+
+def safe_globals() -> list:
+    """The only non-tensor types a rank file may hold besides Python's builtin containers
+    and numbers (everything else is refused by ``torch.load(weights_only=True)``): NumPy's
+    RNG state, an ``ndarray`` of ``uint32``."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _refusal(message: str) -> str:
+    """What ``torch.load(weights_only=True)`` refused, without its advice to load the file
+    unsafely."""
+    found = re.search(r"GLOBAL (\S+) (was not an allowed global|whose module)", message)
+    if found:
+        return f"it imports {found.group(1)}"
+    advice = ("weights_only", "Weights only", "Check the documentation", "Please file an issue")
+    lines = [line.strip() for line in message.splitlines()
+             if line.strip() and not any(text in line for text in advice)]
+    return lines[0] if lines else "torch.load(weights_only=True) refused it"
+
+
 def load_rank_state(directory: str, rank: int) -> dict:
     """The state rank ``rank`` saved into a checkpoint directory, verified against its
-    checksum (:class:`CorruptCheckpointError` names a bad file)."""
+    checksum (:class:`CorruptCheckpointError` names a bad file) and unpickled without
+    executing code: ``weights_only=True`` with :func:`safe_globals` only
+    (:class:`UntrustedCheckpointError` names a file holding anything else)."""
     path = rank_file(directory, rank)
     payload = _read_verified(path)
     try:
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # a valid checksum: written like this on purpose
+        raise UntrustedCheckpointError(
+            f"checkpoint file {path} holds something odc-pp rank files never contain, so it "
+            f"was not loaded and none of its code ran (it was crafted or written by another "
+            f"program; see docs/checkpoints.md): {_refusal(str(exc))}") from None
     except Exception as exc:  # checksum matched: written this way, not damaged later
         raise CorruptCheckpointError(f"checkpoint file {path} cannot be unpickled: "
                                      f"{exc}") from exc

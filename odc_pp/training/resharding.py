@@ -29,6 +29,7 @@ import torch
 
 from ..megatron.tp_layout import Partition, partition_of
 from .checkpointing import load_rank_state, rank_file, read_meta
+from .resume_iteration import check_rank_iteration
 
 __all__ = ["STATE_NAMES", "unit_layout", "assemble_by_name", "owned_state",
            "read_optimizer_state", "restore_optimizer", "sharded_state"]
@@ -77,14 +78,17 @@ def _unit_tp(unit: dict) -> tuple[int, int, list]:
     return rank, size, unit.get("splits") or [None] * len(unit["names"])
 
 
-def assemble_by_name(directory: str, saved_world_size: int) -> tuple[int, dict[str, dict]]:
+def assemble_by_name(directory: str, saved_world_size: int, *, iteration: int | None = None
+                     ) -> tuple[int, dict[str, dict]]:
     """(optimizer step, {global name: {"shape", "master", "exp_avg", "exp_avg_sq"}}) from
     every rank file of a checkpoint directory (each verified, see
     :func:`~.checkpointing.load_rank_state`). Raises ValueError if a file has no layout
-    (saved before layouts were recorded) or an element is covered by no file."""
+    (saved before layouts were recorded), records another iteration than ``iteration``
+    (:func:`~.resume_iteration.check_rank_iteration`) or an element is covered by no file."""
     step, tensors, filled = None, {}, {}
     for rank in range(saved_world_size):
         state = load_rank_state(directory, rank)
+        check_rank_iteration(state, rank_file(directory, rank), iteration)
         if "layout" not in state:
             raise ValueError(f"{rank_file(directory, rank)} records no parameter layout, so "
                              f"it cannot be resumed under another parallel layout; resume "
@@ -180,24 +184,27 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
 
 
 def read_optimizer_state(directory: str, engine, *, rank: int, saved_world_size: int,
-                         exact: bool) -> tuple[dict, dict | None]:
+                         exact: bool, iteration: int | None = None
+                         ) -> tuple[dict, dict | None]:
     """(state for ``ShardedAdamW.load_state_dict`` on the engine's device, this rank's saved
     file or None). ``exact``: the checkpoint was saved under this parallel layout, so rank
     ``rank``'s own file is used as it is (bit-exact resume) when the units' layout it
     records equals ``engine``'s; otherwise (and without ``exact``) every file is read and
     the state is resharded by parameter name (the saved file is then None). Reads files
     only: nothing is applied, no peer is waited for (the caller applies the state and
-    calls ``engine.finish_step()``)."""
+    calls ``engine.finish_step()``). ``iteration``: every file read must record it (when
+    it records one)."""
     layout = unit_layout(engine)
     device = engine.owned_params()[0].device
     if exact:
         saved = load_rank_state(directory, rank)
+        check_rank_iteration(saved, rank_file(directory, rank), iteration)
         if saved.get("layout") == layout:
             state = dict(saved["optimizer"])
             for key in STATE_NAMES:
                 state[key] = [tensor.to(device) for tensor in state[key]]
             return state, saved
-    step, tensors = assemble_by_name(directory, saved_world_size)
+    step, tensors = assemble_by_name(directory, saved_world_size, iteration=iteration)
     return owned_state(tensors, step, layout, device), None
 
 

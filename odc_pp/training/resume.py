@@ -32,6 +32,7 @@ from .megatron_checkpoint import resume_from_megatron
 from .model_setup import hf_config_of
 from .resharding import assemble_by_name, owned_state, read_optimizer_state, sharded_state, \
     unit_layout
+from .resume_iteration import OVERRIDE_FLAG, recorded_iteration
 
 __all__ = ["MODEL_FLAGS", "MODEL_KEYS", "LAYOUT_KEYS", "checkpoint_meta", "model_differences",
            "check_save_dir", "retained_copies", "resume", "refuse_newer_checkpoints"]
@@ -201,8 +202,9 @@ def _candidates(load: str) -> tuple[str, object]:
 
 
 def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
-    """This rank's reading of one checkpoint: ("ok", how, (state, saved file or None)),
-    ("corrupt", message, None) or ("fatal", message, None). Local: waits for no peer."""
+    """This rank's reading of one checkpoint: ("ok", how, (state, saved file or None,
+    iteration it records)), ("corrupt", message, None) or ("fatal", message, None). Local:
+    waits for no peer."""
     try:
         meta = read_meta(directory)
         differences = model_differences(meta, now)
@@ -216,16 +218,20 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
                                 parts.engine.owned_params()[0].device)
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
-            return "ok", "finetune", (state, None)
+            return "ok", "finetune", (state, None, 0)
+        override = args.checkpoint.override_resume_iteration
+        recorded = meta.get("iteration") if override is not None else \
+            recorded_iteration(directory, meta)
         changed = [k for k in LAYOUT_KEYS if meta.get(k, _LAYOUT_DEFAULTS.get(k)) != now[k]]
         state, saved = read_optimizer_state(directory, parts.engine, rank=topo.rank,
                                             saved_world_size=meta["world_size"],
-                                            exact=not changed)
+                                            exact=not changed,
+                                            iteration=None if override is not None else recorded)
         if saved is not None:
-            return "ok", "exact", (state, saved)
+            return "ok", "exact", (state, saved, recorded)
         detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed) or \
             "the units' parameter layout differs"
-        return "ok", f"resharded ({detail}; RNG streams restart)", (state, None)
+        return "ok", f"resharded ({detail}; RNG streams restart)", (state, None, recorded)
     except (CorruptCheckpointError, OSError) as exc:  # unreadable: try an older one
         return "corrupt", str(exc), None
     except ValueError as exc:
@@ -241,7 +247,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
     A Megatron-LM torch_dist save directory is read by :mod:`.megatron_checkpoint`."""
     if _from_rank0(is_megatron_checkpoint(args.checkpoint.load) if topo.rank == 0 else None,
                    topo):
-        return resume_from_megatron(parts, args, topo, out=out)
+        return _overridden(args, *resume_from_megatron(parts, args, topo, out=out))
     kind, found = _from_rank0(_candidates(args.checkpoint.load) if topo.rank == 0 else None, topo)
     if kind == "error":
         raise ValueError(found)
@@ -267,7 +273,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
         if corrupt:
             skipped.append((iteration, corrupt))
             continue
-        state, saved = payload
+        state, saved, recorded = payload
         parts.optimizer.load_state_dict(state)
         parts.engine.finish_step()
         if message == "exact":
@@ -276,9 +282,19 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
             _report_fallback(args, topo, iteration, skipped)
         if message == "finetune":
             return 0, f"finetuning: weights of iteration {iteration}, fresh optimizer state"
-        return iteration, message
+        return _overridden(args, recorded, message)
     problems = "; ".join(m for _, messages in skipped for m in messages)
     raise ValueError(f"no checkpoint under --load {args.checkpoint.load} verifies: {problems}")
+
+
+def _overridden(args: TrainingArgs, recorded: int | None, how: str) -> tuple[int, str]:
+    """(iteration to continue from, how): ``--override-resume-iteration`` or the recorded
+    one."""
+    override = args.checkpoint.override_resume_iteration
+    if override is None:
+        return recorded, how
+    return override, f"{how}; iteration {override} by {OVERRIDE_FLAG}, the checkpoint " \
+                     f"records {recorded}"
 
 
 def _report_fallback(args: TrainingArgs, topo: Topology, iteration: int,
