@@ -1,5 +1,6 @@
-"""Preemption end to end (pretrain_gpt.py through torchrun, tiny GPT): SIGTERM to torchrun
-makes every rank finish the iteration, save it and exit; --load continues bit-exactly;
+"""Preemption end to end (pretrain_gpt.py through torchrun, tiny GPT): SIGTERM to the
+workers and to torchrun (SLURM's delivery; torchrun forwards it again) makes every rank
+finish the iteration, save it and exit; --load continues bit-exactly;
 --exit-duration-in-mins stops (and saves) on a wall-clock budget; a second job on the same
 --save is refused at start, naming the first."""
 
@@ -39,12 +40,35 @@ def _wait_for(condition, what: str, process, timeout: float = 240) -> None:
         time.sleep(0.05)
 
 
-def test_sigterm_saves_the_current_iteration_and_load_continues_bit_exactly(tmp_path):
+def _workers(torchrun: int) -> list[int]:
+    """The pretrain_gpt.py processes torchrun started (its children)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                command = handle.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == torchrun and b"pretrain_gpt.py" in command:
+            found.append(int(name))
+    return found
+
+
+def test_slurms_sigterm_saves_the_current_iteration_and_load_continues_bit_exactly(tmp_path):
+    """SLURM's recipe (docs/preemption.md): SLURM signals the workers and torchrun, and
+    torchrun forwards its own SIGTERM a few ms later; the repeat must not kill the save."""
     ckpt = tmp_path / "ckpt"
     process, log = start(FLAGS + ["--save", str(ckpt)], nproc=2, tmp_path=tmp_path,
                          name="interrupted")
     _wait_for(lambda: len(_records(log)) >= 3, "3 logged iterations", process)
-    process.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
+    workers = _workers(process.pid)
+    assert len(workers) == 2, workers
+    for pid in workers:  # SLURM: every process of the job step ...
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)  # ... torchrun too, which forwards it again
     run = finish(process, log, name="interrupted", timeout=180)
     done = run.records()[-1]["iteration"]
     assert 3 <= done < ITERS, run.describe()
