@@ -30,6 +30,7 @@ from export_checkpoint import export  # noqa: E402  (the one full-state assemble
 from odc_pp.megatron.compat import singleton_process_groups  # noqa: E402
 from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
 from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
+from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
 from odc_pp.training.checkpointing import checkpoint_dir, read_meta  # noqa: E402
 
 _OUTPUT = "model.output_layer.weight"
@@ -78,7 +79,8 @@ def export_megatron(load: str, output: str, iteration: int | None = None) -> tup
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(state[name])
-    return iteration, save_megatron_checkpoint(chunk, output, iteration, process_groups=groups)
+    return iteration, save_megatron_checkpoint(chunk, output, iteration, process_groups=groups,
+                                               args=megatron_args(config))
 
 
 def main(argv=None) -> int:

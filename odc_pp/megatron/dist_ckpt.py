@@ -137,12 +137,16 @@ def odc_state_from_megatron(tensors: dict[str, torch.Tensor], *, num_layers: int
     return weights, optimizer
 
 
-def save_megatron_checkpoint(chunk, save: str, iteration: int, *, process_groups) -> str:
+def save_megatron_checkpoint(chunk, save: str, iteration: int, *, process_groups,
+                             args=None) -> str:
     """Write ``chunk`` (a one-stage :class:`~odc_pp.megatron.model.GPTChunk` holding the
     whole model) as Megatron-LM does under ``--ckpt-format torch_dist``:
     ``save/iter_<iteration>/`` through megatron's ``dist_checkpointing.save`` with the
-    model's ``sharded_state_dict()`` under ``"model"``, and the tracker file. Needs
-    ``torch.distributed`` (one process). Returns the iteration directory."""
+    model's ``sharded_state_dict()`` under ``"model"``, and the tracker file. ``args``:
+    Megatron-LM's model-defining arguments (an ``argparse.Namespace``,
+    :func:`~.model_identity.megatron_args`), stored in ``common.pt`` as Megatron-LM does
+    and compared by every load. Needs ``torch.distributed`` (one process). Returns the
+    iteration directory."""
     from megatron.core import dist_checkpointing
 
     if not (chunk.is_first and chunk.is_last):
@@ -153,6 +157,8 @@ def save_megatron_checkpoint(chunk, save: str, iteration: int, *, process_groups
     os.makedirs(directory)
     state = {"model": megatron_sharded_state_dict(chunk.model, process_groups),
              "iteration": iteration, "checkpoint_version": 3.0}
+    if args is not None:
+        state["args"] = args
     with cpu_dist_checkpointing():
         dist_checkpointing.save(state, directory)
     with open(os.path.join(save, TRACKER), "w") as handle:

@@ -23,13 +23,14 @@ import torch.distributed as dist
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 from ..megatron.dist_ckpt import is_megatron_checkpoint
+from ..megatron.model_identity import identity_differences, identity_of_meta
 from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, capture_rng_state, checkpoint_bytes,
                             checkpoint_dir, free_space_problem, latest_iteration,
                             list_iterations, read_meta, remove_leftovers, save_dir_problem)
 from .distributed import Topology
 from .megatron_checkpoint import resume_from_megatron
-from .model_setup import hf_config_of
+from .model_setup import hf_config_of, model_config
 from .resharding import assemble_by_name, owned_state, read_optimizer_state, sharded_state, \
     unit_layout
 from .resume_iteration import OVERRIDE_FLAG, recorded_iteration
@@ -37,7 +38,8 @@ from .resume_iteration import OVERRIDE_FLAG, recorded_iteration
 __all__ = ["MODEL_FLAGS", "MODEL_KEYS", "LAYOUT_KEYS", "checkpoint_meta", "model_differences",
            "check_save_dir", "retained_copies", "resume", "refuse_newer_checkpoints"]
 
-# the model configuration: must equal the saved values (another model cannot be resumed)
+# the model configuration: must equal the saved values (another model cannot be resumed);
+# compared by the one model-identity check (odc_pp.megatron.model_identity)
 MODEL_FLAGS = {
     "num_layers": "--num-layers",
     "hidden_size": "--hidden-size",
@@ -60,7 +62,7 @@ MODEL_FLAGS = {
 _ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
     "normalization", "norm_epsilon", "swiglu", "num_query_groups", "kv_channels",
     "position_embedding_type", "rotary_base", "disable_bias_linear", "add_qkv_bias",
-    "qk_layernorm")}
+    "qk_layernorm", "untie_embeddings", "use_rope_scaling", "rope_scaling_factor")}
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size",
@@ -80,16 +82,15 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
             "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
+            "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
+                                           num_stages=1).tie_embeddings,
             "hf_config": hf_config_of(args.model)}
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:
-    """One entry per model setting that differs: ``"key: saved A vs now B (--flag)"``."""
-    def value(meta: dict, key: str):
-        return meta.get(key, _ARCH_DEFAULTS.get(key))
-
-    return [f"{key}: saved {value(saved, key)} vs now {value(now, key)} ({flag})"
-            for key, flag in MODEL_FLAGS.items() if value(saved, key) != value(now, key)]
+    """One entry per model setting that differs: ``"key: saved A vs now B (--flag)"``
+    (:func:`~odc_pp.megatron.model_identity.identity_differences` of the two metas)."""
+    return identity_differences(identity_of_meta(saved), identity_of_meta(now))
 
 
 # ----- collectives (default group) ------------------------------------------------------------
