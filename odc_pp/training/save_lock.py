@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .failures import at_failure_exit
 
-__all__ = ["LEASE_S", "LOCK_NAME", "LockOwner", "SaveLock", "current_owner", "host_id",
-           "job_id", "lease_seconds", "lock_save_dir"]
+__all__ = ["LEASE_S", "LOCK_NAME", "TAKEOVER_WAIT_S", "LockOwner", "SaveLock", "attempt",
+           "current_owner", "host_id", "job_id", "lease_seconds", "lock_save_dir"]
 
 LOCK_NAME = ".odc-pp.lock"
 

@@ -184,7 +184,7 @@ def test_a_holder_on_another_host_keeps_the_lock_while_its_heartbeat_is_live(tmp
             assert time.monotonic() < deadline, f"never taken over: {exc}"
             time.sleep(0.1)
     assert "the lease of job torchrun-my-job (host host-a" in started, started
-    assert f"expired (last heartbeat" in started and f"lease {lease:g} s)" in started
+    assert "expired (last heartbeat" in started and f"lease {lease:g} s)" in started
     assert f".tmp_iter_0000005.{token}" in started and not ours.exists()
     assert not (save / LOCK_NAME).exists()
 
@@ -220,3 +220,16 @@ def test_an_earlier_attempt_is_told_apart_from_another_job_with_the_same_id(
     assert "it was held by an earlier attempt of this job: job slurm-77 (host host-a" in \
         started
     assert "attempt 0.0," in started and ".tmp_iter_0000004.0badf00d" in started
+
+
+def test_a_holder_whose_lock_was_taken_over_knows_it_and_leaves_the_new_one(tmp_path):
+    lock = SaveLock.acquire(str(tmp_path), out=io.StringIO(), heartbeat=False)
+    first = json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"]
+    assert lock.refresh() and lock.lost == ""
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"] >= first
+    # its lease ran out while it hung: a job on another host took the lock over
+    _holder_elsewhere(tmp_path, job="slurm-5", attempt=[0, 0])
+    assert not lock.refresh()
+    assert "now names job slurm-5 (host host-a" in lock.lost
+    lock.release()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["job_id"] == "slurm-5"
