@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import torch
@@ -32,8 +33,9 @@ import torch
 from ..dtypes import float_dtype
 from .tp_layout import partition_of
 from .hf_config import megatron_to_hf_names
+from .model_identity import ModelIdentityError, layer_suffixes, model_tensor_names
 
-__all__ = ["SafetensorsReader", "load_hf_weights", "to_megatron", "hf_state_dict",
+__all__ = ["SafetensorsReader", "load_hf_weights", "unused_hf_tensors", "to_megatron", "hf_state_dict",
            "save_hf_directory", "parse_size", "model_config_from_hf",
            "torch_dtype", "INDEX_NAME"]
 
@@ -169,7 +171,50 @@ def load_hf_weights(chunks, directory: str, config, *, tied_in_hf: bool) -> set[
                                  f"shape {tuple(value.shape)} for {name}, the model needs "
                                  f"{tuple(param.shape)}")
             param.copy_(value.to(param.dtype))
+    unused_hf_tensors(reader, chunks, config, tied_in_hf=tied_in_hf)
     return reader.read_names
+
+
+_HF_TENSOR_FLAGS = (  # (pattern on an HF tensor name, the flag that explains it)
+    (re.compile(r"\.[qkv]_proj\.bias$"), "--add-qkv-bias"),
+    (re.compile(r"\.(q|k)_norm\."), "--qk-layernorm"),
+    (re.compile(r"\.bias$"), "--disable-bias-linear"),
+    (re.compile(r"^lm_head\.weight$"), "--untie-embeddings-and-output-weights"),
+)
+
+
+def unused_hf_tensors(reader: SafetensorsReader, chunks, config, *, tied_in_hf: bool) -> None:
+    """The model-identity check of an HF load (:mod:`.model_identity`): a tensor of the
+    directory that no parameter of the whole model is built from (an ``o_proj.bias`` of a
+    Llama with ``attention_bias``, a layer beyond ``--num-layers``) is a
+    ModelIdentityError naming the flag, not silently dropped. A tied model's ``lm_head``
+    and rotary ``inv_freq`` buffers are not weights."""
+    suffixes = layer_suffixes(name for chunk in chunks
+                              for name, _ in chunk.global_named_parameters())
+    used = set()
+    for name in model_tensor_names(config, suffixes):
+        try:
+            used.update(megatron_to_hf_names(name, tied_in_hf=tied_in_hf))
+        except ValueError:  # no HF counterpart (a learned position embedding)
+            continue
+    ignored = {"lm_head.weight"} if tied_in_hf else set()
+    unused = sorted(name for name in reader.weight_map if name not in used | ignored
+                    and not name.endswith("rotary_emb.inv_freq"))
+    if not unused:
+        return
+    groups: dict[str, list[str]] = {}
+    for name in unused:
+        layer = re.match(r"^model\.layers\.(\d+)\.", name)
+        flag = "--num-layers" if layer and int(layer.group(1)) >= config.num_layers else next(
+            (flag for pattern, flag in _HF_TENSOR_FLAGS if pattern.search(name)),
+            "the architecture (config.json's model_type)")
+        groups.setdefault(flag, []).append(name)
+    raise ModelIdentityError(
+        f"--hf-checkpoint {reader.directory} holds tensors this model does not use: " +
+        "; ".join(f"{len(names)} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
+                  f"): {flag} differs" for flag, names in groups.items()) +
+        " (the model's flags come from config.json; this architecture is not supported as "
+        "it is)")
 
 
 def hf_state_dict(state: dict[str, torch.Tensor], config, *, dtype: torch.dtype,

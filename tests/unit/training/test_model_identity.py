@@ -6,7 +6,8 @@ alone writes) in one subprocess, which then runs the torch_dist load's identity 
 (``check_megatron_identity``) for each set of flags: a run of this file as a script
 (``python test_model_identity.py ROOT``) does both, because building the model needs
 ``torch.distributed``. Two pretrain_gpt.py runs show the exit status and the
-``--finetune`` override end to end.
+``--finetune`` override end to end. Hugging Face directories: tensors no parameter is
+built from are errors naming the flag (load_hf_weights).
 """
 
 from __future__ import annotations
@@ -86,9 +87,37 @@ def _save_all(root: str) -> None:
             results[case] = ["ok", notes]
         except ValueError as exc:
             results[case] = ["error", str(exc)]
+    results.update(_hf_loads(root, groups))
     with open(os.path.join(root, "results.json"), "w") as handle:
         json.dump(results, handle)
     dist.destroy_process_group()
+
+
+def _hf_loads(root: str, groups) -> dict:
+    """A tiny Llama with and without ``attention_bias`` (q/k/v *and* o_proj biases; the
+    model takes only the qkv bias) loaded through load_hf_weights."""
+    import transformers
+
+    from odc_pp.megatron.hf import load_hf_weights, model_config_from_hf
+    from odc_pp.megatron.hf_config import read_hf_config
+    from odc_pp.megatron.model import build_chunks
+
+    results = {}
+    for case, bias in (("hf_llama", False), ("hf_llama_attention_bias", True)):
+        directory = os.path.join(root, case)
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            attention_bias=bias, tie_word_embeddings=False)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+        model = model_config_from_hf(read_hf_config(directory))
+        (chunk,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
+        try:
+            load_hf_weights([chunk], directory, model, tied_in_hf=False)
+            results[case] = ["ok", []]
+        except ValueError as exc:
+            results[case] = ["error", str(exc)]
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +187,17 @@ def test_finetune_loads_deliberately_and_says_what_it_drops(checked):
     status, notes = results["tied_finetune"]
     assert status == "ok" and any("(model.output_layer.weight)" in n and "a copy of the "
                                   "checkpoint's tied embedding" in n for n in notes), notes
+
+
+def test_hf_tensors_the_model_does_not_use_name_the_flag(checked):
+    """A Llama with attention_bias has an o_proj bias the model has no place for: it was
+    dropped silently."""
+    _, results = checked
+    assert results["hf_llama"] == ["ok", []]
+    status, message = results["hf_llama_attention_bias"]
+    assert status == "error", message
+    assert "model.layers.0.self_attn.o_proj.bias" in message, message
+    assert "--disable-bias-linear differs" in message, message
 
 
 def test_common_pt_args_are_read_without_running_code(tmp_path):
