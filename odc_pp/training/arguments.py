@@ -283,7 +283,10 @@ class CheckpointArgs:
     scratch instead of an error."""
     finetune: bool = False
     """With --load: take only the model weights (saved under any layout); optimizer state,
-    RNG and iteration count start afresh (Megatron's --finetune; save elsewhere)."""
+    RNG and iteration count start afresh (Megatron's --finetune; save elsewhere). Also the
+    override for a deliberate change of model when loading a Megatron checkpoint: its
+    differing arguments are logged and its unused tensors dropped and listed, instead of
+    the error naming each flag."""
     override_resume_iteration: int | None = None
     """With --load: continue from iteration N whatever the checkpoint records. Without it
     the iteration is the one the checkpoint records, and a directory name, `latest`,
