@@ -72,6 +72,14 @@ def runs(shape: dict, rows_path: str, bf16: bool) -> dict[str, list[str]]:
             "full-zbv": full + ["--pipeline-schedule", "zbv"]}
 
 
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+VARIANTS = {"unpacked-expandable": ("unpacked", EXPANDABLE),
+            "lbmini-packed-expandable": ("lbmini-packed", EXPANDABLE),
+            "full-1f1b-expandable": ("full-1f1b", EXPANDABLE)}
+"""A/B runs: a run's flags under another environment (the caching allocator's expandable
+segments: variable shapes without cudaMalloc/cudaFree churn near the memory limit)."""
+
+
 def write_rows(path: str, shape: dict, count: int, seed: int = 0) -> None:
     """``count`` pre-tokenized documents of exactly seq + 1 ids (full rows)."""
     import numpy as np
@@ -82,11 +90,12 @@ def write_rows(path: str, shape: dict, count: int, seed: int = 0) -> None:
             handle.write(json.dumps({"input_ids": ids.tolist()}) + "\n")
 
 
-def _run(cmd: list[str], timeout_s: float, log_path: str) -> tuple[int, str]:
+def _run(cmd: list[str], timeout_s: float, log_path: str,
+         env: dict | None = None) -> tuple[int, str]:
     started = time.monotonic()
     try:
         done = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False,
-                              timeout=max(timeout_s, 1))
+                              timeout=max(timeout_s, 1), env={**os.environ, **(env or {})})
         output, status = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         output, status = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout_s:.0f} s", 124
@@ -113,12 +122,12 @@ def summarize(records: list[dict], peak_tflops: float | None) -> dict:
 
 
 def odc_run(name: str, flags: list[str], *, iters: int, work: str, timeout_s: float,
-            peak_tflops: float | None) -> dict:
+            peak_tflops: float | None, env: dict | None = None) -> dict:
     log_json = os.path.join(work, f"{name}.jsonl")
     cmd = [sys.executable, "pretrain_gpt.py", *flags, "--train-iters", str(iters),
            "--log-json", log_json]
-    status, output = _run(cmd, timeout_s, os.path.join(work, f"{name}.log"))
-    result = {"flags": flags, "exit": status}
+    status, output = _run(cmd, timeout_s, os.path.join(work, f"{name}.log"), env)
+    result = {"flags": flags, "exit": status, **({"env": env} if env else {})}
     if os.path.exists(log_json):
         with open(log_json) as handle:
             records = [json.loads(line) for line in handle if '"loss"' in line]
@@ -148,7 +157,8 @@ def main(argv=None) -> int:
                                                       "gpu_step.json"))
     parser.add_argument("--iters", type=int, default=6, help="iterations of each run")
     parser.add_argument("--run", action="append", help="only these runs (repeatable; "
-                        "full-1f1b, full-zbv, lbmini-packed, unpacked, hf)")
+                        "full-1f1b, full-zbv, lbmini-packed, unpacked, hf, or a VARIANTS "
+                        "name such as unpacked-expandable)")
     parser.add_argument("--tiny", action="store_true", help="small shape (CPU self-test)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="cap on the whole call")
     parser.add_argument("--no-dry-run", action="store_true")
@@ -175,9 +185,10 @@ def main(argv=None) -> int:
             result["runs"][name] = hf_run(shape, rows, iters=args.iters, work=work,
                                           timeout_s=left - 5, peak_tflops=peak)
         else:
-            flags = model_flags(shape) + table[name]
+            base, env = VARIANTS.get(name, (name, None))
+            flags = model_flags(shape) + table[base]
             row = odc_run(name, flags, iters=args.iters, work=work, timeout_s=left - 5,
-                          peak_tflops=peak)
+                          peak_tflops=peak, env=env)
             if not args.no_dry_run and name in ("full-1f1b", "full-zbv") and \
                     deadline - time.monotonic() > 30:
                 row["dry_run"] = dry_run(name, flags, work=work, memory_gb=memory_gb,

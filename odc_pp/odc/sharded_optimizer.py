@@ -1,9 +1,11 @@
 """AdamW on the owned shards of a :class:`~odc_pp.odc.engine.ShardedDataParallel`.
 
 Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
-owns and nothing else. The update is elementwise and follows ``torch.optim.AdamW``
-(``foreach=False``, ``amsgrad=False``) operation by operation, so on identical gradients it
-gives identical numbers. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
+owns and nothing else. The update is torch's own fused multi-tensor AdamW kernel
+(``torch.optim.adamw.adamw(fused=True)``, what ``torch.optim.AdamW(fused=True)`` runs) over
+the flat owned shards, cut only where weight decay changes (decayed and exempt pieces are
+two calls), so on identical gradients it gives ``AdamW(fused=True)``'s numbers; where the
+fused kernel does not take the dtype or device, the ``foreach`` kernel. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
 scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
 are all-reduced over the ``norm_group`` (one group or several in turn).
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.optim.adamw import adamw
 
 from ..optim import clip
 from ..runtime.post_validation import StepOutcome
@@ -46,6 +49,9 @@ class AdamWConfig:
     no_decay: Callable[[str, tuple[int, ...]], bool] | None = None
     """Given a parameter's name (as in its unit) and shape, True exempts it from weight
     decay (e.g. biases and norms: ``lambda name, shape: len(shape) == 1``)."""
+
+    fused: bool = True
+    """torch's fused AdamW kernel over the shards (False: the ``foreach`` kernel)."""
 
     def __post_init__(self) -> None:
         if not self.lr >= 0:
@@ -83,7 +89,6 @@ class ShardedAdamW:
         self.master: list[torch.Tensor] = []
         self.exp_avg: list[torch.Tensor] = []
         self.exp_avg_sq: list[torch.Tensor] = []
-        self.decay_mask: list[torch.Tensor | None] = []
         self.norm_mask: list[torch.Tensor | None] = []
         for unit, owned in zip(engine.units, engine.owned_params()):
             if owned.dtype == torch.float32:
@@ -93,9 +98,35 @@ class ShardedAdamW:
             self.master.append(master)
             self.exp_avg.append(torch.zeros_like(master))
             self.exp_avg_sq.append(torch.zeros_like(master))
-            self.decay_mask.append(self._owned_mask(unit, self.config.no_decay))
             self.norm_mask.append(None if counts_in_norm is None else self._owned_mask(
                 unit, lambda name, shape: not counts_in_norm(name, shape)))
+        self.decay_pieces = [self._pieces(unit, self.config.no_decay) for unit in engine.units]
+        """Per owned shard, ``(start, end, decayed)`` runs covering it (one when none is
+        exempt): the fused kernel takes one weight decay per call."""
+        self.state_steps = [torch.zeros((), dtype=torch.float32, device=m.device)
+                            for m, pieces in zip(self.master, self.decay_pieces) for _ in pieces]
+
+    @staticmethod
+    def _pieces(unit, excluded) -> list[tuple[int, int, bool]]:
+        """``(start, end, included)`` runs over the owned range, ``included`` False where
+        ``excluded(name, shape)`` (decided without reading data)."""
+        runs, position, size = [], 0, unit.end - unit.start
+        for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
+            start = max(offset, unit.start) - unit.start
+            end = min(offset + math.prod(shape), unit.end) - unit.start
+            if end <= start:
+                continue
+            included = excluded is None or not excluded(name, shape)
+            if runs and runs[-1][2] == included and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], end, included)
+            else:
+                if start > position:  # a gap (none in a packed unit): decayed
+                    runs.append((position, start, True))
+                runs.append((start, end, included))
+            position = end
+        if position < size or not runs:
+            runs.append((position, size, True))
+        return runs
 
     @staticmethod
     def _owned_mask(unit, excluded) -> torch.Tensor | None:
@@ -153,29 +184,40 @@ class ShardedAdamW:
         shard), then (with ``finish``) ``engine.finish_step()``: zero the accumulators and
         publish the new shards."""
         self.step_count += 1
-        beta1, beta2 = self.config.betas
         lr = self.config.lr if lr is None else lr
-        eps, weight_decay = self.config.eps, self.config.weight_decay
-        bias_correction1 = 1 - beta1 ** self.step_count
-        bias_correction2 = 1 - beta2 ** self.step_count
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = math.sqrt(bias_correction2)
-        for index, grad in enumerate(self.engine.owned_grads() if grads is None else grads):
-            param, mask = self.master[index], self.decay_mask[index]
-            exp_avg, exp_avg_sq = self.exp_avg[index], self.exp_avg_sq[index]
-            if mask is None:
-                param.mul_(1 - lr * weight_decay)
-            else:
-                param.copy_(torch.where(mask, param * (1 - lr * weight_decay), param))
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-            param.addcdiv_(exp_avg, denom, value=-step_size)
-            owned = self.engine.owned_params()[index]
-            if owned.data_ptr() != param.data_ptr():
-                owned.copy_(param)
+        grads = self.engine.owned_grads() if grads is None else grads
+        for decayed in (True, False):
+            self._adamw(grads, decayed, lr, self.config.weight_decay if decayed else 0.0)
+        owned = self.engine.owned_params()
+        copies = [(o, m) for o, m in zip(owned, self.master) if o.data_ptr() != m.data_ptr()]
+        if copies:
+            torch._foreach_copy_([o for o, _ in copies], [m for _, m in copies])
         if finish:
             self.finish_step()
+
+    def _adamw(self, grads, decayed: bool, lr: float, weight_decay: float) -> None:
+        """torch's AdamW kernel over every owned piece whose decay is ``decayed``."""
+        lists = ([], [], [], [], [])
+        steps = iter(self.state_steps)
+        for index, pieces in enumerate(self.decay_pieces):
+            for start, end, included in pieces:
+                step = next(steps)
+                if included != decayed:
+                    continue
+                for out, tensor in zip(lists, (self.master[index], grads[index],
+                                               self.exp_avg[index], self.exp_avg_sq[index])):
+                    out.append(tensor[start:end])
+                lists[4].append(step)
+        if not lists[0]:
+            return
+        torch._foreach_zero_(lists[4])
+        torch._foreach_add_(lists[4], float(self.step_count - 1))  # the kernel adds 1
+        fused = self.config.fused and lists[0][0].dtype in (torch.float32, torch.float16,
+                                                            torch.bfloat16)
+        beta1, beta2 = self.config.betas
+        adamw(*lists[:4], [], lists[4], foreach=not fused, fused=fused or None,
+              amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay,
+              eps=self.config.eps, maximize=False)
 
     # ----- state -----------------------------------------------------------------------
     def state_dict(self) -> dict:

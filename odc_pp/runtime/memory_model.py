@@ -17,9 +17,9 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
   the flattened copy pushed from it); pushes kept after they completed: none now (they
   are dropped at once), before: the last ``max_inflight_pushes`` (8) flattened chunk
   gradients, ``min(8, pushes) * e * P_u``;
-* optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` plus a 1-byte weight-decay
-  mask per owned element of each unit whose owned range holds a no-decay parameter, and
-  a 1-byte gradient-norm mask per owned element of each unit whose owned range holds a
+* optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` (weight decay needs no
+  mask: the fused AdamW kernel runs over decayed and exempt pieces apart) plus a 1-byte
+  gradient-norm mask per owned element of each unit whose owned range holds a
   parameter kept out of the norm (tp rank > 0: replicated ones; the tied output layer);
 * ODC staging (deterministic data parallelism, the default): ``4 * P_u`` for each unit
   that pushed since the last sync (fp32, the unit's whole flat gradient: the summation
@@ -89,9 +89,6 @@ class UnitSizes:
     """Deterministic data parallelism (staged accumulation)."""
     post_validation: bool
     """--enable-optimizer-post-validation."""
-    decay_mask: tuple[bool, ...] = ()
-    """Per unit: some of its owned parameters are excluded from weight decay (a 1-byte
-    mask per owned element); empty: every unit has one."""
     norm_mask: tuple[bool, ...] = ()
     """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
@@ -111,9 +108,7 @@ def state_bytes(sizes: UnitSizes, policy: StatePolicy) -> dict[str, int]:
     largest = max(sizes.unit_params)
     master = 4 if e != 4 else 0
     kept_pushes = min(policy.keep_completed_pushes, sizes.pushes_per_minibatch)
-    masks = sum(sizes.owned(u) for u in range(len(sizes.unit_params))
-                if not sizes.decay_mask or sizes.decay_mask[u])
-    masks += sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
+    masks = sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
     return {
         "params_gathered": e * params,
         "params_sharded": e * owned,

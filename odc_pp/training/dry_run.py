@@ -281,7 +281,7 @@ def _engine_bytes(engine, optimizer) -> dict[str, int]:
     shard = _nbytes(u.param_shard for u in units)
     master = sum(m.numel() * 4 for m, u in zip(owned_params, units)
                  if m.dtype != u.param_shard.dtype)  # fp32 params: the shard is the master
-    masks = _nbytes(m for m in optimizer.decay_mask) + _nbytes(m for m in optimizer.norm_mask)
+    masks = _nbytes(m for m in optimizer.norm_mask)  # weight decay: pieces, no mask
     return {"params_gathered": sum(u.full_nbytes for u in units),
             "params_sharded": shard,
             "grad_accumulators": _nbytes(u.grad_acc for u in units),
@@ -391,7 +391,6 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
         param_bytes=engine.units[0].param_shard.element_size(),
         deterministic=not args.parallel.nondeterministic_dp,
         post_validation=args.schedule.enable_optimizer_post_validation,
-        decay_mask=tuple(mask is not None for mask in optimizer.decay_mask),
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask),
         pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
                                  for a in schedule.ranks[pp_rank]))

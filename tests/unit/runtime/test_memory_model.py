@@ -12,12 +12,12 @@ from odc_pp.schedule.lowering import lower_communication
 
 def test_state_bytes_per_parameter():
     sizes = UnitSizes(unit_params=(1000, 3000), dp=4, param_bytes=2, deterministic=True,
-                      post_validation=True, decay_mask=(True, False), pushes_per_minibatch=20)
+                      post_validation=True, pushes_per_minibatch=20)
     new, old = state_bytes(sizes, NEW_POLICY), state_bytes(sizes, OLD_POLICY)
     assert new["params_gathered"] == 2 * 4000
     assert new["params_sharded"] == 2 * (250 + 750)
     assert new["grad_accumulators"] == 4 * 1000
-    assert new["optimizer_state"] == 12 * 1000 + 250  # moments + fp32 master, one mask
+    assert new["optimizer_state"] == 12 * 1000  # moments + fp32 master (weight decay: no mask)
     assert new["odc_staging"] == 4 * 4000
     assert new["post_validation_snapshot"] == 16 * 1000
     assert new["weight_grads"] == 2 * 2 * 3000
@@ -25,11 +25,11 @@ def test_state_bytes_per_parameter():
     # tensor parallelism, tp rank > 0: a gradient-norm mask where a replicated parameter is
     tp = state_bytes(UnitSizes(unit_params=(1000, 3000), dp=4, param_bytes=2,
                                deterministic=True, post_validation=True,
-                               decay_mask=(True, False), norm_mask=(False, True)), NEW_POLICY)
+                               norm_mask=(False, True)), NEW_POLICY)
     assert tp["optimizer_state"] == new["optimizer_state"] + 750
     fp32 = state_bytes(UnitSizes(unit_params=(1000,), dp=1, param_bytes=4,
                                  deterministic=False, post_validation=False), NEW_POLICY)
-    assert fp32["optimizer_state"] == 9 * 1000 and fp32["odc_staging"] == 0
+    assert fp32["optimizer_state"] == 8 * 1000 and fp32["odc_staging"] == 0  # moments only
 
 
 @pytest.mark.parametrize("name,chunks", [("1f1b", 1), ("zbv", 2)])
