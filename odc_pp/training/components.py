@@ -278,14 +278,6 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
     return chunks
 
 
-def staged_accumulation(parallel: ParallelArgs, dp: int) -> bool:
-    """Whether the ODC group stages gradients for a fixed summation order (deterministic
-    data parallelism, 4 bytes per parameter of staging): not with --nondeterministic-dp,
-    and not at dp=1, where the one contributor's adds into its zeroed accumulator already
-    come in a fixed order (the same sums, bit for bit, without the staging buffer)."""
-    return not parallel.nondeterministic_dp and dp > 1
-
-
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
                  param_dtype: str, local_world_size: int,
                  odc_group=None) -> tuple[ShardedDataParallel, object]:
@@ -300,7 +292,7 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
         transport = prim.TransportConfig(
             backend="collective" if parallel.dp_mode == "collective" else "odc",
             timeout_s=parallel.distributed_timeout_minutes * 60,
-            deterministic=staged_accumulation(parallel, topo.dp))
+            deterministic=not parallel.nondeterministic_dp)
         odc_group = prim.new_group(torch_group, config=transport)
     engine = ShardedDataParallel(chunks, OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline",
                                                    param_dtype=param_dtype),

@@ -178,7 +178,7 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
     from odc_pp.megatron.compat import singleton_process_groups  # noqa: F401 (megatron init)
     from odc_pp.odc.transport_fake import FakeOdcGroup
 
-    from .components import build_engine, build_model, build_optimizer, staged_accumulation
+    from .components import build_engine, build_model, build_optimizer
 
     if args.parallel.dp_mode != "odc":
         raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode "
@@ -190,7 +190,7 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
         chunks = build_model(model, args.schedule, args.parallel, topo,
                              vocab_size=vocab_size, seed=args.run.seed, load_weights=False)
     group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
-                         deterministic=staged_accumulation(args.parallel, topo.dp))
+                         deterministic=not args.parallel.nondeterministic_dp)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype="bfloat16" if args.model.bf16 else "float32",
                                       local_world_size=topo.world_size, odc_group=group)
@@ -362,7 +362,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
     """{"before": report, "after": report} of rank ``flags.rank`` (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .components import build_schedule, staged_accumulation
+    from .components import build_schedule
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
@@ -389,7 +389,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
     units = UnitSizes(
         unit_params=tuple(u.numel for u in engine.units), dp=topo.dp,
         param_bytes=engine.units[0].param_shard.element_size(),
-        deterministic=staged_accumulation(args.parallel, topo.dp),
+        deterministic=not args.parallel.nondeterministic_dp,
         post_validation=args.schedule.enable_optimizer_post_validation,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask),
         pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
