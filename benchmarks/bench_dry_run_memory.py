@@ -3,10 +3,9 @@
 For each row, runs ``odc-pp memory`` (odc_pp.training.dry_run) for the pipeline ranks
 named in ``ROWS`` (tp rank 0 and dp rank 0: the other tp/dp ranks hold the same sizes),
 one process per rank (each sets up its own fake process group), and writes
-benchmarks/results/dry_run_memory.json: per row and rank the per-category bytes before
-(parent commit 77e5554's policies: every send kept for the minibatch, 8 completed pushes
-kept) and after, and the categories with the dry run's exact advice applied, plus the
-worst rank. ``--from-dir D`` aggregates JSON files a previous run left in D (named
+benchmarks/results/dry_run_memory.json: per row and rank the dry run's report (its
+per-category bytes and the categories with its exact advice applied), plus the worst
+rank. ``--from-dir D`` aggregates JSON files a previous run left in D (named
 ``<row>_<rank>.json``) instead of running.
 
     python benchmarks/bench_dry_run_memory.py [--from-dir D] [--out PATH]
@@ -22,6 +21,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPORT_KEY = "job"  # odc_pp.training.dry_run.REPORT_KEY (the JSON's one key)
 LLAMA3_8B = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
              "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336")
 LLAMA_70B = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 "
@@ -31,7 +31,7 @@ SHARED = ("--seq-length 8192 --max-position-embeddings 8192 --swiglu --normaliza
           "--mock-data --micro-batch-size 1 --global-batch-size 512 --lr 2e-5 "
           "--train-iters 10 --clip-grad 1.0 --enable-optimizer-post-validation "
           "--dp-mode odc --load-balance lb-mini --max-tokens-per-microbatch 8192 "
-          "--recompute-lgd")
+          "--recompute-lgd --untie-embeddings-and-output-weights")  # Llama 3: untied
 ROWS = {
     "8b_pp2_dp4_zbv": dict(model=LLAMA3_8B, world=8, ranks=[0, 1], flags=(
         "--pipeline-model-parallel-size 2 --pipeline-schedule zbv --num-model-chunks 2"),
@@ -78,7 +78,7 @@ def aggregate(directory: str) -> dict:
                     ranks[rank] = json.load(handle)
         if not ranks:
             continue
-        worst = max(ranks, key=lambda r: ranks[r]["after"]["total_gb"])
+        worst = max(ranks, key=lambda r: ranks[r][REPORT_KEY]["total_gb"])
         out[tag] = {"flags": " ".join(row_flags(row, advised)),
                      "world_size": row["world"], "ranks": ranks, "worst_rank": worst,
                      "measured_ranks": row["ranks"]}
@@ -94,25 +94,23 @@ SHORT = {"params_gathered": "params gathered", "params_sharded": "params shard",
 
 
 def markdown(table: dict) -> str:
-    """One block per row: the worst rank's GB per category before / after / after with
-    the dry run's advice, and the advice."""
+    """One block per row: the worst rank's GB per category for the job and with the dry
+    run's advice applied, and the advice."""
     lines = []
     for name, row in table.items():
         rank = row["worst_rank"]
         data = row["ranks"][rank] if rank in row["ranks"] else row["ranks"][str(rank)]
-        before, after = data["before"], data["after"]
-        advised = after["advised"] or after["categories"]
+        job = data[REPORT_KEY]
+        advised = job["advised"] or job["categories"]
         lines += [f"**{name}** (worst of ranks {row['measured_ranks']}: rank {rank}, "
                   f"{row['world_size']} GPUs)", "",
                   "| GB | " + " | ".join(SHORT.values()) + " | total |",
                   "|---|" + "---|" * (len(SHORT) + 1)]
-        for label, cats in (("before", before["categories"]),
-                            ("after", after["categories"]),
-                            ("after + advice", advised)):
+        for label, cats in (("this job", job["categories"]), ("with the advice", advised)):
             cells = [f"{cats.get(k, 0) / 1e9:.1f}" for k in SHORT]
             lines.append(f"| {label} | " + " | ".join(cells) +
                          f" | **{sum(cats.values()) / 1e9:.1f}** |")
-        advice = "; ".join(after["advice"]) or "none (fits with these flags)"
+        advice = "; ".join(job["advice"]) or "none (fits with these flags)"
         lines += ["", f"Advice printed by the dry run: {advice}", ""]
     return "\n".join(lines)
 

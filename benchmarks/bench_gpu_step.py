@@ -147,7 +147,7 @@ def dry_run(name: str, flags: list[str], *, work: str, timeout_s: float, memory_
         return {"exit": status, "error": output[-800:]}
     with open(out) as handle:
         reports = json.load(handle)
-    report = reports.get("after") or next(iter(reports.values()))  # the policy that runs
+    report = reports["job"]  # odc_pp.training.dry_run.REPORT_KEY
     return {"predicted_peak_gb": report["total_gb"], "categories_gb": report["categories_gb"]}
 
 

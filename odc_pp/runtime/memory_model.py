@@ -127,7 +127,7 @@ class MemoryReport:
     rank: int
     """Global rank reported."""
     policy: str
-    """"before" / "after"."""
+    """The :class:`StatePolicy` name the report was computed with."""
     categories: dict[str, int]
     """Bytes per :data:`CATEGORIES` entry at this rank's peak."""
     memory_gb: float
@@ -160,15 +160,23 @@ class MemoryReport:
         return out
 
     def format(self) -> str:
-        lines = [f"rank {self.rank} ({self.policy}): peak {self.total / GB:.2f} GB of "
-                 f"{self.memory_gb:g} GB -> {'fits' if self.fits else 'DOES NOT FIT'}"]
+        """One table (this job's peak by category), then the advice and its effect."""
+        lines = [f"rank {self.rank}: peak {self.total / GB:.2f} GB of {self.memory_gb:g} GB "
+                 f"-> {_verdict(self.fits)}"]
         for name in CATEGORIES:
             lines.append(f"  {name:26s} {self.categories.get(name, 0) / GB:9.3f} GB")
         for line in self.advice:
             lines.append(f"  advice: {line}")
         if self.advice:
-            lines.append(f"  with the exact advice above: {self.advised_total / GB:.2f} GB")
+            fits = self.advised_total <= self.memory_gb * GB
+            lines.append(f"  effect of the advice: {self.total / GB:.2f} GB -> "
+                         f"{self.advised_total / GB:.2f} GB ({_verdict(fits)}; exact for "
+                         f"the flags it re-evaluates, the rest needs another dry run)")
         return "\n".join(lines)
+
+
+def _verdict(fits: bool) -> str:
+    return "fits" if fits else "DOES NOT FIT"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,9 @@ model chunks (``odc_pp.megatron``), its real ODC engine and sharded AdamW on a f
 group (:class:`~odc_pp.odc.transport_fake.FakeOdcGroup`) and its tensor-parallel groups
 on torch's ``fake`` process-group backend, all under ``FakeTensorMode`` (no bytes are
 allocated), and reports the rank's peak memory by category
-(:data:`odc_pp.runtime.memory_model.CATEGORIES`) before and after issue 21's fixes, whether
-it fits ``--memory-gb`` (default 80) and, when not, which flags to change.
+(:data:`odc_pp.runtime.memory_model.CATEGORIES`) as one table, whether it fits
+``--memory-gb`` (default 80) and, when not, which flags to change and their effect.
+``--dry-run-json PATH`` writes ``{"job": report}`` (:data:`REPORT_KEY`).
 
 What is measured and what is computed:
 
@@ -42,13 +43,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_pp.runtime.memory_model import (GB, NEW_POLICY, OLD_POLICY, ChunkBytes,
-                                         MemoryReport, StatePolicy, UnitSizes, count_sends,
-                                         schedule_peak, state_bytes)
+from odc_pp.runtime.memory_model import (GB, NEW_POLICY, ChunkBytes, MemoryReport,
+                                         StatePolicy, UnitSizes, count_sends, schedule_peak,
+                                         state_bytes)
 
 from .arguments import TrainingArgs, parse_args
 
-__all__ = ["DryRunFlags", "MemoryPhases", "dry_run", "main", "split_dry_run_flags"]
+__all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
+           "split_dry_run_flags"]
+
+REPORT_KEY = "job"
+"""The one key of ``--dry-run-json``'s object: this job's report."""
 
 _CPU = torch.device("cpu")
 
@@ -358,8 +363,8 @@ def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[
 _TIMELINE = ("sends", "receives", "activations", "w_held", "offload_device", "transient")
 
 
-def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
-    """{"before": report, "after": report} of rank ``flags.rank`` (see module doc)."""
+def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
+    """The memory report of rank ``flags.rank`` of this job (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .components import build_schedule
@@ -394,13 +399,10 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> dict[str, MemoryReport]:
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask),
         pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
                                  for a in schedule.ranks[pp_rank]))
-    reports = {}
-    for policy in (OLD_POLICY, NEW_POLICY):
-        reports[policy.name] = _report(args, flags, schedule, pp_rank, units, policy,
-                                       sizes, message, measured)
     _check(state_bytes(units, NEW_POLICY), {**held, "post_validation_snapshot":
                                            snapshot["live"]})
-    return reports
+    return _report(args, flags, schedule, pp_rank, units, NEW_POLICY, sizes, message,
+                   measured)
 
 
 def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, message,
@@ -438,21 +440,19 @@ def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``odc-pp memory`` / ``pretrain_gpt.py --dry-run``: print the reports (and write
-    them as JSON with --dry-run-json PATH); 0 when the job fits after the fixes, 1 when
-    not, 2 on bad flags."""
+    """``odc-pp memory`` / ``pretrain_gpt.py --dry-run``: print the report (and write it
+    as JSON with --dry-run-json PATH); 0 when the job fits, 1 when not, 2 on bad flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         flags, rest = split_dry_run_flags(argv)
         args = parse_args(rest)
         args.data_parallel_size(flags.world_size, flags.world_size)
-        reports = dry_run(args, flags)
+        report = dry_run(args, flags)
     except ValueError as exc:
         print(f"dry run: error: {exc}", file=sys.stderr)
         return 2
-    for report in reports.values():
-        print(report.format())
+    print(report.format())
     if flags.json:
         with open(flags.json, "w") as handle:
-            json.dump({k: r.to_dict() for k, r in reports.items()}, handle, indent=1)
-    return 0 if reports["after"].fits else 1
+            json.dump({REPORT_KEY: report.to_dict()}, handle, indent=1)
+    return 0 if report.fits else 1

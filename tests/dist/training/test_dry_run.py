@@ -79,7 +79,7 @@ def dry_run_of(rank: int):
                                        "--dry-run-world-size", str(WORLD)])
     flags.receives_preposted = True  # as the gloo run does
     try:
-        report = dry_run(parse_args(FLAGS + rest), flags)["after"]
+        report = dry_run(parse_args(FLAGS + rest), flags)
     finally:
         dist.destroy_process_group()
     return report.total, report.categories
