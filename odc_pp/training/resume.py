@@ -84,7 +84,17 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
             "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
                                            num_stages=1).tie_embeddings,
-            "hf_config": hf_config_of(args.model)}
+            "hf_config": hf_config_of(args.model),
+            # the HF tokenizer directory (tools/export_hf.py copies it, chat template included)
+            "tokenizer_dir": _tokenizer_dir(args)}
+
+
+def _tokenizer_dir(args: TrainingArgs) -> str | None:
+    """--tokenizer-model when it is a directory, else --hf-checkpoint (absolute paths)."""
+    for path in (args.data.tokenizer_model, args.model.hf_checkpoint):
+        if path and os.path.isdir(path):
+            return os.path.abspath(path)
+    return None
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:
