@@ -9,8 +9,11 @@
 * README.md's speed evidence: the LB-Mini sweep and the planner's validation tables (a)
   and (b), from lb_mini_sweep.json and planner_validation.json.
 
-    python tools/generate_docs.py           # rewrite both
-    python tools/generate_docs.py --check   # exit 1 if either is stale
+* docs/megatron.md's tables of the flags of Megatron-LM launch scripts, from
+  tests/data/megatron_scripts and the pasted-flag table.
+
+    python tools/generate_docs.py           # rewrite them
+    python tools/generate_docs.py --check   # exit 1 if one is stale
 
 tests/unit/test_docs.py runs the check."""
 
@@ -27,9 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from odc_pp.training.arguments import build_parser  # noqa: E402
-from odc_pp.training.megatron_flags import PASTED_FLAGS  # noqa: E402
+from odc_pp.training.megatron_flags import PASTED_FLAGS, PREFIX_FLAGS, outcome  # noqa: E402
 
 FLAGS = os.path.join(ROOT, "docs", "flags.md")
+MEGATRON = os.path.join(ROOT, "docs", "megatron.md")
+SCRIPTS = os.path.join(ROOT, "tests", "data", "megatron_scripts")
+SCRIPTS_BEGIN = "<!-- megatron-scripts:begin (tools/generate_docs.py) -->"
+SCRIPTS_END = "<!-- megatron-scripts:end -->"
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 BEGIN = "<!-- results-table:begin (tools/generate_docs.py) -->"
@@ -77,13 +84,67 @@ def flag_reference() -> str:
         lines.append("")
     lines += ["## Flags pasted from Megatron-LM", "",
               "Honoured (what odc-pp always does; a note in the log), mapped (to the native "
-              "flag, with a note) or rejected (exit 2, naming the flag to use); never "
-              "silently ignored (`odc_pp/training/megatron_flags.py`).", "",
+              "flag, with a note), a no-op at its value (a note) or rejected (exit 2: one "
+              "line per flag, naming what to use); never silently ignored "
+              "(`odc_pp/training/megatron_flags.py`, "
+              "`odc_pp/training/megatron_example_flags.py`; by prefix: "
+              + ", ".join(f"`{p}*`" for p in PREFIX_FLAGS) + ").", "",
               "| flag | action | note |", "| --- | --- | --- |"]
     lines += [f"| `{flag}` | {entry.action} | {_cell(entry.message)} |"
               for flag, entry in PASTED_FLAGS.items()]
     return "\n".join(lines) + "\n"
 
+
+
+# ----- docs/megatron.md's table of the launch scripts' flags ---------------------------
+SCRIPT_TITLES = {
+    "train_llama3_8b_h100_fp8": "`examples/llama/train_llama3_8b_h100_fp8.sh` (mock data)",
+    "train_llama3_8b_h100_fp8.dtype_fp8": "its `DTYPE=fp8` block",
+    "train_gpt3_175b_distributed": "`examples/gpt3/train_gpt3_175b_distributed.sh`",
+    "modelopt_finetune_qwen2.5_0.5b": "ModelOpt's `examples/post_training/modelopt/"
+                                      "finetune.sh` with `conf/Qwen/Qwen2.5-0.5B-Instruct.sh`",
+}
+CONTEXT_NOTES = {  # native flags that Megatron tolerates as no-ops in these contexts
+    ("--sequence-parallel", "--tensor-model-parallel-size 1"):
+        "no-op at tensor-parallel size 1, as Megatron (a note)",
+    ("--split", "--mock-data"): "ignored with --mock-data, as Megatron (a note)",
+}
+
+
+def _script_flags(name: str) -> list[list[str]]:
+    with open(os.path.join(SCRIPTS, f"{name}.flags"), encoding="utf-8") as handle:
+        return [line.split() for line in handle.read().splitlines() if line.strip()]
+
+
+def script_flag_tables() -> str:
+    """The tables of every flag of the launch scripts in tests/data/megatron_scripts."""
+    native = frozenset(o for action in build_parser()._actions for o in action.option_strings)
+    lines = [SCRIPTS_BEGIN, ""]
+    for name, title in SCRIPT_TITLES.items():
+        flags = _script_flags(name)
+        context = [token for tokens in flags for token in tokens]
+        text = " ".join(context)
+        lines += [f"### {title}", "", "| flag | value | outcome | note |",
+                  "| --- | --- | --- | --- |"]
+        for tokens in flags:
+            action, note = outcome(tokens, native, context)
+            for (flag, condition), context_note in CONTEXT_NOTES.items():
+                if tokens[0] == flag and condition in text:
+                    action, note = "no-op", context_note
+            value = " ".join(tokens[1:])
+            lines.append(f"| `{tokens[0]}` | {f'`{value}`' if value else ''} | {action} | "
+                         f"{_cell(note)} |")
+        lines.append("")
+    lines.append(SCRIPTS_END)
+    return "\n".join(lines)
+
+
+def megatron_page(text: str) -> str:
+    """docs/megatron.md with its script tables regenerated."""
+    if SCRIPTS_BEGIN not in text:
+        raise SystemExit(f"docs/megatron.md lacks the {SCRIPTS_BEGIN!r} marker")
+    head, rest = text.split(SCRIPTS_BEGIN, 1)
+    return head + script_flag_tables() + rest.split(SCRIPTS_END, 1)[1]
 
 
 # ----- README.md's results table ------------------------------------------------------
@@ -334,7 +395,9 @@ def generated() -> dict[str, str]:
     """Path -> the text it must have."""
     with open(README, encoding="utf-8") as handle:
         readme = handle.read()
-    return {FLAGS: flag_reference(), README: replaced(readme)}
+    with open(MEGATRON, encoding="utf-8") as handle:
+        megatron = handle.read()
+    return {FLAGS: flag_reference(), README: replaced(readme), MEGATRON: megatron_page(megatron)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from odc_pp.data.planner import LOAD_BALANCE_MODES
 from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
-from .megatron_flags import translate as translate_megatron_flags
+from .megatron_flags import translate_all as translate_megatron_flags
 
 __all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
            "DataArgs", "CheckpointArgs", "LoggingArgs", "RunArgs", "SECTION_OF", "parse_args",
@@ -93,6 +93,9 @@ class ModelArgs:
     """Norm of the layers: LayerNorm or RMSNorm."""
     norm_epsilon: float = 1e-5
     """Epsilon of the norms."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal initialisation of the weights (output projections:
+    divided by sqrt(2 x --num-layers), as megatron-core)."""
     swiglu: bool = False
     """SwiGLU MLP (silu(gate) * up) instead of GeLU."""
     group_query_attention: bool = False
@@ -202,6 +205,15 @@ class OptimizerArgs:
     """Linear warmup iterations."""
     lr_decay_iters: int | None = None
     """Decay length (default: --train-iters)."""
+    lr_warmup_samples: int | None = None
+    """Megatron's warmup in samples instead of --lr-warmup-iters: samples / global batch
+    iterations (rounded up)."""
+    lr_decay_samples: int | None = None
+    """Megatron's decay length in samples instead of --lr-decay-iters: samples / global
+    batch iterations (rounded up)."""
+    lr_warmup_fraction: float | None = None
+    """Megatron's warmup as a fraction of the decay length (--lr-decay-iters, default
+    --train-iters) instead of --lr-warmup-iters (rounded up)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     adam_beta1: float = 0.9
@@ -221,8 +233,9 @@ class DataArgs:
 
     micro_batch_size: int = 1
     """Samples per microbatch."""
-    global_batch_size: int = 8
-    """Samples per iteration, over all data-parallel ranks."""
+    global_batch_size: int | None = None
+    """Samples per iteration, over all data-parallel ranks (default, as in Megatron:
+    --micro-batch-size x the data-parallel size)."""
     max_tokens_per_microbatch: int | None = None
     """Cap microbatches by tokens instead of --micro-batch-size: padded tokens (count x
     longest), or with --pack-sequences the packed row's length."""
@@ -338,8 +351,11 @@ class RunArgs:
 
     seed: int = 1234
     """Seed of initialization, data order and synthetic data."""
-    train_iters: int = 10
-    """Iterations (global batches) to train."""
+    train_iters: int | None = None
+    """Iterations (global batches) to train (default 10, or from --train-samples)."""
+    train_samples: int | None = None
+    """Megatron's run length in samples instead of --train-iters: samples // global batch
+    iterations, as Megatron."""
     exit_interval: int | None = None
     """Stop after this iteration (after saving), as if interrupted."""
     exit_signal_handler: bool = False
@@ -391,14 +407,58 @@ class TrainingArgs:
         problems = _validate(self)
         if problems:
             raise ValueError("invalid arguments:\n  " + "\n  ".join(problems))
+        self.resolution_notes: list[str] = []  # log notes of what the job's size resolved
         if self.model.ffn_hidden_size is None:
             self.model.ffn_hidden_size = 4 * self.model.hidden_size
         if self.model.max_position_embeddings is None:
             self.model.max_position_embeddings = self.model.seq_length
         if self.schedule.num_model_chunks is None:
             self.schedule.num_model_chunks = family(self.schedule.pipeline_schedule).default_chunks
-        if self.optimizer.lr_decay_iters is None:
-            self.optimizer.lr_decay_iters = self.run.train_iters
+        self._resolve_lengths()
+
+    def _resolve_lengths(self) -> None:
+        """--train-samples, --lr-*-samples and --lr-warmup-fraction as iterations, as far
+        as the global batch is known (without --global-batch-size: at
+        :meth:`data_parallel_size`)."""
+        run, opt, gbs = self.run, self.optimizer, self.data.global_batch_size
+        if run.train_iters is None and run.train_samples is None:
+            run.train_iters = 10
+        converted = []
+        if gbs is not None:
+            converted = self._samples_to_iterations(gbs)
+        if opt.lr_decay_iters is None and opt.lr_decay_samples is None and \
+                run.train_iters is not None:
+            opt.lr_decay_iters = run.train_iters
+        if opt.lr_warmup_fraction is not None and opt.lr_decay_iters is not None:
+            opt.lr_warmup_iters = math.ceil(round(opt.lr_warmup_fraction * opt.lr_decay_iters, 6))
+            converted.append(f"--lr-warmup-fraction {opt.lr_warmup_fraction} x "
+                             f"--lr-decay-iters {opt.lr_decay_iters} -> --lr-warmup-iters "
+                             f"{opt.lr_warmup_iters}")
+        if converted:
+            note = f"note: {'; '.join(converted)}"
+            if gbs is not None and (run.train_samples or opt.lr_decay_samples or
+                                    opt.lr_warmup_samples is not None):
+                note += (f" (at --global-batch-size {gbs}: samples / global batch, rounded "
+                         f"up; --train-samples rounded down, as Megatron)")
+            if note not in self.resolution_notes:
+                self.resolution_notes.append(note)
+
+    def _samples_to_iterations(self, gbs: int) -> list[str]:
+        """Megatron's sample counts as iterations of ``gbs`` samples; what was converted."""
+        run, opt, converted = self.run, self.optimizer, []
+        if run.train_iters is None:
+            run.train_iters = run.train_samples // gbs
+            if run.train_iters < 1:
+                raise ValueError(f"--train-samples {run.train_samples} is less than one "
+                                 f"global batch ({gbs} samples)")
+            converted.append(f"--train-samples {run.train_samples} -> --train-iters "
+                             f"{run.train_iters}")
+        for flag, samples, name in (("--lr-decay-samples", opt.lr_decay_samples, "lr_decay_iters"),
+                                    ("--lr-warmup-samples", opt.lr_warmup_samples, "lr_warmup_iters")):
+            if samples is not None:
+                setattr(opt, name, -(-samples // gbs))
+                converted.append(f"{flag} {samples} -> --{_flag(name)} {getattr(opt, name)}")
+        return converted
 
     def data_parallel_size(self, world_size: int, local_world_size: int | None = None) -> int:
         """dp = world / pp, after checking every flag combination that depends on the
@@ -412,6 +472,13 @@ class TrainingArgs:
                              f"is not divisible by --pipeline-model-parallel-size {pp} x "
                              f"--tensor-model-parallel-size {tp}")
         dp = world_size // (pp * tp)
+        if self.data.global_batch_size is None:  # Megatron's default
+            self.data.global_batch_size = self.data.micro_batch_size * dp
+            self.resolution_notes.append(
+                f"note: no --global-batch-size: --micro-batch-size "
+                f"{self.data.micro_batch_size} x data-parallel size {dp} = "
+                f"{self.data.global_batch_size}, as Megatron")
+            self._resolve_lengths()
         if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
@@ -447,12 +514,35 @@ def _validate(args: TrainingArgs) -> list[str]:
             problems.append(f"--{_flag(name)} {_value(args, name)!r} is not one of {choices}")
     positive = ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                 "micro_batch_size", "global_batch_size", "pipeline_model_parallel_size",
-                "train_iters", "log_interval", "keep_checkpoints")
+                "train_iters", "log_interval", "keep_checkpoints", "train_samples",
+                "lr_decay_samples")
     problems += [f"--{_flag(n)} must be >= 1, got {_value(args, n)}"
-                 for n in positive if _value(args, n) < 1]
+                 for n in positive if _value(args, n) is not None and _value(args, n) < 1]
+    problems += _length_conflicts(args)
     if problems:
         return problems
     return _validate_model(args) + _validate_layout(args) + _validate_run(args)
+
+
+def _length_conflicts(args: TrainingArgs) -> list[str]:
+    """Iterations and samples given for the same length (Megatron takes one of them)."""
+    run, opt, problems = args.run, args.optimizer, []
+    pairs = ((run.train_iters is not None, run.train_samples is not None,
+              "--train-iters", "--train-samples"),
+             (opt.lr_decay_iters is not None, opt.lr_decay_samples is not None,
+              "--lr-decay-iters", "--lr-decay-samples"),
+             (opt.lr_warmup_iters != 0, opt.lr_warmup_samples is not None,
+              "--lr-warmup-iters", "--lr-warmup-samples"),
+             (opt.lr_warmup_samples is not None or opt.lr_warmup_iters != 0,
+              opt.lr_warmup_fraction is not None,
+              "--lr-warmup-iters/--lr-warmup-samples", "--lr-warmup-fraction"))
+    problems += [f"give one of {a} and {b}" for given_a, given_b, a, b in pairs
+                 if given_a and given_b]
+    if opt.lr_warmup_samples is not None and opt.lr_warmup_samples < 0:
+        problems.append(f"--lr-warmup-samples must be >= 0, got {opt.lr_warmup_samples}")
+    if opt.lr_warmup_fraction is not None and not 0 <= opt.lr_warmup_fraction <= 1:
+        problems.append(f"--lr-warmup-fraction must be in [0, 1], got {opt.lr_warmup_fraction}")
+    return problems
 
 
 def _validate_model(args: TrainingArgs) -> list[str]:
@@ -487,6 +577,8 @@ def _validate_model(args: TrainingArgs) -> list[str]:
         problems.append("--add-qkv-bias only matters with --disable-bias-linear")
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
+    if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):
+        problems.append(f"--init-method-std must be finite and > 0, got {model.init_method_std}")
     return problems
 
 
@@ -642,8 +734,16 @@ def _value(args: TrainingArgs, name: str):
     return getattr(getattr(args, SECTION_OF[name]), name)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``ValueError`` (one line, the caller prints it once per job)
+    instead of printing its usage block and exiting in every process."""
+
+    def error(self, message: str):
+        raise ValueError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pretrain_gpt.py", description="Train a megatron-core GPT with zero-bubble "
         "pipeline parallelism and ODC data parallelism (odc-pp).", allow_abbrev=False)
     groups, docs = {}, {}
@@ -680,13 +780,20 @@ def args_from_flags(values: dict) -> TrainingArgs:
 
 def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, list[str]]:
     """Parse Megatron-style flags: the arguments and the notes for the log about pasted
-    Megatron-LM flags (:mod:`.megatron_flags`). A bad value or combination, or a rejected
-    pasted flag, raises ``ValueError`` (argparse's own errors -- unknown flag, bad type --
-    exit with status 2)."""
+    Megatron-LM flags (:mod:`.megatron_flags`). A bad value or combination, a rejected
+    pasted flag or an unknown flag raises one ``ValueError`` with a line per flag."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    argv, notes = translate_megatron_flags(argv)
-    namespace = build_parser().parse_args(argv)
+    parser = build_parser()
+    native = frozenset(o for action in parser._actions for o in action.option_strings)
+    translation = translate_megatron_flags(argv, native)
+    argv, notes = translation.argv, translation.notes
+    namespace, unknown = parser.parse_known_args(argv)
+    problems = translation.problems + _unknown_lines(unknown, native)
+    if problems:
+        raise ValueError(f"{len(problems)} flag{'s' * (len(problems) > 1)} not taken:\n  "
+                         + "\n  ".join(problems))
     values = vars(namespace)
+    notes += _megatron_tolerances(values)
     if values.get("hf_checkpoint"):
         from odc_pp.megatron.hf_config import given_flags, merge_hf_flags
 
@@ -700,6 +807,39 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes
+
+
+def _unknown_lines(unknown: list[str], native: frozenset[str]) -> list[str]:
+    """One line per unknown flag (its values folded in), with the nearest known flag."""
+    import difflib
+
+    lines: list[str] = []
+    for token in unknown:
+        if not token.startswith("--"):
+            if lines and lines[-1].startswith("--"):
+                continue  # a value of the unknown flag before it
+            lines.append(f"unexpected argument {token!r}")
+            continue
+        name = token.partition("=")[0]
+        close = difflib.get_close_matches(name, native, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name}: unknown flag{hint}; python pretrain_gpt.py --help lists the "
+                     f"flags, docs/megatron.md the Megatron-LM flags odc-pp answers")
+    return lines
+
+
+def _megatron_tolerances(values: dict) -> list[str]:
+    """Megatron flags that are no-ops in the job given: dropped with a note."""
+    notes = []
+    if values["sequence_parallel"] and values["tensor_model_parallel_size"] == 1:
+        values["sequence_parallel"] = False
+        notes.append("note: --sequence-parallel at --tensor-model-parallel-size 1: no-op "
+                     "(Megatron turns it off at tp=1 too)")
+    if values["split"] is not None and values["mock_data"]:
+        notes.append(f"note: --split {values['split']} with --mock-data: ignored (the "
+                     f"synthetic corpus has no documents to split; Megatron ignores it too)")
+        values["split"] = None
+    return notes
 
 
 def parse_args(argv: list[str] | None = None) -> TrainingArgs:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3)
         return 2
     if env.rank == 0:
-        for note in notes:
+        for note in notes + args.resolution_notes:
             print(note, flush=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:

@@ -57,10 +57,14 @@ def _known_flags() -> set[str]:
     """pretrain_gpt.py's parser, the pasted Megatron-LM flags, and every flag an
     ``add_argument`` call in odc_pp/, tools/ or benchmarks/ declares."""
     from odc_pp.training.arguments import build_parser
-    from odc_pp.training.megatron_flags import PASTED_FLAGS
+    from odc_pp.training.megatron_flags import PASTED_FLAGS, PREFIX_FLAGS
 
     known = {option for action in build_parser()._actions for option in action.option_strings}
     known |= set(PASTED_FLAGS)
+    scripts = ROOT / "tests" / "data" / "megatron_scripts"  # Megatron flags answered by prefix
+    known |= {line.split()[0] for path in scripts.glob("*.flags")
+              for line in path.read_text(encoding="utf-8").splitlines()
+              if line.strip() and line.startswith(tuple(PREFIX_FLAGS))}
     sources = [*(ROOT / "odc_pp").rglob("*.py"), *(ROOT / "tools").glob("*.py"),
                *(ROOT / "benchmarks").glob("*.py")]
     for path in sources:
