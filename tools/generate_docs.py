@@ -224,8 +224,7 @@ def _tp(d: dict) -> str:
                       for name in layouts if name != "pp2")
     loads = [x for v in layouts.values() for x in v.get("load_1min", [])]
     where = f", {d['config']['rounds']} rounds, {_loads(loads)}" if loads else ""
-    return (f"step time relative to pp=2 (gloo on 2 cores, says nothing about NVLink"
-            f"{where}): {parts}")
+    return f"step time relative to pp=2 (gloo, not NVLink{where}): {parts}"
 
 
 def _demo(d: dict) -> str:
@@ -247,25 +246,13 @@ def _gpu(d: dict) -> str:
 
 def _gpu_step(d: dict) -> str:
     runs = d["runs"]
-    parts = [f"{name} " + (f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, MFU {100 * r['mfu']:.1f}%, "
-                           f"{r['peak_allocated_gb']:.1f} GB"
-                           if r.get("tokens_per_s") else f"failed (exit {r.get('exit')})")
-             for name, r in runs.items()]
+    short = {"full-1f1b": "full rows", "lbmini-packed": "lb-mini packed", "unpacked": "unpacked"}
+    parts = [f"{label} {runs[n]['tokens_per_s'] / 1e3:.1f}k tok/s {100 * runs[n]['mfu']:.0f}%"
+             for n, label in short.items() if runs.get(n, {}).get("tokens_per_s")]
     full, hf = runs.get("full-1f1b", {}), runs.get("hf", {})
-    ratio = (f"; full rows {full['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF"
-             if full.get("tokens_per_s") and hf.get("tokens_per_s") else "")
-    note = f" ({d['note']})" if d.get("note") else ""
-    return (f"{d['device']}, Llama-3-8B layer shape x 4, seq 8192{note}: " + "; ".join(parts)
-            + ratio)
-
-
-def _optimizer(d: dict) -> str:
-    ms, ratio = d["step_ms"], d["vs_torch_fused"]
-    return (f"{d['params'] / 1e6:.0f}M params on {d['device']}: ShardedAdamW "
-            f"{ms['sharded_fused']:.0f} ms = {ratio['sharded_fused']:.2f}x "
-            f"AdamW(fused=True) {ms['torch_fused']:.0f} ms; per-tensor loop "
-            f"{ratio['torch_foreach_false']:.2f}x (median of {d['rounds']} rounds, load "
-            f"{d['load_average'][0]:.1f})")
+    if full.get("tokens_per_s") and hf.get("tokens_per_s"):
+        parts.append(f"{full['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF")
+    return f"{d['device'].split(' 80GB')[0]}, 8B layers: " + ", ".join(parts)
 
 
 ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
@@ -280,10 +267,7 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "sft_cpu.json": ("bench_sft.py", _sft),
     "tp_cpu.json": ("bench_tp.py", _tp),
     "gpu_check.json": ("../tools/gpu_check.sh", _gpu),
-    "gpu_check_h100.json": ("../tools/gpu_check.sh", _gpu),
     "gpu_step_h100.json": ("bench_gpu_step.py", _gpu_step),
-    "gpu_step_h100_run2.json": ("bench_gpu_step.py", _gpu_step),
-    "optimizer_cpu.json": ("bench_optimizer.py", _optimizer),
 }
 """Result file -> (script under benchmarks/, headline of its JSON)."""
 
