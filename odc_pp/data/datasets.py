@@ -245,8 +245,9 @@ def _why_unusable(path: str, encoded: list, seq_length: int) -> str:
 
 class IndexedTokenDataset:
     """Documents of Megatron indexed datasets (``prefix.bin`` / ``prefix.idx``), one
-    sample per document, truncated to ``seq_length + 1`` tokens (no concatenation:
-    post-training keeps document boundaries). With ``vocab_size`` (the model's embedding
+    sample per document, truncated to ``seq_length + 1`` tokens (post-training keeps
+    document boundaries; :attr:`sequence_lengths` and :meth:`get` are the document table
+    that :class:`~.concatenated.ConcatenatedSamples` concatenates as Megatron does). With ``vocab_size`` (the model's embedding
     rows) every token id of every ``.bin`` is checked when it is opened
     (:func:`~.token_check.check_token_ids`): an id outside ``[0, vocab_size)`` is a
     ValueError naming the file, document, position and id."""
@@ -275,6 +276,19 @@ class IndexedTokenDataset:
 
     def __len__(self) -> int:
         return len(self.valid)
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        """Token counts of every document of every prefix, in order (the document table
+        of Megatron's concatenated samples: ids are positions in this array)."""
+        return np.concatenate([p.sequence_lengths for p in self.parts]).astype(np.int32)
+
+    def get(self, document: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``offset .. offset + length`` of document ``document`` of
+        :attr:`sequence_lengths` (``IndexedDataset.get`` over the prefixes)."""
+        part = int(np.searchsorted(self.offsets, document, side="right") - 1)
+        return self.parts[part].get(document - int(self.offsets[part]), offset=offset,
+                                    length=length)
 
     def _locate(self, index: int):
         flat = int(self.valid[index])

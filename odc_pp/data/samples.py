@@ -33,11 +33,19 @@ class Sample:
     """int64 token ids, length L + 1."""
     loss_mask: np.ndarray
     """float32 weights of the L predicted tokens (0 for prompt / padding)."""
+    position_ids: np.ndarray | None = None
+    """int64 positions of the L inputs; None: ``0..L-1`` (Megatron's samples under
+    --reset-position-ids restart them after each end-of-document)."""
+    segment_ids: np.ndarray | None = None
+    """int64 document number of each of the L inputs, attention staying within one
+    (Megatron's samples under --reset-attention-mask); None: one causal sequence."""
 
     def __post_init__(self) -> None:
         if len(self.tokens) < 2:
             raise ValueError("a sample needs at least 2 tokens")
         assert len(self.loss_mask) == len(self.tokens) - 1
+        for extra in (self.position_ids, self.segment_ids):
+            assert extra is None or len(extra) == len(self.tokens) - 1
 
     @property
     def length(self) -> int:
@@ -67,7 +75,25 @@ def collate(samples: Sequence[Sample], *, pad_id: int, multiple: int = 1) -> Mic
         mask[row, :sample.length] = sample.loss_mask
     tokens_t = torch.from_numpy(tokens)
     return Microbatch(tokens=tokens_t[:, :-1].contiguous(), labels=tokens_t[:, 1:].contiguous(),
-                      loss_mask=torch.from_numpy(mask))
+                      loss_mask=torch.from_numpy(mask),
+                      position_ids=_rows(samples, "position_ids", length),
+                      segment_ids=_rows(samples, "segment_ids", length))
+
+
+def _rows(samples: Sequence[Sample], name: str, length: int) -> torch.Tensor | None:
+    """``[batch, length]`` of the samples' ``position_ids`` / ``segment_ids`` when any
+    sample has them (others: ``0..L-1`` / segment 0); padding continues the positions and
+    is segment -1. None when no sample has them."""
+    if all(getattr(s, name) is None for s in samples):
+        return None
+    positions = name == "position_ids"
+    out = np.tile(np.arange(length), (len(samples), 1)) if positions else \
+        np.full((len(samples), length), -1, dtype=np.int64)
+    for row, sample in enumerate(samples):
+        value = getattr(sample, name)
+        out[row, :sample.length] = value if value is not None else \
+            (np.arange(sample.length) if positions else 0)
+    return torch.from_numpy(out.astype(np.int64))
 
 
 def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1) -> Microbatch:

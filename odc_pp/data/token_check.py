@@ -65,4 +65,5 @@ def check_token_ids(prefix: str, dataset, vocab_size: int) -> None:
                      f"id {value} is outside the model's vocabulary [0, {vocab_size}) "
                      f"(--vocab-size, or the tokenizer padded to "
                      f"--make-vocab-size-divisible-by); the dataset was made with another "
-                     f"tokenizer, or the model needs a larger vocabulary")
+                     f"tokenizer (give it: --tokenizer-model, or for Megatron's GPT-2 data "
+                     f"--vocab-file and --merge-file), or the model needs a larger vocabulary")

@@ -8,10 +8,10 @@ from typing import Protocol
 
 from .chat import encode_role_headers, encode_with_template
 
-__all__ = ["Tokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer", "build_tokenizer",
-           "TOKENIZER_TYPES", "tokenizer_type_for"]
+__all__ = ["Tokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer",
+           "build_tokenizer", "TOKENIZER_TYPES", "tokenizer_type_for"]
 
-TOKENIZER_TYPES = ("ByteLevelTokenizer", "HuggingFaceTokenizer")
+TOKENIZER_TYPES = ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer")
 
 
 class Tokenizer(Protocol):
@@ -105,6 +105,45 @@ class HuggingFaceTokenizer:
         return encode_with_template(self._tokenizer, messages)
 
 
+class GPT2BPETokenizer:
+    """Megatron's GPT2BPETokenizer: the GPT-2 byte-level BPE of ``--vocab-file``
+    (vocab.json) and ``--merge-file`` (merges.txt), through transformers'
+    ``GPT2TokenizerFast``; end-of-document (and padding) is ``<|endoftext|>``."""
+
+    def __init__(self, vocab_file: str | None, merge_file: str | None) -> None:
+        for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
+            if not path:
+                raise ValueError(f"--tokenizer-type GPT2BPETokenizer needs {flag} (GPT-2's "
+                                 f"vocab.json and merges.txt, as Megatron's)")
+            if not os.path.isfile(path):
+                raise ValueError(f"{flag} {path!r}: no such file")
+        try:
+            from transformers import GPT2TokenizerFast  # type: ignore
+        except ImportError as exc:
+            raise ValueError("--vocab-file/--merge-file need `transformers` (pip install "
+                             "transformers) to build the GPT-2 BPE tokenizer") from exc
+        try:
+            self._tokenizer = GPT2TokenizerFast(vocab_file=vocab_file, merges_file=merge_file)
+        except Exception as exc:  # a malformed vocab.json / merges.txt
+            raise ValueError(f"--vocab-file {vocab_file} / --merge-file {merge_file}: not a "
+                             f"GPT-2 BPE vocabulary ({type(exc).__name__}: {exc})") from exc
+        self.vocab_size = len(self._tokenizer)
+        eod = self._tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        if eod is None:
+            raise ValueError(f"--vocab-file {vocab_file} has no <|endoftext|> token")
+        self.eod = self.pad = int(eod)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(list(token_ids))
+
+    def encode_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """The built-in ``<|role|>\\n`` format (GPT-2 has no chat template)."""
+        return encode_role_headers(messages, self.encode, self.eod)
+
+
 def _load_hf(path: str):
     """(transformers tokenizer, None) when ``transformers`` is installed, else
     (None, ``tokenizers.Tokenizer``)."""
@@ -126,13 +165,19 @@ def _load_hf(path: str):
     return None, RawTokenizer.from_file(file)
 
 
-def tokenizer_type_for(tokenizer_type: str | None, tokenizer_model: str | None) -> str:
+def tokenizer_type_for(tokenizer_type: str | None, tokenizer_model: str | None, *,
+                       vocab_file: str | None = None, merge_file: str | None = None) -> str:
     """The tokenizer type the flags mean: ``--tokenizer-model`` alone means
-    HuggingFaceTokenizer, nothing means ByteLevelTokenizer. ValueError (naming the flag)
-    for a --tokenizer-model that does not exist or that the type would ignore."""
+    HuggingFaceTokenizer, ``--vocab-file``/``--merge-file`` GPT2BPETokenizer (Megatron's
+    GPT-2 BPE), nothing ByteLevelTokenizer. ValueError (naming the flag) for a file that
+    does not exist, one that the type would ignore, or GPT2BPETokenizer without both
+    files."""
     if tokenizer_model is not None and not os.path.exists(tokenizer_model):
         raise ValueError(f"--tokenizer-model {tokenizer_model!r} does not exist: give a local "
                          f"directory (or tokenizer.json) of a Hugging Face tokenizer")
+    bpe = _bpe_type(tokenizer_type, tokenizer_model, vocab_file, merge_file)
+    if bpe:
+        return bpe
     if tokenizer_type is None:
         return "HuggingFaceTokenizer" if tokenizer_model else "ByteLevelTokenizer"
     if tokenizer_type == "ByteLevelTokenizer" and tokenizer_model:
@@ -142,8 +187,36 @@ def tokenizer_type_for(tokenizer_type: str | None, tokenizer_model: str | None) 
     return tokenizer_type
 
 
-def build_tokenizer(tokenizer_type: str, tokenizer_model: str | None = None) -> Tokenizer:
-    """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``)."""
+def _bpe_type(tokenizer_type: str | None, tokenizer_model: str | None,
+              vocab_file: str | None, merge_file: str | None) -> str | None:
+    """"GPT2BPETokenizer" when the flags mean it (checked), else None."""
+    files = [(flag, path) for flag, path in (("--vocab-file", vocab_file),
+                                             ("--merge-file", merge_file)) if path]
+    if tokenizer_type != "GPT2BPETokenizer" and not files:
+        return None
+    if tokenizer_type not in (None, "GPT2BPETokenizer"):
+        raise ValueError(f"{' and '.join(f for f, _ in files)} belong to --tokenizer-type "
+                         f"GPT2BPETokenizer, not {tokenizer_type}; drop them or change the type")
+    if tokenizer_model:
+        raise ValueError(f"--tokenizer-model {tokenizer_model!r} and --vocab-file/--merge-file "
+                         f"name two tokenizers; give one")
+    missing = [flag for flag, path in (("--vocab-file", vocab_file),
+                                       ("--merge-file", merge_file)) if not path]
+    if missing:
+        raise ValueError(f"the GPT-2 BPE tokenizer (--tokenizer-type GPT2BPETokenizer) needs "
+                         f"{' and '.join(missing)} (vocab.json and merges.txt)")
+    for flag, path in files:
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag} {path!r}: no such file")
+    return "GPT2BPETokenizer"
+
+
+def build_tokenizer(tokenizer_type: str, tokenizer_model: str | None = None, *,
+                    vocab_file: str | None = None, merge_file: str | None = None) -> Tokenizer:
+    """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``, or
+    ``--vocab-file`` / ``--merge-file``)."""
+    if tokenizer_type == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "ByteLevelTokenizer":
         return ByteLevelTokenizer()
     if tokenizer_type == "HuggingFaceTokenizer":

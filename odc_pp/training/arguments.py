@@ -24,6 +24,8 @@ from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate_all as translate_megatron_flags
+from .sample_construction import (SAMPLE_CONSTRUCTIONS, sample_construction_note,
+                                  sample_construction_problems)
 
 __all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
            "DataArgs", "CheckpointArgs", "LoggingArgs", "RunArgs", "SECTION_OF", "parse_args",
@@ -37,7 +39,8 @@ CHOICES = {
     "dp_mode": DP_MODES,
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
-    "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer"),
+    "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer"),
+    "sample_construction": SAMPLE_CONSTRUCTIONS,
     "normalization": ("LayerNorm", "RMSNorm"),
     "position_embedding_type": ("learned_absolute", "rope"),
     "attention_backend": ("auto", "host", "sdpa"),
@@ -276,9 +279,29 @@ class DataArgs:
     eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
     tokenizer_type: str | None = None
     """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
-    --tokenizer-model, else ByteLevelTokenizer)."""
+    --tokenizer-model, GPT2BPETokenizer with --vocab-file/--merge-file, else
+    ByteLevelTokenizer)."""
     tokenizer_model: str | None = None
     """Local path of a Hugging Face tokenizer."""
+    vocab_file: str | None = None
+    """GPT-2 BPE vocab.json (Megatron's GPT2BPETokenizer, with --merge-file)."""
+    merge_file: str | None = None
+    """GPT-2 BPE merges.txt (Megatron's GPT2BPETokenizer, with --vocab-file)."""
+    sample_construction: str = "auto"
+    """How samples are built: megatron (Megatron's GPTDataset: documents shuffled per epoch
+    and concatenated with their EOD into --seq-length samples), document (one document per
+    sample, truncated to --seq-length: post-training) or auto (megatron for indexed data;
+    document for JSONL, --mock-data's long-tailed corpus and packed rows). --mock-data with
+    megatron gives full --seq-length samples, as Megatron's mock data."""
+    reset_position_ids: bool = False
+    """Megatron's: with --sample-construction megatron, positions restart at 0 after each
+    EOD of a sample (one document per sample: always so)."""
+    reset_attention_mask: bool = False
+    """Megatron's: with --sample-construction megatron, attention stays within each
+    document of a sample (one document per sample: always so)."""
+    eod_mask_loss: bool = False
+    """Megatron's: no loss on the prediction made at an EOD input token (the next
+    document's first token) with --sample-construction megatron."""
 
 
 @dataclass(kw_only=True)
@@ -400,8 +423,9 @@ class TrainingArgs:
 
     def __post_init__(self) -> None:
         try:
-            self.data.tokenizer_type = tokenizer_type_for(self.data.tokenizer_type,
-                                                          self.data.tokenizer_model)
+            self.data.tokenizer_type = tokenizer_type_for(
+                self.data.tokenizer_type, self.data.tokenizer_model,
+                vocab_file=self.data.vocab_file, merge_file=self.data.merge_file)
         except ValueError as exc:
             raise ValueError(f"invalid arguments:\n  {exc}") from None
         problems = _validate(self)
@@ -688,6 +712,7 @@ def _validate_run(args: TrainingArgs) -> list[str]:
     if args.parallel.distributed_timeout_minutes <= 0:
         problems.append("--distributed-timeout-minutes must be > 0")
     problems += wandb_problems(args.logging)
+    problems += sample_construction_problems(args.data)
     return problems
 
 
@@ -804,6 +829,7 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     if values.get("tokenizer_type") is None and values.get("tokenizer_model"):
         notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
                      f"--tokenizer-type: HuggingFaceTokenizer")
+    notes.append(sample_construction_note(args))
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

@@ -10,18 +10,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
+
 from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedTokenDataset, JsonlDataset, Microbatch,
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
 from odc_pp.data.blending import BlendedSource, parse_blend
+from odc_pp.data.concatenated import ConcatenatedSamples, EodHandling, SyntheticDocuments
 from odc_pp.data.splits import DocumentRange, split_bounds
 from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
+from .sample_construction import sample_construction
 
 __all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
            "model_vocab_size", "padded_vocab_size", "sample_cost_model",
-           "load_sample_cost_model", "packs_sequences"]
+           "load_sample_cost_model", "packs_sequences", "megatron_num_samples",
+           "data_tokenizer"]
 
 
 @dataclass
@@ -42,14 +47,53 @@ def padded_vocab_size(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
 
 
+def data_tokenizer(args: TrainingArgs):
+    """The tokenizer of the data flags (--tokenizer-type, --tokenizer-model,
+    --vocab-file / --merge-file)."""
+    return build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model,
+                           vocab_file=args.data.vocab_file, merge_file=args.data.merge_file)
+
+
+def megatron_num_samples(args: TrainingArgs, part: int) -> int | None:
+    """The samples Megatron asks its train (``part`` 0) or valid (1) dataset for:
+    --train-iters x global batch; (train iters // --eval-interval + 1) x --eval-iters x
+    global batch. None while the global batch is not known (one epoch)."""
+    iters, batch = args.run.train_iters, args.data.global_batch_size
+    if iters is None or batch is None:
+        return None
+    if part == 0:
+        return iters * batch
+    return (iters // args.data.eval_interval + 1) * args.data.eval_iters * batch
+
+
+def _eod_handling(args: TrainingArgs, eod: int) -> EodHandling:
+    return EodHandling(eod=eod, reset_position_ids=args.data.reset_position_ids,
+                       reset_attention_mask=args.data.reset_attention_mask,
+                       eod_mask_loss=args.data.eod_mask_loss)
+
+
+def _mock_source(args: TrainingArgs, part: int) -> ShuffledSource:
+    """--mock-data: the synthetic corpus, one document per sample, or under
+    --sample-construction megatron its documents concatenated into full samples."""
+    seed = args.run.seed + part
+    corpus = SyntheticCorpus(vocab_size=args.model.vocab_size,
+                             seq_length=args.model.seq_length, seed=seed)
+    if sample_construction(args.data) != "megatron":
+        return ShuffledSource(corpus, seed=seed)
+    wanted = megatron_num_samples(args, part) or 1000
+    table = SyntheticDocuments(corpus, (wanted + 1) * args.model.seq_length + 1)
+    samples = ConcatenatedSamples(table, np.arange(len(table)), seq_length=args.model.seq_length,
+                                  num_samples=wanted, seed=seed,
+                                  eod=_eod_handling(args, 0), pad_id=0)
+    return ShuffledSource(samples, seed=seed, shuffle=False)
+
+
 def build_source(args: TrainingArgs) -> tuple[ShuffledSource, int]:
     """(sample source, model vocabulary size) for the data flags (with --split: its
     train part)."""
     if args.data.mock_data:
-        corpus = SyntheticCorpus(vocab_size=args.model.vocab_size, seq_length=args.model.seq_length,
-                                 seed=args.run.seed)
-        return ShuffledSource(corpus, seed=args.run.seed), args.model.vocab_size
-    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+        return _mock_source(args, 0), args.model.vocab_size
+    tokenizer = data_tokenizer(args)
     vocab = model_vocab_size(args, tokenizer)
     source = _source(args, args.data.data_path, tokenizer, "--data-path", part=0, vocab=vocab)
     return source, vocab
@@ -61,12 +105,10 @@ def build_valid_source(args: TrainingArgs) -> ShuffledSource | None:
     if args.data.eval_iters == 0:
         return None
     if args.data.mock_data:
-        corpus = SyntheticCorpus(vocab_size=args.model.vocab_size,
-                                 seq_length=args.model.seq_length, seed=args.run.seed + 1)
-        return ShuffledSource(corpus, seed=args.run.seed + 1)
+        return _mock_source(args, 1)
     if not args.data.valid_data_path and args.data.split is None:
         return None
-    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model)
+    tokenizer = data_tokenizer(args)
     vocab = model_vocab_size(args, tokenizer)
     if args.data.valid_data_path:
         return _source(args, args.data.valid_data_path, tokenizer, "--valid-data-path",
@@ -85,6 +127,13 @@ def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
     sources = []
     for index, path in enumerate(paths):
         dataset = _documents(args, [path] if blend else path, tokenizer, flag, vocab)
+        if sample_construction(args.data) == "megatron":
+            samples = _concatenated(args, dataset, tokenizer, part,
+                                    valid=flag == "--valid-data-path")
+            if samples is None:
+                return None
+            sources.append(ShuffledSource(samples, seed=args.run.seed, shuffle=False))
+            continue
         if part is not None and args.data.split is not None:
             documents = split_bounds(args.data.split, len(dataset))[part]
             if len(documents) == 0 and part > 0:
@@ -92,6 +141,25 @@ def _source(args: TrainingArgs, items: list[str], tokenizer, flag: str,
             dataset = DocumentRange(dataset, documents, name=("train", "valid")[part])
         sources.append(ShuffledSource(dataset, seed=args.run.seed + index))
     return BlendedSource(sources, weights) if blend else sources[0]
+
+
+def _concatenated(args: TrainingArgs, dataset, tokenizer, part: int | None, *,
+                  valid: bool = False) -> ConcatenatedSamples | None:
+    """Megatron's samples of an indexed ``dataset``: with --split, of the documents of
+    its ``part`` (None when that part is empty); the samples the run consumes requested
+    as Megatron requests them (:func:`megatron_num_samples`; ``valid``: validation
+    data)."""
+    documents = np.arange(len(dataset.sequence_lengths))
+    if part is not None and args.data.split is not None:
+        documents = documents[split_bounds(args.data.split, len(documents))[part]]
+        if len(documents) == 0:
+            if part > 0:
+                return None
+            raise ValueError(f"the train part of --split {args.data.split} has no documents")
+    return ConcatenatedSamples(dataset, documents, seq_length=args.model.seq_length,
+                               num_samples=megatron_num_samples(args, 1 if valid else part or 0),
+                               seed=args.run.seed, eod=_eod_handling(args, tokenizer.eod),
+                               pad_id=tokenizer.pad)
 
 
 def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
