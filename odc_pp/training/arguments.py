@@ -24,6 +24,8 @@ from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate_all as translate_megatron_flags
+from .megatron_semantics import (length_conflicts, megatron_tolerances, resolve_lengths,
+                                 unknown_lines)
 from .sample_construction import (SAMPLE_CONSTRUCTIONS, sample_construction_note,
                                   sample_construction_problems)
 
@@ -438,51 +440,7 @@ class TrainingArgs:
             self.model.max_position_embeddings = self.model.seq_length
         if self.schedule.num_model_chunks is None:
             self.schedule.num_model_chunks = family(self.schedule.pipeline_schedule).default_chunks
-        self._resolve_lengths()
-
-    def _resolve_lengths(self) -> None:
-        """--train-samples, --lr-*-samples and --lr-warmup-fraction as iterations, as far
-        as the global batch is known (without --global-batch-size: at
-        :meth:`data_parallel_size`)."""
-        run, opt, gbs = self.run, self.optimizer, self.data.global_batch_size
-        if run.train_iters is None and run.train_samples is None:
-            run.train_iters = 10
-        converted = []
-        if gbs is not None:
-            converted = self._samples_to_iterations(gbs)
-        if opt.lr_decay_iters is None and opt.lr_decay_samples is None and \
-                run.train_iters is not None:
-            opt.lr_decay_iters = run.train_iters
-        if opt.lr_warmup_fraction is not None and opt.lr_decay_iters is not None:
-            opt.lr_warmup_iters = math.ceil(round(opt.lr_warmup_fraction * opt.lr_decay_iters, 6))
-            converted.append(f"--lr-warmup-fraction {opt.lr_warmup_fraction} x "
-                             f"--lr-decay-iters {opt.lr_decay_iters} -> --lr-warmup-iters "
-                             f"{opt.lr_warmup_iters}")
-        if converted:
-            note = f"note: {'; '.join(converted)}"
-            if gbs is not None and (run.train_samples or opt.lr_decay_samples or
-                                    opt.lr_warmup_samples is not None):
-                note += (f" (at --global-batch-size {gbs}: samples / global batch, rounded "
-                         f"up; --train-samples rounded down, as Megatron)")
-            if note not in self.resolution_notes:
-                self.resolution_notes.append(note)
-
-    def _samples_to_iterations(self, gbs: int) -> list[str]:
-        """Megatron's sample counts as iterations of ``gbs`` samples; what was converted."""
-        run, opt, converted = self.run, self.optimizer, []
-        if run.train_iters is None:
-            run.train_iters = run.train_samples // gbs
-            if run.train_iters < 1:
-                raise ValueError(f"--train-samples {run.train_samples} is less than one "
-                                 f"global batch ({gbs} samples)")
-            converted.append(f"--train-samples {run.train_samples} -> --train-iters "
-                             f"{run.train_iters}")
-        for flag, samples, name in (("--lr-decay-samples", opt.lr_decay_samples, "lr_decay_iters"),
-                                    ("--lr-warmup-samples", opt.lr_warmup_samples, "lr_warmup_iters")):
-            if samples is not None:
-                setattr(opt, name, -(-samples // gbs))
-                converted.append(f"{flag} {samples} -> --{_flag(name)} {getattr(opt, name)}")
-        return converted
+        resolve_lengths(self)
 
     def data_parallel_size(self, world_size: int, local_world_size: int | None = None) -> int:
         """dp = world / pp, after checking every flag combination that depends on the
@@ -502,7 +460,7 @@ class TrainingArgs:
                 f"note: no --global-batch-size: --micro-batch-size "
                 f"{self.data.micro_batch_size} x data-parallel size {dp} = "
                 f"{self.data.global_batch_size}, as Megatron")
-            self._resolve_lengths()
+            resolve_lengths(self)
         if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
@@ -542,31 +500,10 @@ def _validate(args: TrainingArgs) -> list[str]:
                 "lr_decay_samples")
     problems += [f"--{_flag(n)} must be >= 1, got {_value(args, n)}"
                  for n in positive if _value(args, n) is not None and _value(args, n) < 1]
-    problems += _length_conflicts(args)
+    problems += length_conflicts(args)
     if problems:
         return problems
     return _validate_model(args) + _validate_layout(args) + _validate_run(args)
-
-
-def _length_conflicts(args: TrainingArgs) -> list[str]:
-    """Iterations and samples given for the same length (Megatron takes one of them)."""
-    run, opt, problems = args.run, args.optimizer, []
-    pairs = ((run.train_iters is not None, run.train_samples is not None,
-              "--train-iters", "--train-samples"),
-             (opt.lr_decay_iters is not None, opt.lr_decay_samples is not None,
-              "--lr-decay-iters", "--lr-decay-samples"),
-             (opt.lr_warmup_iters != 0, opt.lr_warmup_samples is not None,
-              "--lr-warmup-iters", "--lr-warmup-samples"),
-             (opt.lr_warmup_samples is not None or opt.lr_warmup_iters != 0,
-              opt.lr_warmup_fraction is not None,
-              "--lr-warmup-iters/--lr-warmup-samples", "--lr-warmup-fraction"))
-    problems += [f"give one of {a} and {b}" for given_a, given_b, a, b in pairs
-                 if given_a and given_b]
-    if opt.lr_warmup_samples is not None and opt.lr_warmup_samples < 0:
-        problems.append(f"--lr-warmup-samples must be >= 0, got {opt.lr_warmup_samples}")
-    if opt.lr_warmup_fraction is not None and not 0 <= opt.lr_warmup_fraction <= 1:
-        problems.append(f"--lr-warmup-fraction must be in [0, 1], got {opt.lr_warmup_fraction}")
-    return problems
 
 
 def _validate_model(args: TrainingArgs) -> list[str]:
@@ -813,12 +750,12 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     translation = translate_megatron_flags(argv, native)
     argv, notes = translation.argv, translation.notes
     namespace, unknown = parser.parse_known_args(argv)
-    problems = translation.problems + _unknown_lines(unknown, native)
+    problems = translation.problems + unknown_lines(unknown, native)
     if problems:
         raise ValueError(f"{len(problems)} flag{'s' * (len(problems) > 1)} not taken:\n  "
                          + "\n  ".join(problems))
     values = vars(namespace)
-    notes += _megatron_tolerances(values)
+    notes += megatron_tolerances(values)
     if values.get("hf_checkpoint"):
         from odc_pp.megatron.hf_config import given_flags, merge_hf_flags
 
@@ -833,39 +770,6 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes
-
-
-def _unknown_lines(unknown: list[str], native: frozenset[str]) -> list[str]:
-    """One line per unknown flag (its values folded in), with the nearest known flag."""
-    import difflib
-
-    lines: list[str] = []
-    for token in unknown:
-        if not token.startswith("--"):
-            if lines and lines[-1].startswith("--"):
-                continue  # a value of the unknown flag before it
-            lines.append(f"unexpected argument {token!r}")
-            continue
-        name = token.partition("=")[0]
-        close = difflib.get_close_matches(name, native, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        lines.append(f"{name}: unknown flag{hint}; python pretrain_gpt.py --help lists the "
-                     f"flags, docs/megatron.md the Megatron-LM flags odc-pp answers")
-    return lines
-
-
-def _megatron_tolerances(values: dict) -> list[str]:
-    """Megatron flags that are no-ops in the job given: dropped with a note."""
-    notes = []
-    if values["sequence_parallel"] and values["tensor_model_parallel_size"] == 1:
-        values["sequence_parallel"] = False
-        notes.append("note: --sequence-parallel at --tensor-model-parallel-size 1: no-op "
-                     "(Megatron turns it off at tp=1 too)")
-    if values["split"] is not None and values["mock_data"]:
-        notes.append(f"note: --split {values['split']} with --mock-data: ignored (the "
-                     f"synthetic corpus has no documents to split; Megatron ignores it too)")
-        values["split"] = None
-    return notes
 
 
 def parse_args(argv: list[str] | None = None) -> TrainingArgs:
