@@ -19,8 +19,8 @@ EXTERNAL_FLAGS = {
     # torchrun
     "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
     "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
-    # pytest, pip
-    "--durations", "--timeout", "--no-build-isolation", "--no-deps", "--no-index",
+    # tar (docs/gpu.md's device command), pytest, pip
+    "--exclude", "--durations", "--timeout", "--no-build-isolation", "--no-deps", "--no-index",
     "--find-links",
     # torchrun elastic, SLURM
     "--max-restarts", "--gpus-per-task", "--signal", "--ntasks-per-node", "--nodes",
