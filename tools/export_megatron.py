@@ -9,7 +9,10 @@ The weights are the optimizer's fp32 master weights reassembled by name
 (``tools/export_checkpoint.py``), put into a one-stage model built from the checkpoint's
 model flags, and saved through that model's ``sharded_state_dict()`` (the keys of
 megatron-core's local layer spec, norms under Transformer Engine's fused names) as
-``megatron_ckpt/iter_<iteration>/`` with ``latest_checkpointed_iteration.txt``. Only the
+``megatron_ckpt/iter_<iteration>/`` with ``latest_checkpointed_iteration.txt``. A tied
+model (trained without ``--untie-embeddings-and-output-weights``) is written as Megatron's
+tied model expects: no ``output_layer.weight``; its pipeline copy must be bitwise equal to
+the embedding, else the export is refused. Only the
 model is written (fp32): in Megatron-LM load it with ``--no-load-optim --no-load-rng``
 (``--finetune`` to restart the iteration count). Runs on a CPU-only machine.
 """
@@ -34,6 +37,7 @@ from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
 from odc_pp.training.checkpointing import checkpoint_dir, read_meta  # noqa: E402
 
 _OUTPUT = "model.output_layer.weight"
+_EMBEDDING = "model.embedding.word_embeddings.weight"
 
 
 def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
@@ -54,6 +58,32 @@ def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
         qk_layernorm=meta.get("qk_layernorm", False), tie_embeddings=tied)
 
 
+def tied_in_meta(meta: dict, state: dict) -> bool:
+    """Whether the run was tied (``meta.json``'s ``tie_embeddings``; checkpoints written
+    before it was recorded: tied when they hold no output layer)."""
+    if "tie_embeddings" in meta:
+        return bool(meta["tie_embeddings"])
+    return _OUTPUT not in state
+
+
+def without_tied_copy(state: dict, source: str) -> dict:
+    """``state`` of a tied model without the output layer's copy (a model tied across
+    pipeline stages saves one; Megatron's tied model has no output layer, and would
+    ignore one). ValueError when the copy is not bitwise equal to the embedding: the tie
+    was broken, and either weight alone would be another model."""
+    if _OUTPUT not in state:
+        return state
+    copy, embedding = state[_OUTPUT], state[_EMBEDDING]
+    if copy.shape != embedding.shape or not torch.equal(copy, embedding):
+        error = float((copy.float() - embedding.float()).abs().max()) \
+            if copy.shape == embedding.shape else float("nan")
+        raise ValueError(f"{source} is tied (trained without "
+                         f"--untie-embeddings-and-output-weights) but its output layer differs "
+                         f"from the embedding (max abs difference {error:.3g}): refusing to "
+                         f"write a tied Megatron model from two different weights")
+    return {name: value for name, value in state.items() if name != _OUTPUT}
+
+
 def _init_single_process_group() -> None:
     if dist.is_initialized():
         return
@@ -70,7 +100,9 @@ def export_megatron(load: str, output: str, iteration: int | None = None) -> tup
     meta = read_meta(checkpoint_dir(load, iteration))
     _init_single_process_group()
     groups = singleton_process_groups()
-    config = model_config_from_meta(meta, tied=_OUTPUT not in state)
+    config = model_config_from_meta(meta, tied=tied_in_meta(meta, state))
+    if config.tie_embeddings:
+        state = without_tied_copy(state, f"checkpoint {load} iteration {iteration}")
     (chunk,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
     params = dict(chunk.global_named_parameters())
     if sorted(params) != sorted(state):

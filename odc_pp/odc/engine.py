@@ -524,6 +524,12 @@ class ShardedDataParallel:
         (:class:`~odc_pp.odc.tied.TiedGradients`). Every rank of ``group`` calls it."""
         self._tied = TiedGradients(self.units, params, group)
 
+    def tied_difference(self, owned: Sequence[torch.Tensor]) -> float:
+        """Max abs difference between the tied copies of :meth:`tie` (0.0: bitwise equal,
+        and 0.0 where nothing is tied on this rank); ``owned``: per unit, the owned
+        elements (e.g. the optimizer's master weights). Collective over the tie group."""
+        return 0.0 if self._tied is None else self._tied.differing(owned)
+
     def _pad_collectives(self) -> None:
         if self._max_microbatches is None:
             raise ValueError("collective mode: call begin_minibatch(max_microbatches=...) "

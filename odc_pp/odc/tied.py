@@ -6,7 +6,7 @@ After the minibatch's sync the owned accumulators hold each copy's summed gradie
 (each element taken once per copy, from its owner), all-reduces it over the tie group
 (every rank holding a copy), and writes the sum back into every copy's owned range: the
 copies get the same gradient and, AdamW being elementwise, the same update, so they stay
-bitwise equal.
+bitwise equal. :meth:`TiedGradients.differing` checks that they are (at every save).
 """
 
 from __future__ import annotations
@@ -65,3 +65,20 @@ class TiedGradients:
         for unit, position in self.entries:
             piece, owned = self._overlap(unit, position)
             unit.grad_acc[owned] = total[piece]
+
+    @torch.no_grad()
+    def differing(self, owned: Sequence[torch.Tensor]) -> float:
+        """Max abs difference between the embedding and its output-layer copy (0.0: bitwise
+        equal). ``owned``: per unit, the owned elements to compare (the optimizer's fp32
+        master weights). Each copy is assembled whole from its owners' pieces (every
+        element owned once per copy, zeros elsewhere: the sum over the tie group is exact).
+        Collective over the tie group; ranks holding both copies compare locally."""
+        device = self.entries[0][0].grad_acc.device
+        copies = torch.zeros(2, self.numel, dtype=torch.float32, device=device)
+        for unit, position in self.entries:
+            piece, shard = self._overlap(unit, position)
+            which = 0 if "embedding" in unit.names[position] else 1
+            copies[which, piece] += owned[unit.index][shard].float()
+        if self.group is not None:
+            dist.all_reduce(copies, group=self.group)
+        return float((copies[0] - copies[1]).abs().max())

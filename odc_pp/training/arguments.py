@@ -125,11 +125,12 @@ class ModelArgs:
     qk_layernorm: bool = False
     """Normalise queries and keys per head (Qwen3)."""
     untie_embeddings: bool = False
-    """Train the input embedding and the output layer as two independent weights even
-    when the --hf-checkpoint config ties them (a different model; export then writes them
-    tied only while they are bitwise equal). Without it a tied model stays tied on every
-    layout: across stages the two copies' gradients are summed before each step, as
-    Megatron does."""
+    """Train the input embedding and the output layer as two independent weights
+    (Megatron's --untie-embeddings-and-output-weights). Without it the model is tied, as
+    Megatron's is by default (with --hf-checkpoint: as its config says), on every layout:
+    across stages the two copies' gradients are summed before each step, as Megatron
+    does. Untying a tied --hf-checkpoint model makes a different model (export then
+    writes them tied only while they are bitwise equal)."""
     attention_backend: str = "auto"
     """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
     explicit mask) or sdpa (torch scaled_dot_product_attention)."""

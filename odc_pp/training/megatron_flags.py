@@ -39,8 +39,8 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
         "the loss is always the mean over every scored token of the global batch "
         "(per-token, independent of the microbatch and replica split)"),
     "--untie-embeddings-and-output-weights": mapped(
-        "input embeddings and the output layer are separate weights; with an --hf-checkpoint "
-        "whose config ties them this means --untie-embeddings", "--untie-embeddings"),
+        "input embeddings and the output layer are separate weights (tied without it, as "
+        "in Megatron; with --hf-checkpoint as its config says)", "--untie-embeddings"),
     "--no-rope-fusion": honoured(
         "RoPE is unfused on CPU; on GPU it is fused only when Transformer Engine is installed"),
     "--no-position-embedding": honoured(

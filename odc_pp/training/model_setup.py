@@ -19,7 +19,9 @@ def hf_config_of(model: ModelArgs) -> dict | None:
 
 def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: int):
     """ModelConfig of the flags (with ``--hf-checkpoint`` the flags hold its values,
-    merged at parse time; its Llama-3 rope scaling and tied embeddings come from it)."""
+    merged at parse time; its Llama-3 rope scaling and tied embeddings come from it).
+    Tied embeddings as Megatron: tied unless ``--untie-embeddings-and-output-weights``
+    (``--untie-embeddings``); with ``--hf-checkpoint`` tied as its config says."""
     from odc_pp.megatron.hf_config import llama3_rope_scaling
     from odc_pp.megatron.model import ModelConfig
 
@@ -32,7 +34,7 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
         scaling = {"factor": model.rope_scaling_factor, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} \
             if model.use_rope_scaling else None
-        tie = False
+        tie = not model.untie_embeddings  # Megatron's default: tied
     return ModelConfig(
         vocab_size=vocab_size, hidden_size=model.hidden_size, num_layers=model.num_layers,
         num_attention_heads=model.num_attention_heads, ffn_hidden_size=model.ffn_hidden_size,

@@ -52,7 +52,7 @@ from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
                          peak_memory_mb)
 
-__all__ = ["Trainer", "StepStats", "TrainingStopped"]
+__all__ = ["Trainer", "StepStats", "TrainingStopped", "DROPOUT_NOTE"]
 
 
 class TrainingStopped(RuntimeError):
@@ -147,6 +147,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+DROPOUT_NOTE = ("note: dropout 0.0 (hidden and attention), where Megatron-LM's default is 0.1: "
+                "odc-pp keeps every layout's run bitwise comparable (docs/megatron.md, "
+                "\"Dropout\"); set --hidden-dropout 0.0 --attention-dropout 0.0 in Megatron-LM "
+                "to compare")
+
+
 class Trainer:
     """Trains ``args`` on ``topo``: builds the data plan, the components and the
     checkpointing, resuming from --load; :meth:`train` runs the iterations."""
@@ -166,6 +172,9 @@ class Trainer:
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
         self.parts: Components = build_components(
             args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size)
+        if not (getattr(args.model, "hidden_dropout", 0.0) or
+                getattr(args.model, "attention_dropout", 0.0)):
+            self._say(DROPOUT_NOTE)
         opt = args.optimizer
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
                                       warmup_iters=opt.lr_warmup_iters,
@@ -434,6 +443,11 @@ class Trainer:
         the end."""
         if not self._save_due(done):
             return
+        difference = self.parts.engine.tied_difference(self.parts.optimizer.master)
+        if difference:  # tied across stages: the copies must be one weight
+            raise RuntimeError(f"iteration {done}: the tied embedding and its output-layer "
+                               f"copy differ (max abs {difference:.3g}); not saving a broken "
+                               f"tie (--untie-embeddings-and-output-weights trains two weights)")
         state = dict(sharded_state(self.parts.engine, self.parts.optimizer),
                      rng=capture_rng_state(), iteration=done)
         path = self.saver.save(done, state, meta=checkpoint_meta(self.args, self.topo,

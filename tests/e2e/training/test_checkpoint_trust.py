@@ -113,8 +113,8 @@ MEGATRON_FLAGS = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-h
                   "--seq-length", "16", "--max-position-embeddings", "16", "--mock-data",
                   "--vocab-size", "48", "--global-batch-size", "2", "--micro-batch-size", "1",
                   "--lr", "0", "--min-lr", "0", "--no-progress-bar", "--train-iters", "6",
-                  "--distributed-timeout-minutes", "1.5"]
-"""The model of megatron_stock.py."""
+                  "--distributed-timeout-minutes", "1.5", "--untie-embeddings-and-output-weights"]
+"""The model of megatron_stock.py (untied)."""
 
 
 def test_a_truncated_distcp_of_a_megatron_checkpoint_is_named(tmp_path):

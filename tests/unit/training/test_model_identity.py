@@ -26,19 +26,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 SIZE = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4",
         "--seq-length", "16", "--max-position-embeddings", "16", "--vocab-size", "64"]
+UNTIED = ["--untie-embeddings-and-output-weights"]  # the "gpt" and "bare" checkpoints
 # flags of each load -> (checkpoint, extra flags)
 CASES = {
-    "same": ("gpt", []),
-    "same_bare": ("bare", []),
-    "heads": ("gpt", ["--num-attention-heads", "8"]),
-    "heads_bare": ("bare", ["--num-attention-heads", "8"]),
-    "no_bias": ("gpt", ["--disable-bias-linear"]),
-    "rmsnorm": ("gpt", ["--normalization", "RMSNorm"]),
-    "rope": ("gpt", ["--position-embedding-type", "rope"]),
-    "rope_bare": ("bare", ["--position-embedding-type", "rope"]),
-    "tied_into_untied": ("tied", []),
-    "tied_finetune": ("tied", ["--finetune"]),
-    "no_bias_finetune": ("gpt", ["--disable-bias-linear", "--finetune"]),
+    "same": ("gpt", UNTIED),
+    "same_bare": ("bare", UNTIED),
+    "same_tied": ("tied", []),  # tied by default, as Megatron
+    "heads": ("gpt", UNTIED + ["--num-attention-heads", "8"]),
+    "heads_bare": ("bare", UNTIED + ["--num-attention-heads", "8"]),
+    "no_bias": ("gpt", UNTIED + ["--disable-bias-linear"]),
+    "rmsnorm": ("gpt", UNTIED + ["--normalization", "RMSNorm"]),
+    "rope": ("gpt", UNTIED + ["--position-embedding-type", "rope"]),
+    "rope_bare": ("bare", UNTIED + ["--position-embedding-type", "rope"]),
+    "tied_into_untied": ("tied", UNTIED),
+    "untied_into_tied": ("gpt", []),
+    "tied_finetune": ("tied", UNTIED + ["--finetune"]),
+    "no_bias_finetune": ("gpt", UNTIED + ["--disable-bias-linear", "--finetune"]),
 }
 
 
@@ -134,6 +137,7 @@ def test_the_same_model_loads(checked):
     _, results = checked
     assert results["same"] == ["ok", []]
     assert results["same_bare"] == ["ok", []]
+    assert results["same_tied"] == ["ok", []]
 
 
 def test_a_head_count_that_keeps_every_shape_is_refused(checked):
@@ -175,6 +179,15 @@ def test_a_tied_checkpoint_into_an_untied_model_is_named(checked):
     assert status == "error", message
     assert "untie_embeddings_and_output_weights: saved False vs now True" in message
     assert "model.output_layer.weight" in message
+
+
+def test_an_untied_checkpoint_into_the_default_tied_model_is_named(checked):
+    _, results = checked
+    status, message = results["untied_into_tied"]
+    assert status == "error", message
+    assert "untie_embeddings_and_output_weights: saved True vs now False" in message
+    assert "model.output_layer.weight" in message and \
+        "--untie-embeddings-and-output-weights" in message
 
 
 def test_finetune_loads_deliberately_and_says_what_it_drops(checked):
@@ -246,15 +259,16 @@ def _pretrain(tmp_path, flags):
 
 def test_pretrain_gpt_exits_2_on_another_head_count(checked, tmp_path):
     root, _ = checked
-    run = _pretrain(tmp_path, ["--num-attention-heads", "8", "--load", str(root / "gpt")])
+    run = _pretrain(tmp_path, UNTIED + ["--num-attention-heads", "8", "--load",
+                                        str(root / "gpt")])
     assert run.returncode == 2, run.stderr[-3000:]
     assert "(--num-attention-heads)" in run.stderr, run.stderr[-3000:]
 
 
 def test_pretrain_gpt_finetune_drops_the_biases_and_says_so(checked, tmp_path):
     root, _ = checked
-    run = _pretrain(tmp_path, ["--disable-bias-linear", "--finetune", "--load",
-                               str(root / "gpt")])
+    run = _pretrain(tmp_path, UNTIED + ["--disable-bias-linear", "--finetune", "--load",
+                                        str(root / "gpt")])
     assert run.returncode == 0, run.stderr[-3000:]
     assert "note: --finetune: Megatron checkpoint" in run.stdout, run.stdout[-3000:]
     assert "(dropped)" in run.stdout
