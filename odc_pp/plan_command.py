@@ -11,10 +11,11 @@ import os
 import sys
 import time
 
-from odc_pp.planner.inputs import CLUSTERS, ModelSpec, load_lengths
-from odc_pp.planner.search import SCHEDULES, PlanConfig, format_plan, plan
+from odc_pp.planner.inputs import CLUSTERS, ModelSpec, describe_histogram, load_lengths
+from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, format_plan, plan, predict
+from odc_pp.training.plan_memory import rank_peaks
 
-__all__ = ["main", "build_parser", "model_from_hf", "model_from_flags"]
+__all__ = ["main", "build_parser", "model_from_hf", "model_from_flags", "baseline_candidate"]
 
 
 def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
@@ -45,6 +46,38 @@ def model_from_flags(text: str) -> ModelSpec:
                      vocab_size=model.vocab_size, seq_length=model.seq_length,
                      swiglu=bool(getattr(model, "swiglu", False)),
                      source_flags=tuple(text.split()))
+
+
+def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
+    """The user's current layout (``--baseline "FLAGS"``: Megatron / pretrain_gpt.py
+    parallelism, schedule, batching and recompute flags) as a candidate; data parallelism
+    is Megatron's collective unless --dp-mode is given."""
+    from odc_pp.schedule.generators import family
+    from odc_pp.training.arguments import parse_args
+
+    given = text.split()
+    try:
+        args = parse_args(list(model.model_flags()) + given + ["--mock-data"])
+    except (ValueError, SystemExit) as exc:
+        raise ValueError(f"--baseline {text!r}: {exc}") from None
+    tp = args.parallel.tensor_model_parallel_size
+    pp = args.parallel.pipeline_model_parallel_size
+    if gpus % (tp * pp):
+        raise ValueError(f"--baseline: tp {tp} x pp {pp} does not divide --gpus {gpus}")
+    name = args.schedule.pipeline_schedule
+    chunks = args.schedule.num_model_chunks
+    if chunks not in (None, family(name).default_chunks):
+        raise ValueError(f"--baseline: --num-model-chunks {chunks} with {name}: the planner "
+                         f"models {family(name).default_chunks}")
+    if args.data.micro_batch_size != 1:
+        raise ValueError(f"--baseline: --micro-batch-size {args.data.micro_batch_size}: "
+                         f"the planner models 1 sample per unpacked microbatch")
+    packed = bool(args.data.pack_sequences and args.data.max_tokens_per_microbatch)
+    return Candidate(tp=tp, pp=pp, dp=gpus // (tp * pp), schedule=name,
+                     dp_mode=args.parallel.dp_mode if "--dp-mode" in given else "collective",
+                     balance=args.data.load_balance, packed=packed,
+                     token_cap=args.data.max_tokens_per_microbatch if packed else None,
+                     recompute=args.model.recompute_lgd)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -78,7 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     lengths = parser.add_mutually_exclusive_group(required=True)
     lengths.add_argument("--lengths-jsonl", help="JSONL with input_ids lists or length fields")
     lengths.add_argument("--lengths-histogram",
-                         help='"LEN:WEIGHT,...", e.g. "512:70,2048:20,8192:8,32768:2"')
+                         help='"LEN:WEIGHT,...", e.g. "512:70,2048:20,8192:8,32768:2": '
+                              'WEIGHT of the samples have lengths spread uniformly from '
+                              'the previous LEN + 1 (1 for the first) to LEN, so "8192:100" '
+                              'means 1..8192, mean ~4096 (the plan prints how it read it)')
     parser.add_argument("--global-batch", type=int, default=None,
                         help="samples per optimizer step")
     parser.add_argument("--global-batch-tokens", type=int, default=None,
@@ -94,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=2,
                         help="global minibatches drawn per candidate")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline", default=None, metavar='"FLAGS"',
+                        help='your current layout, quoted, e.g. "--tensor-model-parallel-size '
+                             '4 --pipeline-model-parallel-size 2 --pipeline-schedule 1f1b": '
+                             'predicted as row B (collective data parallelism unless '
+                             '--dp-mode is given)')
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write every prediction here")
     return parser
@@ -121,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
                             schedules=tuple(args.schedules.split(",")),
                             token_caps=args.token_caps,
                             dp_modes=tuple(args.dp_modes.split(",")), samples=args.samples,
-                            seed=args.seed)
+                            seed=args.seed, rank_memory=rank_peaks)
+        baseline = None
+        if args.baseline:
+            try:
+                baseline = predict(config, baseline_candidate(args.baseline, model, args.gpus))
+            except ValueError as exc:
+                raise ValueError(f"--baseline {args.baseline!r}: {exc}") from None
     except (ValueError, OSError, KeyError) as exc:
         print(f"odc-pp plan: error: {exc}", file=sys.stderr)
         return 2
@@ -134,11 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cluster.name} x {args.gpus}, global batch {batch} samples "
           f"(mean length {lengths.mean():.0f}), {len(predictions)} configurations in "
           f"{time.process_time() - began:.1f} s CPU")
-    print(format_plan(predictions, default, top=args.top))
+    if args.lengths_histogram:
+        print(describe_histogram(args.lengths_histogram, lengths))
+    print(format_plan(predictions, default, top=args.top, baseline=baseline))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"predictions": [p.to_dict() for p in predictions],
-                       "megatron_default": default.to_dict() if default else None}, handle,
+                       "megatron_default": default.to_dict() if default else None,
+                       "baseline": baseline.to_dict() if baseline else None}, handle,
                       indent=1)
     return 0
 

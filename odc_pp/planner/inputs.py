@@ -12,7 +12,7 @@ import numpy as np
 
 from .offload_tuner import PRESETS
 
-__all__ = ["Cluster", "CLUSTERS", "ModelSpec", "load_lengths"]
+__all__ = ["Cluster", "CLUSTERS", "ModelSpec", "load_lengths", "describe_histogram"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -112,7 +112,7 @@ class ModelSpec:
         flags = ["--num-layers", str(self.num_layers), "--hidden-size", str(self.hidden_size),
                  "--num-attention-heads", str(self.num_attention_heads),
                  "--ffn-hidden-size", str(self.ffn_hidden_size),
-                 "--seq-length", str(self.seq_length)]
+                 "--seq-length", str(self.seq_length), "--vocab-size", str(self.vocab_size)]
         return flags + (["--swiglu"] if self.swiglu else [])
 
 
@@ -125,6 +125,19 @@ def _length_of(record: dict, path: str, line: int) -> int:
             return int(record[key])
     raise ValueError(f"{path}:{line}: a record needs input_ids/tokens (a list) or "
                      f"length/num_tokens")
+
+
+def describe_histogram(histogram: str, lengths: np.ndarray) -> str:
+    """How ``--lengths-histogram`` was read, for the plan's output."""
+    bins = sorted((int(a), float(b)) for a, b in (p.split(":") for p in histogram.split(",")))
+    spans, low = [], 1
+    for length, weight in bins:
+        spans.append(f"{weight:g} in {low}..{length}")
+        low = length + 1
+    return (f"lengths: --lengths-histogram LEN:WEIGHT bins, each bin's samples uniform from "
+            f"the previous bin's length + 1 to its own ({', '.join(spans)}); {len(lengths)} "
+            f"draws: mean {lengths.mean():.0f}, median {np.median(lengths):.0f}, max "
+            f"{lengths.max()} tokens")
 
 
 def load_lengths(*, jsonl: str | None = None, histogram: str | None = None,

@@ -22,14 +22,20 @@ balance, packing and token cap) is predicted as follows, deterministically:
    replicas run in lock step, each microbatch as slow as its slowest replica's.
 4. Data-parallel gradient traffic that is not overlapped is added: collective all-reduce
    (2 (dp-1)/dp of the stage's bf16 gradients), ODC reduce-scatter ((dp-1)/dp).
-5. Peak memory per rank: bf16 parameters, fp32 gradients, fp32 master + Adam sharded over
-   dp, the logits of the last stage, and the simulator's activation peak (microbatch
-   chunks) times the largest microbatch chunk's bytes (tune-offload's formula).
+5. Peak memory per pipeline rank: ``PlanConfig.rank_memory`` of the printed flags when
+   given -- ``odc-pp plan`` gives the dry run's memory model
+   (:func:`odc_pp.training.plan_memory.rank_peaks`: the same state formulas and schedule
+   walk, so the plan's fits/does-not-fit is the dry run's); without it (library callers
+   below the training layer) a rough estimate: bf16 parameters, fp32 gradients, fp32
+   master + Adam sharded over dp, the logits of the last stage, and the simulator's
+   activation peak (microbatch chunks) times the largest microbatch chunk's bytes
+   (tune-offload's formula).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +50,7 @@ from odc_pp.schedule.simulator import simulate
 from .inputs import Cluster, ModelSpec
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
-           "megatron_default"]
+           "megatron_default", "format_plan", "flags_of", "LEGEND"]
 
 GB = 1e9
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
@@ -79,6 +85,9 @@ class PlanConfig:
     """Global minibatches drawn to predict each candidate."""
     seed: int = 0
     """Seed of those draws."""
+    rank_memory: Callable[[list[str], int], list[float]] | None = None
+    """(a candidate's printed flags, GPUs) -> peak bytes per pipeline rank; None: the
+    rough estimate of the module docstring (step 5)."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
@@ -341,7 +350,9 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)
     step_s = step + comm
-    peaks = _peak_bytes(config, cand, units, biggest)
+    flags = flags_of(config, cand)
+    peaks = config.rank_memory(flags, config.gpus) if config.rank_memory is not None \
+        else _peak_bytes(config, cand, units, biggest)
     mfu = float(np.mean(flops)) / (step_s * config.gpus * cluster.peak_tflops * 1e12)
     return Prediction(candidate=cand, step_s=step_s,
                       tokens_per_s=float(np.mean(real_tokens)) / step_s,
@@ -349,14 +360,15 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
                                  "comm": comm},
                       peak_memory_gb=[round(p / GB, 3) for p in peaks],
                       fits=bool(max(peaks) <= config.memory_bytes), mfu=mfu,
-                      flags=flags_of(config, cand))
+                      flags=flags)
 
 
 def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     """The ``pretrain_gpt.py`` flags of a candidate (add the data flags; run on
     tp x pp x dp ranks)."""
     fam = family(cand.schedule)
-    flags = config.model.model_flags() + [
+    model_flags = config.model.model_flags()
+    flags = model_flags + ([] if {"--bf16", "--fp16"} & set(model_flags) else ["--bf16"]) + [
         "--tensor-model-parallel-size", str(cand.tp),
         "--pipeline-model-parallel-size", str(cand.pp),
         "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
@@ -450,17 +462,34 @@ def _key(cand: Candidate) -> tuple:
             cand.recompute)
 
 
-def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int) -> str:
-    """The ranking as text: top configurations and the Megatron default, with flags."""
+LEGEND = (
+    "columns: # rank by predicted tok/s (M: the Megatron default, B: --baseline); "
+    "tp: tensor-parallel size; pp: pipeline-parallel size; dp: data-parallel size;",
+    "  schedule: --pipeline-schedule; dp-mode: --dp-mode; balance: --load-balance; cap: "
+    "--max-tokens-per-microbatch of packed rows (-: unpacked, one sample per microbatch);",
+    "  rc: --recompute-lgd (y: on); tok/s: predicted tokens per second (sample tokens, no "
+    "padding); step ms: predicted optimizer step = comp + bubble + dpwait + comm;",
+    "  comp: the busiest rank's own F/B/W work; bubble: pipeline idle; dpwait: waiting for "
+    "slower replicas; comm: exposed data-parallel gradient traffic;",
+    "  mem GB: predicted peak of the fullest pipeline rank (the dry run's memory model of "
+    "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within --memory-gb.")
+"""The legend printed under the table: every column."""
+
+
+def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int,
+                baseline: Prediction | None = None) -> str:
+    """The ranking as text: top configurations, the Megatron default and the user's
+    ``--baseline`` (row B), with flags."""
     lines = [f"{'#':>3} {'tp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} {'dp-mode':<10} "
              f"{'balance':<8} {'cap':>6} {'rc':>2} {'tok/s':>10} {'step ms':>9} "
              f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'mem GB':>7} "
              f"{'MFU':>5} fits"]
     shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
                            else [])
-    for rank, pred in enumerate(shown, 1):
+    rows = shown + ([baseline] if baseline is not None else [])
+    for rank, pred in enumerate(rows, 1):
         c, b = pred.candidate, pred.breakdown
-        label = "M" if pred.megatron_default else str(rank)
+        label = "B" if pred is baseline else "M" if pred.megatron_default else str(rank)
         lines.append(
             f"{label:>3} {c.tp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} {c.dp_mode:<10} "
             f"{c.balance:<8} {c.token_cap or '-':>6} {'y' if c.recompute else '-':>2} "
@@ -468,11 +497,15 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
             f"{b['bubble'] * 1e3:>7.1f} {b['dp_wait'] * 1e3:>7.1f} {b['comm'] * 1e3:>7.1f} "
             f"{max(pred.peak_memory_gb):>7.1f} {pred.mfu:>5.1%} {'yes' if pred.fits else 'NO'}")
     if shown:
-        lines.append("")
+        lines += ["", *LEGEND, ""]
         lines.append("flags of #1: " + " ".join(shown[0].flags))
     if default is not None:
         lines.append("flags of the Megatron default (M): " + " ".join(default.flags))
         if shown and shown[0] is not default:
             lines.append(f"predicted speed-up of #1 over M: "
                          f"{shown[0].tokens_per_s / default.tokens_per_s:.2f}x")
+    if baseline is not None and shown:
+        lines.append("flags of your baseline (B): " + " ".join(baseline.flags))
+        lines.append(f"predicted speed-up of #1 over B: "
+                     f"{shown[0].tokens_per_s / baseline.tokens_per_s:.2f}x")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import math
@@ -669,6 +670,7 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+@functools.lru_cache(maxsize=None)  # pure; odc-pp plan parses hundreds of flag sets
 def _field_docs(cls) -> dict[str, str]:
     """Attribute docstrings (the string literal after each annotated field)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))

@@ -72,3 +72,43 @@ def test_printed_flags_keep_the_users_model_flags():
     model = model_from_flags(text)
     assert model.model_flags() == text.split()
     assert model.vocab_size == 96
+
+
+def test_every_column_has_a_legend_and_the_histogram_is_shown(capsys):
+    """Issue 33: a legend for every column (rc, cap, ...) and how --lengths-histogram was
+    read (each bin uniform from the previous length + 1: "48:100" means 1..48)."""
+    argv = PLAN[:PLAN.index("--lengths-histogram")] + ["--lengths-histogram", "48:100"] + \
+        PLAN[PLAN.index("--lengths-histogram") + 2:]
+    assert odc_pp_main(argv) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "100 in 1..48" in out and "mean 2" in out  # ~24.5 for 1..48
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    legend = " ".join(line for line in lines if line.startswith(("columns:", "  ")) and
+                      ":" in line and not line.lstrip().startswith(("1 ", "2 ", "M ")))
+    columns = header.replace("step ms", "step_ms").replace("mem GB", "mem_GB").split()
+    for column in columns:
+        name = column.replace("_", " ")
+        assert f"{name}:" in legend or (name == "#" and "# rank" in legend), (name, legend)
+
+
+def test_printed_flags_name_the_dtype_and_vocabulary(tmp_path):
+    path = tmp_path / "plan.json"
+    assert odc_pp_main(PLAN + ["--json", str(path)]) == 0
+    for pred in json.loads(path.read_text())["predictions"]:
+        assert "--bf16" in pred["flags"] and "--vocab-size" in pred["flags"]
+
+
+def test_baseline_is_the_users_layout(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    baseline = "--pipeline-model-parallel-size 2 --pipeline-schedule 1f1b"
+    assert odc_pp_main(PLAN + ["--baseline", baseline, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted speed-up of #1 over B" in out
+    row = json.loads(path.read_text())["baseline"]
+    assert row["config"]["pp"] == 2 and row["config"]["tp"] == 1
+    assert row["config"]["schedule"] == "1f1b" and row["config"]["dp_mode"] == "collective"
+    flags = row["flags"]
+    assert flags[flags.index("--pipeline-model-parallel-size") + 1] == "2"
+    assert odc_pp_main(PLAN + ["--baseline", "--tensor-model-parallel-size 3"]) == 2
+    assert "--baseline" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""The peak memory of a planned job, from the ``pretrain_gpt.py`` flags ``odc-pp plan``
+prints, by the dry run's memory model (issue 33: one verdict on memory).
+
+What the dry run (:mod:`.dry_run`) computes is computed the same way here: the flags are
+parsed by ``pretrain_gpt.py``'s parser; the per-parameter state is
+:func:`~odc_pp.runtime.memory_model.state_bytes`; the per-microbatch quantities are placed
+in time by :func:`~odc_pp.runtime.memory_model.schedule_peak` on the lowered schedule the
+runtime executes (:func:`.components.build_schedule`, the dry run's microbatch count and
+cost model). The two things the dry run measures on fake tensors are formulas here:
+
+* the trainable elements of each local chunk (exact: the embedding and output layer
+  vocabulary-parallel, the linear layers split over tp, norms replicated);
+* the per-microbatch bytes of a chunk (:class:`~odc_pp.runtime.memory_model.ChunkBytes`),
+  per token, calibrated against the dry run of the Llama-3-8B shape (hidden 4096, SwiGLU
+  ffn 14336 and 7168, 8 KV groups, RMSNorm, vocabulary 128256, tp 1/2/4 with sequence
+  parallelism, with and without --recompute-lgd, first/middle/last stage; every
+  coefficient within 0.5% of the measurement there). Other layer kinds (GELU MLPs,
+  LayerNorm, biases) are approximated by the same coefficients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odc_pp.runtime.memory_model import (NEW_POLICY, ChunkBytes, UnitSizes, schedule_peak,
+                                         state_bytes)
+
+__all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
+           "chunk_params"]
+
+
+@dataclass(frozen=True)
+class ActivationCoefficients:
+    """Bytes per token of one layer's tensors held from F to B: ``(h_split * h + ffn_split
+    * ffn) / tp + h_replicated * h`` (tp: tensor-parallel size with sequence parallelism)."""
+
+    h_split: float
+    ffn_split: float
+    h_replicated: float
+
+
+COEFFICIENTS = {False: ActivationCoefficients(h_split=27.55, ffn_split=10.0,
+                                              h_replicated=0.23),
+                True: ActivationCoefficients(h_split=11.55, ffn_split=4.0,
+                                             h_replicated=0.23)}
+"""Saved activations per layer without / with --recompute-lgd (module docstring)."""
+
+
+def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chunks: int,
+                 vocab_size: int) -> int:
+    """Trainable elements of one chunk of ``layers`` layers on one tensor-parallel rank
+    (``model``: the parsed ModelArgs; ``pp_chunks``: pp x chunks, for the tied copy)."""
+    h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
+    heads = model.num_attention_heads
+    kv_channels = model.kv_channels or h // heads
+    groups = model.num_query_groups or heads
+    norm = h if model.normalization == "RMSNorm" else 2 * h
+    bias = not model.disable_bias_linear
+    qkv = h * (heads + 2 * groups) * kv_channels + (heads + 2 * groups) * kv_channels * bias
+    proj = heads * kv_channels * h
+    fc1 = h * ffn * (2 if model.swiglu else 1) + ffn * (2 if model.swiglu else 1) * bias
+    fc2 = ffn * h
+    split = qkv + proj + fc1 + fc2
+    replicated = 2 * norm + 2 * h * bias
+    if model.qk_layernorm:
+        replicated += 2 * kv_channels * (2 if norm > h else 1)
+    total = layers * (split // tp + replicated)
+    vocab = -(-vocab_size // tp) * h
+    if first:
+        total += vocab
+        if model.position_embedding_type == "learned_absolute":
+            total += model.max_position_embeddings * h
+    if last:
+        total += norm
+        if model.untie_embeddings or pp_chunks > 1:  # tied at pp x chunks > 1: a copy
+            total += vocab
+    return total
+
+
+def chunk_bytes(model, *, tokens: int, layers: int, last: bool, tp: int,
+                vocab_size: int) -> ChunkBytes:
+    """Per-microbatch bytes of one chunk (the dry run's measured quantities) for a
+    microbatch of ``tokens`` tokens, bf16 (module docstring)."""
+    h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
+    c = COEFFICIENTS[bool(model.recompute_lgd)]
+    per_layer = (c.h_split * h + c.ffn_split * ffn) / tp + c.h_replicated * h
+    saved = 2 * h / tp + layers * per_layer  # the chunk's input (embedding or received)
+    w_held = layers * (4 * h + (9 * h + 6 * ffn) / tp)
+    if last:
+        saved += (4 * vocab_size + 8 * h) / tp  # fp32 logits, final norm
+        w_held += (2 * vocab_size + 2 * h) / tp
+        transient_f = (6 if tp == 1 else 10) * vocab_size / tp  # vocab-parallel loss
+        transient_b = 8 * vocab_size / tp
+    else:
+        transient_f, transient_b = 8 * h / tp, 6 * ffn / tp
+    # during the B, W-held tensors accumulate while saved activations are freed: at its
+    # end the chunk holds all of its W-held tensors (more than its saved activations
+    # with --recompute-lgd) and the input gradient
+    transient_b = max(transient_b, w_held - saved + 32 * h / tp)
+    return ChunkBytes(saved=int(tokens * saved), w_held=int(tokens * w_held),
+                      transient_f=int(tokens * transient_f),
+                      transient_b=int(tokens * transient_b))
+
+
+_NO_MEMORY_EFFECT = ("--load-balance", "--dp-mode")
+"""Flags (with their value) the peak does not depend on: the dry run models ODC."""
+_CACHE: dict[tuple, tuple[float, ...]] = {}
+
+
+def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int) -> list[float]:
+    """Peak bytes of each pipeline rank (tp rank 0, dp rank 0) of the job ``flags`` on
+    ``world_size`` GPUs, as the dry run of that rank computes them (cached)."""
+    flags = tuple(flags)
+    key = (tuple(f for i, f in enumerate(flags) if f not in _NO_MEMORY_EFFECT and
+                 (i == 0 or flags[i - 1] not in _NO_MEMORY_EFFECT)), world_size)
+    if key not in _CACHE:
+        _CACHE[key] = _rank_peaks(flags, world_size)
+    return list(_CACHE[key])
+
+
+def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
+    from .arguments import parse_args
+    from .components import build_schedule
+    from .dry_run import _costs, _num_microbatches
+
+    args = parse_args(list(flags) + ["--mock-data"])
+    tp = args.parallel.tensor_model_parallel_size
+    pp = args.parallel.pipeline_model_parallel_size
+    dp = args.data_parallel_size(world_size, world_size)
+    chunks = args.schedule.num_model_chunks
+    model, vocab = args.model, args.model.vocab_size
+    if not vocab:
+        raise ValueError("the plan's flags need --vocab-size (or --hf-checkpoint)")
+    schedule = build_schedule(args.schedule, pp=pp, num_microbatches=_num_microbatches(args, dp),
+                              costs=_costs(args, pp),
+                              post_validation=args.schedule.enable_optimizer_post_validation)
+    tokens = args.data.max_tokens_per_microbatch or \
+        args.data.micro_batch_size * model.seq_length
+    layers = model.num_layers // (pp * chunks)
+    tied = not model.untie_embeddings and pp * chunks > 1  # the output copy: out of the norm
+    message = 2 * tokens * model.hidden_size // (tp if args.parallel.sequence_parallel else 1)
+    peaks = []
+    for pp_rank in range(pp):
+        stages = [schedule.stage_of(pp_rank, c) for c in range(chunks)]
+        last = [s == schedule.num_stages - 1 for s in stages]
+        params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
+                                    pp_chunks=pp * chunks, vocab_size=vocab)
+                       for s, is_last in zip(stages, last))
+        units = UnitSizes(unit_params=params, dp=dp, param_bytes=2 if model.bf16 else 4,
+                          deterministic=not args.parallel.nondeterministic_dp,
+                          post_validation=args.schedule.enable_optimizer_post_validation,
+                          norm_mask=tuple(is_last and tied for is_last in last))
+        sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
+                             vocab_size=vocab) for is_last in last]
+        timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
+                                 policy=NEW_POLICY, costs=_costs(args, pp))
+        peaks.append(float(sum(state_bytes(units, NEW_POLICY).values()) +
+                           sum(timeline.values())))
+    return tuple(peaks)
