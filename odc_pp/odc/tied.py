@@ -67,18 +67,27 @@ class TiedGradients:
             unit.grad_acc[owned] = total[piece]
 
     @torch.no_grad()
-    def differing(self, owned: Sequence[torch.Tensor]) -> float:
+    def differing(self, owned: Sequence[torch.Tensor], window: int = 1 << 24) -> float:
         """Max abs difference between the embedding and its output-layer copy (0.0: bitwise
         equal). ``owned``: per unit, the owned elements to compare (the optimizer's fp32
-        master weights). Each copy is assembled whole from its owners' pieces (every
-        element owned once per copy, zeros elsewhere: the sum over the tie group is exact).
-        Collective over the tie group; ranks holding both copies compare locally."""
+        master weights). Each copy is assembled from its owners' pieces ``window`` elements
+        at a time (a bounded buffer; every element owned once per copy, zeros elsewhere:
+        the sum over the tie group is exact). Collective over the tie group; ranks holding
+        both copies compare locally."""
         device = self.entries[0][0].grad_acc.device
-        copies = torch.zeros(2, self.numel, dtype=torch.float32, device=device)
-        for unit, position in self.entries:
-            piece, shard = self._overlap(unit, position)
-            which = 0 if "embedding" in unit.names[position] else 1
-            copies[which, piece] += owned[unit.index][shard].float()
-        if self.group is not None:
-            dist.all_reduce(copies, group=self.group)
-        return float((copies[0] - copies[1]).abs().max())
+        worst = 0.0
+        for low in range(0, self.numel, window):
+            high = min(self.numel, low + window)
+            copies = torch.zeros(2, high - low, dtype=torch.float32, device=device)
+            for unit, position in self.entries:
+                piece, shard = self._overlap(unit, position)
+                first, last = max(piece.start, low), min(piece.stop, high)
+                if first < last:
+                    which = 0 if "embedding" in unit.names[position] else 1
+                    at = shard.start - piece.start
+                    copies[which, first - low:last - low] += \
+                        owned[unit.index][first + at:last + at].float()
+            if self.group is not None:
+                dist.all_reduce(copies, group=self.group)
+            worst = max(worst, float((copies[0] - copies[1]).abs().max()))
+        return worst

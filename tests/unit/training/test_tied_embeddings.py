@@ -57,12 +57,14 @@ def test_differing_compares_the_owned_pieces_of_both_copies():
     owned = [torch.cat([weight.reshape(-1), bias])[5:14], torch.cat([bias, weight.reshape(-1)])]
     # the embedding's elements 0..4 are not owned here (another rank's): seen as zeros
     assert tied.differing(owned) == 4.0
+    assert tied.differing(owned, window=5) == 4.0  # assembled 5 elements at a time
     first.start = 0
     owned[0] = torch.cat([weight.reshape(-1), bias])
-    assert tied.differing(owned) == 0.0
+    assert tied.differing(owned) == 0.0 and tied.differing(owned, window=5) == 0.0
     owned[1] = owned[1].clone()
     owned[1][2 + 7] += 0.5  # one element of the copy
-    assert tied.differing(owned) == 0.5
+    assert tied.differing(owned) == 0.5 and tied.differing(owned, window=5) == 0.5
+    assert tied.differing(owned, window=7) == 0.5  # windows that end mid-copy
 
 
 def test_export_drops_an_equal_copy_and_refuses_a_differing_one():
