@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,35 +116,41 @@ def _iterations(root: str, rank: int) -> int:
 
 def _one_try(root: str, order: str, gap_s: float) -> tuple[list[int], int]:
     """Start the agent, wait for 3 iterations, signal as SLURM does; the workers' exit
-    codes and the iteration they stopped after."""
+    codes and the iteration they stopped after. The agent is a fresh interpreter (as
+    torchrun is): forking the pytest process after earlier tests started threads can
+    leave a child stuck on a lock those threads held. A failed try kills the agent and
+    its workers instead of waiting for them."""
     os.makedirs(root)
     read, write = os.pipe()
-    agent = os.fork()
-    if agent == 0:  # pragma: no cover - the child
-        try:
-            os.close(read)
-            _agent(root, write)
-        finally:
-            os._exit(0)
+    agent = subprocess.Popen([sys.executable, os.path.abspath(__file__), root, str(write)],
+                             pass_fds=(write,))
     os.close(write)
     lines = os.fdopen(read)
+    workers: list[int] = []
     try:
         workers = [int(pid) for pid in lines.readline().split()]
         deadline = time.monotonic() + WAIT_S
         while min(_iterations(root, rank) for rank in range(WORLD)) < 3:
             assert time.monotonic() < deadline, "the workers did not run 3 iterations"
             time.sleep(0.01)
-        first, then = ((workers, [agent]) if order == "workers first" else ([agent], workers))
+        first, then = ((workers, [agent.pid]) if order == "workers first"
+                       else ([agent.pid], workers))
         for pid in first:
             os.kill(pid, signal.SIGTERM)
         time.sleep(gap_s)
         for pid in then:
             os.kill(pid, signal.SIGTERM)
         codes = [int(code) for code in lines.readline().split()]  # the agent waits <= 30 s
+        assert agent.wait(timeout=2 * AGENT_GRACE_S) == 0
     finally:
         lines.close()
-        _, status = os.waitpid(agent, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+        if agent.poll() is None:
+            for pid in [*workers, agent.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            agent.wait()
     return codes, max(_iterations(root, rank) for rank in range(WORLD))
 
 
@@ -192,3 +200,7 @@ def test_a_signal_after_the_saves_grace_period_kills(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert absorbed == "2 absorbed"
     assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM
+
+
+if __name__ == "__main__":  # the agent of one try: python this_file ROOT REPORT_FD
+    _agent(sys.argv[1], int(sys.argv[2]))
