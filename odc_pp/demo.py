@@ -174,7 +174,8 @@ def predicted(out_dir: str) -> str:
     flags = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
              "--num-attention-heads 32 --num-query-groups 8 --group-query-attention "
              "--seq-length 32768 --vocab-size 128256 --swiglu "
-             "--position-embedding-type rope --normalization RMSNorm")
+             "--position-embedding-type rope --normalization RMSNorm "
+             "--untie-embeddings-and-output-weights")  # Llama-3-8B is untied
     command = [sys.executable, "-m", "odc_pp.cli", "plan", "--model-flags", flags,
                "--cluster", "h100", "--gpus", "32", "--lengths-histogram", LONGALIGN_LIKE,
                "--global-batch", "128", "--top", "3",

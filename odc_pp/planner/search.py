@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 
 import numpy as np
 
@@ -435,26 +435,64 @@ def megatron_default(cand: Candidate) -> bool:
         cand.balance == "none" and not cand.packed
 
 
+REFINED = 12
+"""Candidates whose memory :func:`plan` takes from ``PlanConfig.rank_memory`` (the dry
+run's model, seconds each), fastest first, until this many fit; the rest keep the
+closed-form estimate (:func:`_peak_bytes`)."""
+
+
+def _predict_fitting(config: PlanConfig, cand: Candidate) -> Prediction:
+    """:func:`predict`; a candidate that does not fit memory is tried again with
+    --recompute-lgd and the better of the two kept."""
+    pred = predict(config, cand)
+    if not pred.fits:
+        pred = min(pred, predict(config, Candidate(**{**vars(cand), "recompute": True})),
+                   key=lambda p: (not p.fits, -p.tokens_per_s))
+    return pred
+
+
+def _order(preds: list[Prediction]) -> list[Prediction]:
+    return sorted(preds, key=lambda p: (not p.fits, -p.tokens_per_s if p.fits
+                                        else max(p.peak_memory_gb), _key(p.candidate)))
+
+
 def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     """(every candidate that runs, best first: fitting ones by tokens/s, then the rest by
-    memory; the best Megatron-default configuration, or None if none runs). A candidate
-    that does not fit memory is tried again with --recompute-lgd."""
+    memory; the best Megatron-default configuration, or None if none runs). Every
+    candidate is ranked with the closed-form memory estimate; then, with
+    ``config.rank_memory``, the fastest ones (until :data:`REFINED` fit) and the best
+    Megatron default take their memory from it, so every printed plan's figure is the dry
+    run's."""
+    rough = replace(config, rank_memory=None)
     out = []
     for cand in candidates(config):
         try:
-            pred = predict(config, cand)
-            if not pred.fits:
-                pred = min(pred, predict(config, Candidate(**{**vars(cand),
-                                                             "recompute": True})),
-                           key=lambda p: (not p.fits, -p.tokens_per_s))
+            pred = _predict_fitting(rough, cand)
         except ValueError:  # shape the schedule or the data planner rejects
             continue
         pred.megatron_default = megatron_default(pred.candidate)
         out.append(pred)
-    out.sort(key=lambda p: (not p.fits, -p.tokens_per_s if p.fits else max(p.peak_memory_gb),
-                            _key(p.candidate)))
+    out = _order(out)
+    if config.rank_memory is not None:
+        out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
     return out, default
+
+
+def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
+    """``ranked`` with the fastest candidates' (and the best Megatron default's) memory
+    from ``config.rank_memory``."""
+    out, fitting, default_done = [], 0, False
+    for pred in ranked:
+        wanted = fitting < REFINED or (pred.megatron_default and not default_done)
+        if wanted:
+            base = Candidate(**{**vars(pred.candidate), "recompute": False})
+            pred, default = _predict_fitting(config, base), pred.megatron_default
+            pred.megatron_default = default
+            fitting += pred.fits
+            default_done |= default
+        out.append(pred)
+    return out
 
 
 def _key(cand: Candidate) -> tuple:
