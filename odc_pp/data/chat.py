@@ -26,7 +26,8 @@ from __future__ import annotations
 import datetime
 from typing import Any, Callable
 
-__all__ = ["TEMPLATE_DATE", "check_messages", "encode_role_headers", "encode_with_template",
+__all__ = ["TEMPLATE_DATE", "SHAREGPT_ROLES", "check_messages", "sharegpt_messages",
+           "encode_role_headers", "encode_with_template",
            "has_generation_markers"]
 
 TEMPLATE_DATE = datetime.datetime(2024, 7, 26)
@@ -50,6 +51,32 @@ def check_messages(messages: Any) -> list[dict]:
                 got = "no key" if key not in message else f"a JSON {json_type(message[key])}"
                 raise ValueError(f"messages[{position}].{key} must be a string, got {got}")
     return messages
+
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "tool": "tool", "function_call": "assistant",
+                  "observation": "tool"}
+"""ShareGPT's ``from`` values -> chat roles (Hugging Face SFT sets such as Magpie's and
+ShareGPT's store ``{"conversations": [{"from": "human", "value": ...}, ...]}``)."""
+
+
+def sharegpt_messages(conversations: Any) -> list[dict]:
+    """A ShareGPT ``conversations`` list as ``[{"role", "content"}, ...]``; ValueError naming
+    the first bad turn."""
+    if not isinstance(conversations, list):
+        raise ValueError(f"'conversations' must be a list of {{\"from\", \"value\"}} objects, "
+                         f"got a JSON {json_type(conversations)}")
+    messages = []
+    for position, turn in enumerate(conversations):
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise ValueError(f"conversations[{position}] must be an object with a string "
+                             f"'value', got {turn!r:.60}")
+        speaker = turn.get("from")
+        if speaker not in SHAREGPT_ROLES:
+            raise ValueError(f"conversations[{position}].from = {speaker!r} is not one of "
+                             f"{sorted(SHAREGPT_ROLES)}")
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
+    return check_messages(messages)
 
 
 def encode_role_headers(messages: list[dict], encode: Callable[[str], list[int]],

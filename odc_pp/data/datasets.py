@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .chat import json_type
+from .chat import json_type, sharegpt_messages
 from .samples import Sample
 from .tokenizers import Tokenizer
 
@@ -81,7 +81,7 @@ class SyntheticCorpus:
                       loss_mask=np.ones(length, dtype=np.float32))
 
 
-RECORD_KEYS = ("text", "messages", "input_ids")
+RECORD_KEYS = ("text", "messages", "conversations", "input_ids")
 """The keys that name a JSONL record's format (exactly one per record)."""
 
 
@@ -93,6 +93,9 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
       (``null``, a number, a list or an object is an error, never its Python ``str()``).
     * ``{"messages": [{"role", "content"}, ...]}``: the tokenizer's chat template
       (``Tokenizer.encode_chat``); only assistant tokens scored.
+    * ``{"conversations": [{"from", "value"}, ...]}``: ShareGPT's form of the same
+      (:data:`~odc_pp.data.chat.SHAREGPT_ROLES`: ``human`` is the user, ``gpt`` the
+      assistant), as Hugging Face SFT datasets store it.
     * ``{"input_ids": [...], "loss_mask": [...]}`` (pre-tokenized): L ids train L - 1
       predictions, so ``loss_mask`` (optional, default all 1) has L - 1 entries of 0 or 1:
       ``loss_mask[i]`` weighs the prediction of ``input_ids[i + 1]``. Ids must be
@@ -106,11 +109,9 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
                          f"'input_ids' key, got a JSON {json_type(record)}")
     present = [key for key in RECORD_KEYS if key in record]
     if len(present) > 1:
-        raise ValueError(f"a JSONL record needs exactly one of 'text', 'messages' and "
-                         f"'input_ids', got {present}")
+        raise ValueError(f"a JSONL record needs exactly one of {_KEYS}, got {present}")
     if not present:
-        raise ValueError(f"JSONL record needs a 'text', 'messages' or 'input_ids' key, got "
-                         f"{sorted(record)}")
+        raise ValueError(f"JSONL record needs one of {_KEYS}, got {sorted(record)}")
     if "input_ids" in record:
         bound = (vocab_size, "the model's vocabulary size") if vocab_size else \
             (tokenizer.vocab_size, "the tokenizer's vocabulary size")
@@ -124,7 +125,7 @@ def encode_document(record: dict, tokenizer: Tokenizer, seq_length: int, *,
         tokens = tokenizer.encode(text) + [tokenizer.eod]
         scored = [1] * len(tokens)
     else:
-        tokens, scored = tokenizer.encode_chat(record["messages"])
+        tokens, scored = tokenizer.encode_chat(_messages(record))
     tokens, scored = tokens[:seq_length + 1], scored[:seq_length + 1]
     if len(tokens) < 2:
         return None
@@ -163,8 +164,19 @@ def _pretokenized(record: dict, vocab_size: int,
     return np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32)
 
 
+_KEYS = "'text', 'messages', 'conversations' and 'input_ids'"
+
+
+def _messages(record: dict) -> list[dict]:
+    """A chat record's messages (``messages`` as is, ShareGPT ``conversations`` mapped)."""
+    if "conversations" in record:
+        return sharegpt_messages(record["conversations"])
+    return record["messages"]
+
+
 def _has_assistant_turn(record: dict) -> bool:
-    return any(m["role"] == "assistant" for m in record.get("messages", []))
+    return ("messages" in record or "conversations" in record) and \
+        any(m["role"] == "assistant" for m in _messages(record))
 
 
 def load_jsonl_documents(path: str) -> list[tuple[int, dict]]:

@@ -7,6 +7,8 @@ answered.
 
 from __future__ import annotations
 
+import os
+
 from .megatron_flag_kinds import (PastedFlag, at_value, honoured, maps_value, noop,
                                   rejected)
 
@@ -25,6 +27,21 @@ _NO_DROPOUT = ("odc-pp trains without dropout, so every layout gives the same ru
                "(docs/megatron.md): use 0.0, as Megatron's Llama, Mixtral and Qwen scripts do")
 _RAMPUP = ("batch-size ramp-up is not implemented: drop it (every iteration takes "
            "--global-batch-size)")
+_HF_DATASET = ("maps to --data-path: the dataset's local JSONL file, one-document samples "
+               "through the tokenizer's chat template ('messages' or ShareGPT "
+               "'conversations' records, as Hugging Face SFT sets store them; only assistant "
+               "turns scored). Nothing is downloaded")
+
+
+def _local_jsonl(value: str) -> str | None:
+    """Why ``--finetune-hf-dataset VALUE`` cannot be read here, or None."""
+    if value.endswith((".jsonl", ".json")) and os.path.isfile(value):
+        return None
+    return ("odc-pp reads Hugging Face datasets from a local JSONL file and downloads "
+            "nothing: save the split with datasets' Dataset.to_json(FILE.jsonl) (or "
+            "huggingface-cli download a JSONL dataset) and give that file")
+
+
 _TRACE = ("odc-pp writes its own per-rank trace of F, B, W and communication with --trace "
           "FILE; under nsys the whole run is captured")
 
@@ -116,9 +133,7 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
     "--no-create-attention-mask-in-dataloader": honoured(
         "the data loader builds no attention mask (attention is causal)"),
     "--tiktoken-pattern": noop("used only by Megatron's TikTokenizer", takes_value=True),
-    "--finetune-hf-dataset": rejected(
-        "Hugging Face datasets are not downloaded: save it as local JSONL and give "
-        "--data-path FILE (docs/training.md)", takes_value=True),
+    "--finetune-hf-dataset": maps_value("--data-path", _HF_DATASET, check=_local_jsonl),
     # checkpoints, export, logging
     "--ckpt-format": at_value(
         ("torch_dist",), "--load reads Megatron torch_dist checkpoints; --save writes "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 __all__ = ["PastedFlag", "ACTIONS", "honoured", "mapped", "noop", "rejected", "at_value",
            "maps_value", "same_value"]
@@ -42,6 +43,8 @@ class PastedFlag:
     implied_by: str | None = None
     """A flag whose presence makes this one a no-op (``--no-load-optim`` with
     ``--finetune``); without it the flag is rejected with ``message``."""
+    check: Callable[[str], str | None] | None = None
+    """``mapped`` value flags: the value's problem (the job stops with it), or None."""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -80,9 +83,11 @@ def mapped(message: str, *replacement: str) -> PastedFlag:
                       replacement=replacement)
 
 
-def maps_value(target: str, message: str) -> PastedFlag:
-    """A value flag rewritten to ``target VALUE``."""
-    return PastedFlag(takes_value=True, action="mapped", message=message, value_to=target)
+def maps_value(target: str, message: str, *,
+               check: Callable[[str], str | None] | None = None) -> PastedFlag:
+    """A value flag rewritten to ``target VALUE`` (when ``check`` finds no problem)."""
+    return PastedFlag(takes_value=True, action="mapped", message=message, value_to=target,
+                      check=check)
 
 
 def noop(message: str, *, takes_value: bool = False, nargs: int = 1) -> PastedFlag:

@@ -185,6 +185,10 @@ def _answer(name: str, value: str | None, entry: PastedFlag, argv: list[str], ou
             result.problems.append(_line(name, value, entry.message))
         return
     if entry.value_to is not None:
+        problem = entry.check(value) if entry.check is not None else None
+        if problem is not None:
+            result.problems.append(_line(name, value, problem))
+            return
         given = _value_of(argv, entry.value_to)
         if given is not None and given != value:
             result.problems.append(f"{name} {value} and {entry.value_to} {given} disagree: "

@@ -129,13 +129,18 @@ def test_shuffled_source_epochs_are_permutations():
 @pytest.mark.parametrize("line, message", [
     ('[1, 2]', "bad.jsonl:2: a JSONL record must be a JSON object"),
     ('"just a string"', "bad.jsonl:2: a JSONL record must be a JSON object"),
-    ('{"prompt": "x"}', "bad.jsonl:2: JSONL record needs a 'text', 'messages' or 'input_ids' key"),
+    ('{"prompt": "x"}', "bad.jsonl:2: JSONL record needs one of 'text', 'messages', "
+                        "'conversations' and 'input_ids'"),
     ('{"messages": "hello"}', r"bad.jsonl:2: 'messages' must be a list .* got a JSON string"),
     ('{"messages": ["hello"]}', r"bad.jsonl:2: messages\[0\] must be an object"),
     ('{"messages": [{"role": "assistant", "content": "a"}, 3]}',
      r"bad.jsonl:2: messages\[1\] must be an object .* got a JSON number"),
+    ('{"conversations": [{"from": "bot", "value": "a"}]}',
+     r"bad.jsonl:2: conversations\[0\].from = 'bot' is not one of"),
+    ('{"conversations": [{"from": "gpt", "value": 3}]}',
+     r"bad.jsonl:2: conversations\[0\] must be an object with a string 'value'"),
 ], ids=["array", "string", "no-key", "messages-not-list", "message-not-object",
-        "second-message-number"])
+        "second-message-number", "sharegpt-role", "sharegpt-value"])
 def test_bad_jsonl_record_names_file_and_line(tmp_path, line, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n' + line + "\n")
@@ -143,6 +148,21 @@ def test_bad_jsonl_record_names_file_and_line(tmp_path, line, message):
         JsonlDataset([str(bad)], ByteLevelTokenizer(), seq_length=16)
     with pytest.raises(ValueError, match=message):  # preprocessing reads it the same way
         preprocess_jsonl([str(bad)], str(tmp_path / "out"), tokenizer_type="ByteLevelTokenizer")
+
+
+def test_sharegpt_conversations_encode_as_their_messages(tmp_path):
+    """Hugging Face SFT sets (Magpie, ShareGPT) store {"conversations": [{"from", "value"}]}:
+    the same sample as the equivalent "messages" record, assistant turns scored."""
+    turns = [("system", "be brief"), ("human", "hi there"), ("gpt", "hello!"),
+             ("human", "bye"), ("gpt", "ciao")]
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    sharegpt = {"conversations": [{"from": f, "value": v} for f, v in turns]}
+    messages = {"messages": [{"role": roles[f], "content": v} for f, v in turns]}
+    tokenizer = ByteLevelTokenizer()
+    a = encode_document(sharegpt, tokenizer, 256)
+    b = encode_document(messages, tokenizer, 256)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.loss_mask.tolist() == b.loss_mask.tolist() and 0 < a.loss_mask.sum() < len(a.loss_mask)
 
 
 def test_non_utf8_line_names_file_and_line(tmp_path):

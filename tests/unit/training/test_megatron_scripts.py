@@ -23,8 +23,7 @@ SCRIPTS = {
     "train_llama3_8b_h100_fp8": {"--apply-layernorm-1p": [], "--decoupled-lr": [],
                                  "--decoupled-min-lr": []},
     "train_gpt3_175b_distributed": {"--rampup-batch-size": [], "--fp16": ["--bf16"]},
-    "modelopt_finetune_qwen2.5_0.5b": {"--finetune-hf-dataset": ["--data-path",
-                                                                 "$DATA_JSONL"]},
+    "modelopt_finetune_qwen2.5_0.5b": {},
 }
 
 
@@ -39,13 +38,21 @@ def shrunk(flags: list[list[str]], tmp_path) -> list[list[str]]:
     for name in ("vocab_file", "merge_file"):
         (tmp_path / name).touch()
     (tmp_path / "tokenizer_model").mkdir(exist_ok=True)
+    (tmp_path / "dataset.jsonl").write_text('{"text": "x"}\n')
     out = []
     for tokens in flags:
-        tokens = [str(tmp_path / t[1:].lower()) if t.startswith("$") else t for t in tokens]
+        tokens = [_fill(t, tmp_path) for t in tokens]
         if tokens[0] in SHRINK:
             tokens = [tokens[0], SHRINK[tokens[0]]]
         out.append(tokens)
     return out
+
+
+def _fill(token: str, tmp_path) -> str:
+    """A ``$NAME`` as a path under ``tmp_path`` (``$DATASET``: a local JSONL file)."""
+    if not token.startswith("$"):
+        return token
+    return str(tmp_path / ("dataset.jsonl" if token == "$DATASET" else token[1:].lower()))
 
 
 def argv_of(flags: list[list[str]]) -> list[str]:
@@ -77,18 +84,18 @@ def test_every_flag_of_the_script_is_answered_as_the_table_says(script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script_starts_with_one_line_per_refusal_then_parses(script, tmp_path):
     flags = shrunk(read_flags(script), tmp_path)
-    with pytest.raises(ValueError) as error:
-        parse_args_with_notes(argv_of(flags))
-    header, *lines = str(error.value).splitlines()
     refused = SCRIPTS[script]
-    assert header == f"{len(refused)} flag{'s' * (len(refused) > 1)} not taken:"
-    assert sorted(line.split()[0].rstrip(":") for line in lines) == sorted(refused)
-    assert "usage" not in str(error.value)
+    if refused:
+        with pytest.raises(ValueError) as error:
+            parse_args_with_notes(argv_of(flags))
+        header, *lines = str(error.value).splitlines()
+        assert header == f"{len(refused)} flag{'s' * (len(refused) > 1)} not taken:"
+        assert sorted(line.split()[0].rstrip(":") for line in lines) == sorted(refused)
+        assert "usage" not in str(error.value)
     fixed = []
     for tokens in flags:
         if tokens[0] in refused:
-            tokens = [str(tmp_path / t[1:].lower()) if t.startswith("$") else t
-                      for t in refused[tokens[0]]]
+            tokens = [_fill(t, tmp_path) for t in refused[tokens[0]]]
         fixed += tokens
     args, notes = parse_args_with_notes(fixed)
     pp, tp = args.parallel.pipeline_model_parallel_size, args.parallel.tensor_model_parallel_size
@@ -121,3 +128,16 @@ def test_fp8_flags_are_refused_with_the_reason(tmp_path):
     assert [line.split()[0].rstrip(":") for line in lines] == [tokens[0] for tokens in fp8]
     assert all("bf16 only; Transformer Engine FP8 is not supported" in line
                for line in lines)
+
+
+def test_hf_dataset_is_a_local_jsonl_file_or_one_line_naming_the_flag(tmp_path):
+    flags = shrunk(read_flags("modelopt_finetune_qwen2.5_0.5b"), tmp_path)
+    args, notes = parse_args_with_notes(argv_of(flags))
+    assert args.data.data_path == [str(tmp_path / "dataset.jsonl")]
+    hub = [["--finetune-hf-dataset", "Magpie-Align/Magpie-Pro-MT-300K-v0.1"] if
+           t[0] == "--finetune-hf-dataset" else t for t in flags]
+    with pytest.raises(ValueError) as error:
+        parse_args_with_notes(argv_of(hub))
+    header, line = str(error.value).splitlines()
+    assert line.strip().startswith("--finetune-hf-dataset Magpie-Align/Magpie-Pro-MT-300K-v0.1:")
+    assert "downloads nothing" in line
