@@ -22,16 +22,11 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from .channels import (ChannelLayout, channel_communicators, channel_key, channel_members,
+                       warmup_order)
+from .checks import ScheduleError, message_route
+from .checks import where as _where
 from .ir import COMM_KINDS, Action, ActionKind, Schedule
-
-
-
-def _helpers():
-    """validate.py re-exports check_nccl_order and owns these helpers: imported on use,
-    so either module may be imported first."""
-    from . import validate
-
-    return validate.ScheduleError, validate._producer_and_consumer, validate._where
 
 __all__ = ["check_nccl_order", "check_creation_order"]
 
@@ -73,7 +68,6 @@ def check_creation_order(sequences: dict[int, list], members: dict) -> None:
                 moved = True
     stuck = [rank for rank, sequence in sequences.items() if position[rank] < len(sequence)]
     if stuck:
-        ScheduleError = _helpers()[0]
         lines = []
         for rank in stuck:
             key = sequences[rank][position[rank]]
@@ -89,10 +83,6 @@ class _Replay:
 
     def __init__(self, schedule: Schedule, layout, *, batch_sends: bool,
                  warm_up: bool) -> None:
-        from .channels import (ChannelLayout, channel_communicators, channel_key,
-                               channel_members, warmup_order)
-
-        self.error, self.producer_and_consumer, self.where = _helpers()
         self.schedule = schedule
         self.layout = ChannelLayout.DIRECTED if layout is None else layout
         self.batch_sends = batch_sends
@@ -125,11 +115,11 @@ class _Replay:
         sends: dict[tuple, list[list]] = defaultdict(list)
         for index in range(position, end):
             action = actions[index]
-            message, src, dst, _ = self.producer_and_consumer(self.schedule, action)
+            message, src, dst, _ = message_route(self.schedule, action)
             sending = action.kind in (ActionKind.SEND_F, ActionKind.SEND_B)
             op = [sending, action.peer, message, False, (rank, index, action)]
             if not sending:
-                where = self.where(rank, index, action)
+                where = _where(rank, index, action)
                 self.backlog[rank].append((self.key(src, dst), [op], where))
                 self.recv_op[rank][message] = op
                 continue
@@ -137,11 +127,11 @@ class _Replay:
             sends[self.key(src, dst, batched=True)].append(op)
         for key, ops in sends.items():
             if self.batch_sends and len(ops) > 1:
-                self.backlog[rank].append((key, ops, self.where(*ops[0][4])))
+                self.backlog[rank].append((key, ops, _where(*ops[0][4])))
             else:
                 for op in ops:
                     self.backlog[rank].append((self.key(rank, op[1]), [op],
-                                               self.where(*op[4])))
+                                               _where(*op[4])))
         return end
 
     def flush(self, rank: int) -> bool:
@@ -186,7 +176,7 @@ class _Replay:
                 continue
             op = self.needs(rank, action)
             if op == "missing":
-                raise self.error(f"{self.where(rank, self.pointer[rank], action)}: no RECV "
+                raise ScheduleError(f"{_where(rank, self.pointer[rank], action)}: no RECV "
                                     "of its input was issued before it")
             if op is not None and not op[3]:
                 break
@@ -208,9 +198,9 @@ class _Replay:
                 if recv is None:
                     continue
                 if recv[2] != op[2]:
-                    raise self.error(
-                        f"{self.where(*recv[4])} would receive {op[2][0]} of stage "
-                        f"{op[2][1]} microbatch {op[2][2]} sent by {self.where(*op[4])} "
+                    raise ScheduleError(
+                        f"{_where(*recv[4])} would receive {op[2][0]} of stage "
+                        f"{op[2][1]} microbatch {op[2][2]} sent by {_where(*op[4])} "
                         f"(NCCL matches in order on communicator {key})")
                 op[3] = recv[3] = True
                 self.sends_open[rank] -= 1
@@ -231,7 +221,7 @@ class _Replay:
                  if self.pointer[r] < len(self.schedule.ranks[r]) or self.sends_open[r]
                  or self.backlog[r]]
         if stuck:
-            raise self.error(f"deadlock under NCCL semantics ({self.layout.value} "
+            raise ScheduleError(f"deadlock under NCCL semantics ({self.layout.value} "
                                 "channels): " + " | ".join(map(self.explain, stuck)))
 
     def explain(self, rank: int) -> str:
@@ -242,10 +232,10 @@ class _Replay:
             what = (f"{where} blocks in the first operation on communicator {key}, whose "
                     f"creation waits for rank(s) {missing}")
         elif self.pointer[rank] < len(actions):
-            what = (f"{self.where(rank, self.pointer[rank], actions[self.pointer[rank]])} "
+            what = (f"{_where(rank, self.pointer[rank], actions[self.pointer[rank]])} "
                     "waits for its RECV")
         else:
             what = f"rank {rank} end waits for its sends"
-        heads = [f"{key}: {', '.join(self.where(*o[4]) for o in entries[0])}"
+        heads = [f"{key}: {', '.join(_where(*o[4]) for o in entries[0])}"
                  for (r, key), entries in self.queues.items() if r == rank and entries]
         return f"{what}; queue heads {'; '.join(heads) or 'none'}"

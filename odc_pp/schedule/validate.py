@@ -28,21 +28,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .checks import ScheduleError, message_route
+from .checks import where as _where
 from .costs import CostModel
 from .ir import COMM_KINDS, COMPUTE_KINDS, Action, ActionKind, Schedule
+from .nccl_order import check_nccl_order
 
 __all__ = ["ScheduleError", "validate", "check_nccl_order", "peak_memory", "memory_profile"]
 
 _BACKWARD = (ActionKind.B, ActionKind.BW)
 _EPS = 1e-9
-
-
-class ScheduleError(ValueError):
-    """A schedule breaks a rule; the message names the offending action."""
-
-
-def _where(rank: int, position: int, action: Action) -> str:
-    return f"rank {rank} position {position} ({action.short()})"
 
 
 def validate(schedule: Schedule, costs: CostModel | None = None,
@@ -154,31 +149,6 @@ def _check_local_order(schedule: Schedule) -> None:
 
 
 # ----- 4. communication -------------------------------------------------------------
-def _producer_and_consumer(schedule: Schedule, action: Action):
-    """For a comm action: (message id, src rank, dst rank, consumer local chunk)."""
-    stage = schedule.stage_of(action.rank, action.chunk)
-    mb = action.microbatch
-    if action.kind is ActionKind.SEND_F:
-        if stage == schedule.num_stages - 1:
-            return None
-        dst, chunk = schedule.locate(stage + 1)
-        return ("F", stage, mb), action.rank, dst, chunk
-    if action.kind is ActionKind.SEND_B:
-        if stage == 0:
-            return None
-        dst, chunk = schedule.locate(stage - 1)
-        return ("B", stage, mb), action.rank, dst, chunk
-    if action.kind is ActionKind.RECV_F:
-        if stage == 0:
-            return None
-        src, _ = schedule.locate(stage - 1)
-        return ("F", stage - 1, mb), src, action.rank, action.chunk
-    if stage == schedule.num_stages - 1:  # RECV_B
-        return None
-    src, _ = schedule.locate(stage + 1)
-    return ("B", stage + 1, mb), src, action.rank, action.chunk
-
-
 def _check_communication(schedule: Schedule) -> None:
     sends: dict[tuple, tuple[int, int, Action]] = {}
     recvs: dict[tuple, tuple[int, int, Action]] = {}
@@ -189,7 +159,7 @@ def _check_communication(schedule: Schedule) -> None:
             if action.kind not in COMM_KINDS:
                 continue
             where = _where(rank, position, action)
-            info = _producer_and_consumer(schedule, action)
+            info = message_route(schedule, action)
             if info is None:
                 raise ScheduleError(f"{where}: no stage on the other side of this transfer")
             message, src, dst, _ = info
@@ -339,7 +309,3 @@ def _check_memory(schedule: Schedule, costs: CostModel, memory_limit: float) -> 
                 action = schedule.ranks[rank][position]
                 raise ScheduleError(f"{_where(rank, position, action)}: activation memory "
                                     f"{memory:g} exceeds the limit {memory_limit:g}")
-
-
-# check 7 lives in its own module; it uses this module's helpers, hence the late import
-from .nccl_order import check_nccl_order  # noqa: E402

@@ -1,8 +1,9 @@
 """The layers point one way: ``{schedule, data, optim} <- {runtime, planner} <- {odc,
-megatron} <- training <- testing <- tools`` (odc_pp.cli, odc_pp.demo, tools/, benchmarks/;
-odc_pp.testing holds the launchers the tests and benchmarks share). Every import counts -- module level, inside functions (lazy imports) and
-under ``if TYPE_CHECKING`` -- and packages of one layer do not import each other.
-Nothing outside tests/ imports the tests package."""
+megatron} <- training <- testing <- tools`` (odc_pp.cli, odc_pp.demo, odc_pp.train, tools/,
+benchmarks/; odc_pp.testing holds the launchers the tests and benchmarks share). Every
+import counts -- module level, inside functions (lazy imports) and under
+``if TYPE_CHECKING`` -- and packages of one layer do not import each other. Nothing
+outside tests/ imports the tests package."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ LAYERS: dict[str, int] = {
     "odc": 2, "megatron": 2,
     "training": 3,
     "testing": 4,
-    "cli": 5, "demo": 5, "plan_command": 5, "tools": 5, "benchmarks": 5,
+    "cli": 5, "demo": 5, "train": 5, "plan_command": 5, "tools": 5, "benchmarks": 5,
 }
 """Layer of each odc_pp package (and of the scripts in tools/ and benchmarks/)."""
 
@@ -120,3 +121,87 @@ def test_the_checker_flags_an_upward_lazy_import():
     assert "odc_pp/runtime/fake.py:3 (runtime, layer 1) imports odc_pp.training" in found[2]
     assert found[3].startswith("odc_pp/schedule/fake.py:2 (schedule, layer 0) imports "
                                "odc_pp.runtime.p2p_channels")
+
+
+def _module_name(path: str) -> str:
+    """``odc_pp/schedule/validate.py`` -> ``odc_pp.schedule.validate`` (a package: its
+    ``__init__`` module's name without the suffix)."""
+    parts = list(pathlib.PurePosixPath(path).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the odc_pp modules it imports (any import in the file, lazy ones
+    included). ``from package import name`` points at the submodule when ``name`` is
+    one, else at the package."""
+    modules = {_module_name(path) for path in sources if path.startswith("odc_pp/")}
+    graph: dict[str, set[str]] = {}
+    for path, source in sources.items():
+        if not path.startswith("odc_pp/"):
+            continue
+        here = _module_name(path)
+        edges = graph.setdefault(here, set())
+        for _, module in _imported(path, source):
+            while module and module not in modules:
+                module = module.rpartition(".")[0]  # an attribute, not a module
+            if module and module != here:
+                edges.add(module)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                base = next((m for _, m in _imported(path, ast.unparse(node))), "")
+                edges |= {f"{base}.{a.name}" for a in node.names} & modules
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm),
+    each sorted: every one is an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def test_no_import_circles_among_odc_pp_modules():
+    cycles = import_cycles(import_graph(_tree()))
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_circle_finder_finds_a_lazy_circle():
+    """Two modules importing each other, one of them inside a function, form a circle;
+    a package importing its own submodule does not."""
+    sources = {
+        "odc_pp/schedule/__init__.py": "from .a import A\n",
+        "odc_pp/schedule/a.py": "from .b import B\nA = 1\n",
+        "odc_pp/schedule/b.py": "def f():\n    from . import a\n    return a\n",
+        "odc_pp/schedule/c.py": "import odc_pp.schedule.a\n",
+    }
+    assert import_cycles(import_graph(sources)) == [["odc_pp.schedule.a",
+                                                      "odc_pp.schedule.b"]]
+    sources["odc_pp/schedule/b.py"] = "from odc_pp.schedule.c import x\n"
+    sources["odc_pp/schedule/c.py"] = "x = 1\n"
+    assert import_cycles(import_graph(sources)) == []
