@@ -115,7 +115,7 @@ __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_ma
            "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
            "sequence_parallel_embedding", "mlp_submodules", "megatron_sharded_state_dict",
            "cpu_dist_checkpointing",
-           "TorchNorm"]
+           "TorchNorm", "LayerNorm1P", "RMSNorm1P"]
 
 
 def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234) -> None:
@@ -195,14 +195,47 @@ def cpu_dist_checkpointing():
         torch.cuda.synchronize, torch.cuda.current_device = synchronize, current_device
 
 
+class LayerNorm1P(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` with a zero-centred weight (Megatron's
+    ``--apply-layernorm-1p``, ``layernorm_zero_centered_gamma``): the stored weight
+    starts at 0 and the output is scaled by ``1 + weight``."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.weight is not None:
+            torch.nn.init.zeros_(self.weight)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return torch.nn.functional.layer_norm(input, self.normalized_shape, self.weight + 1,
+                                              self.bias, self.eps)
+
+
+class RMSNorm1P(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` with a zero-centred weight, as :class:`LayerNorm1P` (what
+    Megatron's Transformer Engine RMSNorm does under ``--apply-layernorm-1p``)."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.weight is not None:
+            torch.nn.init.zeros_(self.weight)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return torch.nn.functional.rms_norm(input, self.normalized_shape, self.weight + 1,
+                                            self.eps)
+
+
 class TorchNorm:
     """torch's ``LayerNorm`` / ``RMSNorm``, built as megatron's ``WrappedTorchNorm``
     builds them, but also under sequence parallelism (which ``WrappedTorchNorm`` refuses
     because nothing sums the norm's partial gradients over the tensor-parallel ranks;
-    :func:`odc_pp.megatron.tp.reduce_partial_grads` does)."""
+    :func:`odc_pp.megatron.tp.reduce_partial_grads` does) and with a zero-centred weight
+    (``config.layernorm_zero_centered_gamma``: :class:`LayerNorm1P` / :class:`RMSNorm1P`,
+    which ``WrappedTorchNorm`` refuses)."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **kwargs):
         norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.layernorm_zero_centered_gamma:
+            norms = {"LayerNorm": LayerNorm1P, "RMSNorm": RMSNorm1P}
         if config.normalization not in norms:
             raise ValueError(f"normalization must be one of {sorted(norms)}, got "
                              f"{config.normalization!r}")
@@ -247,7 +280,8 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
     extra = {}
     if position_embedding_type == "rope":
         extra = {"rotary_base": rotary_base, "rotary_percent": 1.0, "rope_scaling": False}
-    if transformer_config.sequence_parallel:
+    if transformer_config.sequence_parallel or \
+            transformer_config.layernorm_zero_centered_gamma:
         # the block's final norm is not part of the layer spec: name it explicitly
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 

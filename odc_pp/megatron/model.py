@@ -104,6 +104,9 @@ class ModelConfig:
     """LayerNorm or RMSNorm (layer norms, final norm, q/k norms)."""
     norm_epsilon: float = 1e-5
     """Epsilon of the norms."""
+    apply_layernorm_1p: bool = False
+    """Zero-centred norm weights (Megatron's ``--apply-layernorm-1p``): every norm (layer,
+    final, q/k) stores its weight initialised to 0 and scales by ``1 + weight``."""
     activation: str = "gelu"
     """MLP: gelu (fc1 -> GeLU -> fc2) or swiglu (fc1 = [gate | up], silu(gate) * up)."""
     num_query_groups: int | None = None
@@ -362,7 +365,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                                      core_attention=config.core_attention,
                                      normalization=config.normalization,
                                      qk_layernorm=config.qk_layernorm,
-                                     sequence_parallel=tensor_parallel.sequence_parallel)
+                                     sequence_parallel=tensor_parallel.sequence_parallel,
+                                     zero_centered_gamma=config.apply_layernorm_1p)
     chunks = []
     for chunk in range(num_chunks):
         stage = stage_of(placement, pp_size, pp_rank, chunk)
@@ -421,6 +425,7 @@ def _transformer_config(config: ModelConfig, num_layers: int,
         rope_fusion_available(config.device),
         gradient_accumulation_fusion=False, persist_layer_norm=False,
         normalization=config.normalization, layernorm_epsilon=config.norm_epsilon,
+        layernorm_zero_centered_gamma=config.apply_layernorm_1p,
         gated_linear_unit=config.activation == "swiglu",
         activation_func=torch.nn.functional.silu if config.activation == "swiglu"
         else torch.nn.functional.gelu,
@@ -445,8 +450,8 @@ def initialize_parameters(chunk: GPTChunk, config: ModelConfig, seed: int) -> No
         shape = partition.full_shape(param.shape, tp.size)
         if name.endswith("bias"):
             value = torch.zeros(shape)
-        elif "norm" in name:
-            value = torch.ones(shape)
+        elif "norm" in name:  # zero-centred (--apply-layernorm-1p): 1 + 0
+            value = torch.zeros(shape) if config.apply_layernorm_1p else torch.ones(shape)
         else:
             std = output_std if ("linear_proj" in name or "linear_fc2" in name) \
                 else config.init_method_std

@@ -67,23 +67,31 @@ class LayerNormInputOp(InputOp):
     with ``native_layer_norm`` and runs ``native_layer_norm_backward``: the kernels
     autograd would run, so gradients are bitwise those of the stored path."""
 
-    def __init__(self, eps: float) -> None:
+    def __init__(self, eps: float, zero_centered_gamma: bool = False) -> None:
         self.eps = eps
+        self.zero_centered_gamma = zero_centered_gamma
+        """The weight is stored zero-centred: the norm scales by ``1 + weight`` (whose
+        gradient is the weight's)."""
+
+    def _gamma(self, weight):
+        return weight + 1 if self.zero_centered_gamma else weight
 
     def forward(self, x, *params):
         weight, bias = params
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self._gamma(weight), bias, self.eps)
 
     def recompute(self, x, *params):
         weight, bias = params
-        normed, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, self.eps)
+        normed, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], self._gamma(weight),
+                                                     bias, self.eps)
         return normed, (mean, rstd)
 
     def backward(self, grad_output, x, recomputed, *params):
         weight, bias = params
         mean, rstd = recomputed
         return torch.ops.aten.native_layer_norm_backward(
-            grad_output, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True])
+            grad_output, x, [x.shape[-1]], mean, rstd, self._gamma(weight), bias,
+            [True, True, True])
 
 
 class AutogradInputOp(InputOp):
@@ -111,34 +119,39 @@ class RMSNormInputOp(AutogradInputOp):
     """RMSNorm over the last dimension (``F.rms_norm``, what megatron's local spec runs
     through ``torch.nn.RMSNorm``); params ``(weight,)``."""
 
-    def __init__(self, eps: float) -> None:
+    def __init__(self, eps: float, zero_centered_gamma: bool = False) -> None:
         self.eps = eps
+        self.zero_centered_gamma = zero_centered_gamma
+        """The weight is stored zero-centred: the norm scales by ``1 + weight``."""
 
     def forward(self, x, *params):
         (weight,) = params
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        gamma = weight + 1 if self.zero_centered_gamma else weight
+        return F.rms_norm(x, (x.shape[-1],), gamma, self.eps)
 
 
 class DeferrableNormColumnParallelLinear(DeferrableColumnParallelLinear):
     """LayerNorm or RMSNorm + ``ColumnParallelLinear`` (TP=1) that recomputes the norm
     output in backward; its weight gradient can be deferred to W. Parameters
     ``layer_norm_weight`` (/ ``layer_norm_bias`` for LayerNorm) (canonical names:
-    :data:`CANONICAL_NORM_NAMES`)."""
+    :data:`CANONICAL_NORM_NAMES`). With ``layernorm_zero_centered_gamma`` the norm weight
+    is stored zero-centred (initialised to 0, the norm scales by ``1 + weight``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
-        if config.normalization not in ("LayerNorm", "RMSNorm") or \
-                config.layernorm_zero_centered_gamma:
-            raise ValueError("recompute_lgd supports normalization='LayerNorm' or 'RMSNorm' "
-                             "without zero-centered gamma; turn recompute off for other norms")
+        if config.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError("recompute_lgd supports normalization='LayerNorm' or 'RMSNorm'; "
+                             "turn recompute off for other norms")
+        centered = bool(config.layernorm_zero_centered_gamma)
         self.layer_norm_weight = torch.nn.Parameter(
-            torch.ones(self.input_size, dtype=config.params_dtype))
+            (torch.zeros if centered else torch.ones)(self.input_size,
+                                                      dtype=config.params_dtype))
         if config.normalization == "RMSNorm":
-            self.input_op = RMSNormInputOp(config.layernorm_epsilon)
+            self.input_op = RMSNormInputOp(config.layernorm_epsilon, centered)
             self.layer_norm_bias = None
         else:
-            self.input_op = LayerNormInputOp(config.layernorm_epsilon)
+            self.input_op = LayerNormInputOp(config.layernorm_epsilon, centered)
             self.layer_norm_bias = torch.nn.Parameter(
                 torch.zeros(self.input_size, dtype=config.params_dtype))
 

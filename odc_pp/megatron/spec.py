@@ -33,7 +33,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
                               core_attention: str | None = None,
                               normalization: str = "LayerNorm",
                               qk_layernorm: bool = False,
-                              sequence_parallel: bool = False) -> ModuleSpec:
+                              sequence_parallel: bool = False,
+                              zero_centered_gamma: bool = False) -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
     deferrable linears.
 
@@ -45,7 +46,10 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     instead of saved (:func:`apply_recompute_lgd`; the TransformerConfig needs
     ``use_te_activation_func=True``). ``sequence_parallel``: the norms are
     :class:`~odc_pp.megatron.compat.TorchNorm`, which megatron's torch norm wrapper is
-    except that it allows sequence parallelism.
+    except that it allows sequence parallelism. ``zero_centered_gamma`` (Megatron's
+    ``--apply-layernorm-1p``; the TransformerConfig needs
+    ``layernorm_zero_centered_gamma=True``): every norm is a ``TorchNorm`` too, which then
+    stores its weight zero-centred and scales by ``1 + weight``.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -57,7 +61,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization,
                                                   qk_layernorm=qk_layernorm))
     attention = spec.submodules.self_attention.submodules
-    if sequence_parallel:
+    if sequence_parallel or zero_centered_gamma:
         spec.submodules.input_layernorm = TorchNorm
         spec.submodules.pre_mlp_layernorm = TorchNorm
         if qk_layernorm:
