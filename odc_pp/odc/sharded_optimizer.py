@@ -3,8 +3,10 @@
 Each rank keeps fp32 master weights, ``exp_avg`` and ``exp_avg_sq`` for the elements it
 owns and nothing else. The update is torch's own fused multi-tensor AdamW kernel
 (``torch.optim.adamw.adamw(fused=True)``, what ``torch.optim.AdamW(fused=True)`` runs) over
-the flat owned shards, cut only where weight decay changes (decayed and exempt pieces are
-two calls), so on identical gradients it gives ``AdamW(fused=True)``'s numbers; where the
+the flat owned shards, cut only where weight decay or the learning rate changes (decayed
+and exempt pieces are two calls; with ``AdamWConfig.decoupled`` the decoupled pieces, e.g.
+Megatron's --decoupled-lr embedding and output layer, two more at the step's
+:func:`~odc_pp.optim.rates.decoupled_rate`), so on identical gradients it gives ``AdamW(fused=True)``'s numbers; where the
 fused kernel does not take the dtype or device, the ``foreach`` kernel. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
 scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
 are all-reduced over the ``norm_group`` (one group or several in turn).
@@ -27,6 +29,7 @@ import torch
 from torch.optim.adamw import adamw
 
 from ..optim import clip
+from ..optim.rates import decoupled_rate
 from ..runtime.post_validation import StepOutcome
 from .engine import ShardedDataParallel
 
@@ -49,6 +52,11 @@ class AdamWConfig:
     no_decay: Callable[[str, tuple[int, ...]], bool] | None = None
     """Given a parameter's name (as in its unit) and shape, True exempts it from weight
     decay (e.g. biases and norms: ``lambda name, shape: len(shape) == 1``)."""
+
+    decoupled: Callable[[str, tuple[int, ...]], bool] | None = None
+    """Given a parameter's name and shape, True makes it step at the decoupled rate of a
+    step's :class:`~odc_pp.optim.rates.StepRates` (Megatron's --decoupled-lr: embedding
+    and output layer); None: every parameter steps at the step's rate."""
 
     fused: bool = True
     """torch's fused AdamW kernel over the shards (False: the ``foreach`` kernel)."""
@@ -100,32 +108,39 @@ class ShardedAdamW:
             self.exp_avg_sq.append(torch.zeros_like(master))
             self.norm_mask.append(None if counts_in_norm is None else self._owned_mask(
                 unit, lambda name, shape: not counts_in_norm(name, shape)))
-        self.decay_pieces = [self._pieces(unit, self.config.no_decay) for unit in engine.units]
-        """Per owned shard, ``(start, end, decayed)`` runs covering it (one when none is
-        exempt): the fused kernel takes one weight decay per call."""
+        self.decay_pieces = [self._pieces(unit, self._group_of) for unit in engine.units]
+        """Per owned shard, ``(start, end, (decayed, decoupled))`` runs covering it (one
+        when all are alike): the fused kernel takes one weight decay and rate per call."""
         self.state_steps = [torch.zeros((), dtype=torch.float32, device=m.device)
                             for m, pieces in zip(self.master, self.decay_pieces) for _ in pieces]
 
+    def _group_of(self, name: str, shape) -> tuple[bool, bool]:
+        """``(decayed, decoupled)`` of a parameter (:class:`AdamWConfig`'s predicates)."""
+        no_decay, decoupled = self.config.no_decay, self.config.decoupled
+        return (no_decay is None or not no_decay(name, shape),
+                decoupled is not None and decoupled(name, shape))
+
     @staticmethod
-    def _pieces(unit, excluded) -> list[tuple[int, int, bool]]:
-        """``(start, end, included)`` runs over the owned range, ``included`` False where
-        ``excluded(name, shape)`` (decided without reading data)."""
-        runs, position, size = [], 0, unit.end - unit.start
+    def _pieces(unit, group_of) -> list[tuple[int, int, tuple[bool, bool]]]:
+        """``(start, end, group)`` runs over the owned range, ``group`` the
+        ``group_of(name, shape)`` of its parameters (decided without reading data); a gap
+        is ``(True, False)``: decayed, the step's rate."""
+        runs, position, size, gap = [], 0, unit.end - unit.start, (True, False)
         for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
             start = max(offset, unit.start) - unit.start
             end = min(offset + math.prod(shape), unit.end) - unit.start
             if end <= start:
                 continue
-            included = excluded is None or not excluded(name, shape)
-            if runs and runs[-1][2] == included and runs[-1][1] == start:
-                runs[-1] = (runs[-1][0], end, included)
+            group = group_of(name, shape)
+            if runs and runs[-1][2] == group and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], end, group)
             else:
-                if start > position:  # a gap (none in a packed unit): decayed
-                    runs.append((position, start, True))
-                runs.append((start, end, included))
+                if start > position:  # a gap (none in a packed unit)
+                    runs.append((position, start, gap))
+                runs.append((start, end, group))
             position = end
         if position < size or not runs:
-            runs.append((position, size, True))
+            runs.append((position, size, gap))
         return runs
 
     @staticmethod
@@ -180,14 +195,18 @@ class ShardedAdamW:
     def step(self, *, lr: float | None = None, finish: bool = True,
              grads: list[torch.Tensor] | None = None) -> None:
         """One AdamW update of the owned shards at learning rate ``lr`` (None:
-        ``config.lr``) from the accumulated gradients (or ``grads``, one tensor per owned
-        shard), then (with ``finish``) ``engine.finish_step()``: zero the accumulators and
-        publish the new shards."""
+        ``config.lr``; a :class:`~odc_pp.optim.rates.StepRates`: its decoupled rate for
+        the ``config.decoupled`` parameters) from the accumulated gradients (or ``grads``,
+        one tensor per owned shard), then (with ``finish``) ``engine.finish_step()``: zero
+        the accumulators and publish the new shards."""
         self.step_count += 1
         lr = self.config.lr if lr is None else lr
         grads = self.engine.owned_grads() if grads is None else grads
         for decayed in (True, False):
-            self._adamw(grads, decayed, lr, self.config.weight_decay if decayed else 0.0)
+            for decoupled in (False, True):
+                rate = float(decoupled_rate(lr) if decoupled else lr)
+                self._adamw(grads, (decayed, decoupled), rate,
+                            self.config.weight_decay if decayed else 0.0)
         owned = self.engine.owned_params()
         copies = [(o, m) for o, m in zip(owned, self.master) if o.data_ptr() != m.data_ptr()]
         if copies:
@@ -195,14 +214,14 @@ class ShardedAdamW:
         if finish:
             self.finish_step()
 
-    def _adamw(self, grads, decayed: bool, lr: float, weight_decay: float) -> None:
-        """torch's AdamW kernel over every owned piece whose decay is ``decayed``."""
+    def _adamw(self, grads, group: tuple[bool, bool], lr: float, weight_decay: float) -> None:
+        """torch's AdamW kernel over every owned piece of ``group`` (decayed, decoupled)."""
         lists = ([], [], [], [], [])
         steps = iter(self.state_steps)
         for index, pieces in enumerate(self.decay_pieces):
-            for start, end, included in pieces:
+            for start, end, piece_group in pieces:
                 step = next(steps)
-                if included != decayed:
+                if piece_group != group:
                     continue
                 for out, tensor in zip(lists, (self.master[index], grads[index],
                                                self.exp_avg[index], self.exp_avg_sq[index])):
