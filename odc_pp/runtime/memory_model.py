@@ -14,17 +14,16 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
   a minibatch and keeps it until the step);
 * gradient accumulators: ``4 * O`` (fp32, peers add into them);
 * weight gradients in flight: ``2 * e * max_u P_u`` (a chunk's ``.grad`` after its W and
-  the flattened copy pushed from it); pushes kept after they completed: none now (they
-  are dropped at once), before: the last ``max_inflight_pushes`` (8) flattened chunk
-  gradients, ``min(8, pushes) * e * P_u``;
+  the flattened copy pushed from it); a flattened gradient is dropped as soon as its
+  push completed;
 * optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` (weight decay needs no
   mask: the fused AdamW kernel runs over decayed and exempt pieces apart) plus a 1-byte
   gradient-norm mask per owned element of each unit whose owned range holds a
   parameter kept out of the norm (tp rank > 0: replicated ones; the tied output layer);
 * ODC staging (deterministic data parallelism, the default): ``4 * P_u`` for each unit
   that pushed since the last sync (fp32, the unit's whole flat gradient: the summation
-  order is fixed by adding whole staged sums in rank order at sync); freed at the sync
-  now, kept for the whole run before. ``--nondeterministic-dp``: 0;
+  order is fixed by adding whole staged sums in rank order at sync); freed at the sync.
+  ``--nondeterministic-dp``: 0;
 * post-validation snapshot (``--enable-optimizer-post-validation``): ``16 * O`` (fp32
   master, both moments and the step's gradients: a rollback restores the first three, a
   clipped redo also needs the gradients), held from one step to its validation during the
@@ -36,9 +35,9 @@ Per microbatch (measured by the dry run per chunk, placed in time by the schedul
   the received input activation (``M``) is kept with them;
 * W-held tensors: the linear inputs and output gradients the deferred weight gradient
   needs, from B to W;
-* in-flight sends: ``M`` per sent tensor still held; before: every send of the minibatch
-  (``sends * M``), now: a send is dropped at the first comm group after it completed
-  (NCCL: once the receiver took it), which the schedule's simulation gives;
+* in-flight sends: ``M`` per sent tensor still held; a send is dropped at the first comm
+  group after it completed (NCCL: once the receiver took it), which the schedule's
+  simulation gives;
 * in-flight receives: ``M`` per receive posted and not yet consumed;
 * offload buffers: the offloaded activations live in host memory (device: 0).
 """
@@ -48,8 +47,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["GB", "CATEGORIES", "StatePolicy", "UnitSizes", "state_bytes", "MemoryReport",
-           "OLD_POLICY", "NEW_POLICY"]
+__all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "MemoryReport", "ChunkBytes",
+           "schedule_peak", "count_sends"]
 
 GB = 1e9
 
@@ -57,22 +56,6 @@ CATEGORIES = ("params_gathered", "params_sharded", "weight_grads", "grad_accumul
               "optimizer_state", "odc_staging", "post_validation_snapshot", "sends",
               "receives", "activations", "w_held", "offload_device", "transient")
 """Report categories, in table order."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StatePolicy:
-    """Which version of the state-keeping rules (before/after issue 21)."""
-
-    name: str
-    """Label ("before" / "after")."""
-    keep_all_sends: bool
-    """Every sent tensor is kept until the minibatch ends (before)."""
-    keep_completed_pushes: int
-    """Flattened gradients kept after their push completed (before: max_inflight_pushes)."""
-
-
-OLD_POLICY = StatePolicy(name="before", keep_all_sends=True, keep_completed_pushes=8)
-NEW_POLICY = StatePolicy(name="after", keep_all_sends=False, keep_completed_pushes=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,26 +76,23 @@ class UnitSizes:
     """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
     1-byte mask per owned element; empty: no unit has one."""
-    pushes_per_minibatch: int = 1
-    """Gradient pushes of the rank per minibatch (one per W of each chunk)."""
 
     def owned(self, unit: int) -> int:
         return math.ceil(self.unit_params[unit] / self.dp)
 
 
-def state_bytes(sizes: UnitSizes, policy: StatePolicy) -> dict[str, int]:
+def state_bytes(sizes: UnitSizes) -> dict[str, int]:
     """Per-parameter state of one rank, in bytes, per category (module docstring)."""
     e = sizes.param_bytes
     params = sum(sizes.unit_params)
     owned = sum(sizes.owned(u) for u in range(len(sizes.unit_params)))
     largest = max(sizes.unit_params)
     master = 4 if e != 4 else 0
-    kept_pushes = min(policy.keep_completed_pushes, sizes.pushes_per_minibatch)
     masks = sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
     return {
         "params_gathered": e * params,
         "params_sharded": e * owned,
-        "weight_grads": 2 * e * largest + kept_pushes * e * largest,
+        "weight_grads": 2 * e * largest,
         "grad_accumulators": 4 * owned,
         "optimizer_state": (8 + master) * owned + masks,
         "odc_staging": 4 * params if sizes.deterministic else 0,
@@ -126,8 +106,6 @@ class MemoryReport:
 
     rank: int
     """Global rank reported."""
-    policy: str
-    """The :class:`StatePolicy` name the report was computed with."""
     categories: dict[str, int]
     """Bytes per :data:`CATEGORIES` entry at this rank's peak."""
     memory_gb: float
@@ -197,13 +175,12 @@ class ChunkBytes:
 
 
 def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_bytes: int,
-                  policy: StatePolicy, costs=None,
-                  receives_preposted: bool = False) -> dict[str, int]:
+                  costs=None, receives_preposted: bool = False) -> dict[str, int]:
     """Walk ``rank``'s actions of the lowered ``schedule`` and return the per-microbatch
     categories (activations, w_held, sends, receives, offload_device, transient) at the
     moment their sum peaks. Sends are dropped as :meth:`PeerTransport.reap_sends` does:
     at the first comm group starting after the send completed in the schedule's
-    simulation (``costs``: the cost model; default uniform), or (before) at the end.
+    simulation (``costs``: the cost model; default uniform).
     ``receives_preposted``: every receive buffer exists from the minibatch's start (gloo)."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.ir import COMM_KINDS, ActionKind as K
@@ -221,7 +198,7 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
     for action in actions:
         kind, c = action.kind, action.chunk
         is_comm = kind in COMM_KINDS
-        if is_comm and not previous_comm and not policy.keep_all_sends:
+        if is_comm and not previous_comm:
             now = sim.start[action]
             live_sends = [t for t in live_sends if t > now]
         previous_comm = is_comm

@@ -43,9 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_pp.runtime.memory_model import (GB, NEW_POLICY, ChunkBytes, MemoryReport,
-                                         StatePolicy, UnitSizes, count_sends, schedule_peak,
-                                         state_bytes)
+from odc_pp.runtime.memory_model import (GB, ChunkBytes, MemoryReport, UnitSizes,
+                                         schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
 
@@ -396,27 +395,20 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
         param_bytes=engine.units[0].param_shard.element_size(),
         deterministic=not args.parallel.nondeterministic_dp,
         post_validation=args.schedule.enable_optimizer_post_validation,
-        norm_mask=tuple(mask is not None for mask in optimizer.norm_mask),
-        pushes_per_minibatch=sum(a.kind.value in ("W", "BW")
-                                 for a in schedule.ranks[pp_rank]))
-    _check(state_bytes(units, NEW_POLICY), {**held, "post_validation_snapshot":
-                                           snapshot["live"]})
-    return _report(args, flags, schedule, pp_rank, units, NEW_POLICY, sizes, message,
-                   measured)
+        norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
+    _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})
+    return _report(args, flags, schedule, pp_rank, units, sizes, message, measured)
 
 
-def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, message,
+def _report(args, flags, schedule, pp_rank, units, sizes, message,
             measured) -> MemoryReport:
     from .components import build_schedule
 
     costs = _costs(args, schedule.pp)
 
     def timeline(schedule) -> dict[str, int]:
-        out = schedule_peak(schedule, pp_rank, sizes, message_bytes=message, policy=policy,
-                            costs=costs, receives_preposted=flags.receives_preposted)
-        if policy.keep_all_sends:
-            out["sends"] = count_sends(schedule, pp_rank) * message
-        return out
+        return schedule_peak(schedule, pp_rank, sizes, message_bytes=message, costs=costs,
+                             receives_preposted=flags.receives_preposted)
 
     def limit_peak(limit: int | None, name: str | None = None) -> dict[str, int] | None:
         """Per-microbatch categories with --memory-limit ``limit`` (or the schedule
@@ -432,8 +424,8 @@ def _report(args, flags, schedule, pp_rank, units, policy: StatePolicy, sizes, m
             return None
         return timeline(other)
 
-    categories = dict(state_bytes(units, policy), **timeline(schedule))
-    report = MemoryReport(rank=flags.rank, policy=policy.name, categories=categories,
+    categories = dict(state_bytes(units), **timeline(schedule))
+    report = MemoryReport(rank=flags.rank, categories=categories,
                           memory_gb=flags.memory_gb, measured=dict(measured))
     report.advice, report.advised = _advice(report, args, limit_peak)
     return report

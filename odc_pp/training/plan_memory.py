@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from odc_pp.runtime.memory_model import (NEW_POLICY, ChunkBytes, UnitSizes, schedule_peak,
-                                         state_bytes)
+from odc_pp.runtime.memory_model import ChunkBytes, UnitSizes, schedule_peak, state_bytes
 
 __all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
            "chunk_params"]
@@ -153,7 +152,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab) for is_last in last]
         timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
-                                 policy=NEW_POLICY, costs=_costs(args, pp))
-        peaks.append(float(sum(state_bytes(units, NEW_POLICY).values()) +
+                                 costs=_costs(args, pp))
+        peaks.append(float(sum(state_bytes(units).values()) +
                            sum(timeline.values())))
     return tuple(peaks)

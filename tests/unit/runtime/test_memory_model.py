@@ -4,31 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from odc_pp.runtime.memory_model import (NEW_POLICY, OLD_POLICY, ChunkBytes, UnitSizes,
-                                         count_sends, schedule_peak, state_bytes)
+from odc_pp.runtime.memory_model import (ChunkBytes, UnitSizes, count_sends, schedule_peak,
+                                         state_bytes)
 from odc_pp.schedule.generators import training_schedule
 from odc_pp.schedule.lowering import lower_communication
 
 
 def test_state_bytes_per_parameter():
     sizes = UnitSizes(unit_params=(1000, 3000), dp=4, param_bytes=2, deterministic=True,
-                      post_validation=True, pushes_per_minibatch=20)
-    new, old = state_bytes(sizes, NEW_POLICY), state_bytes(sizes, OLD_POLICY)
+                      post_validation=True)
+    new = state_bytes(sizes)
     assert new["params_gathered"] == 2 * 4000
     assert new["params_sharded"] == 2 * (250 + 750)
     assert new["grad_accumulators"] == 4 * 1000
     assert new["optimizer_state"] == 12 * 1000  # moments + fp32 master (weight decay: no mask)
     assert new["odc_staging"] == 4 * 4000
     assert new["post_validation_snapshot"] == 16 * 1000
-    assert new["weight_grads"] == 2 * 2 * 3000
-    assert old["weight_grads"] == new["weight_grads"] + 8 * 2 * 3000
+    assert new["weight_grads"] == 2 * 2 * 3000  # the largest chunk's .grad + its flat copy
     # tensor parallelism, tp rank > 0: a gradient-norm mask where a replicated parameter is
     tp = state_bytes(UnitSizes(unit_params=(1000, 3000), dp=4, param_bytes=2,
                                deterministic=True, post_validation=True,
-                               norm_mask=(False, True)), NEW_POLICY)
+                               norm_mask=(False, True)))
     assert tp["optimizer_state"] == new["optimizer_state"] + 750
     fp32 = state_bytes(UnitSizes(unit_params=(1000,), dp=1, param_bytes=4,
-                                 deterministic=False, post_validation=False), NEW_POLICY)
+                                 deterministic=False, post_validation=False))
     assert fp32["optimizer_state"] == 8 * 1000 and fp32["odc_staging"] == 0  # moments only
 
 
@@ -39,8 +38,6 @@ def test_schedule_peak_keeps_sends_only_in_flight(name, chunks):
                                                      num_chunks=chunks))
     sizes = [ChunkBytes(saved=100, w_held=10)] * chunks
     for rank in range(pp):
-        old = schedule_peak(schedule, rank, sizes, message_bytes=1, policy=OLD_POLICY)
-        new = schedule_peak(schedule, rank, sizes, message_bytes=1, policy=NEW_POLICY)
-        assert new["sends"] <= 2 * pp < count_sends(schedule, rank)
-        assert sum(old.values()) >= sum(new.values())
-        assert max(old["activations"], new["activations"]) <= 2 * pp * 100 * chunks
+        peak = schedule_peak(schedule, rank, sizes, message_bytes=1)
+        assert peak["sends"] <= 2 * pp < count_sends(schedule, rank)
+        assert 0 < peak["activations"] <= 2 * pp * 100 * chunks
