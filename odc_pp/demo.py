@@ -2,7 +2,7 @@
 
 (a) **Measured here, 2 ranks with 1 thread each** (ranks <= cores, so a waiting rank's
     bubble or barrier costs real time): a compute-dominated model (hidden 256, sequences
-    up to 1024 tokens, long-tailed lengths) trained by ``pretrain_gpt.py`` under two
+    up to 1024 tokens, long-tailed lengths) trained by ``odc_pp.train`` under two
     comparisons, configurations alternating round by round:
 
     * data parallelism, dp=2: ODC + LB-Mini vs collective + balanced;
@@ -18,7 +18,9 @@
     LongAlign-like length distribution: odc-pp's best configuration against the
     Megatron default, with the flags that reproduce both.
 
-Everything goes to ``demo_output/``. A part that cannot run says what it skipped and why.
+Everything goes to ``demo_output/`` in the current directory. It runs the installed
+package (``torchrun -m odc_pp.train``, ``python -m odc_pp.cli``), so a ``pip install``-ed
+odc-pp runs it from anywhere. A part that cannot run says what it skipped and why.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["main", "Comparison", "measure", "correctness", "predicted"]
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SPEED_MODEL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
                "--seq-length", "1024", "--max-position-embeddings", "1024",
@@ -100,13 +100,13 @@ class Comparison:
 
 
 def _torchrun(flags: list[str], *, nproc: int, log: str, timeout_s: float) -> list[dict]:
-    """Run pretrain_gpt.py under torchrun (1 thread per rank); its JSON log records."""
+    """Run ``torchrun -m odc_pp.train`` (1 thread per rank); its JSON log records."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), os.path.join(ROOT, "pretrain_gpt.py"),
+               "--nproc-per-node", str(nproc), "-m", "odc_pp.train",
                *flags, "--no-progress-bar", "--log-interval", "1", "--log-json", log,
                "--distributed-timeout-minutes", "3"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True,
+    process = subprocess.Popen(command, env=env, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = process.communicate(timeout=timeout_s)
@@ -180,7 +180,7 @@ def predicted(out_dir: str) -> str:
                "--cluster", "h100", "--gpus", "32", "--lengths-histogram", LONGALIGN_LIKE,
                "--global-batch", "128", "--top", "3",
                "--json", os.path.join(out_dir, "plan.json")]
-    done = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=300)
+    done = subprocess.run(command, text=True, capture_output=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"odc-pp plan failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -198,7 +198,8 @@ def _part(title: str, skipped: list[str], run):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m odc_pp.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(ROOT, "demo_output"))
+    parser.add_argument("--out", default="demo_output",
+                        help="output folder (default: demo_output in the current directory)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of (a)")
     parser.add_argument("--skip-measure", action="store_true", help="skip part (a)")
     args = parser.parse_args(argv)

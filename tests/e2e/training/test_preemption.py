@@ -41,7 +41,7 @@ def _wait_for(condition, what: str, process, timeout: float = 240) -> None:
 
 
 def _workers(torchrun: int) -> list[int]:
-    """The pretrain_gpt.py processes torchrun started (its children)."""
+    """The odc_pp.train processes torchrun started (its children)."""
     found = []
     for name in os.listdir("/proc"):
         try:
@@ -51,7 +51,7 @@ def _workers(torchrun: int) -> list[int]:
                 command = handle.read()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == torchrun and b"pretrain_gpt.py" in command:
+        if parent == torchrun and b"odc_pp.train" in command:
             found.append(int(name))
     return found
 
