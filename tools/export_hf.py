@@ -100,7 +100,9 @@ def export_hf(load: str, output: str, *, max_shard_size: int, iteration: int | N
         state.pop(_OUTPUT, None)
     if dtype:
         config["torch_dtype"] = dtype
-    model = model_config_from_hf(config)
+    # zero-centred norms (--apply-layernorm-1p): HF stores gamma = 1 + the stored weight
+    model = model_config_from_hf(config,
+                                 apply_layernorm_1p=meta.get("apply_layernorm_1p", False))
     tensors = hf_state_dict(state, model, dtype=torch_dtype(config.get("torch_dtype")),
                             tie=tie)
     shards = save_hf_directory(tensors, config, output, max_shard_size=max_shard_size)

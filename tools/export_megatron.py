@@ -49,6 +49,7 @@ def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
         max_sequence_length=meta["max_position_embeddings"],
         normalization=meta.get("normalization", "LayerNorm"),
         norm_epsilon=meta.get("norm_epsilon", 1e-5),
+        apply_layernorm_1p=meta.get("apply_layernorm_1p", False),
         activation="swiglu" if meta.get("swiglu") else "gelu",
         num_query_groups=meta.get("num_query_groups"), kv_channels=meta.get("kv_channels"),
         position_embedding_type=meta.get("position_embedding_type", "learned_absolute"),

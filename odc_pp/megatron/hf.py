@@ -6,8 +6,10 @@ Loading (:func:`load_hf_weights`). Each rank opens the safetensors files lazily
 from (:func:`odc_pp.megatron.hf_config.megatron_to_hf_names`), whatever the pipeline
 size, chunks or placement. Conversions: q/k/v are interleaved per query group into
 megatron's fused ``linear_qkv`` (``[group][q heads of the group | k | v]``), gate/up are
-concatenated into ``linear_fc1``; everything else is copied. A missing tensor raises
-ValueError naming it and the directory.
+concatenated into ``linear_fc1``; everything else is copied, except that a model with
+zero-centred norms (``apply_layernorm_1p``) stores ``gamma - 1`` for HF's norm weight
+``gamma`` (export adds the 1 back). A missing tensor raises ValueError naming it and the
+directory.
 
 Tied embeddings. An HF model with ``tie_word_embeddings`` has no ``lm_head``; when one
 chunk holds embedding and output layer megatron shares the weight, otherwise the output
@@ -97,9 +99,17 @@ def _heads(config) -> tuple[int, int, int]:
     return heads, groups, head_dim
 
 
+def _zero_centred_norm(name: str, config) -> bool:
+    """A norm weight that the model stores zero-centred (``apply_layernorm_1p``)."""
+    return getattr(config, "apply_layernorm_1p", False) and name.endswith("layernorm.weight")
+
+
 def to_megatron(name: str, parts: list[torch.Tensor], config) -> torch.Tensor:
     """The megatron parameter ``name`` from its HF tensors (order of
     :func:`megatron_to_hf_names`)."""
+    if _zero_centred_norm(name, config):
+        (gamma,) = parts
+        return gamma.float() - 1
     if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
         heads, groups, head_dim = _heads(config)
         q, k, v = parts
@@ -115,6 +125,8 @@ def to_megatron(name: str, parts: list[torch.Tensor], config) -> torch.Tensor:
 
 def _from_megatron(name: str, tensor: torch.Tensor, config) -> list[torch.Tensor]:
     """Inverse of :func:`to_megatron`."""
+    if _zero_centred_norm(name, config):
+        return [tensor.float() + 1]
     if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
         heads, groups, head_dim = _heads(config)
         tail = tensor.shape[1:]

@@ -3,7 +3,9 @@
 The norm modules equal plain norms whose weight is 1 + w; a tiny model built with the flag
 (GPT LayerNorm; Llama RMSNorm with q/k norms; each also with --recompute-lgd) starts
 with every norm weight 0 and computes the loss and gradients of the plain model given the
-same weights with 1 added to every norm weight. The models are built in a subprocess (one
+same weights with 1 added to every norm weight. A Hugging Face Llama (norm weights
+perturbed) loads into the flagged model as gamma - 1 with the plain model's loss, and
+exports back to the same HF tensors. The models are built in a subprocess (one
 gloo rank) so this pytest process keeps no process group."""
 
 import json
@@ -90,9 +92,56 @@ def _run(root: str) -> None:
             "loss_difference": abs(loss - plain_loss),
             "grad_difference": max(float((grads[n] - plain_grads[n]).abs().max())
                                    for n in grads)}
+    results["hf"] = _hf_round_trip(root, groups, microbatch)
     with open(os.path.join(root, "results.json"), "w") as handle:
         json.dump(results, handle)
     dist.destroy_process_group()
+
+
+def _hf_round_trip(root: str, groups, microbatch) -> dict:
+    import transformers
+
+    from odc_pp.megatron.hf import SafetensorsReader, hf_state_dict, load_hf_weights, \
+        model_config_from_hf
+    from odc_pp.megatron.hf_config import read_hf_config
+    from odc_pp.megatron.model import build_chunks
+
+    directory = os.path.join(root, "hf_llama")
+    hf_model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn(param.shape) * 0.1)
+    hf_model.save_pretrained(directory)
+    losses, gammas = {}, {}
+    for centred in (False, True):
+        config = model_config_from_hf(read_hf_config(directory), apply_layernorm_1p=centred)
+        (chunk,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
+        load_hf_weights([chunk], directory, config, tied_in_hf=False)
+        losses[centred] = float((chunk(None, microbatch) * microbatch.loss_mask).sum())
+        state = {name.removeprefix("model."): p.detach()
+                 for name, p in chunk.global_named_parameters()}
+        gammas[centred] = hf_state_dict(state, config, dtype=torch.float32, tie=False)
+        if centred:
+            stored = state["decoder.final_layernorm.weight"]
+    reader = SafetensorsReader(directory)
+    final = reader.get("model.norm.weight")
+    return {"loss_difference": abs(losses[True] - losses[False]),
+            "stored_is_gamma_minus_one": float((stored - (final - 1)).abs().max()),
+            "export_difference": max(float((gammas[True][n] - reader.get(n)).abs().max())
+                                     for n in gammas[True]),
+            "exported": sorted(gammas[True]) == sorted(gammas[False])}
+
+
+def test_hugging_face_norms_load_as_gamma_minus_one_and_export_back(results):
+    result = results["hf"]
+    assert result["stored_is_gamma_minus_one"] <= 1e-7, result
+    assert result["loss_difference"] <= 1e-5, result
+    assert result["export_difference"] <= 1e-7, result
+    assert result["exported"], result
 
 
 @pytest.fixture(scope="module")
