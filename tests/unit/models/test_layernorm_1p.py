@@ -44,6 +44,21 @@ def test_zero_centred_norm_is_the_plain_norm_with_one_added(plain, centred):
     assert torch.allclose(norm(x), reference(x), atol=1e-6, rtol=0)
 
 
+def test_model_identity_compares_the_flag():
+    from odc_pp.megatron.model import ModelConfig
+    from odc_pp.megatron.model_identity import (identity_differences, identity_of_config,
+                                                identity_of_meta, megatron_args)
+
+    plain, centred = ModelConfig(**BASE), ModelConfig(**BASE, apply_layernorm_1p=True)
+    assert megatron_args(centred).apply_layernorm_1p is True
+    (difference,) = identity_differences(identity_of_config(plain),
+                                         identity_of_config(centred))
+    assert "--apply-layernorm-1p" in difference
+    meta = {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 4}
+    assert identity_differences(identity_of_meta(meta),
+                                identity_of_meta(dict(meta, apply_layernorm_1p=True)))
+
+
 def _loss_and_grads(chunk, microbatch):
     loss = (chunk(None, microbatch) * microbatch.loss_mask).sum()
     loss.backward()
