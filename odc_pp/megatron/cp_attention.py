@@ -1,0 +1,77 @@
+"""The core attention of context parallelism: megatron's ``DotProductAttention``
+interface over ring attention (:func:`odc_pp.megatron.context_parallel.ring_attention`),
+kept apart from :mod:`odc_pp.megatron.context_parallel` so the layout and the ring import
+without megatron-core."""
+
+from __future__ import annotations
+
+import copy
+
+import torch.distributed as dist
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from .context_parallel import CP_COMM_TYPES, ring_attention
+from .packed_attention import PackedSegments
+
+__all__ = ["ContextParallelDotProductAttention"]
+
+
+class ContextParallelDotProductAttention(DotProductAttention):
+    """Megatron's core attention interface over a context-parallel group: ``forward(query,
+    key, value, attention_mask, ...)`` with ``[s/N, b, heads, dim]`` inputs holding this
+    rank's two load-balanced chunks; returns ``[s/N, b, heads * dim]``.
+
+    The group: ``cp_group`` if given (a ``functools.partial`` keyword in a layer spec),
+    else ``pg_collection.cp`` (what megatron hands every core attention).
+    ``cp_comm_type``: ``p2p`` (ring; None means p2p). ``attention_mask``: None (causal)
+    or :class:`~odc_pp.megatron.packed_attention.PackedSegments` of the *full* rows
+    (``[b, s]`` segment ids). No attention dropout, bias, softmax offset or
+    ``PackedSeqParams`` (each one a ValueError)."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type,
+                 attention_dropout=None, softmax_scale=None, cp_comm_type=None,
+                 pg_collection=None, cp_group=None):
+        if cp_comm_type not in (None,) + CP_COMM_TYPES:
+            raise ValueError(f"--cp-comm-type must be one of {CP_COMM_TYPES}, got "
+                             f"{cp_comm_type!r}")
+        if getattr(config, "context_parallel_size", 1) != 1:
+            # megatron's parent refuses CP (only its TE attention has it); the ring is here
+            config = copy.copy(config)
+            config.context_parallel_size = 1
+        super().__init__(config, layer_number, attn_mask_type, attention_type,
+                         attention_dropout=attention_dropout, softmax_scale=softmax_scale,
+                         pg_collection=pg_collection)
+        self.cp_group = cp_group if cp_group is not None else self.pg_collection.cp
+        self.cp_comm_type = cp_comm_type or "p2p"
+        if self.softmax_offset is not None:
+            raise ValueError("context-parallel attention supports softmax_type vanilla "
+                             "only")
+        coeff = self.scale_mask_softmax.scale
+        self.ring_scale = self.softmax_scale * (coeff if coeff is not None else 1.0)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("context-parallel attention takes packed rows as "
+                             "PackedSegments of the full rows, and no attention bias")
+        if self.training and self.attention_dropout.p > 0:
+            raise ValueError("context-parallel attention has no attention dropout "
+                             "(--attention-dropout 0)")
+        size = dist.get_world_size(self.cp_group)
+        seq_q, batch = query.shape[0], query.shape[1]
+        segment_ids = None
+        if isinstance(attention_mask, PackedSegments):
+            segment_ids = attention_mask.segment_ids
+            if tuple(segment_ids.shape) != (batch, seq_q * size):
+                raise ValueError(f"PackedSegments must describe the full rows "
+                                 f"[{batch}, {seq_q * size}], got "
+                                 f"{tuple(segment_ids.shape)}")
+        elif attention_mask is not None:
+            raise ValueError("context-parallel attention takes None (causal) or "
+                             "PackedSegments, not a dense mask")
+        # [s, b, n, d] -> [b, n, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        context = ring_attention(q, k, v, group=self.cp_group, scale=self.ring_scale,
+                                 segment_ids=segment_ids)
+        return context.permute(2, 0, 1, 3).reshape(seq_q, batch,
+                                                   self.hidden_size_per_partition)
