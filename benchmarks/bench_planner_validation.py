@@ -149,12 +149,13 @@ def odc_port_section() -> dict:
     prediction of ODC + LB-Mini (packed) over collective + padded equal counts for the
     1.5B model on 8 x MI300X-like GPUs (A100 preset scaled: only the shape is compared)
     with a long-tailed length distribution."""
-    from odc_pp.planner.inputs import CLUSTERS, ModelSpec, load_lengths
+    from odc_pp.planner.hardware import CLUSTERS
+    from odc_pp.planner.inputs import ModelSpec, load_lengths
     from odc_pp.planner.search import Candidate, PlanConfig, predict
 
     port = _load("published_gpu_results.json")["odc_independent_port"]
     model = ModelSpec(num_layers=28, hidden_size=1536, num_attention_heads=12,
-                      ffn_hidden_size=8960, vocab_size=151936, seq_length=16384, swiglu=True)
+                      ffn_hidden_size=8960, vocab_size=151936, seq_length=16384, gated_mlp=True)
     lengths = load_lengths(histogram="1024:55,4096:25,8192:12,16384:8", seq_length=16384,
                            seed=0)
     rows = []

@@ -2,7 +2,7 @@
 same shape, on the same rows, SDPA attention, pure bf16 weights and fused AdamW (on CPU:
 fp32, the stock AdamW), gradient accumulation over the global batch's microbatches. Steps
 are timed with CUDA events (host clocks on CPU); FLOPs by the same formula as odc-pp's log
-(:class:`odc_pp.training.throughput.ModelShape`)."""
+(:class:`odc_pp.planner.model.ModelShape`)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def hf_worker(shape: dict, rows_path: str, iters: int, out_path: str) -> int:
     heads, groups, h = shape["num_attention_heads"], shape["num_query_groups"], shape["hidden_size"]
     flops_shape = ModelShape(num_layers=shape["num_layers"], hidden_size=h,
                              ffn_hidden_size=shape["ffn_hidden_size"],
-                             vocab_size=shape["vocab_size"], query_width=h,
-                             kv_width=h // heads * groups, gated_mlp=True)
+                             vocab_size=shape["vocab_size"], num_attention_heads=heads,
+                             num_query_groups=groups, gated_mlp=True)
     flops = flops_per_microbatch(flops_shape, batch, seq)
     steady = steps[2:] if len(steps) > 3 else steps[1:]
     step = statistics.median(steady)

@@ -11,7 +11,8 @@ import os
 import sys
 import time
 
-from odc_pp.planner.inputs import CLUSTERS, ModelSpec, describe_histogram, load_lengths
+from odc_pp.planner.hardware import CLUSTERS
+from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
 from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, format_plan, plan, predict
 from odc_pp.training.plan_memory import rank_peaks
 
@@ -29,7 +30,10 @@ def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
     return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
                      num_attention_heads=flags["num_attention_heads"],
                      ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
-                     seq_length=seq, swiglu=flags["swiglu"],
+                     seq_length=seq, gated_mlp=flags["swiglu"],
+                     num_query_groups=flags["num_query_groups"],
+                     kv_channels=flags["kv_channels"],
+                     tied=bool(config.get("tie_word_embeddings", False)),
                      source_flags=("--hf-checkpoint", directory, "--seq-length", str(seq)))
 
 
@@ -44,7 +48,9 @@ def model_from_flags(text: str) -> ModelSpec:
                      num_attention_heads=model.num_attention_heads,
                      ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
                      vocab_size=model.vocab_size, seq_length=model.seq_length,
-                     swiglu=bool(getattr(model, "swiglu", False)),
+                     gated_mlp=bool(model.swiglu),
+                     num_query_groups=model.num_query_groups if model.group_query_attention
+                     else None, kv_channels=model.kv_channels, tied=not model.untie_embeddings,
                      source_flags=tuple(text.split()))
 
 

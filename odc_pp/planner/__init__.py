@@ -2,10 +2,13 @@
 (:mod:`odc_pp.planner.activation_memory`) and the offload/recompute tuner
 (:mod:`odc_pp.planner.offload_tuner`, ``odc-pp tune-offload``), which picks a schedule,
 offload and recompute setting per device from the simulator of :mod:`odc_pp.schedule`,
-and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: cluster
-presets and length distributions; :mod:`odc_pp.planner.search`: the prediction and
+and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: the
+model to plan and length distributions; :mod:`odc_pp.planner.search`: the prediction and
 search; the command itself, which reads models from HF configs or training flags, is
 :mod:`odc_pp.plan_command` at the tools level).
+
+The vocabulary they share: :mod:`odc_pp.planner.model` (the model shape, also training's
+throughput/MFU shape) and :mod:`odc_pp.planner.hardware` (the accelerator presets).
 
 Layer: above ``schedule`` and ``data`` (it imports them), below ``runtime``; torch is
 imported only where a measurement needs it."""

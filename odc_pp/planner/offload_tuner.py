@@ -1,31 +1,30 @@
 """``odc-pp tune-offload``: pick the pipeline schedule, activation-offload ratio and
 recompute option with the best predicted step time that fits a device memory budget.
 
-Estimates (per transformer layer, micro-batch size b, sequence s, hidden h, heads a,
-vocabulary V, ``bytes_per_value`` = 2 for 16-bit training):
+Estimates (per transformer layer, micro-batch size b, sequence s, hidden h, heads a, MLP
+width f (``--ffn-hidden-size``, 4h by default), query width q = a x kv_channels, key/value
+width k = query groups x kv_channels, vocabulary V, ``bytes_per_value`` = 2 for 16-bit
+training; the shape is :class:`odc_pp.planner.model.ModelShape`):
 
-* forward FLOPs ``24 b s h^2 + 4 b s^2 h``; input-gradient (B) FLOPs
-  ``24 b s h^2 + 8 b s^2 h`` (all attention-score gradients are input gradients);
-  weight-gradient (W) FLOPs ``24 b s h^2``; times = FLOPs / (peak x MFU). Recomputing
-  layernorm/GeLU/dropout adds 5 % of the forward time to B.
+* FLOPs: :meth:`ModelShape.layer_flops` (Megatron-LM's formula: ``2 b s (2 h q + 2 h k +
+  2 h f)`` in each of F, B and W, ``3 h f`` with SwiGLU, plus attention ``4 b s^2 q`` in F
+  and twice that in B); times = FLOPs / (peak x MFU). Recomputing layernorm/GeLU/dropout
+  adds 5 % of the forward time to B.
 * activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", 16-bit, no tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes;
-  the ``5 a s / h`` attention-matrix term is dropped with flash attention (default);
-  recomputing layernorm, GeLU and dropout drops the two layernorm inputs (4 sbh),
-  the GeLU input (8 sbh) and the dropout masks (2 sbh): 34 -> 20.
-* model state: ``12 h^2 + 13 h`` parameters per layer plus ``V h`` for the embedding
+  Transformer Models", 16-bit, no tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes
+  for a GPT (f = 4h, q = k = h); in general ``s b h (10 + 4 q/h + 4 k/h + 2 (f/h) (g + 1))``
+  with g = 2 fc1 outputs per MLP unit under SwiGLU (1 without): the layernorm inputs and
+  dropout masks (10), Q, K, V and the projection input (4 q/h + 4 k/h), fc1's output and
+  the activation's output (2 (f/h) (g + 1)). The ``5 a s / h`` attention-matrix term is
+  dropped with flash attention (default); recomputing layernorm, GeLU and dropout drops
+  the two layernorm inputs (4 sbh), the activation's output (2 f/h sbh) and the dropout
+  masks (2 sbh): 34 -> 20 for a GPT.
+* model state: :meth:`ModelShape.layer_params` per layer plus ``V h`` for the embedding
   (first stage) and output layer (last stage); 2 bytes of 16-bit parameters, 4 of fp32
   gradients and 12 of fp32 master weights + Adam moments, the latter 12 sharded over the
   data-parallel ranks (ODC shards parameters/optimizer state).
 
-Hardware presets (dense bf16 peak from NVIDIA's datasheets; host link = PCIe x16
-effective bandwidth, about 80 % of the theoretical 32 GB/s (Gen4) / 64 GB/s (Gen5)):
-
-* a100: A100-SXM4-80GB, 312 TFLOP/s, 80 GB, PCIe Gen4 25 GB/s
-* h100: H100-SXM5-80GB, 989 TFLOP/s, 80 GB, PCIe Gen5 50 GB/s
-* h200: H200-SXM-141GB, 989 TFLOP/s, 141 GB, PCIe Gen5 50 GB/s
-
-``--measure`` instead times a matmul and a host-memory copy on this machine.
+Hardware: a preset of :mod:`odc_pp.planner.hardware` (``--preset``), or ``--measure`` instead times a matmul and a host-memory copy on this machine.
 
 Tensor parallelism (``--devices N --tp-sizes 1,2,4,8``): at equal device count each tp
 size gets ``pp = N / tp`` and every candidate below; for tp > 1 with
@@ -62,97 +61,50 @@ from dataclasses import dataclass, field
 from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
                                         check_work)
 from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
-                                   tensor_parallel_comm_seconds, transformer_layer_flops)
+                                   tensor_parallel_comm_seconds)
 from odc_pp.schedule.generators import FAMILIES, family, training_schedule
 from odc_pp.schedule.ir import Schedule
 from odc_pp.schedule.placement import rank_stages
 from odc_pp.schedule.simulator import simulate
 
 from .activation_memory import lgd_saving_per_token_hidden
+from .hardware import PRESETS, Hardware
+from .model import ModelShape
 
-__all__ = ["ModelShape", "Hardware", "PRESETS", "Candidate", "TunerConfig", "tune",
-           "tune_devices",
+__all__ = ["Workload", "OffloadChoice", "TunerConfig", "tune", "tune_devices",
            "estimate_costs", "candidate_schedule", "format_ranking", "measure_hardware",
            "main"]
 
 GB = 1e9
 
 
-@dataclass(kw_only=True)
-class ModelShape:
-    """The transformer being trained."""
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """The model being trained and the microbatches it is trained on."""
 
-    num_layers: int
-    """Transformer layers in the whole model."""
-    hidden_size: int
-    """Hidden size h."""
-    num_attention_heads: int
-    """Attention heads a."""
+    model: ModelShape
+    """The transformer's shape."""
     seq_length: int
     """Sequence length s."""
     micro_batch_size: int = 1
     """Samples per microbatch b."""
-    vocab_size: int = 32000
-    """Vocabulary V."""
     flash_attention: bool = True
     """No s^2 attention-matrix activations (flash attention)."""
     bytes_per_value: int = 2
     """Bytes of one activation value (2: bf16/fp16)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                     "micro_batch_size", "vocab_size", "bytes_per_value"):
+        for name in ("seq_length", "micro_batch_size", "bytes_per_value"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("--hidden-size must be divisible by --num-attention-heads")
-
-
-@dataclass(kw_only=True)
-class Hardware:
-    """One accelerator and its host link."""
-
-    name: str
-    """Label."""
-    peak_tflops: float
-    """Dense 16-bit peak TFLOP/s."""
-    memory_gb: float
-    """Device memory."""
-    host_link_gbps: float
-    """Effective device<->host bandwidth, GB/s."""
-    mfu: float = 0.45
-    """Fraction of peak that transformer layers reach."""
-    tp_link_gbps: float | None = None
-    """Effective per-direction bandwidth between the tensor-parallel ranks (NVLink),
-    GB/s; None: unknown (tensor parallelism cannot be estimated)."""
-
-    def __post_init__(self) -> None:
-        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps) + \
-            ((self.tp_link_gbps,) if self.tp_link_gbps is not None else ())
-        if not all(math.isfinite(n) and n > 0 for n in numbers):
-            raise ValueError(f"hardware numbers must be finite and positive, got peak "
-                             f"{self.peak_tflops} TFLOP/s, memory {self.memory_gb} GB, host "
-                             f"link {self.host_link_gbps} GB/s")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
-
-
-PRESETS = {
-    "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
-                     host_link_gbps=25.0, tp_link_gbps=240.0),
-    "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0),
-    "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0),
-}
 
 
 @dataclass(kw_only=True)
 class TunerConfig:
     """What to tune for."""
 
-    shape: ModelShape
-    """Model shape."""
+    shape: Workload
+    """Model shape and microbatch size."""
     hardware: Hardware
     """Compute speed and host link."""
     pp: int
@@ -179,9 +131,10 @@ class TunerConfig:
     """``--keep-sp-input-for-w`` (needs sequence_parallel)."""
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.shape.num_attention_heads % self.tp:
+        heads = self.shape.model.num_attention_heads
+        if self.tp < 1 or heads % self.tp or self.shape.model.query_groups % self.tp:
             raise ValueError(f"tensor-parallel size {self.tp} must be >= 1 and divide "
-                             f"--num-attention-heads {self.shape.num_attention_heads}")
+                             f"--num-attention-heads {heads} and the query groups")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence parallelism needs a tensor-parallel size > 1")
         if self.keep_sp_input_for_w and not self.sequence_parallel:
@@ -210,7 +163,9 @@ class TunerConfig:
 
 
 @dataclass
-class Candidate:
+class OffloadChoice:
+    """One ranked setting of the tuner: schedule, offload, recompute, and its estimate."""
+
     schedule: str
     """Registry family."""
     num_chunks: int
@@ -244,13 +199,12 @@ def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int,
                    recompute: bool) -> list[str]:
     """The ``pretrain_gpt.py`` flags of one candidate: schedule, pipeline, model shape and
     batch (``--global-batch-size`` = micro batch x microbatches x dp)."""
-    shape = config.shape
+    shape, model = config.shape, config.shape.model
     global_batch = shape.micro_batch_size * config.num_microbatches * config.dp
     out = ["--pipeline-schedule", name,
            "--num-model-chunks", str(family(name).default_chunks),
            "--pipeline-model-parallel-size", str(config.pp),
-           "--num-layers", str(shape.num_layers), "--hidden-size", str(shape.hidden_size),
-           "--num-attention-heads", str(shape.num_attention_heads),
+           *model.megatron_flags(),
            "--seq-length", str(shape.seq_length),
            "--micro-batch-size", str(shape.micro_batch_size),
            "--global-batch-size", str(global_batch)]
@@ -269,23 +223,21 @@ def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int,
     return out
 
 
-def layer_flops(shape: ModelShape) -> tuple[float, float, float]:
-    """Forward, input-gradient and weight-gradient FLOPs of one layer, one microbatch
-    (MLP width 4h)."""
-    h = shape.hidden_size
-    return transformer_layer_flops(shape.micro_batch_size, shape.seq_length, h, 4 * h)
-
-
-def layer_activation_bytes(shape: ModelShape, *, recompute: bool, tp: int = 1,
+def layer_activation_bytes(shape: Workload, *, recompute: bool, tp: int = 1,
                            sequence_parallel: bool = False) -> float:
     """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
-    b, s, h, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size,
-                  shape.num_attention_heads)
-
-    # 34 bytes per s*b*h at 16-bit values; recompute_lgd's saving (14) from the runtime.
-    # Outside the tensor-parallel regions 10 of the 34 (6 of them -- layernorm inputs
-    # and dropout masks -- recomputed by lgd, which also drops the split GeLU input, 8)
-    per_value = 34 - (lgd_saving_per_token_hidden() if recompute else 0)
+    model = shape.model
+    b, s, h, a = (shape.micro_batch_size, shape.seq_length, model.hidden_size,
+                  model.num_attention_heads)
+    ffn_ratio = model.ffn / h
+    fc1_outputs = 2 if model.gated_mlp else 1
+    # bytes per s*b*h at 16-bit values (module doc; 34 for a GPT); recompute_lgd's saving
+    # (14 for a GPT) from the runtime. Outside the tensor-parallel regions 10 (6 of them
+    # -- layernorm inputs and dropout masks -- recomputed by lgd, which also drops the
+    # split activation output)
+    full = (10 + 4 * model.query_width / h + 4 * model.kv_width / h
+            + 2 * ffn_ratio * (fc1_outputs + 1))
+    per_value = full - (lgd_saving_per_token_hidden(ffn_ratio=ffn_ratio) if recompute else 0)
     replicated = (10 - (6 if recompute else 0)) / per_value
     factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
                                                replicated_share=replicated)
@@ -297,18 +249,18 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
                    ) -> tuple[CostModel, float, list[float]]:
     """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
     rank) for ``schedule``."""
-    shape, hw = config.shape, config.hardware
+    shape, hw, model = config.shape, config.hardware, config.shape.model
     fam = family(schedule)
     chunks = fam.default_chunks
     stages = config.pp * chunks
-    if shape.num_layers % stages:
-        raise ValueError(f"--num-layers {shape.num_layers} is not divisible by pp x chunks "
+    if model.num_layers % stages:
+        raise ValueError(f"--num-layers {model.num_layers} is not divisible by pp x chunks "
                          f"= {stages} (schedule {schedule})")
-    layers = shape.num_layers // stages
+    layers = model.num_layers // stages
     tp = config.tp
-    flops_f, flops_b, flops_w = layer_flops(shape)
+    flops_f, flops_b, flops_w = model.layer_flops(shape.micro_batch_size, shape.seq_length)
     speed = hw.peak_tflops * 1e12 * hw.mfu * tp  # one tp rank does 1/tp of the FLOPs
-    tokens, h = shape.seq_length * shape.micro_batch_size, shape.hidden_size
+    tokens, h = shape.seq_length * shape.micro_batch_size, model.hidden_size
     comm_f, comm_b, comm_w = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=h, bytes_per_value=shape.bytes_per_value, tp=tp,
         link_bytes_per_s=(hw.tp_link_gbps or 0.0) * GB,
@@ -325,13 +277,13 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
     costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
                       offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes,
                       mem_f=1.0, mem_b=kept, mem_w=-1.0 - kept)
-    layer_params = (12 * h * h + 13 * h) / tp
+    layer_params = model.layer_params() / tp
     bytes_per_param = 2 + 4 + 12 / config.dp
     static = []
     for rank in range(config.pp):
         params = layers * chunks * layer_params
         holds = {0, stages - 1}
-        params += shape.vocab_size * h / tp * len(
+        params += model.vocab_size * h / tp * len(
             holds.intersection(rank_stages(fam.placement, config.pp, chunks, rank)))
         static.append(params * bytes_per_param)
     return costs, chunk_bytes, static
@@ -347,13 +299,13 @@ def candidate_schedule(config: TunerConfig, name: str, *,
 
 
 def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
-              recompute: bool) -> Candidate:
+              recompute: bool) -> OffloadChoice:
     costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
     schedule = candidate_schedule(config, name, offload_chunks=chunks)
     result = simulate(schedule, costs)
     peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
     peak = max(peaks)
-    return Candidate(schedule=name, num_chunks=schedule.num_chunks, offload_chunks=chunks,
+    return OffloadChoice(schedule=name, num_chunks=schedule.num_chunks, offload_chunks=chunks,
                      recompute=recompute, step_s=result.makespan, peak_memory_gb=peak / GB,
                      fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
                      flags=training_flags(config, name, offload_chunks=chunks,
@@ -368,27 +320,27 @@ def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
             for c in itertools.combinations(range(num_chunks), size)]
 
 
-def tune(config: TunerConfig) -> list[Candidate]:
+def tune(config: TunerConfig) -> list[OffloadChoice]:
     """Every candidate, best first: those that fit the budget by predicted step time,
     then those that do not by peak memory."""
     candidates = []
     for recompute in (False, True):
         for name in config.schedules:
             fam = family(name)
-            if config.shape.num_layers % (config.pp * fam.default_chunks) or \
+            if config.shape.model.num_layers % (config.pp * fam.default_chunks) or \
                     config.num_microbatches < fam.microbatches_per_rank * config.pp:
                 continue
             for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [()]:
                 candidates.append(_evaluate(config, name, chunks, recompute))
     if not candidates:
-        raise ValueError(f"--num-layers {config.shape.num_layers} is not divisible by pp "
+        raise ValueError(f"--num-layers {config.shape.model.num_layers} is not divisible by pp "
                          f"{config.pp} (or 2 x pp) for any schedule")
     return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
                                              else c.peak_memory_gb))
 
 
 def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
-                 ) -> list[Candidate]:
+                 ) -> list[OffloadChoice]:
     """TP against PP (+ offload) at equal device count and memory budget: every candidate
     of :func:`tune` for each tp size with ``pp = devices / tp`` (tp > 1: sequence
     parallel, W's inputs re-gathered or kept), ranked together. Sizes that do not divide
@@ -397,7 +349,8 @@ def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
 
     candidates = []
     for tp in sorted(set(tp_sizes)):
-        if tp < 1 or devices % tp or config.shape.num_attention_heads % tp:
+        if tp < 1 or devices % tp or config.shape.model.num_attention_heads % tp or \
+                config.shape.model.query_groups % tp:
             continue
         pp = devices // tp
         if config.num_microbatches < pp:
@@ -417,7 +370,7 @@ def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
                                              else c.peak_memory_gb))
 
 
-def format_ranking(candidates: list[Candidate], *, budget_gb: float, top: int = 15) -> str:
+def format_ranking(candidates: list[OffloadChoice], *, budget_gb: float, top: int = 15) -> str:
     header = (f"{'#':>3} {'tp':>2} {'pp':>3} {'schedule':<12} {'offload chunks':<14} "
               f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
     lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
@@ -468,6 +421,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=bounded_int(1, 10 ** 8), required=True)
     p.add_argument("--micro-batch-size", type=bounded_int(1, 10 ** 5), default=1)
     p.add_argument("--vocab-size", type=bounded_int(1, 10 ** 8), default=32000)
+    p.add_argument("--ffn-hidden-size", type=bounded_int(1, 10 ** 7), default=None,
+                   help="MLP width (default: 4 x --hidden-size)")
+    p.add_argument("--swiglu", action="store_true", help="gated MLP (3 h f weights)")
+    p.add_argument("--group-query-attention", action="store_true")
+    p.add_argument("--num-query-groups", type=bounded_int(1, 10 ** 5), default=None,
+                   help="key/value heads under --group-query-attention")
+    p.add_argument("--kv-channels", type=bounded_int(1, 10 ** 5), default=None,
+                   help="channels per head (default: hidden / heads)")
+    p.add_argument("--untie-embeddings-and-output-weights", dest="untie_embeddings",
+                   action="store_true")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="count the 5as/h attention-matrix activations")
     p.add_argument("--pp", type=bounded_int(1, MAX_PP), default=None,
@@ -525,11 +488,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("give exactly one of --pp (pipeline only) and --devices "
                              "(tensor and pipeline parallelism ranked together)")
         check_work(args.pp or args.devices, args.num_microbatches, 2)  # V schedules: 2 chunks
-        shape = ModelShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                           num_attention_heads=args.num_attention_heads,
-                           seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
-                           vocab_size=args.vocab_size,
-                           flash_attention=not args.no_flash_attention)
+        model = ModelShape.of(args, args.vocab_size)
+        shape = Workload(model=model, seq_length=args.seq_length,
+                         micro_batch_size=args.micro_batch_size,
+                         flash_attention=not args.no_flash_attention)
         config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp or 1, dp=args.dp,
                              num_microbatches=args.num_microbatches,
                              memory_budget_gb=args.memory_budget_gb,

@@ -41,13 +41,13 @@ from dataclasses import replace, dataclass, field
 import numpy as np
 
 from odc_pp.data import AttentionCost, plan_minibatch
-from odc_pp.schedule.costs import (CostModel, tensor_parallel_comm_seconds,
-                                   transformer_layer_flops)
+from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.generators import family, training_schedule
-from .offload_tuner import ModelShape, layer_activation_bytes
+from .offload_tuner import Workload, layer_activation_bytes
 from odc_pp.schedule.simulator import simulate
 
-from .inputs import Cluster, ModelSpec
+from .hardware import Cluster
+from .inputs import ModelSpec
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
            "megatron_default", "format_plan", "flags_of", "LEGEND"]
@@ -166,7 +166,7 @@ def _training_schedule(name, pp, num_microbatches, num_chunks, memory_limit, off
 def _sample_cost(model: ModelSpec) -> AttentionCost:
     """The data planner's default cost model (training.data_plan.sample_cost_model)."""
     def flops(seq: int) -> float:
-        return sum(transformer_layer_flops(1, seq, model.hidden_size, model.flops_ffn))
+        return sum(model.layer_flops(1, seq))
 
     quadratic = (flops(2) - 2 * flops(1)) / 2
     return AttentionCost(quadratic_coef=quadratic / (flops(1) - quadratic))
@@ -190,10 +190,9 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     tokens = rows * length
     speed = cluster.flops_per_s(tokens) * cand.tp
     if documents:
-        f, b, w = np.sum([transformer_layer_flops(1, d, model.hidden_size, model.flops_ffn)
-                          for d in documents], axis=0)
+        f, b, w = np.sum([model.layer_flops(1, d) for d in documents], axis=0)
     else:
-        f, b, w = transformer_layer_flops(rows, length, model.hidden_size, model.flops_ffn)
+        f, b, w = model.layer_flops(rows, length)
     cf, cb, cw = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
         link_bytes_per_s=cluster.nvlink_gbps * GB, sequence_parallel=cand.tp > 1,
@@ -260,7 +259,7 @@ def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
 def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
     if cand.dp == 1:
         return 0.0
-    grads = config.model.params / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
+    grads = config.model.params() / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
     inside = cand.tp * cand.pp * cand.dp <= config.cluster.gpus_per_node
     link = (config.cluster.nvlink_gbps if inside else config.cluster.internode_gbps) * GB
     share = (cand.dp - 1) / cand.dp * grads / link
@@ -268,7 +267,7 @@ def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
 
 
 def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
-    params = config.model.params / (cand.tp * cand.pp)
+    params = config.model.params() / (cand.tp * cand.pp)
     return params * (2 + 4 + 12 / cand.dp)
 
 
@@ -316,9 +315,7 @@ def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
     microbatch chunks of the largest microbatch) and the last rank's fp32 logits."""
     model = config.model
     fam = family(cand.schedule)
-    shape = ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                       num_attention_heads=model.num_attention_heads, seq_length=biggest,
-                       vocab_size=model.vocab_size)
+    shape = Workload(model=model, seq_length=biggest)
     chunk_bytes = model.num_layers / (cand.pp * fam.default_chunks) * layer_activation_bytes(
         shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
     if fam.offloads:  # offloaded chunks stay on the host between F and B
@@ -344,8 +341,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
             units = np.maximum(units, sim.peak_activation)
         biggest = max(biggest, max(r * s for shapes in per_replica for r, s, _ in shapes))
         real_tokens.append(int(lengths.sum()))
-        flops.append(sum(sum(transformer_layer_flops(1, int(s), model.hidden_size,
-                                                     model.flops_ffn)) * model.num_layers
+        flops.append(sum(sum(model.layer_flops(1, int(s))) * model.num_layers
                          + 6.0 * s * model.hidden_size * model.vocab_size for s in lengths))
     step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)

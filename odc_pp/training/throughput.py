@@ -23,58 +23,20 @@ from __future__ import annotations
 
 import resource
 import sys
-from dataclasses import dataclass
 
 import torch
 
-from odc_pp.schedule.costs import transformer_layer_flops
-from odc_pp.planner.offload_tuner import PRESETS
+from odc_pp.planner.hardware import PRESETS
+from odc_pp.planner.model import ModelShape
 
+# ModelShape is the planner's (odc_pp.planner.model), re-exported for the training code
 __all__ = ["ModelShape", "flops_per_microbatch", "microbatch_flops", "default_peak_tflops",
            "peak_memory_mb", "peak_allocated_mb"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """What the FLOPs formula needs of a GPT."""
-
-    num_layers: int
-    """Transformer layers."""
-    hidden_size: int
-    """Hidden size h."""
-    ffn_hidden_size: int
-    """MLP hidden size f."""
-    vocab_size: int
-    """Padded vocabulary V (the output layer's rows)."""
-    query_width: int | None = None
-    """Attention heads x kv_channels (q); None: hidden_size."""
-    kv_width: int | None = None
-    """Query groups x kv_channels (k, the width of K and of V); None: query_width (MHA)."""
-    gated_mlp: bool = False
-    """SwiGLU: the MLP multiplies 3 h f weights instead of 2 h f."""
-
-    @classmethod
-    def of(cls, model, vocab_size: int) -> "ModelShape":
-        """The shape of ``--num-layers`` ... (a :class:`~odc_pp.training.arguments.ModelArgs`)
-        with ``vocab_size`` embedding rows."""
-        heads = model.num_attention_heads
-        channels = model.kv_channels or model.hidden_size // heads
-        groups = (model.num_query_groups or heads) if model.group_query_attention else heads
-        return cls(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                   ffn_hidden_size=model.ffn_hidden_size, vocab_size=vocab_size,
-                   query_width=heads * channels, kv_width=groups * channels,
-                   gated_mlp=bool(model.swiglu))
-
-    def layer_flops(self, batch: int, seq: int) -> tuple[float, float, float]:
-        """F, B and W FLOPs of one layer on a ``[batch, seq]`` microbatch."""
-        return transformer_layer_flops(batch, seq, self.hidden_size, self.ffn_hidden_size,
-                                       query_width=self.query_width, kv_width=self.kv_width,
-                                       gated_mlp=self.gated_mlp)
-
-
 def flops_per_microbatch(shape: ModelShape, batch: int, seq: int) -> float:
     """Forward + backward model FLOPs of one ``[batch, seq]`` microbatch: every layer's
-    F + B + W (:func:`odc_pp.schedule.costs.transformer_layer_flops`) and the output
+    F + B + W (:meth:`~odc_pp.planner.model.ModelShape.layer_flops`) and the output
     layer's ``6 b s V h``."""
     per_layer = sum(shape.layer_flops(batch, seq))
     return shape.num_layers * per_layer + 6.0 * batch * seq * shape.vocab_size * \
@@ -96,7 +58,7 @@ def microbatch_flops(shape: ModelShape, microbatch) -> float:
 
 def default_peak_tflops(device: torch.device) -> float | None:
     """The dense 16-bit peak of a GPU the offload tuner has a preset for
-    (:data:`odc_pp.planner.offload_tuner.PRESETS`: A100, H100, H200); None on CPU or
+    (:data:`odc_pp.planner.hardware.PRESETS`: A100, H100, H200); None on CPU or
     another device (pass --peak-tflops)."""
     if device.type != "cuda":
         return None

@@ -175,10 +175,11 @@ def test_recompute_matches_stored_and_saves_predicted_bytes(tmp_path):
 def test_offload_tuner_uses_the_runtime_factor():
     from odc_pp.planner.activation_memory import (lgd_saved_bytes_per_layer,
                                                    lgd_saving_per_token_hidden)
-    from odc_pp.planner.offload_tuner import ModelShape, layer_activation_bytes
+    from odc_pp.planner.model import ModelShape
+    from odc_pp.planner.offload_tuner import Workload, layer_activation_bytes
 
-    shape = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16,
-                       seq_length=2048, micro_batch_size=2)
+    shape = Workload(model=ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16,
+                                      vocab_size=32000), seq_length=2048, micro_batch_size=2)
     tokens = 2048 * 2
     saving = (layer_activation_bytes(shape, recompute=False)
               - layer_activation_bytes(shape, recompute=True))

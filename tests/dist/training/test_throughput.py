@@ -39,12 +39,11 @@ def worker(rank, world_size, out_path, config=SHAPE):
 
 
 def _shape(config: dict) -> ModelShape:
-    heads, channels = config["num_attention_heads"], config.get("kv_channels")
-    channels = channels or config["hidden_size"] // heads
     return ModelShape(num_layers=config["num_layers"], hidden_size=config["hidden_size"],
                       ffn_hidden_size=config["ffn_hidden_size"], vocab_size=config["vocab_size"],
-                      query_width=heads * channels,
-                      kv_width=config.get("num_query_groups", heads) * channels,
+                      num_attention_heads=config["num_attention_heads"],
+                      num_query_groups=config.get("num_query_groups"),
+                      kv_channels=config.get("kv_channels"),
                       gated_mlp=config.get("activation") == "swiglu")
 
 

@@ -5,9 +5,10 @@ import pytest
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.ir import ActionKind
 from odc_pp.schedule.lowering import lower_communication
-from odc_pp.planner.offload_tuner import (PRESETS, ModelShape, TunerConfig,
-                                           candidate_schedule, estimate_costs,
-                                           layer_activation_bytes, main, tune)
+from odc_pp.planner.hardware import PRESETS
+from odc_pp.planner.model import ModelShape
+from odc_pp.planner.offload_tuner import (TunerConfig, Workload, candidate_schedule,
+                                           estimate_costs, layer_activation_bytes, main, tune)
 from odc_pp.schedule.simulator import simulate
 
 SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
@@ -15,13 +16,15 @@ SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads",
 
 
 def test_activation_formula_closed_form():
-    shape = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16, seq_length=2048,
-                       micro_batch_size=2, flash_attention=False)
+    gpt = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16, vocab_size=32000)
+    shape = Workload(model=gpt, seq_length=2048, micro_batch_size=2, flash_attention=False)
     s, b, h, a = 2048, 2, 1024, 16
     assert layer_activation_bytes(shape, recompute=False) == s * b * h * (34 + 5 * a * s / h)
-    flash = ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16, seq_length=2048,
-                       micro_batch_size=2)
+    flash = Workload(model=gpt, seq_length=2048, micro_batch_size=2)
     assert layer_activation_bytes(flash, recompute=True) == s * b * h * 20
+
+
+_GPT = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32, vocab_size=32000)
 
 
 def _frontend(flags: list[str], *, dp: int):
@@ -40,8 +43,7 @@ def _frontend(flags: list[str], *, dp: int):
 
 
 def _config(preset: str, budget: float, **extra) -> TunerConfig:
-    return TunerConfig(shape=ModelShape(num_layers=32, hidden_size=4096,
-                                        num_attention_heads=32, seq_length=8192),
+    return TunerConfig(shape=Workload(model=_GPT, seq_length=8192),
                        hardware=PRESETS[preset], pp=4, num_microbatches=8,
                        memory_budget_gb=budget, **extra)
 
@@ -169,9 +171,7 @@ def test_tensor_parallel_comm_terms():
 
 
 def _tp_config(**changes):
-    shape = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32,
-                       seq_length=8192)
-    return TunerConfig(**{"shape": shape, "hardware": PRESETS["h100"], "pp": 1,
+    return TunerConfig(**{"shape": Workload(model=_GPT, seq_length=8192), "hardware": PRESETS["h100"], "pp": 1,
                           "num_microbatches": 32, **changes})
 
 
@@ -226,3 +226,50 @@ def replace_link(value):
     from dataclasses import replace
 
     return replace(PRESETS["h100"], tp_link_gbps=value)
+
+
+def test_llama_shape_uses_its_mlp_width_gating_and_gqa():
+    """Llama-3-8B (f = 14336, SwiGLU, 8 query groups, untied): FLOPs, parameters and
+    activations of the tuner's estimate from the closed forms, not from a 4h MLP."""
+    b, s, h, f, a, g, V, layers = 1, 8192, 4096, 14336, 32, 8, 128256, 32
+    llama = ModelShape(num_layers=layers, hidden_size=h, num_attention_heads=a,
+                       num_query_groups=g, ffn_hidden_size=f, gated_mlp=True, tied=False,
+                       vocab_size=V)
+    config = TunerConfig(shape=Workload(model=llama, seq_length=s), hardware=PRESETS["h100"],
+                         pp=4, num_microbatches=8)
+    costs, chunk_bytes, static = estimate_costs(config, "1f1b", recompute=False)
+    k = h // a * g
+    dense = 2 * b * s * (2 * h * h + 2 * h * k + 3 * h * f)
+    speed = 989e12 * 0.45
+    per_stage = layers // 4
+    assert costs.t_f == pytest.approx(per_stage * (dense + 4 * b * s * s * h) / speed)
+    assert costs.t_w == pytest.approx(per_stage * dense / speed)
+    assert chunk_bytes == pytest.approx(
+        per_stage * s * b * h * (10 + 4 + 4 * k / h + 2 * (f / h) * 3))
+    layer_params = 2 * h * h + 2 * h * k + 3 * h * f + 4 * h
+    bytes_per_param = 2 + 4 + 12
+    assert static[1] == pytest.approx(per_stage * layer_params * bytes_per_param)
+    assert static[0] == pytest.approx((per_stage * layer_params + V * h) * bytes_per_param)
+    # the 4h-MLP MHA estimate it replaces (12 h^2 + 13 h) was 8% low on the layer weights
+    assert layer_params / (12 * h * h + 13 * h) == pytest.approx(1.0831, abs=1e-4)
+    flags = tune(config)[0].flags
+    for flag in ("--ffn-hidden-size 14336", "--swiglu", "--group-query-attention "
+                 "--num-query-groups 8", "--untie-embeddings-and-output-weights"):
+        assert flag in " ".join(flags), flag
+
+
+def test_llama_flags_of_the_command_line():
+    """tune-offload's shape flags are Megatron's and reach the printed flags."""
+    argv = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16",
+            "--ffn-hidden-size", "3584", "--swiglu", "--group-query-attention",
+            "--num-query-groups", "4", "--seq-length", "1024", "--pp", "2",
+            "--num-microbatches", "4", "--preset", "h100", "--json", "--top", "1"]
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    flags = " ".join(json.loads(out.getvalue())[0]["flags"])
+    assert "--ffn-hidden-size 3584 --group-query-attention --num-query-groups 4 --swiglu" \
+        in flags
