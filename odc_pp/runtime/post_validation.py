@@ -51,6 +51,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from odc_pp.optim import clip
+from odc_pp.optim.rates import decoupled_rate
 
 __all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
            "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
@@ -130,6 +131,12 @@ class PostValidationTarget(Protocol):
         """Clear the gradients the next minibatch accumulates into."""
 
 
+def _group_rate(group: dict, lr: float) -> float:
+    """The rate of a torch param group at the step's ``lr``: the decoupled rate for a
+    group marked ``decoupled``, else ``lr`` (a plain float either way)."""
+    return float(decoupled_rate(lr) if group.get("decoupled") else lr)
+
+
 class TorchOptimizerTarget:
     """A ``torch.optim.Optimizer`` whose gradients are the parameters' ``.grad``.
 
@@ -137,7 +144,8 @@ class TorchOptimizerTarget:
     :meth:`finish_step` right after the step sets every ``.grad`` to None, so the next
     minibatch accumulates into new tensors and nothing else can reach the kept ones. This
     needs an optimizer whose ``step`` does not modify gradients in place (torch's
-    built-in optimizers do not)."""
+    built-in optimizers do not). A given rate replaces every param group's; a group with
+    ``decoupled=True`` takes a :class:`~odc_pp.optim.rates.StepRates`' decoupled rate."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -162,7 +170,7 @@ class TorchOptimizerTarget:
     def step_eagerly(self, lr: float | None = None) -> None:
         if lr is not None:  # a given rate replaces every param group's
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = _group_rate(group, lr)
         self.optimizer.step()
 
     @torch.no_grad()
@@ -187,7 +195,7 @@ class TorchOptimizerTarget:
         for group, hyper in zip(self.optimizer.param_groups, snapshot["hyper"]):
             group.update(hyper)  # the eager step's learning rate etc.
             if lr is not None:
-                group["lr"] = lr
+                group["lr"] = _group_rate(group, lr)
         self.optimizer.step()
         for group, hyper in zip(self.optimizer.param_groups, current):
             group.update(hyper)

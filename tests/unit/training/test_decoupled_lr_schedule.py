@@ -51,3 +51,19 @@ def test_rates_survive_pickling_and_print_both():
 def test_bad_decoupled_rates_name_the_flag(fields, flag):
     with pytest.raises(ValueError, match=flag):
         LRSchedule(lr=1e-3, min_lr=1e-4, **SHAPE, **fields)
+
+
+def test_post_validation_torch_target_gives_decoupled_groups_their_rate():
+    import torch
+
+    from odc_pp.runtime.post_validation import TorchOptimizerTarget
+
+    main, embedding = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([{"params": [main]},
+                                 {"params": [embedding], "decoupled": True}], lr=1.0)
+    target = TorchOptimizerTarget(optimizer)
+    main.grad, embedding.grad = torch.ones(3), torch.ones(3)
+    target.step_eagerly(StepRates(0.1, 0.5))
+    assert [group["lr"] for group in optimizer.param_groups] == [0.1, 0.5]
+    assert torch.allclose(main, torch.full((3,), 0.9))
+    assert torch.allclose(embedding, torch.full((3,), 0.5))
