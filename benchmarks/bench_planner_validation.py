@@ -149,7 +149,7 @@ def odc_port_section() -> dict:
     prediction of ODC + LB-Mini (packed) over collective + padded equal counts for the
     1.5B model on 8 x MI300X-like GPUs (A100 preset scaled: only the shape is compared)
     with a long-tailed length distribution."""
-    from odc_pp.planner.hardware import CLUSTERS
+    from odc_pp.planner.hardware import PRESETS
     from odc_pp.planner.inputs import ModelSpec, load_lengths
     from odc_pp.planner.search import Candidate, PlanConfig, predict
 
@@ -160,7 +160,7 @@ def odc_port_section() -> dict:
                            seed=0)
     rows = []
     for batch in port["rows"][0]["global_batch"]:
-        config = PlanConfig(model=model, cluster=CLUSTERS["a100"], gpus=8, global_batch=batch,
+        config = PlanConfig(model=model, cluster=PRESETS["a100"], gpus=8, global_batch=batch,
                             lengths=lengths, samples=4)
         common = dict(tp=1, pp=1, dp=8, schedule="1f1b")
         base = predict(config, Candidate(**common, dp_mode="collective", balance="balanced",

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from odc_pp.planner.hardware import CLUSTERS
+from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
 from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, format_plan, plan, predict
 from odc_pp.training.plan_memory import rank_peaks
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-length", type=int, default=None,
                         help="longest sample (with --hf-config; default its "
                              "max_position_embeddings)")
-    parser.add_argument("--cluster", choices=sorted(CLUSTERS), default="h100",
+    parser.add_argument("--cluster", choices=sorted(PRESETS), default="h100",
                         help="GPU preset: peak bf16 TFLOP/s, HBM, 8 GPUs per node, NVLink, "
                              "inter-node and host-link bandwidth")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = model_from_hf(args.hf_config, seq_length=args.seq_length) if args.hf_config \
             else model_from_flags(args.model_flags)
-        cluster = CLUSTERS[args.cluster]
+        cluster = PRESETS[args.cluster]
         if args.gpus_per_node or args.efficiency:
             from dataclasses import replace
 
             cluster = replace(cluster, gpus_per_node=args.gpus_per_node or cluster.gpus_per_node,
-                              efficiency=args.efficiency or cluster.efficiency)
+                              mfu=args.efficiency or cluster.mfu)
         lengths = load_lengths(jsonl=args.lengths_jsonl, histogram=args.lengths_histogram,
                                seq_length=model.seq_length, seed=args.seed)
         if (args.global_batch is None) == (args.global_batch_tokens is None):

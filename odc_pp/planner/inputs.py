@@ -1,5 +1,5 @@
 """Planner inputs: the model to plan (its shape, sequence length and source flags) and
-the sample-length distribution (JSONL / pre-tokenized, or a histogram). Cluster presets
+the sample-length distribution (JSONL / pre-tokenized, or a histogram). Hardware presets
 are :mod:`odc_pp.planner.hardware`'s. Reading a model from an HF ``config.json`` or
 Megatron flags is :mod:`odc_pp.plan_command`'s (it needs the layers above)."""
 

@@ -11,7 +11,7 @@ balance, packing and token cap) is predicted as follows, deterministically:
    (:func:`~odc_pp.schedule.costs.transformer_layer_flops` on the executed shape: padded
    rows, or a packed row's documents, whose attention the GPU kernels (varlen / flex)
    compute per document; the output layer on the last stage) over the
-   cluster's achieved FLOP/s for that microbatch size (:meth:`Cluster.flops_per_s`, an
+   cluster's achieved FLOP/s for that microbatch size (:meth:`Hardware.flops_per_s`, an
    efficiency curve), divided by tp, plus the tensor-parallel collectives
    (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`).
 3. Each replica's pipeline is the schedule ``pretrain_gpt.py`` builds
@@ -46,7 +46,7 @@ from odc_pp.schedule.generators import family, training_schedule
 from .offload_tuner import Workload, layer_activation_bytes
 from odc_pp.schedule.simulator import simulate
 
-from .hardware import Cluster
+from .hardware import Hardware
 from .inputs import ModelSpec
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
@@ -63,7 +63,7 @@ class PlanConfig:
 
     model: ModelSpec
     """The transformer."""
-    cluster: Cluster
+    cluster: Hardware
     """GPU kind and links."""
     gpus: int
     """GPUs in the job."""
@@ -100,7 +100,7 @@ class PlanConfig:
 
     @property
     def memory_bytes(self) -> float:
-        return (self.memory_gb or 0.9 * self.cluster.hbm_gb) * GB
+        return (self.memory_gb or 0.9 * self.cluster.memory_gb) * GB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +195,7 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
         f, b, w = model.layer_flops(rows, length)
     cf, cb, cw = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
-        link_bytes_per_s=cluster.nvlink_gbps * GB, sequence_parallel=cand.tp > 1,
+        link_bytes_per_s=cluster.tp_link_gbps * GB, sequence_parallel=cand.tp > 1,
         keep_sp_input_for_w=False)
     t_f = layers * (f / speed + cf)
     t_b = layers * (b / speed + cb) + (0.05 * layers * f / speed if cand.recompute else 0.0)
@@ -261,7 +261,7 @@ def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
         return 0.0
     grads = config.model.params() / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
     inside = cand.tp * cand.pp * cand.dp <= config.cluster.gpus_per_node
-    link = (config.cluster.nvlink_gbps if inside else config.cluster.internode_gbps) * GB
+    link = (config.cluster.tp_link_gbps if inside else config.cluster.internode_gbps) * GB
     share = (cand.dp - 1) / cand.dp * grads / link
     return 2 * share if cand.dp_mode == "collective" else share
 
@@ -330,7 +330,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     model, cluster = config.model, config.cluster
     fam = family(cand.schedule)
     inside = cand.tp * cand.pp <= cluster.gpus_per_node
-    link = (cluster.nvlink_gbps if inside else cluster.internode_gbps) * GB
+    link = (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
     offload = list(range(fam.default_chunks)) if fam.offloads else None
     parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
     for lengths, plan in _plans(config, cand, _sample_cost(model)):
