@@ -29,7 +29,7 @@ test-unit: $(STAMP)
 test-dist: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests/dist
 
-# pretrain_gpt.py under torchrun, and the wheel build.
+# python -m odc_pp.train under torchrun, the wheel build and a pip install.
 test-e2e: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests/e2e
 
