@@ -1,7 +1,8 @@
 """Tensor and sequence parallelism at the model level (2 processes, gloo): losses and
 full gradients equal the tp=1 model's, with the B/W split (deferred W) equal to the plain
 backward, for GPT (LayerNorm, GeLU, biases) and Llama-style (RMSNorm, SwiGLU, GQA, RoPE,
-q/k norm) models; the tp layout table round-trips."""
+q/k norm) models, the latter also with zero-centred norms (--apply-layernorm-1p); the tp
+layout table round-trips."""
 
 import json
 
@@ -42,7 +43,9 @@ def worker(rank, world_size, out_path, arch, sequence_parallel, keep, recompute)
     from odc_pp.megatron.tp import TensorParallel
     from odc_pp.runtime import WeightGradQueue
 
-    extra = dict(LLAMA) if arch == "llama" else {}
+    extra = dict(LLAMA) if arch.startswith("llama") else {}
+    if arch == "llama_1p":
+        extra["apply_layernorm_1p"] = True
     config = model_config(recompute_lgd=recompute, **extra)
     microbatches = make_microbatches(2, equal_lengths=True)
     # the tp=1 reference, built on every rank
@@ -90,6 +93,7 @@ def worker(rank, world_size, out_path, arch, sequence_parallel, keep, recompute)
     ("gpt", True, True, True),
     ("llama", False, False, False),
     ("llama", True, False, True),
+    ("llama_1p", True, False, True),
 ])
 def test_tp_matches_tp1(tmp_path, arch, sequence_parallel, keep, recompute):
     out = tmp_path / "tp.json"
