@@ -6,8 +6,9 @@ owns and nothing else. The update is torch's own fused multi-tensor AdamW kernel
 the flat owned shards, cut only where weight decay or the learning rate changes (decayed
 and exempt pieces are two calls; with ``AdamWConfig.decoupled`` the decoupled pieces, e.g.
 Megatron's --decoupled-lr embedding and output layer, two more at the step's
-:func:`~odc_pp.optim.rates.decoupled_rate`), so on identical gradients it gives ``AdamW(fused=True)``'s numbers; where the
-fused kernel does not take the dtype or device, the ``foreach`` kernel. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
+:func:`~odc_pp.optim.rates.decoupled_rate`), so on identical gradients it gives
+``AdamW(fused=True)``'s numbers; where the fused kernel does not take the dtype or device,
+the ``foreach`` kernel. Gradient-norm clipping is :mod:`odc_pp.optim.clip` (the same
 scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned gradients
 are all-reduced over the ``norm_group`` (one group or several in turn).
 
