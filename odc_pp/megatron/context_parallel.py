@@ -18,7 +18,8 @@ local document runs (:func:`cp_local_cu_seqlens`). RoPE: the positions (``0..s-1
 restarting per document under reset-position-ids semantics) are split with the same
 layout (:func:`cp_position_ids`), so each token keeps its global rotary angle.
 
-Attention: ring attention (:func:`ring_attention`, below) over an explicit group;
+Attention: ring attention (:func:`ring_attention`, below) or all-to-all
+(:func:`ulysses_attention`) over an explicit group;
 :class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention` puts megatron's
 ``DotProductAttention`` interface on it (the group from ``pg_collection.cp``, as
 megatron's ``TEDotProductAttention`` takes it, or an explicit ``cp_group``).
@@ -31,9 +32,9 @@ import torch.distributed as dist
 
 __all__ = ["CP_COMM_TYPES", "cp_token_indices", "cp_split", "cp_unsplit", "cp_position_ids",
            "segment_ids_from_lengths", "cp_block_plan", "cp_local_cu_seqlens",
-           "pair_mask", "RingAttention", "ring_attention"]
+           "pair_mask", "RingAttention", "ring_attention", "ulysses_attention"]
 
-CP_COMM_TYPES = ("p2p",)
+CP_COMM_TYPES = ("p2p", "a2a")
 """Values of ``cp_comm_type`` the core attention implements (Megatron's meaning)."""
 
 
@@ -174,7 +175,8 @@ def pair_mask(q_chunk: int, k_chunk: int, chunk: int, segment_ids: torch.Tensor 
     if segment_ids is None:
         if not diagonal:
             return "all"
-        return torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()[None, None, None]
+        causal = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
+        return causal[None, None, None]
     sq = segment_ids[:, q_chunk * chunk:(q_chunk + 1) * chunk]
     sk = segment_ids[:, k_chunk * chunk:(k_chunk + 1) * chunk]
     allowed = (sq.unsqueeze(2) == sk.unsqueeze(1)) & (sq >= 0).unsqueeze(2)
@@ -349,3 +351,72 @@ def ring_attention(q, k, v, *, group, scale: float, segment_ids=None):
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of "
                          f"{k.shape[1]} key/value heads")
     return RingAttention.apply(q, k, v, segment_ids, group, scale)
+
+
+# ---- all-to-all (Ulysses, Megatron's a2a cp_comm_type) ---------------------------------
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` of equal parts along dim 0; its gradient is the same
+    exchange of the output gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.contiguous()  # empty_like keeps a permuted input's strides
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
+def _heads_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """``[b, n, L, d]`` (this rank's tokens, every head) -> ``[b, n / N, N * L, d]`` (this
+    rank's heads, every rank's tokens in rank order) by one differentiable all-to-all."""
+    size = dist.get_world_size(group)
+    batch, heads, local, dim = x.shape
+    parts = x.reshape(batch, size, heads // size, local, dim).transpose(0, 1).contiguous()
+    gathered = _AllToAll.apply(parts, group)
+    return gathered.permute(1, 2, 0, 3, 4).reshape(batch, heads // size, size * local, dim)
+
+
+def _sequence_to_heads(x: torch.Tensor, group) -> torch.Tensor:
+    """The inverse of :func:`_heads_to_sequence`."""
+    size = dist.get_world_size(group)
+    batch, heads, tokens, dim = x.shape
+    parts = x.reshape(batch, heads, size, tokens // size, dim).permute(2, 0, 1, 3, 4)
+    scattered = _AllToAll.apply(parts, group)
+    return scattered.transpose(0, 1).reshape(batch, heads * size, tokens // size, dim)
+
+
+def ulysses_attention(q, k, v, *, group, scale: float, segment_ids=None):
+    """Attention over the CP group by all-to-all (Megatron's ``a2a``): queries, keys and
+    values trade their heads for the sequence, every rank attends the whole sequence with
+    ``heads / N`` heads (fp32 softmax, the causal / document mask in the gathered
+    load-balanced order), and the output trades back. Same arguments and result as
+    :func:`ring_attention`; query and K/V head counts must be multiples of N."""
+    size = dist.get_world_size(group)
+    if q.shape[1] % size or k.shape[1] % size:
+        raise ValueError(f"--cp-comm-type a2a needs the query heads ({q.shape[1]}) and "
+                         f"key/value heads ({k.shape[1]}) divisible by the CP size {size}")
+    qs, ks, vs = (_heads_to_sequence(t, group) for t in (q, k, v))
+    seq = qs.shape[2]
+    order = torch.cat([cp_token_indices(seq, r, size) for r in range(size)]).to(q.device)
+    allowed = order.unsqueeze(1) >= order.unsqueeze(0)
+    if segment_ids is not None:
+        ids = segment_ids[:, order]
+        allowed = allowed & (ids.unsqueeze(2) == ids.unsqueeze(1)) & (ids >= 0).unsqueeze(2)
+        allowed = allowed | torch.eye(seq, dtype=torch.bool, device=q.device)
+        allowed = allowed[:, None]
+    groups = qs.shape[1] // ks.shape[1]
+    scores = torch.matmul(qs.float(), ks.repeat_interleave(groups, 1).float()
+                          .transpose(-1, -2)) * scale
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    out = torch.matmul(probs, vs.repeat_interleave(groups, 1).float()).to(q.dtype)
+    return _sequence_to_heads(out, group)

@@ -1,5 +1,6 @@
 """The core attention of context parallelism: megatron's ``DotProductAttention``
-interface over ring attention (:func:`odc_pp.megatron.context_parallel.ring_attention`),
+interface over ring attention (:func:`odc_pp.megatron.context_parallel.ring_attention`)
+or all-to-all (:func:`~odc_pp.megatron.context_parallel.ulysses_attention`),
 kept apart from :mod:`odc_pp.megatron.context_parallel` so the layout and the ring import
 without megatron-core."""
 
@@ -10,7 +11,7 @@ import copy
 import torch.distributed as dist
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from .context_parallel import CP_COMM_TYPES, ring_attention
+from .context_parallel import CP_COMM_TYPES, ring_attention, ulysses_attention
 from .packed_attention import PackedSegments
 
 __all__ = ["ContextParallelDotProductAttention"]
@@ -23,7 +24,8 @@ class ContextParallelDotProductAttention(DotProductAttention):
 
     The group: ``cp_group`` if given (a ``functools.partial`` keyword in a layer spec),
     else ``pg_collection.cp`` (what megatron hands every core attention).
-    ``cp_comm_type``: ``p2p`` (ring; None means p2p). ``attention_mask``: None (causal)
+    ``cp_comm_type``: ``p2p`` (ring; None means p2p) or ``a2a`` (Ulysses; heads and K/V
+    heads divisible by the CP size). ``attention_mask``: None (causal)
     or :class:`~odc_pp.megatron.packed_attention.PackedSegments` of the *full* rows
     (``[b, s]`` segment ids). No attention dropout, bias, softmax offset or
     ``PackedSeqParams`` (each one a ValueError)."""
@@ -47,7 +49,7 @@ class ContextParallelDotProductAttention(DotProductAttention):
             raise ValueError("context-parallel attention supports softmax_type vanilla "
                              "only")
         coeff = self.scale_mask_softmax.scale
-        self.ring_scale = self.softmax_scale * (coeff if coeff is not None else 1.0)
+        self.cp_scale = self.softmax_scale * (coeff if coeff is not None else 1.0)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
@@ -71,7 +73,8 @@ class ContextParallelDotProductAttention(DotProductAttention):
                              "PackedSegments, not a dense mask")
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        context = ring_attention(q, k, v, group=self.cp_group, scale=self.ring_scale,
-                                 segment_ids=segment_ids)
+        attention = ring_attention if self.cp_comm_type == "p2p" else ulysses_attention
+        context = attention(q, k, v, group=self.cp_group, scale=self.cp_scale,
+                            segment_ids=segment_ids)
         return context.permute(2, 0, 1, 3).reshape(seq_q, batch,
                                                    self.hidden_size_per_partition)

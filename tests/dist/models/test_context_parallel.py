@@ -1,8 +1,9 @@
-"""Ring attention over a context-parallel group (odc_pp.megatron.context_parallel /
-cp_ring) against full attention on one process, fp32 on gloo: the output and dQ/dK/dV
-of every rank's load-balanced chunks within 1e-6, for causal rows, GQA, packed rows whose
-documents cross chunk and rank boundaries (with padding), CP=2 and CP=4, and through the
-megatron core-attention module with the group taken from ``pg_collection.cp``."""
+"""Context-parallel attention (odc_pp.megatron.context_parallel, cp_attention) against
+full attention on one process, fp32 on gloo: the output and dQ/dK/dV of every rank's
+load-balanced chunks within 1e-6, for causal rows, GQA, packed rows whose documents cross
+chunk and rank boundaries (with padding), CP=2 and CP=4, the ring (p2p) and the all-to-all
+(Ulysses, a2a), and through the megatron core-attention module with the group taken from
+``pg_collection.cp``."""
 
 import pytest
 import torch
@@ -46,21 +47,29 @@ def _error(got, expected):
 def _ring_worker(rank, size, cases):
     """Every case of ``cases`` (names of CASES) in one launch: spawning the ranks costs
     more than the attention."""
+    import torch.distributed as dist
+
+    from odc_pp.megatron.context_parallel import ulysses_attention
+
+    q = torch.zeros(1, 3, 8 * size, 4)  # 3 heads: not divisible by 2 or 4
+    with pytest.raises(ValueError, match="a2a needs the query heads"):
+        ulysses_attention(q, q, q, group=dist.group.WORLD, scale=1.0)
     return {name: _ring_case(rank, size, *CASES[name][1:]) for name in cases}
 
 
-def _ring_case(rank, size, shape, lengths):
+def _ring_case(rank, size, shape, lengths, comm="p2p"):
     import torch.distributed as dist
 
     from odc_pp.megatron.context_parallel import cp_split, segment_ids_from_lengths
-    from odc_pp.megatron.context_parallel import ring_attention
+    from odc_pp.megatron.context_parallel import ring_attention, ulysses_attention
 
     batch, heads, groups, seq, dim = shape
     q, k, v, weight = _inputs(batch, heads, groups, seq, dim)
     segment_ids = segment_ids_from_lengths(lengths, seq) if lengths else None
     expected = _reference(q, k, v, weight, segment_ids)
     local = [cp_split(t, rank, size, dim=2).requires_grad_() for t in (q, k, v)]
-    out = ring_attention(*local, group=dist.group.WORLD, scale=SCALE,
+    attention = ring_attention if comm == "p2p" else ulysses_attention
+    out = attention(*local, group=dist.group.WORLD, scale=SCALE,
                          segment_ids=segment_ids)
     (out * cp_split(weight, rank, size, dim=2)).sum().backward()
     got = [out.detach()] + [t.grad for t in local]
@@ -74,6 +83,9 @@ CASES = {
     "packed-gqa-cp2": (2, (2, 4, 2, 64, 16), [[20, 7, 1, 30], [64]]),
     "causal-gqa-cp4": (4, (1, 4, 2, 128, 16), None),
     "packed-cp4": (4, (2, 2, 1, 64, 16), [[5, 18, 9, 25], [40, 3, 13]]),
+    # all-to-all (Ulysses): heads and K/V heads divisible by CP
+    "a2a-packed-gqa-cp2": (2, (2, 4, 2, 64, 16), [[20, 7, 1, 30], [64]], "a2a"),
+    "a2a-causal-cp4": (4, (1, 8, 4, 64, 16), None, "a2a"),
 }
 
 
@@ -101,10 +113,31 @@ def _module_worker(rank, size):
     config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4,
                                num_query_groups=2, kv_channels=16, attention_dropout=0.0,
                                context_parallel_size=size)
-    return [_module_case(rank, size, groups, config, packed) for packed in (False, True)]
+    _module_refusals(groups, config)
+    return [_module_case(rank, size, groups, config, packed, comm)
+            for packed in (False, True) for comm in ("p2p", "a2a")]
 
 
-def _module_case(rank, size, groups, config, packed):
+def _module_refusals(groups, config):
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from odc_pp.megatron.compat import causal_mask
+    from odc_pp.megatron.cp_attention import ContextParallelDotProductAttention
+
+    with pytest.raises(ValueError, match="--cp-comm-type must be one of"):
+        ContextParallelDotProductAttention(config, 1, AttnMaskType.causal, "self",
+                                           cp_comm_type="allgather", pg_collection=groups)
+    module = ContextParallelDotProductAttention(config, 1, AttnMaskType.causal, "self",
+                                                pg_collection=groups)
+    x = torch.zeros(32, 2, 4, 16)
+    with pytest.raises(ValueError, match="not a dense mask"):
+        module(x, x[:, :, :2], x[:, :, :2], causal_mask(32, "cpu"))
+    module.attention_dropout.p = 0.1
+    with pytest.raises(ValueError, match="--attention-dropout 0"):
+        module(x, x[:, :, :2], x[:, :, :2], None)
+
+
+def _module_case(rank, size, groups, config, packed, comm):
     """Output and input gradients of the CP module against megatron's unfused attention
     on the full rows."""
     import dataclasses
@@ -129,7 +162,7 @@ def _module_case(rank, size, groups, config, packed):
     expected = reference(*full, segments if packed else causal_mask(seq, "cpu"))
     (expected * weight).sum().backward()
     module = ContextParallelDotProductAttention(config, 1, AttnMaskType.causal, "self",
-                                                pg_collection=groups)
+                                                cp_comm_type=comm, pg_collection=groups)
     local = [cp_split(t, rank, size).requires_grad_() for t in (query, key, value)]
     got = module(*local, segments)
     (got * cp_split(weight, rank, size)).sum().backward()
@@ -139,7 +172,7 @@ def _module_case(rank, size, groups, config, packed):
 
 
 def test_core_attention_module_uses_the_cp_group():
-    """Causal and packed rows through the megatron module (GQA, CP=2) against megatron's
-    unfused attention (HostDotProductAttention) on the full rows."""
+    """Causal and packed rows through the megatron module (GQA, CP=2, p2p and a2a)
+    against megatron's unfused attention (HostDotProductAttention) on the full rows."""
     errors = run_workers(_module_worker, 2, config=LaunchConfig(timeout_s=120))
     assert max(max(e) for e in errors) <= TOL, errors
