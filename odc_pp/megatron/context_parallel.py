@@ -350,6 +350,8 @@ def ring_attention(q, k, v, *, group, scale: float, segment_ids=None):
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of "
                          f"{k.shape[1]} key/value heads")
+    if segment_ids is not None:
+        segment_ids = segment_ids.to(q.device)
     return RingAttention.apply(q, k, v, segment_ids, group, scale)
 
 
@@ -406,6 +408,8 @@ def ulysses_attention(q, k, v, *, group, scale: float, segment_ids=None):
         raise ValueError(f"--cp-comm-type a2a needs the query heads ({q.shape[1]}) and "
                          f"key/value heads ({k.shape[1]}) divisible by the CP size {size}")
     qs, ks, vs = (_heads_to_sequence(t, group) for t in (q, k, v))
+    if segment_ids is not None:
+        segment_ids = segment_ids.to(q.device)
     seq = qs.shape[2]
     order = torch.cat([cp_token_indices(seq, r, size) for r in range(size)]).to(q.device)
     allowed = order.unsqueeze(1) >= order.unsqueeze(0)
