@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 __all__ = ["CP_COMM_TYPES", "cp_token_indices", "cp_split", "cp_unsplit", "cp_position_ids",
            "segment_ids_from_lengths", "cp_block_plan", "cp_local_cu_seqlens",
-           "pair_mask", "RingAttention", "ring_attention", "ulysses_attention"]
+           "pair_mask", "ring_comm_plan", "RingAttention", "ring_attention",
+           "ulysses_attention"]
 
 CP_COMM_TYPES = ("p2p", "a2a")
 """Values of ``cp_comm_type`` the core attention implements (Megatron's meaning)."""
@@ -158,7 +159,7 @@ def cp_local_cu_seqlens(segment_ids: torch.Tensor, rank: int, size: int) -> torc
 # neighbours in the same order at every step, so the pattern is safe under NCCL's ordering
 # (one communicator, FIFO, rendezvous sends) as well as on gloo.
 
-_KV_TAG, _DKV_TAG = 3201, 3202
+_TAGS = {"kv": 3201, "dkv": 3202}
 
 
 def pair_mask(q_chunk: int, k_chunk: int, chunk: int, segment_ids: torch.Tensor | None,
@@ -194,13 +195,29 @@ def _chunks(rank: int, size: int) -> tuple[int, int]:
     return rank, 2 * size - 1 - rank
 
 
-def _exchange(group, sends, recvs):
-    """Post ``sends`` and ``recvs`` (each ``(tensor, group rank, tag)``) as one batch,
-    sends first; returns the requests."""
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, peer), group, tag)
-           for t, peer, tag in sends]
-    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, peer), group, tag)
-            for t, peer, tag in recvs]
+def ring_comm_plan(rank: int, size: int, *, backward: bool = False
+                   ) -> list[list[tuple[str, str, int]]]:
+    """The batches :class:`RingAttention` posts on rank ``rank`` of ``size``, in order: one
+    per step (backward: one more, the last hop of the complete dK/dV to its owner), each a
+    list of ``(op, payload, group peer)`` with ``op`` ``send`` / ``recv`` and ``payload``
+    ``kv`` / ``dkv``: K/V to rank+1 and from rank-1 while a next block remains, the dK/dV
+    accumulator likewise one step behind, sends before receives, K/V before dK/dV."""
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    plan = []
+    for step in range(size + 1 if backward and size > 1 else size):
+        payloads = ["kv"] if step < size - 1 else []
+        if backward and step > 0:
+            payloads.append("dkv")
+        plan.append([("send", p, nxt) for p in payloads] + [("recv", p, prv) for p in payloads])
+    return plan
+
+
+def _post(group, batch, buffers):
+    """Post one batch of :func:`ring_comm_plan` with ``buffers[(op, payload)]``; returns
+    the requests."""
+    ops = [dist.P2POp(dist.isend if op == "send" else dist.irecv, buffers[(op, payload)],
+                      dist.get_global_rank(group, peer), group, _TAGS[payload])
+           for op, payload, peer in batch]
     return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -283,11 +300,9 @@ class RingAttention(torch.autograd.Function):
         out = torch.zeros_like(q5)
         lse = torch.full(q5.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]).contiguous()
-        nxt, prv = (rank + 1) % size, (rank - 1) % size
-        for step in range(size):
+        for step, posts in enumerate(ring_comm_plan(rank, size)):
             incoming = torch.empty_like(kv) if step < size - 1 else None
-            requests = _exchange(group, [(kv, nxt, _KV_TAG)], [(incoming, prv, _KV_TAG)]) \
-                if incoming is not None else []
+            requests = _post(group, posts, {("send", "kv"): kv, ("recv", "kv"): incoming})
             masks = _block_masks(rank, (rank - step) % size, size, chunk, segment_ids,
                                  q.device)
             _forward_block(q5, kv, chunk, masks, out, lse, scale)
@@ -309,35 +324,22 @@ class RingAttention(torch.autograd.Function):
         delta = (dout * out).sum(-1)
         dq = torch.zeros_like(q5)
         kv = torch.stack([k, v]).contiguous()
-        nxt, prv = (rank + 1) % size, (rank - 1) % size
         dkv_done = None
-        for step in range(size):
-            sends, recvs = [], []
+        for step, posts in enumerate(ring_comm_plan(rank, size, backward=True)):
             incoming = torch.empty_like(kv) if step < size - 1 else None
-            if incoming is not None:
-                sends.append((kv, nxt, _KV_TAG))
-                recvs.append((incoming, prv, _KV_TAG))
-            dkv_in = None
-            if step > 0:
-                dkv_in = torch.empty_like(dkv_done)
-                sends.append((dkv_done, nxt, _DKV_TAG))
-                recvs.append((dkv_in, prv, _DKV_TAG))
-            requests = _exchange(group, sends, recvs)
+            dkv_in = torch.empty_like(dkv_done) if step > 0 else None
+            requests = _post(group, posts, {("send", "kv"): kv, ("recv", "kv"): incoming,
+                                            ("send", "dkv"): dkv_done, ("recv", "dkv"): dkv_in})
             dkv = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=k.device)
-            masks = _block_masks(rank, (rank - step) % size, size, chunk, segment_ids,
-                                 q.device)
-            _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale)
+            if step < size:  # the extra last step only brings this rank's dK/dV home
+                masks = _block_masks(rank, (rank - step) % size, size, chunk, segment_ids,
+                                     q.device)
+                _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale)
             for request in requests:
                 request.wait()
             if dkv_in is not None:
                 dkv += dkv_in
             dkv_done, kv = dkv, incoming
-        if size > 1:
-            mine = torch.empty_like(dkv_done)
-            for request in _exchange(group, [(dkv_done, nxt, _DKV_TAG)],
-                                     [(mine, prv, _DKV_TAG)]):
-                request.wait()
-            dkv_done = mine
         dq = dq.reshape(q.shape).to(q.dtype)
         return dq, dkv_done[0].to(k.dtype), dkv_done[1].to(v.dtype), None, None, None
 
