@@ -196,13 +196,15 @@ class PipelineRuntime:
         self.actions: list[Action] = []
         self._forward_only = False
         self._step_lr: float | None = None
+        self._loss_scale = 1.0
 
     # ----- public ----------------------------------------------------------------
     def run_minibatch(self, schedule: Schedule, microbatches: Sequence[Microbatch], *,
                       global_num_tokens: int | None = None,
                       max_microbatches: int | None = None,
                       step_lr: float | None = None,
-                      forward_only: bool = False) -> MinibatchResult:
+                      forward_only: bool = False,
+                      loss_scale: float = 1.0) -> MinibatchResult:
         """Run every action of this rank in ``schedule`` (lowered) for one minibatch; the
         data-parallel hooks open it (``begin_minibatch``) and close it
         (``finish_minibatch``, at POST_VALIDATION or the end).
@@ -211,7 +213,8 @@ class PipelineRuntime:
         ``microbatches`` (pass the sum over data-parallel replicas when dp > 1).
         ``max_microbatches``: the largest microbatch count of any replica (collective data
         parallelism pads to it). ``step_lr``: learning rate of the post_validator's eager
-        step (None: the optimizer's own).
+        step (None: the optimizer's own). ``loss_scale``: the backward starts from the
+        loss times it (fp16 loss scaling; the reported ``loss_sum`` is unscaled).
         ``forward_only`` (evaluation; ``schedule`` from
         :func:`~odc_pp.schedule.lowering.forward_only`): F without autograd, nothing kept
         for a backward, no gradients finished; ``loss_sum`` is the masked token-loss sum.
@@ -231,6 +234,7 @@ class PipelineRuntime:
         self.dp_hooks.begin_minibatch(max_microbatches=max_microbatches,
                                       num_microbatches=len(microbatches))
         self._step_lr = step_lr
+        self._loss_scale = loss_scale
         self._begin(microbatches, global_num_tokens)
         started = time.perf_counter()
         self._clock.restart()
@@ -390,7 +394,8 @@ class PipelineRuntime:
         # float64 on the device, no host sync: the same sum as adding Python floats
         detached = loss_sum.detach().double()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
-        return loss_sum / self._global_tokens
+        loss = loss_sum / self._global_tokens
+        return loss if self._loss_scale == 1.0 else loss * self._loss_scale
 
     def _backward(self, chunk: int, microbatch: int, *, fused: bool) -> None:
         key = (chunk, microbatch)

@@ -25,6 +25,7 @@ from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .megatron_flags import translate_all as translate_megatron_flags
+from .rampup import rampup_of, rampup_problems
 from .megatron_semantics import (length_conflicts, megatron_tolerances, resolve_lengths,
                                  unknown_lines)
 from .sample_construction import (SAMPLE_CONSTRUCTIONS, sample_construction_note,
@@ -33,7 +34,7 @@ from .sample_construction import (SAMPLE_CONSTRUCTIONS, sample_construction_note
 __all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
            "DataArgs", "CheckpointArgs", "LoggingArgs", "RunArgs", "SECTION_OF", "parse_args",
            "parse_args_with_notes", "args_from_flags", "build_parser", "DP_MODES",
-           "LOAD_BALANCE"]
+           "LOAD_BALANCE", "loss_scale_config"]
 
 DP_MODES = ("odc", "collective", "hierarchical")
 LOAD_BALANCE = LOAD_BALANCE_MODES
@@ -91,6 +92,10 @@ class ModelArgs:
     per stage (block)."""
     bf16: bool = False
     """Compute in bfloat16 (fp32 master weights)."""
+    fp16: bool = False
+    """Compute in float16 (fp32 master weights) with Megatron's loss scaling: dynamic
+    (--initial-loss-scale, --min-loss-scale, --loss-scale-window, --hysteresis) unless
+    --loss-scale fixes it; a step whose gradients overflow on any rank is skipped."""
     hf_checkpoint: str | None = None
     """Local Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Qwen3,
     Mistral): its architecture and weights. Shape flags may be omitted; a contradicting
@@ -99,6 +104,10 @@ class ModelArgs:
     """Norm of the layers: LayerNorm or RMSNorm."""
     norm_epsilon: float = 1e-5
     """Epsilon of the norms."""
+    apply_layernorm_1p: bool = False
+    """Zero-centred norm weights, as Megatron's: every norm (layer, final, q/k; LayerNorm
+    or RMSNorm) stores its weight starting at 0 and scales by 1 + weight. Checkpoints keep
+    the stored (zero-centred) values; Hugging Face import/export adds/subtracts 1."""
     init_method_std: float = 0.02
     """Standard deviation of the normal initialisation of the weights (output projections:
     divided by sqrt(2 x --num-layers), as megatron-core)."""
@@ -139,6 +148,11 @@ class ModelArgs:
     """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
     on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
     (docs/gpu.md)."""
+
+    @property
+    def compute_dtype(self) -> str:
+        """The parameters' compute dtype: bfloat16 (--bf16), float16 (--fp16) or float32."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
 
 @dataclass(kw_only=True)
@@ -206,6 +220,12 @@ class OptimizerArgs:
     """Peak learning rate."""
     min_lr: float = 0.0
     """Learning rate at the end of decay."""
+    decoupled_lr: float | None = None
+    """Peak learning rate of the embedding and output-layer weights (Megatron's
+    is_embedding_or_output_parameter; tied: the shared weight), with the warmup and decay
+    of --lr; default: they take --lr."""
+    decoupled_min_lr: float | None = None
+    """With --decoupled-lr: their rate at the end of decay (default --min-lr)."""
     lr_decay_style: str = "cosine"
     """Decay after warmup."""
     lr_warmup_iters: int = 0
@@ -231,7 +251,19 @@ class OptimizerArgs:
     """Global gradient-norm clip (0 disables)."""
     max_skipped_steps: int = 10
     """Stop (exit 3) after this many consecutive skipped optimizer steps (inf/nan
-    gradients); a non-finite loss stops the job at once."""
+    gradients); a non-finite loss stops the job at once. With --fp16's dynamic loss scale
+    only skips at --min-loss-scale count (the others lower the scale, as Megatron)."""
+    loss_scale: float | None = None
+    """--fp16: a constant loss scale (default: dynamic scaling)."""
+    initial_loss_scale: float = 2.0 ** 32
+    """--fp16: the dynamic loss scale's start."""
+    min_loss_scale: float = 1.0
+    """--fp16: the dynamic loss scale's floor."""
+    loss_scale_window: int = 1000
+    """--fp16: steps without overflow before the dynamic loss scale doubles."""
+    hysteresis: int = 2
+    """--fp16: overflowing steps in a row before the dynamic loss scale halves (then
+    every further one halves it until a raise)."""
 
 
 @dataclass(kw_only=True)
@@ -243,6 +275,12 @@ class DataArgs:
     global_batch_size: int | None = None
     """Samples per iteration, over all data-parallel ranks (default, as in Megatron:
     --micro-batch-size x the data-parallel size)."""
+    rampup_batch_size: list[int] | None = None
+    """START INCREMENT SAMPLES: Megatron's batch ramp-up -- the global batch starts at
+    START and grows by INCREMENT every SAMPLES / ((--global-batch-size - START) /
+    INCREMENT) consumed samples up to --global-batch-size; each size must divide by
+    --micro-batch-size x data-parallel size. --train-samples counts the ramp's iterations
+    and the learning rate follows the consumed samples, as Megatron."""
     max_tokens_per_microbatch: int | None = None
     """Cap microbatches by tokens instead of --micro-batch-size: padded tokens (count x
     longest), or with --pack-sequences the packed row's length."""
@@ -463,6 +501,10 @@ class TrainingArgs:
                 f"{self.data.micro_batch_size} x data-parallel size {dp} = "
                 f"{self.data.global_batch_size}, as Megatron")
             resolve_lengths(self)
+        ramp = rampup_of(self.data)
+        problem = ramp.divisibility_problem(self.data.micro_batch_size, dp) if ramp else None
+        if problem:
+            raise ValueError(problem)
         if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
@@ -538,6 +580,14 @@ def _validate_model(args: TrainingArgs) -> list[str]:
         problems.append("--use-rope-scaling needs --position-embedding-type rope")
     if model.add_qkv_bias and not model.disable_bias_linear:
         problems.append("--add-qkv-bias only matters with --disable-bias-linear")
+    if model.fp16 and model.bf16:
+        problems.append("--fp16 and --bf16 contradict each other: give one")
+    if model.fp16 and args.schedule.enable_optimizer_post_validation:
+        problems.append("--fp16 does not compose with --enable-optimizer-post-validation "
+                        "(the loss-scaled step is synchronous): drop one of them")
+    if model.fp16:
+        problems += loss_scale_problems(args.optimizer)
+    problems += rampup_problems(args)
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
     if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):
@@ -619,6 +669,7 @@ def _validate_run(args: TrainingArgs) -> list[str]:
         problems.append(f"--lr {args.optimizer.lr} must be finite and >= 0")
     elif not (math.isfinite(args.optimizer.min_lr) and 0 <= args.optimizer.min_lr <= args.optimizer.lr):
         problems.append(f"--min-lr {args.optimizer.min_lr} must be in [0, --lr {args.optimizer.lr}]")
+    problems += _decoupled_lr_problems(args.optimizer)
     if args.logging.peak_tflops is not None and not (math.isfinite(args.logging.peak_tflops) and
                                              args.logging.peak_tflops > 0):
         problems.append(f"--peak-tflops {args.logging.peak_tflops} must be finite and > 0")
@@ -653,6 +704,44 @@ def _validate_run(args: TrainingArgs) -> list[str]:
     problems += wandb_problems(args.logging)
     problems += sample_construction_problems(args.data)
     return problems
+
+
+def _decoupled_lr_problems(optimizer: OptimizerArgs) -> list[str]:
+    """Bad --decoupled-lr / --decoupled-min-lr (the LR schedule's own check)."""
+    from .lr_schedule import LRSchedule
+
+    rates = (optimizer.decoupled_lr, optimizer.decoupled_min_lr)
+    if all(rate is None for rate in rates):
+        return []
+    if not all(rate is None or math.isfinite(rate) for rate in rates):
+        return ["--decoupled-lr and --decoupled-min-lr must be finite"]
+    try:
+        LRSchedule(lr=max(optimizer.lr, optimizer.min_lr), min_lr=optimizer.min_lr,
+                   decoupled_lr=optimizer.decoupled_lr,
+                   decoupled_min_lr=optimizer.decoupled_min_lr)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
+def loss_scale_config(optimizer: OptimizerArgs):
+    """The --fp16 loss scaler's settings (:class:`odc_pp.optim.loss_scale.LossScaleConfig`)."""
+    from odc_pp.optim.loss_scale import LossScaleConfig
+
+    return LossScaleConfig(loss_scale=optimizer.loss_scale,
+                           initial_scale=optimizer.initial_loss_scale,
+                           min_scale=optimizer.min_loss_scale,
+                           growth_interval=optimizer.loss_scale_window,
+                           hysteresis=optimizer.hysteresis)
+
+
+def loss_scale_problems(optimizer: OptimizerArgs) -> list[str]:
+    """Bad --loss-scale / --initial-loss-scale / ... values (one line)."""
+    try:
+        loss_scale_config(optimizer)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def wandb_problems(logging: LoggingArgs) -> list[str]:
@@ -766,6 +855,15 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --hf-checkpoint {values['hf_checkpoint']}: architecture and "
                      f"weights from its config.json and safetensors")
     args = args_from_flags(values)
+    if args.model.fp16:
+        opt = args.optimizer
+        notes.append("note: --fp16: float16 compute, fp32 master weights, " + (
+            f"constant loss scale {opt.loss_scale}" if opt.loss_scale is not None else
+            f"Megatron's dynamic loss scale from {opt.initial_loss_scale:g}"))
+    if args.data.rampup_batch_size:
+        notes.append(f"note: --rampup-batch-size {' '.join(map(str, args.data.rampup_batch_size))}"
+                     f": the global batch ramps up to --global-batch-size "
+                     f"{args.data.global_batch_size} as Megatron")
     if values.get("tokenizer_type") is None and values.get("tokenizer_model"):
         notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
                      f"--tokenizer-type: HuggingFaceTokenizer")

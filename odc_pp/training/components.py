@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from odc_pp.optim.loss_scale import LossScaler, build_loss_scaler
 from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel, with_full_recompute
 from odc_pp.schedule.generators import family, training_schedule
@@ -19,7 +20,8 @@ from odc_pp.schedule.ir import Placement, Schedule
 from odc_pp.schedule.lowering import insert_post_validation, lower_communication
 from odc_pp.schedule.placement import last_stage_rank
 
-from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs)
+from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs,
+                        loss_scale_config)
 from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
 from .optimizer_step import NonfiniteInjection, build_post_validator
@@ -63,6 +65,8 @@ class Components:
     """The schedule the last iteration ran."""
     eval_schedules: dict = field(default_factory=dict)
     """Lowered forward-only schedule per microbatch count (evaluation)."""
+    loss_scaler: LossScaler | None = None
+    """--fp16: the loss scale (:mod:`odc_pp.optim.loss_scale`; checkpointed)."""
 
     def close(self) -> None:
         self.engine.destroy()
@@ -304,12 +308,16 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
 def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo: Topology, *,
                     norm_group, tied: bool = False) -> ShardedAdamW:
     """AdamW over the engine's shards; biases and norms are not decayed. ``tied``: the
-    model is tied across stages (the output layer's copy stays out of the norm)."""
+    model is tied across stages (the output layer's copy stays out of the norm).
+    --decoupled-lr: the embedding and output-layer weights step at the decoupled rate."""
+    from odc_pp.megatron.model import EMBEDDING_WEIGHT, OUTPUT_WEIGHT
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
 
+    decoupled = None if optimizer.decoupled_lr is None else \
+        (lambda name, shape: name in (EMBEDDING_WEIGHT, OUTPUT_WEIGHT))
     config = AdamWConfig(lr=optimizer.lr, betas=(optimizer.adam_beta1, optimizer.adam_beta2),
                          eps=1e-8, weight_decay=optimizer.weight_decay,
-                         no_decay=lambda name, shape: len(shape) == 1)
+                         no_decay=lambda name, shape: len(shape) == 1, decoupled=decoupled)
     return ShardedAdamW(engine, config, norm_group=norm_group,
                         counts_in_norm=_counts_in_norm(topo, tied))
 
@@ -321,7 +329,7 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     chunks = build_model(args.model, args.schedule, args.parallel, topo,
                          vocab_size=vocab_size, seed=args.run.seed)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
-                                      param_dtype="bfloat16" if args.model.bf16 else "float32",
+                                      param_dtype=args.model.compute_dtype,
                                       local_world_size=local_world_size)
     tied = _tie_embeddings(engine, chunks, args.schedule, args.parallel, topo,
                            local_world_size)
@@ -344,7 +352,9 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
                       costs=recompute_costs(load_cost_model(args.schedule), args, topo.pp),
                       last_stage=_last_stage_here(args.schedule, topo),
-                      post_validator=post_validator, injection=injection)
+                      post_validator=post_validator, injection=injection,
+                      loss_scaler=build_loss_scaler(loss_scale_config(args.optimizer))
+                      if args.model.fp16 else None)
 
 
 def schedule_for(parts: Components, schedule_args: ScheduleArgs, topo: Topology,

@@ -21,6 +21,7 @@ from odc_pp.data.splits import DocumentRange, split_bounds
 from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
+from .rampup import BatchRampup
 from .sample_construction import sample_construction
 
 __all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
@@ -229,8 +230,11 @@ class DataPlanner:
     ``--sample-cost-model`` file, else :func:`sample_cost_model`'s FLOPs formula."""
 
     def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int,
-                 segment_attention: bool = False) -> None:
+                 segment_attention: bool = False, rampup: BatchRampup | None = None) -> None:
         self.args = args
+        self.rampup = rampup
+        """--rampup-batch-size (training only): iteration ``i`` takes the next
+        ``rampup.batch_size_of(i)`` samples after those consumed before it."""
         self.source = source
         self.dp = dp
         self.pp = pp
@@ -247,7 +251,11 @@ class DataPlanner:
             else sample_cost_model(args.model))
 
     def plan(self, iteration: int) -> IterationPlan:
-        sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
+        if self.rampup is None:
+            sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
+        else:
+            start = self.rampup.consumed_before(iteration)
+            sample_ids = list(range(start, start + self.rampup.batch_size_of(iteration)))
         lengths = [self.source.length(i) for i in sample_ids]
         by_count = None if self.args.data.max_tokens_per_microbatch else self.args.data.micro_batch_size
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,

@@ -196,7 +196,7 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
     group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
                          deterministic=not args.parallel.nondeterministic_dp)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
-                                      param_dtype="bfloat16" if args.model.bf16 else "float32",
+                                      param_dtype=args.model.compute_dtype,
                                       local_world_size=topo.world_size, odc_group=group)
     # a model tied across stages: the output layer's copy stays out of the norm (its
     # gradient sum over the tie group, TiedGradients, is not made here)

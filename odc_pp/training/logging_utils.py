@@ -29,6 +29,13 @@ def format_record(record: dict) -> str:
         parts.append("idle/rank " + " ".join(f"{v * 1000:.0f}" for v in idle) + " ms")
     if record.get("peak_memory_mb"):
         parts.append(f"peak {record['peak_memory_mb']:.0f} MB")
+    if record.get("consumed_samples") is not None:  # --rampup-batch-size, as Megatron
+        parts.append(f"consumed samples: {record['consumed_samples']} | global batch size: "
+                     f"{record['global_batch_size']}")
+    if record.get("loss_scale") is not None:  # --fp16, as Megatron's iteration line
+        parts.append(f"loss scale: {record['loss_scale']:.1f}")
+    if record.get("loss_scale") is not None or record.get("skipped_iterations"):
+        parts.append(f"number of skipped iterations: {record.get('skipped_iterations', 0):3d}")
     return " | ".join(parts)
 
 
@@ -130,7 +137,7 @@ class TrainingLogger:
                 handle.write(json.dumps(record) + "\n")
         if self._writer is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_s",
-                        "tflops_per_device", "mfu", "peak_memory_mb"):
+                        "tflops_per_device", "mfu", "peak_memory_mb", "loss_scale"):
                 if record.get(key) is not None:
                     self._writer.add_scalar(f"train/{key}", record[key], record["iteration"])
             for rank, idle in enumerate(record.get("idle_s") or []):

@@ -25,8 +25,8 @@ _CP = ("context parallelism is not implemented: use --context-parallel-size 1 an
        "(or --pack-sequences with --max-tokens-per-microbatch)")
 _NO_DROPOUT = ("odc-pp trains without dropout, so every layout gives the same run "
                "(docs/megatron.md): use 0.0, as Megatron's Llama, Mixtral and Qwen scripts do")
-_RAMPUP = ("batch-size ramp-up is not implemented: drop it (every iteration takes "
-           "--global-batch-size)")
+_RAMPUP = ("a stepped batch-size schedule is not implemented: use --rampup-batch-size "
+           "START INCREMENT SAMPLES (Megatron's linear ramp-up) or drop it")
 _HF_DATASET = ("maps to --data-path: the dataset's local JSONL file, one-document samples "
                "through the tokenizer's chat template ('messages' or ShareGPT "
                "'conversations' records, as Hugging Face SFT sets store them; only assistant "
@@ -60,10 +60,7 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
     "--hidden-dropout": at_value(("0", "0.0"), "no hidden dropout", _NO_DROPOUT),
     "--padded-vocab-size": maps_value(
         "--vocab-size", "the embedding rows of the model: maps to --vocab-size"),
-    "--apply-layernorm-1p": rejected(
-        "zero-centred (1 + gamma) LayerNorm is not implemented in odc-pp's local layers: "
-        "drop the flag (a plain norm; weights are not interchangeable with a 1p "
-        "checkpoint)"),
+    # --apply-layernorm-1p, --decoupled-lr, --decoupled-min-lr: odc-pp's own flags (native)
     "--attention-softmax-in-fp32": honoured(
         "attention softmax runs in fp32 (megatron-core's default; sdpa kernels accumulate "
         "in fp32)"),
@@ -99,13 +96,6 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
         "odc-pp always checks: a non-finite loss stops the job, non-finite gradients skip "
         "the step (--max-skipped-steps)"),
     # optimizer and schedule
-    "--decoupled-lr": rejected(
-        "no separate learning rate for the embedding and output layer: drop it (every "
-        "weight takes --lr)", takes_value=True),
-    "--decoupled-min-lr": rejected(
-        "no separate learning rate for the embedding and output layer: drop it (every "
-        "weight takes --min-lr)", takes_value=True),
-    "--rampup-batch-size": rejected(_RAMPUP, takes_value=True, nargs=3),
     "--step-batch-size-schedule": rejected(_RAMPUP, takes_value=True),
     # parallelism
     "--context-parallel-size": at_value(("1",), "no context parallelism (size 1)", _CP),

@@ -58,7 +58,6 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
         "--use-flash-attn: flash attention comes with Transformer Engine, which odc-pp does "
         "not run yet (its split backward is not implemented); drop the flag (attention runs "
         "megatron-core's local DotProductAttention)"),
-    "--fp16": rejected("--fp16 is not supported; use --bf16 (fp32 master weights)"),
     "--recompute-activations": mapped(
         "--recompute-activations (selective recompute) maps to --recompute-lgd: odc-pp "
         "recomputes layernorm, GeLU and dropout outputs rather than core attention",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import math
 
+from .rampup import rampup_of
+
 __all__ = ["resolve_lengths", "length_conflicts", "unknown_lines", "megatron_tolerances"]
 
 
@@ -44,7 +46,9 @@ def _samples_to_iterations(args, gbs: int) -> list[str]:
     """Megatron's sample counts as iterations of ``gbs`` samples; what was converted."""
     run, opt, converted = args.run, args.optimizer, []
     if run.train_iters is None:
-        run.train_iters = run.train_samples // gbs
+        ramp = rampup_of(args.data)  # Megatron: the ramp's iterations, then whole batches
+        run.train_iters = ramp.train_iters(run.train_samples) if ramp else \
+            run.train_samples // gbs
         if run.train_iters < 1:
             raise ValueError(f"--train-samples {run.train_samples} is less than one "
                              f"global batch ({gbs} samples)")

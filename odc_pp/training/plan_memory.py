@@ -145,7 +145,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
         params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
                                     pp_chunks=pp * chunks, vocab_size=vocab)
                        for s, is_last in zip(stages, last))
-        units = UnitSizes(unit_params=params, dp=dp, param_bytes=2 if model.bf16 else 4,
+        units = UnitSizes(unit_params=params, dp=dp, param_bytes=2 if model.bf16 or model.fp16 else 4,
                           deterministic=not args.parallel.nondeterministic_dp,
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from odc_pp.dtypes import float_dtype
 from odc_pp.runtime.profiler import Profiler, ProfilerConfig, merge_measurements
 
 __all__ = ["ZbAutoReplanner", "check_same_schedule"]
@@ -76,7 +77,7 @@ class ZbAutoReplanner:
         from odc_pp.schedule.simulator import simulate
 
         args, topo = self.args, self.topo
-        dtype = torch.bfloat16 if args.model.bf16 else torch.float32
+        dtype = float_dtype(args.model.compute_dtype)
         sample = torch.zeros(args.model.seq_length, args.data.micro_batch_size, args.model.hidden_size,
                              dtype=dtype, device=topo.device)
         self.profiler.measure_comm(sample)

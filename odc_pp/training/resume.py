@@ -49,6 +49,7 @@ MODEL_FLAGS = {
     "vocab_size": "--vocab-size (or the tokenizer and --make-vocab-size-divisible-by)",
     "normalization": "--normalization",
     "norm_epsilon": "--norm-epsilon",
+    "apply_layernorm_1p": "--apply-layernorm-1p",
     "swiglu": "--swiglu",
     "num_query_groups": "--num-query-groups",
     "kv_channels": "--kv-channels",
@@ -60,8 +61,8 @@ MODEL_FLAGS = {
 }
 # architecture keys that checkpoints written before they existed lack: the GPT defaults
 _ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
-    "normalization", "norm_epsilon", "swiglu", "num_query_groups", "kv_channels",
-    "position_embedding_type", "rotary_base", "disable_bias_linear", "add_qkv_bias",
+    "normalization", "norm_epsilon", "apply_layernorm_1p", "swiglu", "num_query_groups",
+    "kv_channels", "position_embedding_type", "rotary_base", "disable_bias_linear", "add_qkv_bias",
     "qk_layernorm", "untie_embeddings", "use_rope_scaling", "rope_scaling_factor")}
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
@@ -289,6 +290,9 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
         parts.engine.finish_step()
         if message == "exact":
             set_rng_state(saved["rng"])
+        if parts.loss_scaler is not None and saved and saved.get("loss_scaler"):
+            # --fp16: the scale goes on where it was (a resharded resume starts it afresh)
+            parts.loss_scaler.load_state_dict(saved["loss_scaler"])
         if skipped:
             _report_fallback(args, topo, iteration, skipped)
         if message == "finetune":

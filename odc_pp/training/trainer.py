@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from odc_pp.optim.clip import scale_
+
 from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components, build_schedule, schedule_for
@@ -44,6 +46,7 @@ from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .optimizer_step import inject_nonfinite_grad
 from .preemption import ExitController, ExitDecision
+from .rampup import rampup_of
 from .replanning import ZbAutoReplanner
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
@@ -114,6 +117,8 @@ class StepStats:
     """The throughput window this iteration closed (set when its record is due)."""
     loss_reduction: tuple | None = None
     """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
+    loss_scale: float | None = None
+    """--fp16: the loss scale after this step's update (what Megatron logs)."""
 
     @property
     def pending(self) -> bool:
@@ -163,8 +168,10 @@ class Trainer:
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
+        self.rampup = rampup_of(args.data)
         self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
-                                   segment_attention=topo.device.type == "cuda")
+                                   segment_attention=topo.device.type == "cuda",
+                                   rampup=self.rampup)
         valid = build_valid_source(args)
         self.eval_planner = DataPlanner(args, valid, dp=topo.dp, pp=topo.pp,
                                         segment_attention=topo.device.type == "cuda") \
@@ -178,7 +185,9 @@ class Trainer:
         opt = args.optimizer
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
                                       warmup_iters=opt.lr_warmup_iters,
-                                      decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style)
+                                      decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style,
+                                      decoupled_lr=opt.decoupled_lr,
+                                      decoupled_min_lr=opt.decoupled_min_lr)
         self.lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
         self.start = self._resume()
         self.saver = self._saver()
@@ -192,6 +201,9 @@ class Trainer:
         self.shape = ModelShape.of(args.model, self.vocab)
         self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
         self.skipped_in_a_row = 0
+        self.skipped_since_log = 0
+        """Skipped steps since the last log record (Megatron's "number of skipped
+        iterations")."""
         self.replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
         self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
         self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
@@ -226,7 +238,7 @@ class Trainer:
         microbatches = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
         schedule = schedule_for(self.parts, self.args.schedule, self.topo, len(microbatches))
         self.parts.last_schedule = schedule
-        lr = self.lr_schedule.lr_at(iteration)
+        lr = self._lr_at(iteration)
         began = time.perf_counter()
         stats = StepStats(iteration=iteration + 1, lr=lr, tokens=plan.total_tokens,
                           microbatches_per_replica=[len(r) for r in plan.replicas])
@@ -235,8 +247,7 @@ class Trainer:
         if self.parts.post_validator is None:
             if injecting:
                 inject_nonfinite_grad(self.parts.engine)
-            outcome = self.parts.optimizer.clip_and_step(self.args.optimizer.clip_grad, lr=lr)
-            stats.resolve_step(outcome)
+            self._step(stats, lr)
         self._start_loss_reduction(stats, result, plan)
         stats.step_s = time.perf_counter() - began
         if self.tracer is not None:
@@ -253,6 +264,27 @@ class Trainer:
         return stats
 
     # ----- inside the step ------------------------------------------------------------
+    def _lr_at(self, iteration: int) -> float:
+        """The rate of ``iteration``; with --rampup-batch-size that of the consumed
+        samples in global batches (Megatron's schedule counts samples)."""
+        if self.rampup is None:
+            return self.lr_schedule.lr_at(iteration)
+        return self.lr_schedule.lr_at(self.rampup.consumed_before(iteration)
+                                      / self.args.data.global_batch_size)
+
+    def _step(self, stats: StepStats, lr: float) -> None:
+        """The synchronous optimizer step; --fp16: unscale the gradients first (an
+        overflow anywhere makes the global state non-finite: every rank skips) and update
+        the loss scale with the global outcome (megatron-core's order)."""
+        scaler = self.parts.loss_scaler
+        if scaler is not None:
+            scale_(self.parts.engine.owned_grads(), scaler.inv_scale)
+        outcome = self.parts.optimizer.clip_and_step(self.args.optimizer.clip_grad, lr=lr)
+        stats.resolve_step(outcome)
+        if scaler is not None:
+            scaler.update(stats.skipped)
+            stats.loss_scale = scaler.scale
+
     def _run_minibatch(self, schedule, microbatches, plan: IterationPlan, lr: float,
                        stats: StepStats):
         """The minibatch through the runtime; with post-validation again while the
@@ -260,7 +292,8 @@ class Trainer:
         while True:
             result = self.parts.runtime.run_minibatch(
                 schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),
-                max_microbatches=plan.max_microbatches, step_lr=lr)
+                max_microbatches=plan.max_microbatches, step_lr=lr,
+                loss_scale=self.parts.loss_scaler.scale if self.parts.loss_scaler else 1.0)
             stats.previous_step = stats.previous_step or result.validated
             stats.minibatch = result
             stats.minibatch_started = time.perf_counter() - result.wall_time
@@ -340,7 +373,12 @@ class Trainer:
     def _finish(self, stats: StepStats) -> None:
         """A final step: its loss, its log record when due, the stop checks."""
         stats.resolve_loss()
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if stats.skipped else 0
+        scaler = self.parts.loss_scaler
+        # --fp16 dynamic scaling: an overflow lowers the scale, it counts once at the floor
+        counts = stats.skipped and not (scaler is not None and scaler.dynamic
+                                        and not scaler.at_floor)
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if counts else 0
+        self.skipped_since_log += bool(stats.skipped)
         if self._log_due(stats.iteration):
             self._log(stats)
         check_finite(stats, stats.iteration, self.skipped_in_a_row, self.args)
@@ -373,7 +411,13 @@ class Trainer:
                   # bytes one (chunk, microbatch)'s deferred W holds from its B
                   "wgrad_held_mb": max(r["wgrad_held_mb"] for r in ranks),
                   "skipped": stats.skipped,
+                  "skipped_iterations": self.skipped_since_log,
+                  "loss_scale": stats.loss_scale,
                   "microbatches_per_replica": stats.microbatches_per_replica}
+        if self.rampup is not None:  # Megatron's iteration line
+            record["global_batch_size"] = self.rampup.batch_size_of(stats.iteration - 1)
+            record["consumed_samples"] = self.rampup.consumed_before(stats.iteration)
+        self.skipped_since_log = 0
         if self.logger is not None:
             self.logger.log(record)
             self.records.append(record)
@@ -450,6 +494,10 @@ class Trainer:
                                f"tie (--untie-embeddings-and-output-weights trains two weights)")
         state = dict(sharded_state(self.parts.engine, self.parts.optimizer),
                      rng=capture_rng_state(), iteration=done)
+        if self.parts.loss_scaler is not None:
+            state["loss_scaler"] = self.parts.loss_scaler.state_dict()
+        if self.rampup is not None:  # recorded; the ramp is a function of the iteration
+            state["consumed_samples"] = self.rampup.consumed_before(done)
         path = self.saver.save(done, state, meta=checkpoint_meta(self.args, self.topo,
                                                                  vocab_size=self.vocab))
         self._say(f"saved checkpoint {path}")
@@ -487,4 +535,5 @@ def check_finite(stats, done: int, skipped_in_a_row: int, args: TrainingArgs) ->
             f"iteration {done}: {skipped_in_a_row} optimizer steps in a row were skipped "
             f"because the gradients were inf/nan (--max-skipped-steps "
             f"{args.optimizer.max_skipped_steps}). Likely cause: diverged weights from too high a "
-            f"learning rate (--lr {args.optimizer.lr}) or overflow in --bf16")
+            f"learning rate (--lr {args.optimizer.lr}), overflow in --bf16, or --fp16 "
+            f"overflowing at its --min-loss-scale")

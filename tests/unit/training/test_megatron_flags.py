@@ -52,8 +52,7 @@ def test_value_flags_honoured_mapped_or_rejected():
         parse_args_with_notes(BASE + ["--recompute-granularity", "partial"])
 
 
-@pytest.mark.parametrize("flag,equivalent", [("--use-flash-attn", "drop the flag"),
-                                              ("--fp16", "--bf16")])
+@pytest.mark.parametrize("flag,equivalent", [("--use-flash-attn", "drop the flag")])
 def test_rejected_flags_name_what_to_use(flag, equivalent):
     with pytest.raises(ValueError, match=equivalent):
         parse_args_with_notes(BASE + [flag])

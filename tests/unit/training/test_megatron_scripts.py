@@ -17,12 +17,11 @@ SHRINK = {"--num-layers": "4", "--hidden-size": "64", "--ffn-hidden-size": "128"
           "--padded-vocab-size": "128", "--global-batch-size": "8", "--train-iters": "4",
           "--lr-decay-iters": "4", "--train-samples": "32", "--lr-decay-samples": "32",
           "--lr-warmup-samples": "8", "--tensor-model-parallel-size": "1",
-          "--pipeline-model-parallel-size": "2"}
+          "--pipeline-model-parallel-size": "2", "--rampup-batch-size": "2 2 16"}
 # script -> {refused flag: the tokens its message says to use instead}
 SCRIPTS = {
-    "train_llama3_8b_h100_fp8": {"--apply-layernorm-1p": [], "--decoupled-lr": [],
-                                 "--decoupled-min-lr": []},
-    "train_gpt3_175b_distributed": {"--rampup-batch-size": [], "--fp16": ["--bf16"]},
+    "train_llama3_8b_h100_fp8": {},
+    "train_gpt3_175b_distributed": {},
     "modelopt_finetune_qwen2.5_0.5b": {},
 }
 
@@ -38,12 +37,13 @@ def shrunk(flags: list[list[str]], tmp_path) -> list[list[str]]:
     for name in ("vocab_file", "merge_file"):
         (tmp_path / name).touch()
     (tmp_path / "tokenizer_model").mkdir(exist_ok=True)
-    (tmp_path / "dataset.jsonl").write_text('{"text": "x"}\n')
+    if not (tmp_path / "dataset.jsonl").exists():
+        (tmp_path / "dataset.jsonl").write_text('{"text": "x"}\n')
     out = []
     for tokens in flags:
         tokens = [_fill(t, tmp_path) for t in tokens]
         if tokens[0] in SHRINK:
-            tokens = [tokens[0], SHRINK[tokens[0]]]
+            tokens = [tokens[0], *SHRINK[tokens[0]].split()]
         out.append(tokens)
     return out
 
@@ -116,6 +116,8 @@ def test_llama_script_shrunk_resolves_samples_and_sizes(tmp_path):
     assert not args.parallel.sequence_parallel and args.data.split is None
     assert args.logging.trace == "profile_trace.json"
     assert args.model.attention_backend == "auto"
+    assert args.model.apply_layernorm_1p  # zero-centred norms, as Megatron
+    assert (args.optimizer.decoupled_lr, args.optimizer.decoupled_min_lr) == (5.0e-4, 4.5e-5)
 
 
 def test_fp8_flags_are_refused_with_the_reason(tmp_path):
