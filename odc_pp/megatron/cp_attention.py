@@ -25,14 +25,16 @@ class ContextParallelDotProductAttention(DotProductAttention):
     The group: ``cp_group`` if given (a ``functools.partial`` keyword in a layer spec),
     else ``pg_collection.cp`` (what megatron hands every core attention).
     ``cp_comm_type``: ``p2p`` (ring; None means p2p) or ``a2a`` (Ulysses; heads and K/V
-    heads divisible by the CP size). ``attention_mask``: None (causal)
+    heads divisible by the CP size); ``comm_type``, when given, wins over it (a layer
+    spec's ``functools.partial`` keyword: megatron passes its own ``cp_comm_type``). ``attention_mask``: None (causal)
     or :class:`~odc_pp.megatron.packed_attention.PackedSegments` of the *full* rows
     (``[b, s]`` segment ids). No attention dropout, bias, softmax offset or
     ``PackedSeqParams`` (each one a ValueError)."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None,
-                 pg_collection=None, cp_group=None):
+                 pg_collection=None, cp_group=None, comm_type=None):
+        cp_comm_type = comm_type or cp_comm_type
         if cp_comm_type not in (None,) + CP_COMM_TYPES:
             raise ValueError(f"--cp-comm-type must be one of {CP_COMM_TYPES}, got "
                              f"{cp_comm_type!r}")

@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from ..data.microbatch import Microbatch
 from ..dtypes import float_dtype
@@ -216,6 +217,9 @@ class GPTChunk(torch.nn.Module):
         no mask; packed ones pass :class:`PackedSegments`."""
         self.packed_kernel = packed_kernel
         """Requested packed-attention kernel (``ModelConfig.packed_attention``)."""
+        self.context_parallel = False
+        """The microbatches hold this rank's part of a context-parallel sequence: the
+        core attention is causal over the CP group without a mask."""
         self.tied_across_stages = False
         """The model ties embedding and output layer on different stages (two copies kept
         equal: :func:`tied_embedding_params`)."""
@@ -274,7 +278,8 @@ class GPTChunk(torch.nn.Module):
         elif microbatch.segment_ids is not None:
             mask = packed_causal_mask(microbatch.segment_ids.to(device))
         else:
-            mask = None if self.implicit_causal else causal_mask(seq_len, device)
+            mask = None if self.implicit_causal or self.context_parallel else \
+                causal_mask(seq_len, device)
         rotary = None if self.inv_freq is None else rotary_embedding(self.inv_freq, positions)
         if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
@@ -331,7 +336,8 @@ def global_name(local_name: str, first_layer: int) -> str:
 def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks: int = 1,
                  placement: Placement | str = Placement.INTERLEAVED, seed: int = 1234,
                  process_groups=None,
-                 tensor_parallel: TensorParallel | None = None) -> list[GPTChunk]:
+                 tensor_parallel: TensorParallel | None = None,
+                 cp_group=None, cp_comm_type: str = "p2p") -> list[GPTChunk]:
     """This rank's model chunks (local chunk order), initialised from ``seed``.
 
     ``tensor_parallel``: the tensor-parallel group and sequence-parallel setting
@@ -340,9 +346,14 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     the tp = 1 model. ``process_groups``: megatron ProcessGroupCollection; default
     :func:`~odc_pp.megatron.compat.singleton_process_groups` with ``tensor_parallel``'s
     group as tp (collective: every rank must call ``build_chunks`` at the same point).
-    Needs ``torch.distributed``.
+    Needs ``torch.distributed``. ``cp_group``: the context-parallel group (None or one
+    rank: none); with more ranks every microbatch holds this rank's load-balanced part of
+    the sequence (:mod:`odc_pp.megatron.context_parallel`) with explicit position ids,
+    and the core attention is ``cp_comm_type`` ring (``p2p``) or all-to-all (``a2a``).
     """
     tensor_parallel = tensor_parallel or TensorParallel()
+    if cp_group is not None and dist.get_world_size(cp_group) == 1:
+        cp_group = None
     tp_size = tensor_parallel.size
     groups_per_rank = config.num_query_groups or config.num_attention_heads
     for what, value in (("num_attention_heads", config.num_attention_heads),
@@ -366,7 +377,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                                      normalization=config.normalization,
                                      qk_layernorm=config.qk_layernorm,
                                      sequence_parallel=tensor_parallel.sequence_parallel,
-                                     zero_centered_gamma=config.apply_layernorm_1p)
+                                     zero_centered_gamma=config.apply_layernorm_1p,
+                                     cp_group=cp_group, cp_comm_type=cp_comm_type)
     chunks = []
     for chunk in range(num_chunks):
         stage = stage_of(placement, pp_size, pp_rank, chunk)
@@ -396,6 +408,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                              implicit_causal=config.core_attention == "sdpa",
                              packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
+        gpt_chunk.context_parallel = cp_group is not None
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         gpt_chunk.tied_across_stages = config.tie_embeddings and num_stages > 1
         if gpt_chunk.tied_across_stages and stage == num_stages - 1:

@@ -11,6 +11,7 @@ each other (recompute builds on layers; layers knows neither).
 from __future__ import annotations
 
 import copy
+import functools
 
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -34,7 +35,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
                               normalization: str = "LayerNorm",
                               qk_layernorm: bool = False,
                               sequence_parallel: bool = False,
-                              zero_centered_gamma: bool = False) -> ModuleSpec:
+                              zero_centered_gamma: bool = False,
+                              cp_group=None, cp_comm_type: str = "p2p") -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
     deferrable linears.
 
@@ -49,7 +51,10 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     except that it allows sequence parallelism. ``zero_centered_gamma`` (Megatron's
     ``--apply-layernorm-1p``; the TransformerConfig needs
     ``layernorm_zero_centered_gamma=True``): every norm is a ``TorchNorm`` too, which then
-    stores its weight zero-centred and scales by ``1 + weight``.
+    stores its weight zero-centred and scales by ``1 + weight``. ``cp_group``: a
+    context-parallel group of more than one rank: the core attention is
+    :class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention` over it
+    (``cp_comm_type`` ``p2p`` ring or ``a2a``), whatever ``core_attention`` says.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -69,7 +74,12 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
             attention.k_layernorm = TorchNorm
     attention.linear_qkv = DeferrableColumnParallelLinear
     attention.linear_proj = DeferrableRowParallelLinear
-    if CORE_ATTENTION[core_attention] is not None:
+    if cp_group is not None:
+        from .cp_attention import ContextParallelDotProductAttention
+
+        attention.core_attention = functools.partial(
+            ContextParallelDotProductAttention, cp_group=cp_group, comm_type=cp_comm_type)
+    elif CORE_ATTENTION[core_attention] is not None:
         attention.core_attention = CORE_ATTENTION[core_attention]
     mlp = mlp_submodules(spec)
     mlp.linear_fc1 = DeferrableColumnParallelLinear

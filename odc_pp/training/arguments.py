@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
 from odc_pp.data.tokenizers import tokenizer_type_for
+from odc_pp.megatron.context_parallel import CP_COMM_TYPES
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
+from .context_split import context_parallel_problems
 from .megatron_flags import translate_all as translate_megatron_flags
 from .rampup import rampup_of, rampup_problems
 from .megatron_semantics import (length_conflicts, megatron_tolerances, resolve_lengths,
@@ -41,6 +43,7 @@ LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": FAMILY_NAMES,
     "dp_mode": DP_MODES,
+    "cp_comm_type": CP_COMM_TYPES,
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
     "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer"),
@@ -164,6 +167,14 @@ class ParallelArgs:
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size (tp): megatron-core's column/row-parallel layers, vocab-parallel
     embedding and cross entropy; ranks are laid out tp fastest, then pp, then dp."""
+    context_parallel_size: int = 1
+    """Context-parallel size (cp): every layer's sequence split over cp ranks (Megatron's
+    causal load balance, ring or all-to-all attention, docs/context_parallel.md); ranks
+    are laid out tp fastest, then cp, then pp, then dp, and gradients are summed over
+    dp x cp. Microbatches are padded to a multiple of 2 x cp."""
+    cp_comm_type: str = "p2p"
+    """Context-parallel attention: p2p (ring attention) or a2a (all-to-all, Ulysses;
+    heads divisible by --context-parallel-size)."""
     sequence_parallel: bool = False
     """Split the activations outside the tensor-parallel regions (norms, dropout, the
     pipeline's point-to-point tensors) along the sequence over the tp ranks; needs tp > 1.
@@ -489,11 +500,13 @@ class TrainingArgs:
         (torchrun --nproc-per-node), for --dp-mode hierarchical."""
         pp = self.parallel.pipeline_model_parallel_size
         tp = self.parallel.tensor_model_parallel_size
-        if world_size % (pp * tp):
+        cp = self.parallel.context_parallel_size
+        if world_size % (pp * tp * cp):
             raise ValueError(f"world size {world_size} (torchrun --nproc-per-node x --nnodes) "
                              f"is not divisible by --pipeline-model-parallel-size {pp} x "
-                             f"--tensor-model-parallel-size {tp}")
-        dp = world_size // (pp * tp)
+                             f"--tensor-model-parallel-size {tp} x "
+                             f"--context-parallel-size {cp}")
+        dp = world_size // (pp * tp * cp)
         if self.data.global_batch_size is None:  # Megatron's default
             self.data.global_batch_size = self.data.micro_batch_size * dp
             self.resolution_notes.append(
@@ -588,6 +601,7 @@ def _validate_model(args: TrainingArgs) -> list[str]:
     if model.fp16:
         problems += loss_scale_problems(args.optimizer)
     problems += rampup_problems(args)
+    problems += context_parallel_problems(args)
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
     if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):

@@ -136,8 +136,8 @@ def _dp_groups(parallel: ParallelArgs, topo: Topology, env_local_world: int):
     group). Collective: every rank creates every group in the same order. The norm group
     holds every rank owning a disjoint piece of the gradient: all ranks, or with
     hierarchical data parallelism one host's ranks of every stage (one model copy)."""
-    if parallel.dp_mode != "hierarchical":
-        return topo.dp_group, None, dist.group.WORLD
+    if parallel.dp_mode != "hierarchical":  # context parallelism: dp x cp
+        return topo.gradient_group, None, dist.group.WORLD
     per_host = parallel.ranks_per_host(env_local_world)
     if topo.dp % per_host:
         raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
@@ -244,9 +244,10 @@ def _tie_embeddings(engine, chunks, schedule: ScheduleArgs, parallel: ParallelAr
     mine = made = None
     for tp_rank in range(topo.tp):
         for host in range(topo.dp // per_host):
-            members = sorted({topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
+            members = sorted({topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank,
+                                               cp_rank=cp_rank)
                               for replica in range(host * per_host, (host + 1) * per_host)
-                              for stage in (0, last)})
+                              for stage in (0, last) for cp_rank in range(topo.cp)})
             group = dist.new_group(members)
             if topo.rank in members:
                 mine = group
@@ -276,7 +277,8 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
     chunks = build_chunks(config, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=schedule.num_model_chunks,
                           placement=placement_of(schedule.pipeline_schedule),
-                          seed=seed, tensor_parallel=tensor_parallel)
+                          seed=seed, tensor_parallel=tensor_parallel,
+                          cp_group=topo.cp_group, cp_comm_type=parallel.cp_comm_type)
     if load_weights:
         load_initial_weights(chunks, model, config)
     return chunks

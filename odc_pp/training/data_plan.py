@@ -21,6 +21,7 @@ from odc_pp.data.splits import DocumentRange, split_bounds
 from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
+from .context_split import cp_pad_multiple
 from .rampup import BatchRampup
 from .sample_construction import sample_construction
 
@@ -244,8 +245,11 @@ class DataPlanner:
         # --packed-attention dense); the dense kernel attends over the whole row
         self.segment_attention = segment_attention and args.model.packed_attention != "dense"
         # sequence parallelism splits every microbatch's sequence over the tp ranks
-        self.multiple = args.parallel.tensor_model_parallel_size \
-            if args.parallel.sequence_parallel else 1
+        # and context parallelism over 2 x cp load-balanced chunks
+        self.multiple = cp_pad_multiple(
+            context_parallel_size=args.parallel.context_parallel_size,
+            multiple=args.parallel.tensor_model_parallel_size
+            if args.parallel.sequence_parallel else 1)
         self.cost_model: SampleCostModel = (
             load_sample_cost_model(args.data.sample_cost_model) if args.data.sample_cost_model
             else sample_cost_model(args.model))

@@ -25,6 +25,7 @@ from odc_pp.schedule.generators import training_schedule
 from odc_pp.schedule.lowering import forward_only, lower_communication
 
 from .arguments import TrainingArgs
+from .context_split import split_microbatch
 from .data_plan import DataPlanner
 from .distributed import Topology
 from .replanning import check_same_schedule
@@ -95,7 +96,8 @@ def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, planner: DataPlan
     """(this rank's share of validation batch ``batch``'s masked token-loss sum -- the
     last stage's, 0 elsewhere --, the batch's scored tokens)."""
     plan = planner.plan(batch)
-    microbatches = planner.microbatches(plan.replicas[topo.dp_rank])
+    microbatches = [split_microbatch(mb, topo.cp_rank, topo.cp)
+                    for mb in planner.microbatches(plan.replicas[topo.dp_rank])]
     schedule = _schedule(parts, args, topo, len(microbatches))
     result = parts.runtime.run_minibatch(
         schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),

@@ -20,9 +20,6 @@ _MOE = ("mixture of experts is not supported (dense GPT models only): drop the M
         "or train with Megatron-LM")
 _FSDP = ("Megatron-FSDP tuning: ODC already shards parameters, gradients and optimizer "
          "state over the data-parallel ranks (--dp-mode odc); nothing to set")
-_CP = ("context parallelism is not implemented: use --context-parallel-size 1 and split "
-       "long sequences with --pipeline-model-parallel-size / --tensor-model-parallel-size "
-       "(or --pack-sequences with --max-tokens-per-microbatch)")
 _NO_DROPOUT = ("odc-pp trains without dropout, so every layout gives the same run "
                "(docs/megatron.md): use 0.0, as Megatron's Llama, Mixtral and Qwen scripts do")
 _RAMPUP = ("a stepped batch-size schedule is not implemented: use --rampup-batch-size "
@@ -98,8 +95,6 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
     # optimizer and schedule
     "--step-batch-size-schedule": rejected(_RAMPUP, takes_value=True),
     # parallelism
-    "--context-parallel-size": at_value(("1",), "no context parallelism (size 1)", _CP),
-    "--cp-comm-type": noop("used only with --context-parallel-size > 1", takes_value=True),
     "--expert-model-parallel-size": at_value(("1",), "a dense model has no experts", _MOE),
     "--expert-tensor-parallel-size": noop("a dense model has no expert layers",
                                           takes_value=True),

@@ -38,6 +38,7 @@ from odc_pp.optim.clip import scale_
 from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components, build_schedule, schedule_for
+from .context_split import split_microbatch
 from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology, all_ranks_true, read_env
 from .elastic import adopt_elastic_restart
@@ -235,7 +236,10 @@ class Trainer:
         clip and step -> loss and statistics. With post-validation the runtime steps at
         the schedule's POST_VALIDATION and the returned stats stay pending."""
         plan = self.planner.plan(iteration)
-        microbatches = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
+        whole = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
+        # context parallelism: this rank's part of every sequence (the same samples on
+        # every cp rank of the replica)
+        microbatches = [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
         schedule = schedule_for(self.parts, self.args.schedule, self.topo, len(microbatches))
         self.parts.last_schedule = schedule
         lr = self._lr_at(iteration)
@@ -260,7 +264,8 @@ class Trainer:
         held = getattr(result, "wgrad_bytes", None) or {}
         stats.wgrad_held_mb = max(held.values(), default=0) / 2 ** 20
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
-        stats.flops = sum(microbatch_flops(self.shape, mb) for mb in microbatches) / self.topo.pp
+        stats.flops = sum(microbatch_flops(self.shape, mb) for mb in whole) / (
+            self.topo.pp * self.topo.cp)
         return stats
 
     # ----- inside the step ------------------------------------------------------------

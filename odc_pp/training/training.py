@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
         topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
-                              tp=args.parallel.tensor_model_parallel_size)
+                              tp=args.parallel.tensor_model_parallel_size,
+                              cp=args.parallel.context_parallel_size)
         warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
         fall_back_without_cuda_ipc(args, topo, local_world_size=env.local_world_size)
         train(args, topo)

@@ -86,17 +86,17 @@ def test_split_with_mock_data_is_ignored_with_a_note():
 
 
 def test_no_op_at_value_and_refused_otherwise():
-    _, notes = parse_args_with_notes(BASE + ["--context-parallel-size", "1",
+    _, notes = parse_args_with_notes(BASE + ["--softmax-type", "vanilla",
                                              "--rotary-percent", "1", "--expert-model-"
                                              "parallel-size", "1"])
     assert sum(note.startswith("note: --") and "no-op" in note for note in notes) == 3
     with pytest.raises(ValueError) as error:
-        parse_args_with_notes(BASE + ["--context-parallel-size", "2", "--rotary-percent",
+        parse_args_with_notes(BASE + ["--expert-model-parallel-size", "2", "--rotary-percent",
                                       "0.5", "--moe-router-topk", "2"])
     lines = str(error.value).splitlines()
     assert lines[0] == "3 flags not taken:"
     assert [line.split(":")[0].strip() for line in lines[1:]] == [
-        "--context-parallel-size 2", "--rotary-percent 0.5", "--moe-router-topk 2"]
+        "--expert-model-parallel-size 2", "--rotary-percent 0.5", "--moe-router-topk 2"]
 
 
 def test_unknown_flags_one_line_each_no_usage_block():

@@ -1,0 +1,87 @@
+"""Context parallelism in training: the flags' checks and each CP rank's share of a
+microbatch.
+
+Every CP rank of a data-parallel replica plans and reads the same microbatches (the
+planner knows dp only); before the runtime sees them, :func:`split_microbatch` keeps this
+rank's tokens, labels, loss mask and position ids with the load-balanced layout of
+:mod:`odc_pp.megatron.context_parallel` (rank ``i`` holds chunks ``i`` and
+``2N - 1 - i``). Positions are made explicit (``0..s-1`` when the microbatch has none)
+before the split, so RoPE and learned positions see each token's global position. The
+loss needs nothing new: each rank's per-token losses are divided by the global token
+count (the runtime's ``global_num_tokens``), the logged loss sums every rank's part, and
+the gradients are summed over dp x cp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..data.microbatch import Microbatch
+from ..megatron.context_parallel import cp_position_ids, cp_split
+
+__all__ = ["context_parallel_problems", "cp_pad_multiple", "split_microbatch"]
+
+
+def context_parallel_problems(args) -> list[str]:
+    """What --context-parallel-size N > 1 does not combine with (one message per flag);
+    [] for N = 1."""
+    parallel, data, model = args.parallel, args.data, args.model
+    cp = parallel.context_parallel_size
+    if cp < 1:
+        return [f"--context-parallel-size must be >= 1, got {cp}"]
+    if cp == 1:
+        return []
+    problems = []
+    packs = data.pack_sequences or (data.load_balance == "lb-mini" and
+                                    not data.no_pack_sequences)
+    if packs:
+        problems.append(f"--context-parallel-size {cp} does not take packed rows yet: drop "
+                        f"--pack-sequences (with --load-balance lb-mini give "
+                        f"--no-pack-sequences)")
+    if parallel.dp_mode == "hierarchical":
+        problems.append(f"--context-parallel-size {cp} needs --dp-mode odc or collective "
+                        f"(the gradients are summed over dp x cp)")
+    if args.checkpoint.save or args.checkpoint.load:
+        problems.append(f"--context-parallel-size {cp} does not save or load checkpoints "
+                        f"yet: drop --save / --load")
+    if getattr(model, "attention_dropout", 0.0):
+        problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
+    if parallel.cp_comm_type == "a2a":
+        heads = model.num_attention_heads // parallel.tensor_model_parallel_size
+        groups = (model.num_query_groups or model.num_attention_heads) // \
+            parallel.tensor_model_parallel_size
+        if heads % cp or groups % cp:
+            problems.append(f"--cp-comm-type a2a needs the attention heads ({heads}) and "
+                            f"query groups ({groups}) per tensor-parallel rank divisible "
+                            f"by --context-parallel-size {cp}")
+    return problems
+
+
+def cp_pad_multiple(*, context_parallel_size: int, multiple: int = 1) -> int:
+    """The multiple microbatch lengths are padded to: ``multiple`` (sequence
+    parallelism's) and 2 x CP (the load-balanced split's chunk count)."""
+    if context_parallel_size == 1:
+        return multiple
+    return math.lcm(multiple, 2 * context_parallel_size)
+
+
+def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch:
+    """Rank ``rank`` of ``size`` CP ranks' part of ``microbatch`` (the same object for
+    size 1). Packed rows (``segment_ids``) are refused."""
+    if size == 1:
+        return microbatch
+    if microbatch.segment_ids is not None:
+        raise ValueError(f"--context-parallel-size {size} does not take packed rows yet")
+    batch, seq = microbatch.tokens.shape
+    positions = microbatch.position_ids
+    if positions is None:
+        positions = torch.arange(seq, dtype=torch.int64).unsqueeze(0).expand(batch, seq)
+
+    def part(tensor):
+        return None if tensor is None else cp_split(tensor, rank, size, dim=1)
+
+    return Microbatch(tokens=part(microbatch.tokens), labels=part(microbatch.labels),
+                      loss_mask=part(microbatch.loss_mask),
+                      position_ids=cp_position_ids(positions, rank, size).contiguous())
