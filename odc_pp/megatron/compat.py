@@ -57,6 +57,13 @@ Fused RoPE on GPU                      ``TransformerConfig.apply_rope_fusion`` (
 (:func:`rope_fusion_available`)        Transformer Engine's ``fused_apply_rotary_pos_emb``)
 SDPA core attention on GPU             the same ``DotProductAttention`` attributes as the  CPU only
 (:class:`SdpaDotProductAttention`)     host attention
+Context-parallel core attention       ``DotProductAttention.__init__(cp_comm_type=,        0.16.1
+(:mod:`odc_pp.megatron.cp_attention`)  pg_collection=)`` and its ``context_parallel_size
+                                       == 1`` assertion (a copied config with size 1);
+                                       ``scale_mask_softmax.scale``, ``softmax_scale``,
+                                       ``softmax_offset``, ``attention_dropout``,
+                                       ``hidden_size_per_partition``; ``SelfAttention``
+                                       calls ``core_attention(..., cp_comm_type=)``
 =====================================  =================================================  ======
 
 Run: 0.16.1 (``make test``, Python 3.11) and 0.17.1 / 0.19.2 (``make test-mcore-all``,
