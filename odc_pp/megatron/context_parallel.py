@@ -1,8 +1,9 @@
 """Context parallelism's core: the load-balanced sequence split, each rank's view of
 packed documents, RoPE positions, and a core attention over a CP group.
 
-Not yet reachable from ``pretrain_gpt.py`` (no flag, no dp x cp topology); see
-docs/context_parallel.md.
+Training reaches it through ``--context-parallel-size`` (the topology in
+:mod:`odc_pp.training.distributed`, the split in :mod:`odc_pp.training.context_split`);
+see docs/context_parallel.md.
 
 Layout (Megatron's causal load balance). A sequence of ``s`` tokens is cut into ``2N``
 chunks of ``s / 2N`` tokens; rank ``i`` of the ``N`` CP ranks holds chunks ``i`` and
