@@ -41,7 +41,7 @@ family of the registry (``odc_pp.schedule.generators.families``; zb-auto is left
 training re-plans it from measured costs, so the simulated order is not what runs), with and without
 ``--recompute-lgd``, and for a family that offloads every non-empty set of
 ``--offload-chunks``. Each candidate's schedule is built by
-``odc_pp.schedule.generators.training_schedule`` -- the builder the training frontend
+``odc_pp.schedule.build.build`` -- the builder the training frontend
 calls -- from the cost model the frontend will plan with (its ``--cost-model`` file,
 passed here as ``--cost-model``; default: the frontend's default cost model), and timed
 by the simulator under the estimated costs above. The printed flags therefore select
@@ -62,7 +62,8 @@ from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float,
                                         check_work)
 from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
                                    tensor_parallel_comm_seconds)
-from odc_pp.schedule.generators import FAMILIES, family, training_schedule
+from odc_pp.schedule.build import ScheduleRequest, build
+from odc_pp.schedule.generators import FAMILIES, family
 from odc_pp.schedule.ir import Schedule
 from odc_pp.schedule.placement import rank_stages
 from odc_pp.schedule.simulator import simulate
@@ -72,7 +73,7 @@ from .hardware import PRESETS, Hardware
 from .model import ModelShape
 
 __all__ = ["Workload", "OffloadChoice", "TunerConfig", "tune", "tune_devices",
-           "estimate_costs", "candidate_schedule", "format_ranking", "measure_hardware",
+           "estimate_costs", "candidate_request", "format_ranking", "measure_hardware",
            "main"]
 
 GB = 1e9
@@ -289,19 +290,18 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
     return costs, chunk_bytes, static
 
 
-def candidate_schedule(config: TunerConfig, name: str, *,
-                       offload_chunks: tuple[int, ...] = ()) -> Schedule:
-    """The schedule ``pretrain_gpt.py`` builds for this candidate (same builder, same
-    planning cost model)."""
-    return training_schedule(name, pp=config.pp, num_microbatches=config.num_microbatches,
-                             num_chunks=family(name).default_chunks, costs=config.plan_costs,
-                             offload_chunks=list(offload_chunks) or None)
+def candidate_request(config: TunerConfig, name: str, *,
+                      offload_chunks: tuple[int, ...] = ()) -> ScheduleRequest:
+    """The compute-only request of the schedule ``pretrain_gpt.py`` builds for this
+    candidate (build it with ``config.plan_costs``, the frontend's planning cost model)."""
+    return ScheduleRequest.of(name, pp=config.pp, num_microbatches=config.num_microbatches,
+                              offload_chunks=list(offload_chunks), communication=False)
 
 
 def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
               recompute: bool) -> OffloadChoice:
     costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
-    schedule = candidate_schedule(config, name, offload_chunks=chunks)
+    schedule = build(candidate_request(config, name, offload_chunks=chunks), config.plan_costs)
     result = simulate(schedule, costs)
     peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
     peak = max(peaks)

@@ -9,10 +9,10 @@ import sys
 
 from .cli_bounds import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_PP, MAX_TIME, MAX_WORK,
                          bounded_float, bounded_int, check_work)
-from .compare import build_schedule, compare_schedules, family_names, format_table
+from .build import PLANNED_CHUNKS, ScheduleRequest, build
+from .compare import compare_schedules, family_names, format_table
 from .costs import CostModel
 from .generators.families import family
-from .lowering import lower
 from .simulator import OBJECTIVES, simulate
 
 __all__ = ["main", "build_parser"]
@@ -148,12 +148,13 @@ def _report(args, schedule, sim) -> dict:
 
 
 def _run_one(args, costs: CostModel) -> int:
-    schedule = build_schedule(args.schedule, pp=args.pp, num_microbatches=args.microbatches,
-                              num_chunks=args.chunks, costs=costs,
-                              memory_limit=args.memory_limit, objective=args.objective,
-                              max_evaluations=args.max_evaluations)
-    if args.lower:
-        schedule = lower(schedule, costs)
+    request = ScheduleRequest.of(
+        args.schedule, pp=args.pp, num_microbatches=args.microbatches, num_chunks=args.chunks,
+        memory_limit=args.memory_limit,
+        search={"objective": args.objective, "max_evaluations": args.max_evaluations},
+        offload=PLANNED_CHUNKS if args.lower else (), assumed_offload_bandwidth=None,
+        communication=bool(args.lower))
+    schedule = build(request, costs)
     sim = simulate(schedule, costs, memory_limit=args.memory_limit)
     if args.render:
         _render(args, schedule, sim)

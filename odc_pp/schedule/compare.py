@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 
 from .costs import CostModel
-from .generators import FAMILY_NAMES, family, generate
-from .ir import Schedule
-from .lowering import lower
+from .build import PLANNED_CHUNKS, ScheduleRequest, build
+from .generators import FAMILY_NAMES
 from .simulator import simulate
 
-__all__ = ["build_schedule", "compare_schedules", "format_table", "family_names",
+__all__ = ["compare_schedules", "format_table", "family_names",
            "per_chunk_costs"]
 
 
@@ -18,18 +17,6 @@ __all__ = ["build_schedule", "compare_schedules", "format_table", "family_names"
 def family_names() -> list[str]:
     """Every schedule family, in registry order."""
     return list(FAMILY_NAMES)
-
-
-def build_schedule(name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
-                   costs: CostModel | None = None, memory_limit: float | None = None,
-                   objective: str = "span", max_evaluations: int | None = None) -> Schedule:
-    """One schedule by family name; ``objective`` and ``max_evaluations`` steer a searched
-    family (zb-auto, see ``generators.search.zb_auto``) and are ignored by the others.
-    Raises ValueError for settings a family rejects."""
-    options = ({"objective": objective, "max_evaluations": max_evaluations}
-               if family(name).searched else {})
-    return generate(name, pp=pp, num_microbatches=num_microbatches, num_chunks=num_chunks,
-                    costs=costs, memory_limit=memory_limit, **options)
 
 
 def per_chunk_costs(costs: CostModel, num_chunks: int) -> CostModel:
@@ -67,12 +54,12 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
     for name in (family_names() if names is None else names):
         began = time.perf_counter()
         try:
-            chunk_costs = per_chunk_costs(costs, family(name).default_chunks)
-            schedule = build_schedule(name, pp=pp, num_microbatches=num_microbatches,
-                                      costs=chunk_costs, memory_limit=memory_limit,
-                                      objective=objective, max_evaluations=max_evaluations)
-            if schedule.meta.get("offload_chunks"):
-                schedule = lower(schedule, chunk_costs, communication=False)
+            request = ScheduleRequest.of(
+                name, pp=pp, num_microbatches=num_microbatches, memory_limit=memory_limit,
+                search={"objective": objective, "max_evaluations": max_evaluations},
+                offload=PLANNED_CHUNKS, assumed_offload_bandwidth=None, communication=False)
+            chunk_costs = per_chunk_costs(costs, request.num_chunks)
+            schedule = build(request, chunk_costs)
             seconds = time.perf_counter() - began
             sim = simulate(schedule, chunk_costs, memory_limit=memory_limit)
         except ValueError as exc:

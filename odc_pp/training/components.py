@@ -6,7 +6,7 @@ section(s) it reads; :class:`~odc_pp.training.trainer.Trainer` runs the step wit
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,9 +15,8 @@ import torch.distributed as dist
 from odc_pp.optim.loss_scale import LossScaler, build_loss_scaler
 from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel, with_full_recompute
-from odc_pp.schedule.generators import family, training_schedule
+from odc_pp.schedule.generators import family
 from odc_pp.schedule.ir import Placement, Schedule
-from odc_pp.schedule.lowering import insert_post_validation, lower_communication
 from odc_pp.schedule.placement import last_stage_rank
 
 from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs,
@@ -25,7 +24,7 @@ from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, Tr
 from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
 from .optimizer_step import NonfiniteInjection, build_post_validator
-from .replanning import check_same_schedule
+from .schedules import Schedules
 
 if TYPE_CHECKING:
     from odc_pp.odc.engine import ShardedDataParallel
@@ -33,9 +32,8 @@ if TYPE_CHECKING:
     from odc_pp.runtime.post_validation import PostValidatedOptimizer
     from odc_pp.runtime.runtime import PipelineRuntime
 
-__all__ = ["Components", "build_components", "build_schedule", "schedule_for",
-           "load_cost_model", "placement_of", "fall_back_without_cuda_ipc",
-           "recompute_costs"]
+__all__ = ["Components", "build_components", "load_cost_model", "placement_of",
+           "fall_back_without_cuda_ipc", "recompute_costs"]
 
 
 @dataclass(kw_only=True)
@@ -50,23 +48,24 @@ class Components:
     """AdamW over the engine's owned shards."""
     runtime: PipelineRuntime
     """The PipelineRuntime: runs every schedule of this rank's chunks."""
-    costs: CostModel
-    """Cost model the schedules are generated for."""
+    schedules: Schedules
+    """The lowered training and evaluation schedules per microbatch count, under the
+    current cost model (ZB-auto re-planning replaces it)."""
     last_stage: bool
     """This rank runs the last virtual stage (reports the loss)."""
-    schedules: dict[int, Schedule] = field(default_factory=dict)
-    """Lowered schedule per microbatch count (LB-Mini varies it between iterations);
-    cleared when the costs change (ZB-auto re-planning)."""
     post_validator: PostValidatedOptimizer | None = None
     """PostValidatedOptimizer around ``optimizer`` (--enable-optimizer-post-validation)."""
     injection: NonfiniteInjection | None = None
     """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
     last_schedule: Schedule | None = None
     """The schedule the last iteration ran."""
-    eval_schedules: dict = field(default_factory=dict)
-    """Lowered forward-only schedule per microbatch count (evaluation)."""
     loss_scaler: LossScaler | None = None
     """--fp16: the loss scale (:mod:`odc_pp.optim.loss_scale`; checkpointed)."""
+
+    @property
+    def costs(self) -> CostModel:
+        """Cost model the schedules are generated for."""
+        return self.schedules.costs
 
     def close(self) -> None:
         self.engine.destroy()
@@ -108,20 +107,6 @@ def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int) -> CostModel:
         ranks.append(locate(placement_of(args.schedule.pipeline_schedule), pp, chunks,
                             stage)[0])
     return with_full_recompute(costs, fractions, ranks)
-
-
-def build_schedule(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
-                   costs: CostModel, post_validation: bool = False) -> Schedule:
-    """The lowered schedule the runtime executes for one replica's microbatch count:
-    compute (with any OFFLOAD/RELOAD), then explicit communication, then (with
-    ``post_validation``) the POST_VALIDATION point of every rank."""
-    compute = training_schedule(schedule.pipeline_schedule, pp=pp,
-                                num_microbatches=num_microbatches,
-                                num_chunks=schedule.num_model_chunks, costs=costs,
-                                memory_limit=schedule.memory_limit,
-                                offload_chunks=schedule.offload_chunks)
-    lowered = lower_communication(compute)
-    return insert_post_validation(lowered) if post_validation else lowered
 
 
 def _last_stage_here(schedule: ScheduleArgs, topo: Topology) -> bool:
@@ -351,31 +336,12 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                       else None), chunks=chunks,
         pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
         channels=topo.pp_channels)
+    costs = recompute_costs(load_cost_model(args.schedule), args, topo.pp)
+    schedules = Schedules.from_flags(args.schedule, costs, topo,
+                                     post_validation=post_validator is not None)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
-                      costs=recompute_costs(load_cost_model(args.schedule), args, topo.pp),
+                      schedules=schedules,
                       last_stage=_last_stage_here(args.schedule, topo),
                       post_validator=post_validator, injection=injection,
                       loss_scaler=build_loss_scaler(loss_scale_config(args.optimizer))
                       if args.model.fp16 else None)
-
-
-def schedule_for(parts: Components, schedule_args: ScheduleArgs, topo: Topology,
-                 num_microbatches: int) -> Schedule:
-    """The lowered schedule for this replica's microbatch count under ``parts.costs``."""
-    if num_microbatches < 1:
-        raise ValueError(f"data-parallel rank {topo.dp_rank} got no microbatch; raise "
-                         "--global-batch-size")
-    schedule = parts.schedules.get(num_microbatches)
-    if schedule is None:
-        schedule = build_schedule(schedule_args, pp=topo.pp,
-                                  num_microbatches=num_microbatches, costs=parts.costs,
-                                  post_validation=parts.post_validator is not None)
-        # before the first step with it: every rank of the pipeline must run this plan,
-        # and so must the stage's tensor-parallel ranks (their collectives inside F/B/W
-        # pair up only if they run the same actions in the same order)
-        check_same_schedule(schedule, topo.pp_group, what="pipeline schedule")
-        if topo.tp_group is not None:
-            check_same_schedule(schedule, topo.tp_group,
-                                what="pipeline schedule of the tensor-parallel ranks")
-        parts.schedules[num_microbatches] = schedule
-    return schedule

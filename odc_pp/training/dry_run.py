@@ -366,16 +366,18 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
     """The memory report of rank ``flags.rank`` of this job (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .components import build_schedule
+    from odc_pp.schedule.build import build
+
+    from .schedules import training_request
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
     _fake_world(flags.rank, flags.world_size)
     topo = _topology(args, flags.rank, flags.world_size)
     m = _num_microbatches(args, topo.dp)
-    schedule = build_schedule(args.schedule, pp=topo.pp, num_microbatches=m,
-                              costs=_costs(args, topo.pp),
-                              post_validation=args.schedule.enable_optimizer_post_validation)
+    schedule = build(training_request(
+        args.schedule, pp=topo.pp, num_microbatches=m,
+        post_validation=args.schedule.enable_optimizer_post_validation), _costs(args, topo.pp))
     pp_rank = topo.pp_rank
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
         chunks, engine, optimizer = _build(args, topo, args.model.vocab_size)
@@ -402,7 +404,9 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
 
 def _report(args, flags, schedule, pp_rank, units, sizes, message,
             measured) -> MemoryReport:
-    from .components import build_schedule
+    from odc_pp.schedule.build import build
+
+    from .schedules import training_request
 
     costs = _costs(args, schedule.pp)
 
@@ -417,9 +421,9 @@ def _report(args, flags, schedule, pp_rank, units, sizes, message,
             args.schedule, memory_limit=None if limit is None else float(limit),
             pipeline_schedule=name or args.schedule.pipeline_schedule)
         try:
-            other = build_schedule(limited, pp=schedule.pp,
-                                   num_microbatches=schedule.num_microbatches, costs=costs,
-                                   post_validation=args.schedule.enable_optimizer_post_validation)
+            other = build(training_request(
+                limited, pp=schedule.pp, num_microbatches=schedule.num_microbatches,
+                post_validation=args.schedule.enable_optimizer_post_validation), costs)
         except ValueError:
             return None
         return timeline(other)

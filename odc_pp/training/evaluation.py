@@ -6,11 +6,11 @@ it in a fresh seeded order each epoch, :class:`~odc_pp.data.ShuffledSource`), so
 resumed run evaluates on exactly the batches of an uninterrupted one. Each batch is
 planned like a training batch (:class:`~odc_pp.training.data_plan.DataPlanner`) and runs
 through the forward-only pipeline of the training schedule's family
-(:func:`~odc_pp.schedule.lowering.forward_only`: every rank's F actions in training
-order, so every layout and placement works). The loss is token-weighted like the
-training loss: ``sum(token losses * loss mask) / scored tokens`` over all the
-evaluation's batches. Parameters are gathered by the data-parallel engine as in training;
-nothing is accumulated and the optimizer is untouched.
+(:class:`~odc_pp.training.schedules.Schedules`, built with ``forward_only``: every
+rank's F actions in training order, so every layout and placement works). The loss is
+token-weighted like the training loss: ``sum(token losses * loss mask) / scored
+tokens`` over all the evaluation's batches. Parameters are gathered by the data-parallel
+engine as in training; nothing is accumulated and the optimizer is untouched.
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from odc_pp.schedule.generators import training_schedule
-from odc_pp.schedule.lowering import forward_only, lower_communication
-
 from .arguments import TrainingArgs
 from .context_split import split_microbatch
 from .data_plan import DataPlanner
 from .distributed import Topology
-from .replanning import check_same_schedule
 
 __all__ = ["EvalStats", "evaluate", "due", "eval_record"]
 
@@ -49,24 +45,6 @@ def due(args: TrainingArgs, done: int, planner: DataPlanner | None) -> bool:
     """Evaluate after iteration ``done`` (1-based)?"""
     return planner is not None and args.data.eval_iters > 0 and \
         done % args.data.eval_interval == 0
-
-
-def _schedule(parts, args: TrainingArgs, topo: Topology, num_microbatches: int):
-    """The lowered forward-only schedule for this replica's microbatch count (cached)."""
-    cache = parts.eval_schedules
-    if num_microbatches not in cache:
-        compute = training_schedule(args.schedule.pipeline_schedule, pp=topo.pp,
-                                    num_microbatches=num_microbatches,
-                                    num_chunks=args.schedule.num_model_chunks,
-                                    costs=parts.costs,
-                                    memory_limit=args.schedule.memory_limit)
-        schedule = lower_communication(forward_only(compute))
-        check_same_schedule(schedule, topo.pp_group, what="evaluation schedule")
-        if topo.tp_group is not None:
-            check_same_schedule(schedule, topo.tp_group,
-                                what="evaluation schedule of the tensor-parallel ranks")
-        cache[num_microbatches] = schedule
-    return cache[num_microbatches]
 
 
 def evaluate(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
@@ -98,7 +76,7 @@ def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, planner: DataPlan
     plan = planner.plan(batch)
     microbatches = [split_microbatch(mb, topo.cp_rank, topo.cp)
                     for mb in planner.microbatches(plan.replicas[topo.dp_rank])]
-    schedule = _schedule(parts, args, topo, len(microbatches))
+    schedule = parts.schedules.evaluation(len(microbatches))
     result = parts.runtime.run_minibatch(
         schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),
         max_microbatches=plan.max_microbatches, forward_only=True)

@@ -47,10 +47,9 @@ def check_same_schedule(schedule, group=None, *, what: str = "schedule") -> str:
 class ZbAutoReplanner:
     """Profiles the first iterations, then swaps in the re-planned ZB-auto schedule."""
 
-    def __init__(self, args, topo, *, build_schedule) -> None:
+    def __init__(self, args, topo) -> None:
         self.args = args
         self.topo = topo
-        self.build_schedule = build_schedule
         self.profiler: Profiler | None = None
         self.done = args.schedule.pipeline_schedule != "zb-auto" or args.schedule.profile_iters == 0
         self.recorded = 0
@@ -85,13 +84,10 @@ class ZbAutoReplanner:
         dist.all_gather_object(gathered, self.profiler.local_costs())
         num_stages = self.profiler.schedule.num_stages
         measured = merge_measurements(gathered, num_stages)
-        old = self.build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
-                                  costs=parts.costs)
-        new = self.build_schedule(args.schedule, pp=topo.pp, num_microbatches=num_microbatches,
-                                  costs=measured)
+        old = parts.schedules.plan(num_microbatches)
+        new = parts.schedules.plan(num_microbatches, measured)
         check_same_schedule(new, what="re-planned zb-auto schedule")
-        parts.costs = measured
-        parts.schedules.clear()  # rebuilt lazily from the measured costs
+        parts.schedules.replan(measured)  # every schedule rebuilt lazily from these costs
         if topo.rank == 0 and out is not None:
             before = simulate(old, measured).makespan
             after = simulate(new, measured).makespan

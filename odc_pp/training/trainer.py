@@ -37,7 +37,7 @@ from odc_pp.optim.clip import scale_
 
 from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
-from .components import Components, build_components, build_schedule, schedule_for
+from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology, all_ranks_true, read_env
@@ -205,7 +205,7 @@ class Trainer:
         self.skipped_since_log = 0
         """Skipped steps since the last log record (Megatron's "number of skipped
         iterations")."""
-        self.replanner = ZbAutoReplanner(args, topo, build_schedule=build_schedule)
+        self.replanner = ZbAutoReplanner(args, topo)
         self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
         self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
         self.pending: StepStats | None = None
@@ -240,7 +240,7 @@ class Trainer:
         # context parallelism: this rank's part of every sequence (the same samples on
         # every cp rank of the replica)
         microbatches = [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
-        schedule = schedule_for(self.parts, self.args.schedule, self.topo, len(microbatches))
+        schedule = self.parts.schedules.training(len(microbatches))
         self.parts.last_schedule = schedule
         lr = self._lr_at(iteration)
         began = time.perf_counter()

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from ..costs import CostModel
 from ..ir import Schedule
-from ..lowering import lower
 from ..placement import Placement
 from ..validate import peak_memory
 from .families import FAMILIES, FAMILY_NAMES, Family, family
 
-__all__ = ["FAMILY_NAMES", "FAMILIES", "Family", "family", "generate",
-           "default_chunks", "training_schedule"]
+__all__ = ["FAMILY_NAMES", "FAMILIES", "Family", "family", "generate", "generate_family",
+           "default_chunks"]
 
 def default_chunks(name: str) -> int:
     """Model chunks per rank a family uses when ``num_chunks`` is not given."""
@@ -88,9 +87,19 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     families with a fixed pattern (``memory_controlled`` False in the registry) reject a
     limit below their peak, memory-controlled ones build within ``min(nominal, limit)``.
     Options: ``group_size`` for interleaved/offload; zb-auto forwards ``objective`` and
-    ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``.
+    ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``. Turning a
+    name into the schedule a program runs (lowered) is ``odc_pp.schedule.build.build``.
     """
-    fam = family(name)
+    return generate_family(family(name), pp=pp, num_microbatches=num_microbatches,
+                           num_chunks=num_chunks, costs=costs, memory_limit=memory_limit,
+                           **options)
+
+
+def generate_family(fam: Family, *, pp: int, num_microbatches: int,
+                    num_chunks: int | None = None, costs: CostModel | None = None,
+                    memory_limit: float | None = None, **options) -> Schedule:
+    """:func:`generate` for a family row resolved already."""
+    name = fam.name
     num_chunks = fam.default_chunks if num_chunks is None else num_chunks
     _check_shape(fam, pp, num_microbatches, num_chunks)
     _check_options(fam, options)
@@ -112,32 +121,3 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     if not fam.memory_controlled:
         _check_fixed_memory(schedule, costs, memory_limit)
     return schedule
-
-
-def training_schedule(name: str, *, pp: int, num_microbatches: int,
-                      num_chunks: int | None = None, costs: CostModel | None = None,
-                      memory_limit: float | None = None,
-                      offload_chunks: list[int] | None = None) -> Schedule:
-    """The compute schedule ``pretrain_gpt.py`` runs for these settings (the one owner of
-    that choice: the frontend and ``odc-pp tune-offload`` both call it).
-
-    ``generate`` plus, for a family that offloads, OFFLOAD/RELOAD actions for
-    ``offload_chunks`` (default: every local chunk). Such a family needs a host-link
-    bandwidth; when ``costs`` has none, one microbatch-chunk of activations per forward
-    time unit is assumed. ``offload_chunks`` with any other family is a ValueError.
-    """
-    fam = family(name)
-    costs = CostModel() if costs is None else costs
-    if not fam.offloads:
-        if offload_chunks:
-            raise ValueError(f"offload_chunks {offload_chunks} need an offloading schedule "
-                             f"({', '.join(f.name for f in FAMILIES if f.offloads)}), "
-                             f"not {name}")
-        return generate(name, pp=pp, num_microbatches=num_microbatches,
-                        num_chunks=num_chunks, costs=costs, memory_limit=memory_limit)
-    if costs.offload_bandwidth is None:
-        costs = CostModel.from_dict(dict(costs.to_dict(), offload_bandwidth=1.0))
-    schedule = generate(name, pp=pp, num_microbatches=num_microbatches,
-                        num_chunks=num_chunks, costs=costs, memory_limit=memory_limit)
-    chunks = list(range(schedule.num_chunks)) if not offload_chunks else list(offload_chunks)
-    return lower(schedule, costs, communication=False, offload=chunks)

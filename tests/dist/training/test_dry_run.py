@@ -36,7 +36,7 @@ def real_worker(rank, world_size):
 
     from odc_pp.data import Microbatch
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import build_components, schedule_for
+    from odc_pp.training.components import build_components
     from odc_pp.training.distributed import DistEnv, build_topology
     from odc_pp.training.dry_run import MemoryPhases
 
@@ -52,7 +52,7 @@ def real_worker(rank, world_size):
             tokens = torch.randint(0, 256, (1, 64), generator=generator)
             microbatches.append(Microbatch(tokens=tokens, labels=tokens.roll(1, 1),
                                            loss_mask=torch.ones(1, 64)))
-        schedule = schedule_for(parts, args.schedule, topo, m)
+        schedule = parts.schedules.training(m)
         tokens = 2 * m * 64
         for step in range(2):
             with tracker.phase() as phase:  # the runtime begins the engine's minibatch

@@ -2,6 +2,7 @@
 split boundaries, the forward-only schedule, and end to end the eval loss at --lr 0
 equals the training loss of the same samples on pipelined layouts."""
 
+import dataclasses
 import json
 import random
 
@@ -62,16 +63,18 @@ def test_split_gives_disjoint_train_and_valid_sources(tmp_path):
 @pytest.mark.parametrize("name,pp,chunks", [("1f1b", 2, 1), ("zbv", 2, 2),
                                             ("interleaved", 2, 2), ("zb-h1", 4, 1)])
 def test_forward_only_schedule_keeps_each_ranks_forwards_and_lowers(name, pp, chunks):
-    from odc_pp.schedule.generators import training_schedule
+    from odc_pp.schedule.build import ScheduleRequest, build
     from odc_pp.schedule.ir import ActionKind
     from odc_pp.schedule.lowering import forward_only, lower_communication
 
-    compute = training_schedule(name, pp=pp, num_microbatches=2 * pp, num_chunks=chunks)
+    request = ScheduleRequest.of(name, pp=pp, num_microbatches=2 * pp, num_chunks=chunks)
+    compute = build(dataclasses.replace(request, communication=False))
     forward = forward_only(compute)
     for rank in range(pp):
         expected = [a for a in compute.ranks[rank] if a.kind is ActionKind.F]
         assert forward.ranks[rank] == expected and expected
     lowered = lower_communication(forward)
+    assert build(request.evaluation()).ranks == lowered.ranks  # what evaluation runs
     kinds = {a.kind for a in lowered.actions()}
     assert kinds <= {ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F}
     assert ActionKind.SEND_F in kinds

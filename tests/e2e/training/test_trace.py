@@ -16,7 +16,8 @@ FLAGS = TINY_MODEL + ["--pipeline-model-parallel-size", "2", "--pipeline-schedul
 def test_trace_of_pp2_dp2_run_has_every_action_in_order_and_the_logged_idle(tmp_path):
     from odc_pp.schedule.costs import CostModel
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import build_schedule
+    from odc_pp.schedule.build import build
+    from odc_pp.training.schedules import training_request
 
     path = tmp_path / "run.trace.json"
     run = launch(FLAGS + ["--trace", str(path)], nproc=4, tmp_path=tmp_path, name="trace")
@@ -34,8 +35,8 @@ def test_trace_of_pp2_dp2_run_has_every_action_in_order_and_the_logged_idle(tmp_
             pp_rank = int(label.split("pp ")[1].split(",")[0])
             dp_rank = int(label.split("dp ")[1].rstrip(")"))
             count = record["microbatches_per_replica"][dp_rank]
-            schedule = build_schedule(args.schedule, pp=2, num_microbatches=count,
-                                      costs=CostModel())
+            schedule = build(training_request(args.schedule, pp=2, num_microbatches=count),
+                             CostModel())
             expected = [f"{a.kind.value} mb{a.microbatch} c{a.chunk}"
                         for a in schedule.compute_actions(pp_rank)]
             compute = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"

@@ -6,8 +6,7 @@ import pytest
 
 from odc_pp.runtime.memory_model import (ChunkBytes, UnitSizes, count_sends, schedule_peak,
                                          state_bytes)
-from odc_pp.schedule.generators import training_schedule
-from odc_pp.schedule.lowering import lower_communication
+from odc_pp.schedule.build import ScheduleRequest, build
 
 
 def test_state_bytes_per_parameter():
@@ -34,8 +33,7 @@ def test_state_bytes_per_parameter():
 @pytest.mark.parametrize("name,chunks", [("1f1b", 1), ("zbv", 2)])
 def test_schedule_peak_keeps_sends_only_in_flight(name, chunks):
     pp, m = 4, 16
-    schedule = lower_communication(training_schedule(name, pp=pp, num_microbatches=m,
-                                                     num_chunks=chunks))
+    schedule = build(ScheduleRequest.of(name, pp=pp, num_microbatches=m, num_chunks=chunks))
     sizes = [ChunkBytes(saved=100, w_held=10)] * chunks
     for rank in range(pp):
         peak = schedule_peak(schedule, rank, sizes, message_bytes=1)

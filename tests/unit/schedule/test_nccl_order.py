@@ -20,7 +20,6 @@ import pytest
 from odc_pp.runtime.p2p_channels import (ChannelLayout, Communicator, channel_communicators,
                                          warmup_order)
 from odc_pp.schedule.costs import CostModel
-from odc_pp.schedule.lowering import lower
 from odc_pp.schedule.nccl_order import check_creation_order
 from odc_pp.schedule.validate import ScheduleError, check_nccl_order
 
@@ -32,14 +31,15 @@ LAZY_STUCK = {("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("interleaved", 2), ("inter
 
 
 def _lowered(name: str, pp: int):
-    from odc_pp.schedule.compare import build_schedule
+    from odc_pp.schedule.build import PLANNED_CHUNKS, ScheduleRequest, build
     from odc_pp.schedule.generators.families import family
 
     fam = family(name)
     costs = CostModel(offload_bandwidth=1.0) if fam.offloads else None
     m = max(2 * pp if pp <= 4 else pp, fam.microbatches_per_rank * pp)
-    return lower(build_schedule(name, pp=pp, num_microbatches=m, costs=costs), costs,
-                 post_validation=True)
+    return build(ScheduleRequest.of(name, pp=pp, num_microbatches=m, offload=PLANNED_CHUNKS,
+                                    assumed_offload_bandwidth=None, post_validation=True),
+                 costs)
 
 
 def _cases():

@@ -258,14 +258,15 @@ def _nccl_cases():
 @pytest.mark.parametrize("name,pp", list(_nccl_cases()))
 def test_nccl_mode_accepts_every_lowered_family_on_directed_channels(name, pp):
     from odc_pp.schedule.channels import ChannelLayout
-    from odc_pp.schedule.compare import build_schedule
+    from odc_pp.schedule.build import PLANNED_CHUNKS, ScheduleRequest, build
     from odc_pp.schedule.generators.families import family
 
     fam = family(name)
     costs = CostModel(offload_bandwidth=1.0) if fam.offloads else None
     m = max(2 * pp if pp <= 4 else pp, fam.microbatches_per_rank * pp)
-    schedule = lower(build_schedule(name, pp=pp, num_microbatches=m, costs=costs), costs,
-                     post_validation=True)
+    schedule = build(ScheduleRequest.of(name, pp=pp, num_microbatches=m,
+                                        offload=PLANNED_CHUNKS, assumed_offload_bandwidth=None,
+                                        post_validation=True), costs)
     from odc_pp.schedule.validate import check_nccl_order
 
     for batch_sends in (True, False):

@@ -4,10 +4,11 @@ import pytest
 
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.ir import ActionKind
+from odc_pp.schedule.build import build
 from odc_pp.schedule.lowering import lower_communication
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.model import ModelShape
-from odc_pp.planner.offload_tuner import (TunerConfig, Workload, candidate_schedule,
+from odc_pp.planner.offload_tuner import (TunerConfig, Workload, candidate_request,
                                            estimate_costs, layer_activation_bytes, main, tune)
 from odc_pp.schedule.simulator import simulate
 
@@ -31,14 +32,16 @@ def _frontend(flags: list[str], *, dp: int):
     """What pretrain_gpt.py does with ``flags``: its parsed arguments, the per-replica
     microbatch count on pp x dp ranks, and the schedule its components build."""
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import build_schedule, load_cost_model
+    from odc_pp.schedule.build import build
+    from odc_pp.training.components import load_cost_model
+    from odc_pp.training.schedules import training_request
 
     args = parse_args(flags + ["--mock-data", "--vocab-size", "32000"])
     pp = args.parallel.pipeline_model_parallel_size
     replicas = args.data_parallel_size(pp * dp)
     num_microbatches = args.data.global_batch_size // (args.data.micro_batch_size * replicas)
-    schedule = build_schedule(args.schedule, pp=pp, num_microbatches=num_microbatches,
-                              costs=load_cost_model(args.schedule))
+    schedule = build(training_request(args.schedule, pp=pp, num_microbatches=num_microbatches),
+                     load_cost_model(args.schedule))
     return args, num_microbatches, schedule
 
 
@@ -76,8 +79,9 @@ def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_cos
             row["schedule"], row["num_chunks"], row["recompute"])
         assert tuple(args.schedule.offload_chunks or ()) == tuple(row["offload_chunks"])
         assert num_microbatches == config.num_microbatches
-        simulated = candidate_schedule(config, row["schedule"],
-                                       offload_chunks=tuple(row["offload_chunks"]))
+        simulated = build(candidate_request(config, row["schedule"],
+                                            offload_chunks=tuple(row["offload_chunks"])),
+                          config.plan_costs)
         # the frontend runs it with explicit communication (same compute order)
         assert built.ranks == lower_communication(simulated).ranks, row["flags"]
         if row["offload_chunks"]:
