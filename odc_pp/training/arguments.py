@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
 from odc_pp.data.tokenizers import tokenizer_type_for
-from odc_pp.megatron.context_parallel import CP_COMM_TYPES
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .context_split import context_parallel_problems
@@ -43,7 +42,6 @@ LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": FAMILY_NAMES,
     "dp_mode": DP_MODES,
-    "cp_comm_type": CP_COMM_TYPES,
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
     "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer"),
@@ -174,7 +172,8 @@ class ParallelArgs:
     dp x cp. Microbatches are padded to a multiple of 2 x cp."""
     cp_comm_type: str = "p2p"
     """Context-parallel attention: p2p (ring attention) or a2a (all-to-all, Ulysses;
-    heads divisible by --context-parallel-size)."""
+    heads divisible by --context-parallel-size). Megatron's allgather and a2a+p2p are
+    accepted at --context-parallel-size 1 only (nothing to do there)."""
     sequence_parallel: bool = False
     """Split the activations outside the tensor-parallel regions (norms, dropout, the
     pipeline's point-to-point tensors) along the sequence over the tp ranks; needs tp > 1.

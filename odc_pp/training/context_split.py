@@ -19,21 +19,29 @@ import math
 import torch
 
 from ..data.microbatch import Microbatch
-from ..megatron.context_parallel import cp_position_ids, cp_split
+from ..megatron.context_parallel import CP_COMM_TYPES, cp_position_ids, cp_split
 
 __all__ = ["context_parallel_problems", "cp_pad_multiple", "split_microbatch"]
+
+MEGATRON_CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+"""Megatron's --cp-comm-type values; odc-pp implements :data:`CP_COMM_TYPES`."""
 
 
 def context_parallel_problems(args) -> list[str]:
     """What --context-parallel-size N > 1 does not combine with (one message per flag);
     [] for N = 1."""
     parallel, data, model = args.parallel, args.data, args.model
-    cp = parallel.context_parallel_size
+    cp, comm = parallel.context_parallel_size, parallel.cp_comm_type
+    if comm not in MEGATRON_CP_COMM_TYPES:
+        return [f"--cp-comm-type {comm!r} is not one of {MEGATRON_CP_COMM_TYPES}"]
     if cp < 1:
         return [f"--context-parallel-size must be >= 1, got {cp}"]
     if cp == 1:
         return []
     problems = []
+    if comm not in CP_COMM_TYPES:
+        problems.append(f"--cp-comm-type {comm} is not implemented: use one of "
+                        f"{CP_COMM_TYPES}")
     packs = data.pack_sequences or (data.load_balance == "lb-mini" and
                                     not data.no_pack_sequences)
     if packs:

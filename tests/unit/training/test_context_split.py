@@ -31,7 +31,8 @@ def test_cp_flags_are_native_and_divide_the_world():
     (["--dp-mode", "hierarchical"], "--dp-mode"),
     (["--save", "/tmp/x"], "--save"),
     (["--cp-comm-type", "a2a", "--context-parallel-size", "8"], "--cp-comm-type a2a"),
-    (["--cp-comm-type", "ring"], "--cp-comm-type"),
+    (["--cp-comm-type", "ring"], "--cp-comm-type 'ring' is not one of"),
+    (["--cp-comm-type", "allgather"], "--cp-comm-type allgather is not implemented"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be >= 1"),
 ])
 def test_cp_refusals_name_the_flag(flags, needle):
@@ -42,6 +43,7 @@ def test_cp_refusals_name_the_flag(flags, needle):
 
 def test_cp_one_changes_nothing():
     assert parse_args(BASE + ["--pack-sequences"]).parallel.context_parallel_size == 1
+    assert parse_args(BASE + ["--cp-comm-type", "a2a+p2p"]).parallel.cp_comm_type == "a2a+p2p"
     assert topology_groups(pp=2, tp=2, dp=2) == topology_groups(pp=2, tp=2, dp=2, cp=1)
     assert cp_pad_multiple(context_parallel_size=1, multiple=3) == 3
     assert cp_pad_multiple(context_parallel_size=2, multiple=3) == 12
