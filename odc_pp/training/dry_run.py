@@ -362,6 +362,25 @@ def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[
 _TIMELINE = ("sends", "receives", "activations", "w_held", "offload_device", "transient")
 
 
+def _context_parallel_rank(args: TrainingArgs) -> TrainingArgs:
+    """With --context-parallel-size N: the job one CP rank's memory equals -- a cp = 1
+    rank holding 1/N of every row's tokens (activations / N), its state sharded over
+    dp x N ranks (the world / (tp x pp) the topology then makes) and the replica's
+    global batch / dp microbatches (the global batch scaled by N for dp x N replicas).
+    The ring's in-flight K/V blocks (2 x tokens/N x kv width per layer, transient) are
+    not counted."""
+    cp = args.parallel.context_parallel_size
+    if cp == 1:
+        return args
+    data = args.data
+    tokens = data.max_tokens_per_microbatch
+    return dataclasses.replace(
+        args, parallel=dataclasses.replace(args.parallel, context_parallel_size=1),
+        model=dataclasses.replace(args.model, seq_length=args.model.seq_length // cp),
+        data=dataclasses.replace(data, global_batch_size=data.global_batch_size * cp,
+                                 max_tokens_per_microbatch=tokens // cp if tokens else None))
+
+
 def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
     """The memory report of rank ``flags.rank`` of this job (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -372,6 +391,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
+    args = _context_parallel_rank(args)
     _fake_world(flags.rank, flags.world_size)
     topo = _topology(args, flags.rank, flags.world_size)
     m = _num_microbatches(args, topo.dp)

@@ -77,3 +77,11 @@ def test_split_keeps_global_positions_and_unsplits():
         split_microbatch(Microbatch(tokens=tokens, segment_ids=tokens * 0), 0, 2)
     with pytest.raises(ValueError, match="--context-parallel-size 3"):
         split_microbatch(mb, 0, 3)  # 8 tokens are not 6 equal chunks
+
+
+def test_dry_run_refuses_cp(capsys):
+    from odc_pp.training.dry_run import main
+
+    assert main(BASE + ["--context-parallel-size", "2", "--dry-run",
+                        "--dry-run-world-size", "2"]) == 2
+    assert "--dry-run does not model --context-parallel-size 2" in capsys.readouterr().err
