@@ -219,7 +219,8 @@ class GPTChunk(torch.nn.Module):
         """Requested packed-attention kernel (``ModelConfig.packed_attention``)."""
         self.context_parallel = False
         """The microbatches hold this rank's part of a context-parallel sequence: the
-        core attention is causal over the CP group without a mask."""
+        core attention is causal over the CP group, masked per document by
+        ``microbatch.full_segment_ids`` (packed rows) when the microbatch has them."""
         self.tied_across_stages = False
         """The model ties embedding and output layer on different stages (two copies kept
         equal: :func:`tied_embedding_params`)."""
@@ -273,13 +274,16 @@ class GPTChunk(torch.nn.Module):
             positions = microbatch.position_ids.to(device) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
-        if microbatch.segment_ids is not None and self.implicit_causal:
+        if self.context_parallel:  # full rows' documents, or causal over the ring
+            full = getattr(microbatch, "full_segment_ids", None)
+            mask = None if full is None else \
+                PackedSegments(full, device, kernel=self.packed_kernel)
+        elif microbatch.segment_ids is not None and self.implicit_causal:
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:
             mask = packed_causal_mask(microbatch.segment_ids.to(device))
         else:
-            mask = None if self.implicit_causal or self.context_parallel else \
-                causal_mask(seq_len, device)
+            mask = None if self.implicit_causal else causal_mask(seq_len, device)
         rotary = None if self.inv_freq is None else rotary_embedding(self.inv_freq, positions)
         if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "

@@ -15,13 +15,15 @@ the gradients are summed over dp x cp.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from ..data.microbatch import Microbatch
 from ..megatron.context_parallel import CP_COMM_TYPES, cp_position_ids, cp_split
 
-__all__ = ["context_parallel_problems", "cp_pad_multiple", "split_microbatch"]
+__all__ = ["context_parallel_problems", "cp_pad_multiple", "split_microbatch",
+           "ContextParallelMicrobatch"]
 
 MEGATRON_CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 """Megatron's --cp-comm-type values; odc-pp implements :data:`CP_COMM_TYPES`."""
@@ -30,7 +32,7 @@ MEGATRON_CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 def context_parallel_problems(args) -> list[str]:
     """What --context-parallel-size N > 1 does not combine with (one message per flag);
     [] for N = 1."""
-    parallel, data, model = args.parallel, args.data, args.model
+    parallel, model = args.parallel, args.model
     cp, comm = parallel.context_parallel_size, parallel.cp_comm_type
     if comm not in MEGATRON_CP_COMM_TYPES:
         return [f"--cp-comm-type {comm!r} is not one of {MEGATRON_CP_COMM_TYPES}"]
@@ -42,12 +44,6 @@ def context_parallel_problems(args) -> list[str]:
     if comm not in CP_COMM_TYPES:
         problems.append(f"--cp-comm-type {comm} is not implemented: use one of "
                         f"{CP_COMM_TYPES}")
-    packs = data.pack_sequences or (data.load_balance == "lb-mini" and
-                                    not data.no_pack_sequences)
-    if packs:
-        problems.append(f"--context-parallel-size {cp} does not take packed rows yet: drop "
-                        f"--pack-sequences (with --load-balance lb-mini give "
-                        f"--no-pack-sequences)")
     if parallel.dp_mode == "hierarchical":
         problems.append(f"--context-parallel-size {cp} needs --dp-mode odc or collective "
                         f"(the gradients are summed over dp x cp)")
@@ -75,13 +71,23 @@ def cp_pad_multiple(*, context_parallel_size: int, multiple: int = 1) -> int:
     return math.lcm(multiple, 2 * context_parallel_size)
 
 
+@dataclass(kw_only=True)
+class ContextParallelMicrobatch(Microbatch):
+    """A CP rank's part of a microbatch: tokens, labels, loss mask and position ids hold
+    this rank's load-balanced ``seq / N`` positions, ``segment_ids`` is None."""
+
+    full_segment_ids: torch.Tensor | None = None
+    """Packed rows: the ``[batch, seq]`` segment ids of the *whole* rows, which the
+    context-parallel attention masks every (query chunk, key chunk) pair with
+    (:class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention`); None: one
+    sample per row (causal)."""
+
+
 def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch:
     """Rank ``rank`` of ``size`` CP ranks' part of ``microbatch`` (the same object for
-    size 1). Packed rows (``segment_ids``) are refused."""
+    size 1): a :class:`ContextParallelMicrobatch`."""
     if size == 1:
         return microbatch
-    if microbatch.segment_ids is not None:
-        raise ValueError(f"--context-parallel-size {size} does not take packed rows yet")
     batch, seq = microbatch.tokens.shape
     positions = microbatch.position_ids
     if positions is None:
@@ -90,6 +96,8 @@ def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch
     def part(tensor):
         return None if tensor is None else cp_split(tensor, rank, size, dim=1)
 
-    return Microbatch(tokens=part(microbatch.tokens), labels=part(microbatch.labels),
-                      loss_mask=part(microbatch.loss_mask),
-                      position_ids=cp_position_ids(positions, rank, size).contiguous())
+    return ContextParallelMicrobatch(
+        tokens=part(microbatch.tokens), labels=part(microbatch.labels),
+        loss_mask=part(microbatch.loss_mask),
+        position_ids=cp_position_ids(positions, rank, size).contiguous(),
+        full_segment_ids=microbatch.segment_ids)

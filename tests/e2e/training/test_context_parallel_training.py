@@ -17,6 +17,7 @@ LAYOUTS = {
     "cp2_a2a": (2, CP2 + ["--cp-comm-type", "a2a", "--pipeline-schedule", "1f1b"]),
     "cp2_pp2_1f1b": (4, CP2 + PP2 + ["--pipeline-schedule", "1f1b"]),
 }
+PACKED = ["--pack-sequences", "--pipeline-schedule", "1f1b"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,17 @@ def test_layout_matches_single_process(name, reference, tmp_path):
                  timeout=300)
     assert run.returncode == 0, f"{name}: {run.describe()}"
     _assert_same_losses(run.losses(), reference, name, rtol=1e-6)
+
+
+def test_packed_rows_match_single_process(tmp_path):
+    """Packed rows: documents cross the chunks and ranks; the ring masks each pair with
+    the whole rows' segment ids."""
+    first = launch(TINY_MODEL + ITERS + PACKED, nproc=1, tmp_path=tmp_path, name="packed")
+    assert first.returncode == 0, first.describe()
+    run = launch(TINY_MODEL + ITERS + PACKED + CP2, nproc=2, tmp_path=tmp_path,
+                 name="cp2_packed", timeout=300)
+    assert run.returncode == 0, run.describe()
+    _assert_same_losses(run.losses(), first.losses(), "cp2_packed", rtol=1e-6)
 
 
 def test_world_not_divisible_by_cp_exits_naming_the_flag(tmp_path):

@@ -26,8 +26,6 @@ def test_cp_flags_are_native_and_divide_the_world():
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--pack-sequences"], "--pack-sequences"),
-    (["--load-balance", "lb-mini"], "--no-pack-sequences"),
     (["--dp-mode", "hierarchical"], "--dp-mode"),
     (["--save", "/tmp/x"], "--save"),
     (["--cp-comm-type", "a2a", "--context-parallel-size", "8"], "--cp-comm-type a2a"),
@@ -42,7 +40,8 @@ def test_cp_refusals_name_the_flag(flags, needle):
 
 
 def test_cp_one_changes_nothing():
-    assert parse_args(BASE + ["--pack-sequences"]).parallel.context_parallel_size == 1
+    assert parse_args(BASE + ["--pack-sequences", "--context-parallel-size", "2"]
+                      ).data.pack_sequences
     assert parse_args(BASE + ["--cp-comm-type", "a2a+p2p"]).parallel.cp_comm_type == "a2a+p2p"
     assert topology_groups(pp=2, tp=2, dp=2) == topology_groups(pp=2, tp=2, dp=2, cp=1)
     assert cp_pad_multiple(context_parallel_size=1, multiple=3) == 3
@@ -73,15 +72,9 @@ def test_split_keeps_global_positions_and_unsplits():
         whole = cp_unsplit([getattr(p, name) for p in parts], dim=1)
         assert torch.equal(whole, getattr(mb, name)), name
     assert split_microbatch(mb, 0, 1) is mb
-    with pytest.raises(ValueError, match="--context-parallel-size 2"):
-        split_microbatch(Microbatch(tokens=tokens, segment_ids=tokens * 0), 0, 2)
+    packed = split_microbatch(Microbatch(tokens=tokens, segment_ids=tokens // 3), 1, 2)
+    assert packed.segment_ids is None and torch.equal(packed.full_segment_ids, tokens // 3)
+    assert parts[0].full_segment_ids is None
     with pytest.raises(ValueError, match="--context-parallel-size 3"):
         split_microbatch(mb, 0, 3)  # 8 tokens are not 6 equal chunks
 
-
-def test_dry_run_refuses_cp(capsys):
-    from odc_pp.training.dry_run import main
-
-    assert main(BASE + ["--context-parallel-size", "2", "--dry-run",
-                        "--dry-run-world-size", "2"]) == 2
-    assert "--dry-run does not model --context-parallel-size 2" in capsys.readouterr().err
