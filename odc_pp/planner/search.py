@@ -13,7 +13,10 @@ balance, packing and token cap) is predicted as follows, deterministically:
    compute per document; the output layer on the last stage) over the
    cluster's achieved FLOP/s for that microbatch size (:meth:`Hardware.flops_per_s`, an
    efficiency curve), divided by tp, plus the tensor-parallel collectives
-   (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`).
+   (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`). With context
+   parallelism (cp > 1) a rank computes 1/cp of it plus the exposed ring transfers
+   (:mod:`odc_pp.planner.context_parallel`: every CP formula), holds 1/cp of the
+   activations and shards the optimizer state over dp x cp.
 3. Each replica's pipeline is the schedule ``pretrain_gpt.py`` builds
    (:func:`~odc_pp.schedule.build.build`), simulated
    (:func:`~odc_pp.schedule.simulator.simulate`) with the replica's mean microbatch costs
@@ -47,6 +50,7 @@ from odc_pp.schedule.generators import family
 from .offload_tuner import Workload, layer_activation_bytes
 from odc_pp.schedule.simulator import simulate
 
+from . import context_parallel as cpm
 from .hardware import Hardware
 from .inputs import ModelSpec
 
@@ -118,6 +122,10 @@ class Candidate:
     token_cap: int | None
     """Packed-row cap (None: one sample per microbatch, unpacked)."""
     recompute: bool = False
+    cp: int = 1
+    """Context-parallel size (each row split over cp ranks, ring attention)."""
+    micro_batch: int = 1
+    """Samples per unpacked microbatch (--micro-batch-size: rows padded to the longest)."""
 
 
 @dataclass(kw_only=True)
@@ -189,18 +197,24 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     chunks = family(cand.schedule).default_chunks
     stages = cand.pp * chunks
     layers = model.num_layers / stages
-    tokens = rows * length
+    share = cpm.compute_share(cand.cp)
+    tokens = rows * length * share  # one CP rank's tokens
     speed = cluster.flops_per_s(tokens) * cand.tp
     if documents:
-        f, b, w = np.sum([model.layer_flops(1, d) for d in documents], axis=0)
+        f, b, w = np.sum([model.layer_flops(1, d) for d in documents], axis=0) * share
     else:
-        f, b, w = model.layer_flops(rows, length)
+        f, b, w = np.multiply(model.layer_flops(rows, length), share)
+    ring_f, ring_b = cpm.ring_seconds(
+        model, rows=rows, length=length, cp=cand.cp, tp=cand.tp,
+        link_bytes_per_s=cpm.ring_link(cluster, tp=cand.tp, cp=cand.cp),
+        flops_per_s=speed / cand.tp)
     cf, cb, cw = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
         link_bytes_per_s=cluster.tp_link_gbps * GB, sequence_parallel=cand.tp > 1,
         keep_sp_input_for_w=False)
-    t_f = layers * (f / speed + cf)
-    t_b = layers * (b / speed + cb) + (0.05 * layers * f / speed if cand.recompute else 0.0)
+    t_f = layers * (f / speed + cf + ring_f)
+    t_b = layers * (b / speed + cb + ring_b) + (0.05 * layers * f / speed if cand.recompute
+                                                 else 0.0)
     t_w = layers * (w / speed + cw)
     logits = 2.0 * tokens * model.hidden_size * model.vocab_size / speed
     out = [[t_f] * stages, [t_b] * stages, [t_w] * stages]
@@ -227,7 +241,8 @@ def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     average = float(np.mean(totals))
     scale = [total / average for total in totals] if average > 0 else None
     tokens = float(np.mean([r * s for r, s, _ in shapes]))
-    comm = tokens * config.model.hidden_size * 2 / cand.tp / link if cand.pp > 1 else 0.0
+    comm = tokens * config.model.hidden_size * 2 / (cand.tp * cand.cp) / link \
+        if cand.pp > 1 else 0.0
     return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
                      mem_f=memory[0], mem_b=memory[1], mem_w=memory[2],
                      microbatch_scale=scale)
@@ -236,7 +251,7 @@ def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
 def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
     """The sampled minibatches' plans; they depend on dp, pp and the data flags only, so
     they are computed once per ``config`` for those."""
-    key = (cand.dp, cand.pp, cand.balance, cand.packed, cand.token_cap)
+    key = (cand.dp, cand.pp, cand.balance, cand.packed, cand.token_cap, cand.micro_batch)
     cache = config.__dict__.setdefault("_plan_cache", {})
     if key not in cache:
         cache[key] = _draw_plans(config, cand, cost_model)
@@ -249,28 +264,29 @@ def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
     for _ in range(config.samples):
         lengths = config.lengths[rng.integers(0, len(config.lengths), config.global_batch)]
         cap = (cand.token_cap if cand.token_cap is not None
-               else config.model.seq_length)
+               else config.model.seq_length * cand.micro_batch)
         plan = plan_minibatch(lengths, cand.dp, max_tokens=cap, mode=cand.balance,
                               cost_model=cost_model, min_microbatches=cand.pp,
-                              samples_per_microbatch=None if cand.packed else 1,
+                              samples_per_microbatch=None if cand.packed else cand.micro_batch,
                               packed=cand.packed, segment_attention=True)
         out.append((lengths, plan))
     return out
 
 
 def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
-    if cand.dp == 1:
+    group = cpm.sharding_group(cand.dp, cand.cp)  # gradients are summed over dp x cp
+    if group == 1:
         return 0.0
     grads = config.model.params() / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
-    inside = cand.tp * cand.pp * cand.dp <= config.cluster.gpus_per_node
+    inside = cand.tp * cand.pp * group <= config.cluster.gpus_per_node
     link = (config.cluster.tp_link_gbps if inside else config.cluster.internode_gbps) * GB
-    share = (cand.dp - 1) / cand.dp * grads / link
+    share = (group - 1) / group * grads / link
     return 2 * share if cand.dp_mode == "collective" else share
 
 
 def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
     params = config.model.params() / (cand.tp * cand.pp)
-    return params * (2 + 4 + 12 / cand.dp)
+    return params * (2 + 4 + 12 / cpm.sharding_group(cand.dp, cand.cp))
 
 
 def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
@@ -321,8 +337,9 @@ def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
         shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
     if fam.offloads:  # offloaded chunks stay on the host between F and B
         chunk_bytes *= 0.5
+    chunk_bytes *= cpm.activation_share(cand.cp)
     peaks = [float(_static_bytes(config, cand) + u * chunk_bytes) for u in units]
-    peaks[-1] += biggest * model.vocab_size * 4 / cand.tp
+    peaks[-1] += biggest * model.vocab_size * 4 / cand.tp * cpm.activation_share(cand.cp)
     return peaks
 
 
@@ -330,7 +347,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     """The prediction of one candidate (ValueError: the candidate cannot run)."""
     model, cluster = config.model, config.cluster
     fam = family(cand.schedule)
-    inside = cand.tp * cand.pp <= cluster.gpus_per_node
+    inside = cand.tp * cand.cp * cand.pp <= cluster.gpus_per_node
     link = (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
     offload = list(range(fam.default_chunks)) if fam.offloads else None
     parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
@@ -362,7 +379,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
 
 def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     """The ``pretrain_gpt.py`` flags of a candidate (add the data flags; run on
-    tp x pp x dp ranks)."""
+    tp x cp x pp x dp ranks)."""
     fam = family(cand.schedule)
     model_flags = config.model.model_flags()
     flags = model_flags + ([] if {"--bf16", "--fp16"} & set(model_flags) else ["--bf16"]) + [
@@ -370,7 +387,10 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         "--pipeline-model-parallel-size", str(cand.pp),
         "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
         "--dp-mode", cand.dp_mode, "--load-balance", cand.balance,
-        "--global-batch-size", str(config.global_batch), "--micro-batch-size", "1"]
+        "--global-batch-size", str(config.global_batch),
+        "--micro-batch-size", str(cand.micro_batch)]
+    if cand.cp > 1:
+        flags += ["--context-parallel-size", str(cand.cp)]
     if cand.packed:
         flags += ["--pack-sequences", "--max-tokens-per-microbatch", str(cand.token_cap)]
     elif cand.balance == "lb-mini":
@@ -389,6 +409,24 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _cp_sizes(config: PlanConfig, tp: int) -> list[int]:
+    """Context-parallel sizes searched at ``tp``: 1, and those > 1 dividing the GPUs
+    and the sequence length / 2 when the longest sample's activations crowd memory at
+    cp = 1 (:func:`~odc_pp.planner.context_parallel.cp_worth_trying`)."""
+    model = config.model
+    layer = layer_activation_bytes(Workload(model=model, seq_length=model.seq_length),
+                                   recompute=True, tp=tp, sequence_parallel=tp > 1)
+    wanted = cpm.cp_worth_trying(model, tp=tp, memory_bytes=config.memory_bytes,
+                                 layer_bytes=layer)
+    return [cp for cp in cpm.CP_SIZES if cp == 1 or (
+        wanted and config.gpus % (tp * cp) == 0 and cpm.cp_fits_length(model.seq_length, cp))]
+
+
+MICRO_BATCHES = (1, 2, 4)
+"""--micro-batch-size values tried for the Megatron-default candidates (unpacked,
+collective, equal microbatches: Megatron pads every row to the microbatch's longest)."""
+
+
 def candidates(config: PlanConfig) -> list[Candidate]:
     """Every candidate the search evaluates, in a fixed order."""
     model, out = config.model, []
@@ -397,19 +435,32 @@ def candidates(config: PlanConfig) -> list[Candidate]:
         if config.gpus % tp or tp > config.cluster.gpus_per_node or \
                 model.num_attention_heads % tp:
             continue
-        for pp in _divisors(config.gpus // tp):
-            dp = config.gpus // (tp * pp)
-            if config.global_batch < dp:
-                continue
-            for name in config.schedules:
-                if model.num_layers % (pp * family(name).default_chunks):
+        for cp in _cp_sizes(config, tp):
+            for pp in _divisors(config.gpus // (tp * cp)):
+                dp = config.gpus // (tp * cp * pp)
+                if config.global_batch < dp:
                     continue
-                if pp == 1 and name != "1f1b":
-                    continue  # every schedule is the same single stage
-                for dp_mode, balance, cap in _data_modes(config, dp, caps):
-                    out.append(Candidate(tp=tp, pp=pp, dp=dp, schedule=name,
-                                         dp_mode=dp_mode, balance=balance,
-                                         packed=cap is not None, token_cap=cap))
+                out += _layouts(config, tp, cp, pp, dp, caps)
+    return out
+
+
+def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
+             caps: list[int]) -> list[Candidate]:
+    """The schedule and data variants of one tp x cp x pp x dp layout."""
+    out = []
+    for name in config.schedules:
+        if config.model.num_layers % (pp * family(name).default_chunks):
+            continue
+        if pp == 1 and name != "1f1b":
+            continue  # every schedule is the same single stage
+        for dp_mode, balance, cap in _data_modes(config, dp, caps):
+            base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
+                             balance=balance, packed=cap is not None, token_cap=cap)
+            out.append(base)
+            if megatron_default(base):
+                out += [replace(base, micro_batch=m) for m in MICRO_BATCHES[1:]
+                        if config.global_batch % (dp * m) == 0 and
+                        config.global_batch // (dp * m) >= pp]
     return out
 
 
@@ -426,8 +477,15 @@ def _data_modes(config: PlanConfig, dp: int, caps: list[int]):
                 yield dp_mode, "lb-mini", cap
 
 
+MEGATRON_SOURCE = ("the best layout Megatron-LM supports: 1F1B/interleaved, collective "
+                   "DP, equal microbatches, tp/cp/pp/dp, --micro-batch-size 1/2/4 (rows "
+                   "padded to the longest), --recompute-lgd when needed; fastest that fits")
+"""What the Megatron-default row (M) is, as printed under the plan."""
+
+
 def megatron_default(cand: Candidate) -> bool:
-    """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts."""
+    """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts,
+    unpacked rows (any tp, cp, pp, dp and micro-batch size)."""
     return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode == "collective" and \
         cand.balance == "none" and not cand.packed
 
@@ -493,19 +551,22 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 
 
 def _key(cand: Candidate) -> tuple:
-    return (cand.tp, cand.pp, cand.schedule, cand.dp_mode, cand.balance, cand.token_cap or 0,
-            cand.recompute)
+    return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
+            cand.token_cap or 0, cand.micro_batch, cand.recompute)
 
 
 LEGEND = (
     "columns: # rank by predicted tok/s (M: the Megatron default, B: --baseline); "
-    "tp: tensor-parallel size; pp: pipeline-parallel size; dp: data-parallel size;",
+    "tp: tensor-parallel size; cp: --context-parallel-size (sequence split, ring "
+    "attention); pp: pipeline-parallel size; dp: data-parallel size;",
     "  schedule: --pipeline-schedule; dp-mode: --dp-mode; balance: --load-balance; cap: "
-    "--max-tokens-per-microbatch of packed rows (-: unpacked, one sample per microbatch);",
+    "--max-tokens-per-microbatch of packed rows (-: unpacked, mb samples per microbatch); "
+    "mb: --micro-batch-size;",
     "  rc: --recompute-lgd (y: on); tok/s: predicted tokens per second (sample tokens, no "
     "padding); step ms: predicted optimizer step = comp + bubble + dpwait + comm;",
-    "  comp: the busiest rank's own F/B/W work; bubble: pipeline idle; dpwait: waiting for "
-    "slower replicas; comm: exposed data-parallel gradient traffic;",
+    "  comp: the busiest rank's own F/B/W work (with cp: 1/cp of it plus the exposed "
+    "ring K/V transfers); bubble: pipeline idle; dpwait: waiting for "
+    "slower replicas; comm: exposed data-parallel gradient traffic (over dp x cp);",
     "  mem GB: predicted peak of the fullest pipeline rank (the dry run's memory model of "
     "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within --memory-gb.")
 """The legend printed under the table: every column."""
@@ -515,8 +576,9 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
                 baseline: Prediction | None = None) -> str:
     """The ranking as text: top configurations, the Megatron default and the user's
     ``--baseline`` (row B), with flags."""
-    lines = [f"{'#':>3} {'tp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} {'dp-mode':<10} "
-             f"{'balance':<8} {'cap':>6} {'rc':>2} {'tok/s':>10} {'step ms':>9} "
+    lines = [f"{'#':>3} {'tp':>2} {'cp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} "
+             f"{'dp-mode':<10} {'balance':<8} {'cap':>6} {'mb':>2} {'rc':>2} {'tok/s':>10} "
+             f"{'step ms':>9} "
              f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'mem GB':>7} "
              f"{'MFU':>5} fits"]
     shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
@@ -526,8 +588,9 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
         c, b = pred.candidate, pred.breakdown
         label = "B" if pred is baseline else "M" if pred.megatron_default else str(rank)
         lines.append(
-            f"{label:>3} {c.tp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} {c.dp_mode:<10} "
-            f"{c.balance:<8} {c.token_cap or '-':>6} {'y' if c.recompute else '-':>2} "
+            f"{label:>3} {c.tp:>2} {c.cp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} "
+            f"{c.dp_mode:<10} {c.balance:<8} {c.token_cap or '-':>6} {c.micro_batch:>2} "
+            f"{'y' if c.recompute else '-':>2} "
             f"{pred.tokens_per_s:>10.0f} {pred.step_s * 1e3:>9.1f} {b['compute'] * 1e3:>7.1f} "
             f"{b['bubble'] * 1e3:>7.1f} {b['dp_wait'] * 1e3:>7.1f} {b['comm'] * 1e3:>7.1f} "
             f"{max(pred.peak_memory_gb):>7.1f} {pred.mfu:>5.1%} {'yes' if pred.fits else 'NO'}")
@@ -535,6 +598,7 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
         lines += ["", *LEGEND, ""]
         lines.append("flags of #1: " + " ".join(shown[0].flags))
     if default is not None:
+        lines.append(f"M: {MEGATRON_SOURCE}")
         lines.append("flags of the Megatron default (M): " + " ".join(default.flags))
         if shown and shown[0] is not default:
             lines.append(f"predicted speed-up of #1 over M: "

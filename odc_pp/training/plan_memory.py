@@ -6,7 +6,9 @@ parsed by ``pretrain_gpt.py``'s parser; the per-parameter state is
 :func:`~odc_pp.runtime.memory_model.state_bytes`; the per-microbatch quantities are placed
 in time by :func:`~odc_pp.runtime.memory_model.schedule_peak` on the lowered schedule the
 runtime executes (:func:`.schedules.training_request`, the dry run's microbatch count and
-cost model). The two things the dry run measures on fake tensors are formulas here:
+cost model). With ``--context-parallel-size N`` a rank's microbatch is 1/N of the
+tokens (activations / N) and the ODC group spans dp x N ranks (state sharded over it).
+The two things the dry run measures on fake tensors are formulas here:
 
 * the trainable elements of each local chunk (exact: the embedding and output layer
   vocabulary-parallel, the linear layers split over tp, norms replicated);
@@ -135,8 +137,9 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     schedule = build(training_request(
         args.schedule, pp=pp, num_microbatches=_num_microbatches(args, dp),
         post_validation=args.schedule.enable_optimizer_post_validation), _costs(args, pp))
-    tokens = args.data.max_tokens_per_microbatch or \
-        args.data.micro_batch_size * model.seq_length
+    cp = args.parallel.context_parallel_size  # each rank holds 1/cp of every row
+    tokens = (args.data.max_tokens_per_microbatch or
+              args.data.micro_batch_size * model.seq_length) // cp
     layers = model.num_layers // (pp * chunks)
     tied = not model.untie_embeddings and pp * chunks > 1  # the output copy: out of the norm
     message = 2 * tokens * model.hidden_size // (tp if args.parallel.sequence_parallel else 1)
@@ -147,7 +150,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
         params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
                                     pp_chunks=pp * chunks, vocab_size=vocab)
                        for s, is_last in zip(stages, last))
-        units = UnitSizes(unit_params=params, dp=dp, param_bytes=2 if model.bf16 or model.fp16 else 4,
+        units = UnitSizes(unit_params=params, dp=dp * cp, param_bytes=2 if model.bf16 or model.fp16 else 4,
                           deterministic=not args.parallel.nondeterministic_dp,
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))
