@@ -1,4 +1,4 @@
-"""``odc-pp plan`` (tools level: reads HF configs and training flags): rank tp x pp x dp, schedule, offload, recompute, dp mode, load balance
+"""``odc-pp plan`` (tools level: reads HF configs and training flags): rank tp x cp x pp x dp, schedule, offload, recompute, dp mode, load balance
 and token cap for a model, a cluster and a length distribution by predicted tokens/s,
 next to the Megatron-default configuration; prints each one's ``pretrain_gpt.py`` flags.
 See docs/planner.md for the model and where it is weak."""
@@ -56,7 +56,8 @@ def model_from_flags(text: str) -> ModelSpec:
 
 def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
     """The user's current layout (``--baseline "FLAGS"``: Megatron / pretrain_gpt.py
-    parallelism, schedule, batching and recompute flags) as a candidate; data parallelism
+    parallelism (tp, cp, pp), schedule, batching (--micro-batch-size: unpacked rows
+    padded to the longest) and recompute flags) as a candidate; data parallelism
     is Megatron's collective unless --dp-mode is given."""
     from odc_pp.schedule.generators import family
     from odc_pp.training.arguments import parse_args
@@ -68,22 +69,22 @@ def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
         raise ValueError(f"--baseline {text!r}: {exc}") from None
     tp = args.parallel.tensor_model_parallel_size
     pp = args.parallel.pipeline_model_parallel_size
-    if gpus % (tp * pp):
-        raise ValueError(f"--baseline: tp {tp} x pp {pp} does not divide --gpus {gpus}")
+    cp = args.parallel.context_parallel_size
+    if gpus % (tp * cp * pp):
+        raise ValueError(f"--baseline: tp {tp} x cp {cp} x pp {pp} does not divide "
+                         f"--gpus {gpus}")
     name = args.schedule.pipeline_schedule
     chunks = args.schedule.num_model_chunks
     if chunks not in (None, family(name).default_chunks):
         raise ValueError(f"--baseline: --num-model-chunks {chunks} with {name}: the planner "
                          f"models {family(name).default_chunks}")
-    if args.data.micro_batch_size != 1:
-        raise ValueError(f"--baseline: --micro-batch-size {args.data.micro_batch_size}: "
-                         f"the planner models 1 sample per unpacked microbatch")
     packed = bool(args.data.pack_sequences and args.data.max_tokens_per_microbatch)
-    return Candidate(tp=tp, pp=pp, dp=gpus // (tp * pp), schedule=name,
+    return Candidate(tp=tp, cp=cp, pp=pp, dp=gpus // (tp * cp * pp), schedule=name,
                      dp_mode=args.parallel.dp_mode if "--dp-mode" in given else "collective",
                      balance=args.data.load_balance, packed=packed,
                      token_cap=args.data.max_tokens_per_microbatch if packed else None,
-                     recompute=args.model.recompute_lgd)
+                     recompute=args.model.recompute_lgd,
+                     micro_batch=1 if packed else args.data.micro_batch_size)
 
 
 def _ints(text: str) -> tuple[int, ...]:
