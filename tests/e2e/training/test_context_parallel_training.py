@@ -17,7 +17,8 @@ LAYOUTS = {
     "cp2_a2a": (2, CP2 + ["--cp-comm-type", "a2a", "--pipeline-schedule", "1f1b"]),
     "cp2_pp2_1f1b": (4, CP2 + PP2 + ["--pipeline-schedule", "1f1b"]),
 }
-PACKED = ["--pack-sequences", "--pipeline-schedule", "1f1b"]
+PACKED = ["--pack-sequences", "--max-tokens-per-microbatch", "96", "--pipeline-schedule",
+          "1f1b"]
 
 
 @pytest.fixture(scope="module")
