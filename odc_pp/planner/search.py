@@ -410,16 +410,22 @@ def _divisors(n: int) -> list[int]:
 
 
 def _cp_sizes(config: PlanConfig, tp: int) -> list[int]:
-    """Context-parallel sizes searched at ``tp``: 1, and those > 1 dividing the GPUs
-    and the sequence length / 2 when the longest sample's activations crowd memory at
-    cp = 1 (:func:`~odc_pp.planner.context_parallel.cp_worth_trying`)."""
+    """Context-parallel sizes searched at ``tp``: 1, and when the longest sample's
+    activations crowd memory at cp = 1
+    (:func:`~odc_pp.planner.context_parallel.cp_worth_trying`) the smallest cp > 1 that
+    relieves them (dividing the GPUs and the sequence length / 2; a larger cp only adds
+    ring traffic, which keeps the search bounded)."""
     model = config.model
     layer = layer_activation_bytes(Workload(model=model, seq_length=model.seq_length),
                                    recompute=True, tp=tp, sequence_parallel=tp > 1)
-    wanted = cpm.cp_worth_trying(model, tp=tp, memory_bytes=config.memory_bytes,
-                                 layer_bytes=layer)
-    return [cp for cp in cpm.CP_SIZES if cp == 1 or (
-        wanted and config.gpus % (tp * cp) == 0 and cpm.cp_fits_length(model.seq_length, cp))]
+    usable = [cp for cp in cpm.CP_SIZES[1:] if config.gpus % (tp * cp) == 0 and
+              cpm.cp_fits_length(model.seq_length, cp)]
+    relieving = [cp for cp in usable if not cpm.cp_worth_trying(
+        model, tp=tp, memory_bytes=config.memory_bytes, layer_bytes=layer / cp)]
+    if not usable or not cpm.cp_worth_trying(model, tp=tp, memory_bytes=config.memory_bytes,
+                                             layer_bytes=layer):
+        return [1]
+    return [1, relieving[0] if relieving else usable[-1]]
 
 
 MICRO_BATCHES = (1, 2, 4)
@@ -446,14 +452,15 @@ def candidates(config: PlanConfig) -> list[Candidate]:
 
 def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
              caps: list[int]) -> list[Candidate]:
-    """The schedule and data variants of one tp x cp x pp x dp layout."""
+    """The schedule and data variants of one tp x cp x pp x dp layout (cp > 1: the
+    smallest packed cap only, to keep the search bounded)."""
     out = []
     for name in config.schedules:
         if config.model.num_layers % (pp * family(name).default_chunks):
             continue
         if pp == 1 and name != "1f1b":
             continue  # every schedule is the same single stage
-        for dp_mode, balance, cap in _data_modes(config, dp, caps):
+        for dp_mode, balance, cap in _data_modes(config, dp, caps[:1] if cp > 1 else caps):
             base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
                              balance=balance, packed=cap is not None, token_cap=cap)
             out.append(base)
