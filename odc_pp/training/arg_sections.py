@@ -1,0 +1,513 @@
+"""The sections of ``pretrain_gpt.py``'s arguments: one validated dataclass per section
+(model, parallel, schedule, optimizer, data, checkpoint, logging, run) and
+:class:`TrainingArgs`, which holds them. Every field is a flag named as in Megatron-LM
+(``model.num_layers`` -> ``--num-layers``); its docstring is the flag's help. Validation of
+combinations (:mod:`.argument_checks`) runs in ``TrainingArgs.__post_init__``; the parser is
+:mod:`.arguments`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from odc_pp.data.tokenizers import tokenizer_type_for
+from odc_pp.schedule.generators.families import family
+
+from .argument_checks import validate
+from .megatron_semantics import resolve_lengths
+from .rampup import rampup_of
+
+__all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
+           "DataArgs", "CheckpointArgs", "LoggingArgs", "RunArgs"]
+
+
+@dataclass(kw_only=True)
+class ModelArgs:
+    """The transformer's shape and numerics."""
+
+    num_layers: int = 4
+    """Transformer layers."""
+    hidden_size: int = 64
+    """Hidden size."""
+    num_attention_heads: int = 4
+    """Attention heads."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size (default 4 * hidden size)."""
+    seq_length: int = 128
+    """Longest sample in tokens (shorter samples are not padded beyond their microbatch)."""
+    max_position_embeddings: int | None = None
+    """Position-embedding table size (default: seq length)."""
+    vocab_size: int | None = None
+    """Embedding rows of the model. Needed with --mock-data; with --data-path it replaces the
+    tokenizer's padded vocabulary (it must hold the tokenizer's ids) and bounds
+    pre-tokenized input_ids; --hf-checkpoint sets it from config.json."""
+    make_vocab_size_divisible_by: int = 8
+    """Pad the tokenizer's vocabulary to a multiple of this."""
+    recompute_lgd: bool = False
+    """Recompute norm/activation/dropout outputs in backward instead of saving them."""
+    recompute_full: bool = False
+    """Full activation recompute (Megatron's --recompute-granularity full, which maps
+    here): F keeps only the input of each recomputed layer group, B re-runs its forward
+    and computes the input gradients, W uses what B recomputed. Needs --recompute-method
+    and --recompute-num-layers."""
+    recompute_method: str | None = None
+    """With --recompute-full: uniform (every layer of a stage, in groups of
+    --recompute-num-layers, each group keeping only its input) or block (only the first
+    --recompute-num-layers layers of each stage, one by one)."""
+    recompute_num_layers: int | None = None
+    """With --recompute-full: the group size (uniform) or the number of recomputed layers
+    per stage (block)."""
+    bf16: bool = False
+    """Compute in bfloat16 (fp32 master weights)."""
+    fp16: bool = False
+    """Compute in float16 (fp32 master weights) with Megatron's loss scaling: dynamic
+    (--initial-loss-scale, --min-loss-scale, --loss-scale-window, --hysteresis) unless
+    --loss-scale fixes it; a step whose gradients overflow on any rank is skipped."""
+    hf_checkpoint: str | None = None
+    """Local Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Qwen3,
+    Mistral): its architecture and weights. Shape flags may be omitted; a contradicting
+    one is an error. With --load, a checkpoint found there wins."""
+    normalization: str = "LayerNorm"
+    """Norm of the layers: LayerNorm or RMSNorm."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of the norms."""
+    apply_layernorm_1p: bool = False
+    """Zero-centred norm weights, as Megatron's: every norm (layer, final, q/k; LayerNorm
+    or RMSNorm) stores its weight starting at 0 and scales by 1 + weight. Checkpoints keep
+    the stored (zero-centred) values; Hugging Face import/export adds/subtracts 1."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal initialisation of the weights (output projections:
+    divided by sqrt(2 x --num-layers), as megatron-core)."""
+    swiglu: bool = False
+    """SwiGLU MLP (silu(gate) * up) instead of GeLU."""
+    group_query_attention: bool = False
+    """Grouped-query attention (with --num-query-groups)."""
+    num_query_groups: int | None = None
+    """Key/value heads under --group-query-attention."""
+    kv_channels: int | None = None
+    """Head dimension (default hidden size / heads)."""
+    position_embedding_type: str = "learned_absolute"
+    """Positions: learned_absolute or rope."""
+    rotary_base: float = 10000.0
+    """RoPE base (Hugging Face rope_theta)."""
+    use_rope_scaling: bool = False
+    """Llama-3 RoPE scaling (low/high frequency factors 1 and 4, original context 8192;
+    --hf-checkpoint takes them from its config)."""
+    rope_scaling_factor: float = 8.0
+    """Llama-3 RoPE scaling factor."""
+    disable_bias_linear: bool = False
+    """No biases in the linear layers."""
+    add_qkv_bias: bool = False
+    """A bias in the qkv projection even with --disable-bias-linear (Qwen2)."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys per head (Qwen3)."""
+    untie_embeddings: bool = False
+    """Train the input embedding and the output layer as two independent weights
+    (Megatron's --untie-embeddings-and-output-weights). Without it the model is tied, as
+    Megatron's is by default (with --hf-checkpoint: as its config says), on every layout:
+    across stages the two copies' gradients are summed before each step, as Megatron
+    does. Untying a tied --hf-checkpoint model makes a different model (export then
+    writes them tied only while they are bitwise equal)."""
+    attention_backend: str = "auto"
+    """Core attention: auto (sdpa on CUDA, host on CPU), host (megatron's math with an
+    explicit mask) or sdpa (torch scaled_dot_product_attention)."""
+    packed_attention: str = "auto"
+    """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
+    on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
+    (docs/gpu.md)."""
+
+    @property
+    def compute_dtype(self) -> str:
+        """The parameters' compute dtype: bfloat16 (--bf16), float16 (--fp16) or float32."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
+
+
+@dataclass(kw_only=True)
+class ParallelArgs:
+    """How processes are laid out and how data parallelism runs."""
+
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel size (pp); data-parallel size is world size / (pp x tp)."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size (tp): megatron-core's column/row-parallel layers, vocab-parallel
+    embedding and cross entropy; ranks are laid out tp fastest, then pp, then dp."""
+    context_parallel_size: int = 1
+    """Context-parallel size (cp): every layer's sequence split over cp ranks (Megatron's
+    causal load balance, ring or all-to-all attention, docs/context_parallel.md); ranks
+    are laid out tp fastest, then cp, then pp, then dp, and gradients are summed over
+    dp x cp. Microbatches are padded to a multiple of 2 x cp."""
+    cp_comm_type: str = "p2p"
+    """Context-parallel attention: p2p (ring attention) or a2a (all-to-all, Ulysses;
+    heads divisible by --context-parallel-size). Megatron's allgather and a2a+p2p are
+    accepted at --context-parallel-size 1 only (nothing to do there)."""
+    sequence_parallel: bool = False
+    """Split the activations outside the tensor-parallel regions (norms, dropout, the
+    pipeline's point-to-point tensors) along the sequence over the tp ranks; needs tp > 1.
+    Microbatches are padded to a multiple of tp."""
+    keep_sp_input_for_w: bool = False
+    """Sequence parallelism: keep each column-parallel linear's all-gathered input from B
+    until its deferred weight gradient (W), instead of gathering it again in W. Saves one
+    all-gather per linear in W for tp times the bytes of its input held until W."""
+    dp_mode: str = "odc"
+    """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
+    dp_ranks_per_host: int | None = None
+    """hierarchical: data-parallel ranks per host (default: local processes / (pp x tp),
+    the model copies one host holds)."""
+    nondeterministic_dp: bool = False
+    """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
+    distributed_timeout_minutes: float = 5.0
+    """Longest wait on a peer before the job fails."""
+
+    def ranks_per_host(self, local_world_size: int) -> int:
+        """hierarchical: data-parallel ranks per host -- --dp-ranks-per-host, or the
+        host's processes / (pp x tp)."""
+        copy = self.pipeline_model_parallel_size * self.tensor_model_parallel_size
+        return self.dp_ranks_per_host or max(1, local_world_size // copy)
+
+
+@dataclass(kw_only=True)
+class ScheduleArgs:
+    """The pipeline schedule and what it may hold in memory."""
+
+    pipeline_schedule: str = "1f1b"
+    """Pipeline schedule."""
+    num_model_chunks: int | None = None
+    """Model chunks per pipeline rank (default 2 for V schedules and interleaved, else 1)."""
+    memory_limit: float | None = None
+    """Activation-memory limit per rank, in microbatch-chunk activations (zb-auto, zb-h2, zbv, v-half, v-min, offload)."""
+    cpu_offload: bool = False
+    """Offload saved activations to host memory (schedule 'offload')."""
+    offload_chunks: list[int] | None = None
+    """Local model chunks whose activations are offloaded (default: all)."""
+    enable_optimizer_post_validation: bool = False
+    """Zero-bubble optimizer post-validation (step speculatively, roll back on inf/nan or clip)."""
+    cost_model: str | None = None
+    """JSON file of a CostModel for schedule generation (default: measured/uniform)."""
+    profile_iters: int = 2
+    """zb-auto: iterations profiled (the first one as warm-up when > 1) before re-planning
+    the schedule from the measured per-stage costs; 0 keeps the initial plan."""
+
+
+@dataclass(kw_only=True)
+class OptimizerArgs:
+    """AdamW, learning-rate schedule, clipping and skipped steps."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of decay."""
+    decoupled_lr: float | None = None
+    """Peak learning rate of the embedding and output-layer weights (Megatron's
+    is_embedding_or_output_parameter; tied: the shared weight), with the warmup and decay
+    of --lr; default: they take --lr."""
+    decoupled_min_lr: float | None = None
+    """With --decoupled-lr: their rate at the end of decay (default --min-lr)."""
+    lr_decay_style: str = "cosine"
+    """Decay after warmup."""
+    lr_warmup_iters: int = 0
+    """Linear warmup iterations."""
+    lr_decay_iters: int | None = None
+    """Decay length (default: --train-iters)."""
+    lr_warmup_samples: int | None = None
+    """Megatron's warmup in samples instead of --lr-warmup-iters: samples / global batch
+    iterations (rounded up)."""
+    lr_decay_samples: int | None = None
+    """Megatron's decay length in samples instead of --lr-decay-iters: samples / global
+    batch iterations (rounded up)."""
+    lr_warmup_fraction: float | None = None
+    """Megatron's warmup as a fraction of the decay length (--lr-decay-iters, default
+    --train-iters) instead of --lr-warmup-iters (rounded up)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    max_skipped_steps: int = 10
+    """Stop (exit 3) after this many consecutive skipped optimizer steps (inf/nan
+    gradients); a non-finite loss stops the job at once. With --fp16's dynamic loss scale
+    only skips at --min-loss-scale count (the others lower the scale, as Megatron)."""
+    loss_scale: float | None = None
+    """--fp16: a constant loss scale (default: dynamic scaling)."""
+    initial_loss_scale: float = 2.0 ** 32
+    """--fp16: the dynamic loss scale's start."""
+    min_loss_scale: float = 1.0
+    """--fp16: the dynamic loss scale's floor."""
+    loss_scale_window: int = 1000
+    """--fp16: steps without overflow before the dynamic loss scale doubles."""
+    hysteresis: int = 2
+    """--fp16: overflowing steps in a row before the dynamic loss scale halves (then
+    every further one halves it until a raise)."""
+
+
+@dataclass(kw_only=True)
+class DataArgs:
+    """Samples, batches and their assignment to replicas and microbatches."""
+
+    micro_batch_size: int = 1
+    """Samples per microbatch."""
+    global_batch_size: int | None = None
+    """Samples per iteration, over all data-parallel ranks (default, as in Megatron:
+    --micro-batch-size x the data-parallel size)."""
+    rampup_batch_size: list[int] | None = None
+    """START INCREMENT SAMPLES: Megatron's batch ramp-up -- the global batch starts at
+    START and grows by INCREMENT every SAMPLES / ((--global-batch-size - START) /
+    INCREMENT) consumed samples up to --global-batch-size; each size must divide by
+    --micro-batch-size x data-parallel size. --train-samples counts the ramp's iterations
+    and the learning rate follows the consumed samples, as Megatron."""
+    max_tokens_per_microbatch: int | None = None
+    """Cap microbatches by tokens instead of --micro-batch-size: padded tokens (count x
+    longest), or with --pack-sequences the packed row's length."""
+    pack_sequences: bool = False
+    """Pack each microbatch's samples back to back into one row (per-sample positions, no
+    attention across samples, no padding); the row holds at most
+    --max-tokens-per-microbatch (default --micro-batch-size x --seq-length) tokens, and
+    --load-balance lb-mini balances the packed rows by their attention-aware cost. On by
+    default with --load-balance lb-mini (the ODC paper's setting; see docs/planner.md)."""
+    no_pack_sequences: bool = False
+    """With --load-balance lb-mini: padded rows instead of the default packing (lb-mini
+    then groups similar lengths, at most --micro-batch-size samples per microbatch unless
+    --max-tokens-per-microbatch caps count x longest)."""
+    sample_cost_model: str | None = None
+    """JSON file {"a": s/token^2, "b": s/token, "c": s/row} of measured costs (written by
+    benchmarks/bench_planner_validation.py --measure from the profiler) that every
+    load-balance mode weighs samples and microbatches with; default: the FLOPs formula."""
+    load_balance: str = "none"
+    """Assignment of samples to data-parallel ranks and microbatches: none (strided
+    equal-count split), lb-mini (replicas balanced by cost, any microbatch count per
+    replica: odc / hierarchical), balanced (replicas balanced by cost with equal microbatch
+    counts on every replica: any dp mode)."""
+    data_path: list[str] | None = None
+    """JSONL file(s) or indexed-dataset prefix(es)."""
+    mock_data: bool = False
+    """Use the built-in synthetic long-tailed corpus (needs --vocab-size)."""
+    split: str | None = None
+    """Megatron's --split: comma-separated train,valid,test weights over the documents of
+    --data-path (normalised; e.g. 98,2,0). The valid part feeds evaluation. Default: every
+    document trains (Megatron defaults to 969,30,1; give it explicitly for that)."""
+    valid_data_path: list[str] | None = None
+    """Validation JSONL file(s) or indexed-dataset prefix(es) (instead of a --split part)."""
+    eval_interval: int = 1000
+    """Evaluate on the validation data every N iterations (when there is validation data:
+    --split with a valid part, --valid-data-path, or --mock-data)."""
+    eval_iters: int = 100
+    """Global batches per evaluation (0: no evaluation). Evaluation k takes the next
+    eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
+    tokenizer_type: str | None = None
+    """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
+    --tokenizer-model, GPT2BPETokenizer with --vocab-file/--merge-file, else
+    ByteLevelTokenizer)."""
+    tokenizer_model: str | None = None
+    """Local path of a Hugging Face tokenizer."""
+    vocab_file: str | None = None
+    """GPT-2 BPE vocab.json (Megatron's GPT2BPETokenizer, with --merge-file)."""
+    merge_file: str | None = None
+    """GPT-2 BPE merges.txt (Megatron's GPT2BPETokenizer, with --vocab-file)."""
+    sample_construction: str = "auto"
+    """How samples are built: megatron (Megatron's GPTDataset: documents shuffled per epoch
+    and concatenated with their EOD into --seq-length samples), document (one document per
+    sample, truncated to --seq-length: post-training) or auto (megatron for indexed data;
+    document for JSONL, --mock-data's long-tailed corpus and packed rows). --mock-data with
+    megatron gives full --seq-length samples, as Megatron's mock data."""
+    reset_position_ids: bool = False
+    """Megatron's: with --sample-construction megatron, positions restart at 0 after each
+    EOD of a sample (one document per sample: always so)."""
+    reset_attention_mask: bool = False
+    """Megatron's: with --sample-construction megatron, attention stays within each
+    document of a sample (one document per sample: always so)."""
+    eod_mask_loss: bool = False
+    """Megatron's: no loss on the prediction made at an EOD input token (the next
+    document's first token) with --sample-construction megatron."""
+
+
+@dataclass(kw_only=True)
+class CheckpointArgs:
+    """Saving and loading."""
+
+    save: str | None = None
+    """Checkpoint directory."""
+    load: str | None = None
+    """Resume from the latest checkpoint in this directory (the newest one that verifies).
+    A directory without a checkpoint is an error, unless --load-optional is given or it is
+    also --save (resume when there is one)."""
+    load_optional: bool = False
+    """With --load: a missing directory or one without a checkpoint means training from
+    scratch instead of an error."""
+    finetune: bool = False
+    """With --load: take only the model weights (saved under any layout); optimizer state,
+    RNG and iteration count start afresh (Megatron's --finetune; save elsewhere). Also the
+    override for a deliberate change of model when loading a Megatron checkpoint: its
+    differing arguments are logged and its unused tensors dropped and listed, instead of
+    the error naming each flag."""
+    override_resume_iteration: int | None = None
+    """With --load: continue from iteration N whatever the checkpoint records. Without it
+    the iteration is the one the checkpoint records, and a directory name, `latest`,
+    meta.json or rank file that disagree stop the run (a renamed or symlinked checkpoint)."""
+    save_interval: int | None = None
+    """Save every N iterations (and at the end)."""
+    keep_checkpoints: int = 2
+    """Keep the last K checkpoints this run saved (other runs' are never deleted)."""
+
+
+@dataclass(kw_only=True)
+class LoggingArgs:
+    """What is logged and where."""
+
+    log_interval: int = 1
+    """Log every N iterations."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of one device, for the MFU column (default: the dense bf16 peak of a
+    known GPU, e.g. H100/H200 989; none on CPU, where MFU is not reported)."""
+    log_json: str | None = None
+    """Append one JSON object per logged iteration to this file (rank 0)."""
+    tensorboard_dir: str | None = None
+    """TensorBoard event files (when tensorboard is installed)."""
+    wandb_project: str | None = None
+    """Weights & Biases project: log the same record as --log-json / TensorBoard to wandb
+    (rank 0; needs the ``wandb`` extra; WANDB_MODE=offline writes a local run directory)."""
+    wandb_exp_name: str | None = None
+    """wandb run name (with --wandb-project)."""
+    wandb_save_dir: str | None = None
+    """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
+    --save is given, else wandb's default ./wandb)."""
+    no_progress_bar: bool = False
+    """Plain log lines instead of a progress bar."""
+    schedule_png: str | None = None
+    """Write the schedule timeline picture here (rank 0)."""
+    trace: str | None = None
+    """Write a Chrome/Perfetto trace (torch profiler ``traceEvents`` JSON) of the measured
+    F, B, W, communication, offload and step/sync time, one track per rank, to this file
+    (rank 0 gathers every rank's timings), and the measured schedule picture beside it."""
+    log_activation_memory: bool = False
+    """Count every microbatch's saved activations (saved-tensor hooks, a few percent of step
+    time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
+    ones."""
+
+
+@dataclass(kw_only=True)
+class RunArgs:
+    """Length, seed and fault injection of the run."""
+
+    seed: int = 1234
+    """Seed of initialization, data order and synthetic data."""
+    train_iters: int | None = None
+    """Iterations (global batches) to train (default 10, or from --train-samples)."""
+    train_samples: int | None = None
+    """Megatron's run length in samples instead of --train-iters: samples // global batch
+    iterations, as Megatron."""
+    exit_interval: int | None = None
+    """Stop after this iteration (after saving), as if interrupted."""
+    exit_signal_handler: bool = False
+    """Megatron's flag: save and exit on --exit-signal. SIGTERM is always handled so: every
+    rank finishes the current iteration, saves (with --save) and exits with status 4
+    (docs/preemption.md); this flag adds --exit-signal when that is another signal."""
+    exit_signal: str = "SIGTERM"
+    """The signal --exit-signal-handler handles besides SIGTERM (SIGINT, SIGUSR1, SIGUSR2)."""
+    exit_duration_in_mins: float | None = None
+    """Stop, saving with --save, after the first iteration at which a rank has run longer
+    than this many minutes (every rank agrees: the maximum over ranks); exit status 0."""
+    inject_fault_rank: int | None = None
+    """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
+    inject_fault_iter: int = 1
+    """Testing: iteration of the injected fault."""
+    inject_nonfinite_grad_iter: int | None = None
+    """Testing: at this iteration the last rank writes inf into one of its gradients (the
+    step must be skipped on every rank)."""
+
+
+@dataclass(kw_only=True)
+class TrainingArgs:
+    """Every flag of ``pretrain_gpt.py``, grouped into sections; each builder is handed
+    only the section(s) it needs. Cross-section combinations are validated here."""
+
+    model: ModelArgs = field(default_factory=ModelArgs)
+    """The transformer's shape and numerics."""
+    parallel: ParallelArgs = field(default_factory=ParallelArgs)
+    """How processes are laid out and how data parallelism runs."""
+    schedule: ScheduleArgs = field(default_factory=ScheduleArgs)
+    """The pipeline schedule and what it may hold in memory."""
+    optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
+    """AdamW, learning-rate schedule, clipping and skipped steps."""
+    data: DataArgs = field(default_factory=DataArgs)
+    """Samples, batches and their assignment to replicas and microbatches."""
+    checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    """Saving and loading."""
+    logging: LoggingArgs = field(default_factory=LoggingArgs)
+    """What is logged and where."""
+    run: RunArgs = field(default_factory=RunArgs)
+    """Length, seed and fault injection of the run."""
+
+    def __post_init__(self) -> None:
+        try:
+            self.data.tokenizer_type = tokenizer_type_for(
+                self.data.tokenizer_type, self.data.tokenizer_model,
+                vocab_file=self.data.vocab_file, merge_file=self.data.merge_file)
+        except ValueError as exc:
+            raise ValueError(f"invalid arguments:\n  {exc}") from None
+        problems = validate(self)
+        if problems:
+            raise ValueError("invalid arguments:\n  " + "\n  ".join(problems))
+        self.resolution_notes: list[str] = []  # log notes of what the job's size resolved
+        if self.model.ffn_hidden_size is None:
+            self.model.ffn_hidden_size = 4 * self.model.hidden_size
+        if self.model.max_position_embeddings is None:
+            self.model.max_position_embeddings = self.model.seq_length
+        if self.schedule.num_model_chunks is None:
+            self.schedule.num_model_chunks = family(self.schedule.pipeline_schedule).default_chunks
+        resolve_lengths(self)
+
+    def data_parallel_size(self, world_size: int, local_world_size: int | None = None) -> int:
+        """dp = world / pp, after checking every flag combination that depends on the
+        job's size (so it fails before the first step, never during training); a
+        ValueError naming the flags otherwise. ``local_world_size``: processes per host
+        (torchrun --nproc-per-node), for --dp-mode hierarchical."""
+        pp = self.parallel.pipeline_model_parallel_size
+        tp = self.parallel.tensor_model_parallel_size
+        cp = self.parallel.context_parallel_size
+        if world_size % (pp * tp * cp):
+            raise ValueError(f"world size {world_size} (torchrun --nproc-per-node x --nnodes) "
+                             f"is not divisible by --pipeline-model-parallel-size {pp} x "
+                             f"--tensor-model-parallel-size {tp} x "
+                             f"--context-parallel-size {cp}")
+        dp = world_size // (pp * tp * cp)
+        if self.data.global_batch_size is None:  # Megatron's default
+            self.data.global_batch_size = self.data.micro_batch_size * dp
+            self.resolution_notes.append(
+                f"note: no --global-batch-size: --micro-batch-size "
+                f"{self.data.micro_batch_size} x data-parallel size {dp} = "
+                f"{self.data.global_batch_size}, as Megatron")
+            resolve_lengths(self)
+        ramp = rampup_of(self.data)
+        problem = ramp.divisibility_problem(self.data.micro_batch_size, dp) if ramp else None
+        if problem:
+            raise ValueError(problem)
+        if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
+                self.model.vocab_size % tp:
+            raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
+                             f"--tensor-model-parallel-size {tp}")
+        if dp > 1 and self.parallel.dp_mode == "collective" and self.data.load_balance == "lb-mini" and \
+                self.schedule.num_model_chunks > 1:
+            raise ValueError(
+                f"--dp-mode collective with --load-balance lb-mini needs equal microbatch "
+                f"counts on every replica when a pipeline rank runs several model chunks "
+                f"(--pipeline-schedule {self.schedule.pipeline_schedule}, {self.schedule.num_model_chunks} "
+                f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
+                f"one-chunk schedule")
+        if self.parallel.dp_mode == "hierarchical":
+            per_host = self.parallel.ranks_per_host(local_world_size or world_size)
+            if dp % per_host:
+                raise ValueError(f"--dp-ranks-per-host {per_host} (default: processes per host"
+                                 f" / (pp x tp)) does not divide the data-parallel size {dp}")
+        if self.data.max_tokens_per_microbatch is None and \
+                self.data.global_batch_size % (self.data.micro_batch_size * dp):
+            raise ValueError(f"--global-batch-size {self.data.global_batch_size} must be a multiple "
+                             f"of --micro-batch-size {self.data.micro_batch_size} x data-parallel "
+                             f"size {dp} (or use --max-tokens-per-microbatch)")
+        if self.data.global_batch_size < dp:
+            raise ValueError(f"--global-batch-size {self.data.global_batch_size} is smaller than "
+                             f"the data-parallel size {dp}")
+        return dp
+
+
