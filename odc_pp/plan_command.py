@@ -13,7 +13,8 @@ import time
 
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
-from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, format_plan, plan, predict
+from odc_pp.planner.report import format_plan
+from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, plan, predict
 from odc_pp.training.plan_memory import rank_peaks
 
 __all__ = ["main", "build_parser", "model_from_hf", "model_from_flags", "baseline_candidate"]

@@ -4,7 +4,7 @@
 offload and recompute setting per device from the simulator of :mod:`odc_pp.schedule`,
 and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: the
 model to plan and length distributions; :mod:`odc_pp.planner.search`: the prediction and
-search; the command itself, which reads models from HF configs or training flags, is
+search; :mod:`odc_pp.planner.report`: its table; the command itself, which reads models from HF configs or training flags, is
 :mod:`odc_pp.plan_command` at the tools level).
 
 The vocabulary they share: :mod:`odc_pp.planner.model` (the model shape, also training's

@@ -55,7 +55,7 @@ from .hardware import Hardware
 from .inputs import ModelSpec
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
-           "megatron_default", "format_plan", "flags_of", "LEGEND"]
+           "megatron_default", "flags_of", "MEGATRON_SOURCE"]
 
 GB = 1e9
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
@@ -409,12 +409,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _cp_sizes(config: PlanConfig, tp: int) -> list[int]:
-    """Context-parallel sizes searched at ``tp``: 1, and when the longest sample's
-    activations crowd memory at cp = 1
+def _cp_sizes(config: PlanConfig, tp: int) -> tuple[list[int], list[int]]:
+    """Context-parallel sizes searched at ``tp``: ``(ours, megatron)``. Ours: 1, and when
+    the longest sample's activations crowd memory at cp = 1
     (:func:`~odc_pp.planner.context_parallel.cp_worth_trying`) the smallest cp > 1 that
     relieves them (dividing the GPUs and the sequence length / 2; a larger cp only adds
-    ring traffic, which keeps the search bounded)."""
+    ring traffic, which keeps the search bounded). Megatron's default layouts (few per
+    size) are tried at every such cp, so its baseline is the best Megatron-LM offers."""
     model = config.model
     layer = layer_activation_bytes(Workload(model=model, seq_length=model.seq_length),
                                    recompute=True, tp=tp, sequence_parallel=tp > 1)
@@ -424,8 +425,8 @@ def _cp_sizes(config: PlanConfig, tp: int) -> list[int]:
         model, tp=tp, memory_bytes=config.memory_bytes, layer_bytes=layer / cp)]
     if not usable or not cpm.cp_worth_trying(model, tp=tp, memory_bytes=config.memory_bytes,
                                              layer_bytes=layer):
-        return [1]
-    return [1, relieving[0] if relieving else usable[-1]]
+        return [1], [1]
+    return [1, relieving[0] if relieving else usable[-1]], [1, *usable]
 
 
 MICRO_BATCHES = (1, 2, 4)
@@ -441,12 +442,14 @@ def candidates(config: PlanConfig) -> list[Candidate]:
         if config.gpus % tp or tp > config.cluster.gpus_per_node or \
                 model.num_attention_heads % tp:
             continue
-        for cp in _cp_sizes(config, tp):
+        ours, megatron = _cp_sizes(config, tp)
+        for cp in megatron:
             for pp in _divisors(config.gpus // (tp * cp)):
                 dp = config.gpus // (tp * cp * pp)
                 if config.global_batch < dp:
                     continue
-                out += _layouts(config, tp, cp, pp, dp, caps)
+                layouts = _layouts(config, tp, cp, pp, dp, caps)
+                out += layouts if cp in ours else [c for c in layouts if megatron_default(c)]
     return out
 
 
@@ -560,58 +563,3 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute)
-
-
-LEGEND = (
-    "columns: # rank by predicted tok/s (M: the Megatron default, B: --baseline); "
-    "tp: tensor-parallel size; cp: --context-parallel-size (sequence split, ring "
-    "attention); pp: pipeline-parallel size; dp: data-parallel size;",
-    "  schedule: --pipeline-schedule; dp-mode: --dp-mode; balance: --load-balance; cap: "
-    "--max-tokens-per-microbatch of packed rows (-: unpacked, mb samples per microbatch); "
-    "mb: --micro-batch-size;",
-    "  rc: --recompute-lgd (y: on); tok/s: predicted tokens per second (sample tokens, no "
-    "padding); step ms: predicted optimizer step = comp + bubble + dpwait + comm;",
-    "  comp: the busiest rank's own F/B/W work (with cp: 1/cp of it plus the exposed "
-    "ring K/V transfers); bubble: pipeline idle; dpwait: waiting for "
-    "slower replicas; comm: exposed data-parallel gradient traffic (over dp x cp);",
-    "  mem GB: predicted peak of the fullest pipeline rank (the dry run's memory model of "
-    "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within --memory-gb.")
-"""The legend printed under the table: every column."""
-
-
-def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int,
-                baseline: Prediction | None = None) -> str:
-    """The ranking as text: top configurations, the Megatron default and the user's
-    ``--baseline`` (row B), with flags."""
-    lines = [f"{'#':>3} {'tp':>2} {'cp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} "
-             f"{'dp-mode':<10} {'balance':<8} {'cap':>6} {'mb':>2} {'rc':>2} {'tok/s':>10} "
-             f"{'step ms':>9} "
-             f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'mem GB':>7} "
-             f"{'MFU':>5} fits"]
-    shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
-                           else [])
-    rows = shown + ([baseline] if baseline is not None else [])
-    for rank, pred in enumerate(rows, 1):
-        c, b = pred.candidate, pred.breakdown
-        label = "B" if pred is baseline else "M" if pred.megatron_default else str(rank)
-        lines.append(
-            f"{label:>3} {c.tp:>2} {c.cp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} "
-            f"{c.dp_mode:<10} {c.balance:<8} {c.token_cap or '-':>6} {c.micro_batch:>2} "
-            f"{'y' if c.recompute else '-':>2} "
-            f"{pred.tokens_per_s:>10.0f} {pred.step_s * 1e3:>9.1f} {b['compute'] * 1e3:>7.1f} "
-            f"{b['bubble'] * 1e3:>7.1f} {b['dp_wait'] * 1e3:>7.1f} {b['comm'] * 1e3:>7.1f} "
-            f"{max(pred.peak_memory_gb):>7.1f} {pred.mfu:>5.1%} {'yes' if pred.fits else 'NO'}")
-    if shown:
-        lines += ["", *LEGEND, ""]
-        lines.append("flags of #1: " + " ".join(shown[0].flags))
-    if default is not None:
-        lines.append(f"M: {MEGATRON_SOURCE}")
-        lines.append("flags of the Megatron default (M): " + " ".join(default.flags))
-        if shown and shown[0] is not default:
-            lines.append(f"predicted speed-up of #1 over M: "
-                         f"{shown[0].tokens_per_s / default.tokens_per_s:.2f}x")
-    if baseline is not None and shown:
-        lines.append("flags of your baseline (B): " + " ".join(baseline.flags))
-        lines.append(f"predicted speed-up of #1 over B: "
-                     f"{shown[0].tokens_per_s / baseline.tokens_per_s:.2f}x")
-    return "\n".join(lines)

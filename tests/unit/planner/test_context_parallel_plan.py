@@ -12,7 +12,8 @@ import pytest
 from odc_pp.planner import context_parallel as cpm
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.inputs import ModelSpec
-from odc_pp.planner.search import PlanConfig, candidates, format_plan, plan, predict
+from odc_pp.planner.report import format_plan
+from odc_pp.planner.search import PlanConfig, candidates, plan, predict
 from odc_pp.training.plan_memory import rank_peaks
 
 
