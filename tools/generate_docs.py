@@ -116,9 +116,18 @@ def _script_flags(name: str) -> list[list[str]]:
         return [line.split() for line in handle.read().splitlines() if line.strip()]
 
 
+def _first_sentence(text: str) -> str:
+    """A native flag's help up to its first full stop (the table's note)."""
+    text = " ".join(text.split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
+
+
 def script_flag_tables() -> str:
     """The tables of every flag of the launch scripts in tests/data/megatron_scripts."""
-    native = frozenset(o for action in build_parser()._actions for o in action.option_strings)
+    helps = {o: action.help or "" for action in build_parser()._actions
+             for o in action.option_strings}
+    native = frozenset(helps)
     lines = [SCRIPTS_BEGIN, ""]
     for name, title in SCRIPT_TITLES.items():
         flags = _script_flags(name)
@@ -128,6 +137,8 @@ def script_flag_tables() -> str:
                   "| --- | --- | --- | --- |"]
         for tokens in flags:
             action, note = outcome(tokens, native, context)
+            if action == "native":
+                note = _first_sentence(helps[tokens[0]])
             for (flag, condition), context_note in CONTEXT_NOTES.items():
                 if tokens[0] == flag and condition in text:
                     action, note = "no-op", context_note
