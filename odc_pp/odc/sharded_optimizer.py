@@ -13,7 +13,7 @@ scaling as ``torch.nn.utils.clip_grad_norm_``): the squared norms of the owned g
 are all-reduced over the ``norm_group`` (one group or several in turn).
 
 :class:`ShardedAdamW` is itself a
-:class:`~odc_pp.runtime.post_validation.PostValidationTarget` (eager step, later
+:class:`~odc_pp.optim.post_validation.PostValidationTarget` (eager step, later
 validation, maybe rollback): :meth:`local_grad_norm_sq` is this rank's share of the global
 norm, :meth:`snapshot` copies the owned state and gradients before :meth:`step_eagerly`,
 :meth:`finish_step` publishes the update (and zeroes the accumulators for the next
@@ -31,7 +31,7 @@ from torch.optim.adamw import adamw
 
 from ..optim import clip
 from ..optim.rates import decoupled_rate
-from ..runtime.post_validation import StepOutcome
+from ..optim.post_validation import StepOutcome
 from .engine import ShardedDataParallel
 
 __all__ = ["AdamWConfig", "ShardedAdamW"]

@@ -1,7 +1,9 @@
-"""Optimizer mathematics shared by the runtime's post-validation and the sharded AdamW
+"""Optimizer mathematics shared by the runtime and the sharded AdamW
 (:mod:`odc_pp.odc.sharded_optimizer`): the global gradient norm, the non-finite check and
-clipping (:mod:`odc_pp.optim.clip`), and fp16 loss scaling
-(:mod:`odc_pp.optim.loss_scale`). A bottom layer: it imports torch only."""
+clipping (:mod:`odc_pp.optim.clip`), fp16 loss scaling (:mod:`odc_pp.optim.loss_scale`),
+per-group learning rates (:mod:`odc_pp.optim.rates`) and post-validation
+(:mod:`odc_pp.optim.post_validation`: step eagerly, validate while the next minibatch
+runs). A bottom layer: it imports torch only."""
 
 __all__ = ["clip", "loss_scale"]
 

@@ -1,7 +1,7 @@
 """Global gradient norm, non-finite check and clipping: the one implementation.
 
 Used by the synchronous step (``ShardedAdamW.clip_and_step``), by post-validation
-(:mod:`odc_pp.runtime.post_validation`) and by ``odc_pp.odc.ShardedAdamW``. Each step is
+(:mod:`odc_pp.optim.post_validation`) and by ``odc_pp.odc.ShardedAdamW``. Each step is
 one function, and their order of floating-point operations is the contract (the
 post-validated and synchronous paths are compared bit for bit):
 

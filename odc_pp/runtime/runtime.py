@@ -15,7 +15,7 @@ ZB-auto's re-plans) in order:
   pool and back.
 * ``POST_VALIDATION`` (the rank's gradients are final; without one: after the last
   action): finish the data-parallel engine's minibatch; with a ``post_validator``
-  (:class:`~odc_pp.runtime.post_validation.PostValidatedOptimizer`) validate the previous
+  (:class:`~odc_pp.optim.post_validation.PostValidatedOptimizer`) validate the previous
   minibatch's eager step, whose global norm / inf check ran while this minibatch ran,
   then step eagerly on this minibatch's gradients. When that validation rolled the
   previous step back or clipped it, this minibatch ran on parameters that are gone: its
@@ -49,7 +49,7 @@ from .offload import ActivationStore
 from .timing import ActionClock
 from .p2p import PeerTransport
 from .p2p_channels import PipelineChannels, pipeline_channels
-from .post_validation import StepOutcome
+from odc_pp.optim.post_validation import StepOutcome
 from .wgrad import WeightGradQueue
 
 __all__ = ["RuntimeConfig", "PipelineRuntime", "MinibatchResult", "ActionTiming"]

@@ -29,7 +29,7 @@ from .schedules import Schedules
 if TYPE_CHECKING:
     from odc_pp.odc.engine import ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import ShardedAdamW
-    from odc_pp.runtime.post_validation import PostValidatedOptimizer
+    from odc_pp.optim.post_validation import PostValidatedOptimizer
     from odc_pp.runtime.runtime import PipelineRuntime
 
 __all__ = ["Components", "build_components", "load_cost_model", "placement_of",

@@ -10,7 +10,7 @@ post-validation it runs entirely in the background.
 
 Synchronous (after the minibatch): ``ShardedAdamW.clip_and_step`` -- reduce, then skip
 (inf/nan anywhere: every rank drops the step's gradients and keeps its weights) or clip
-and step. Post-validation (:mod:`odc_pp.runtime.post_validation`, driven by the runtime
+and step. Post-validation (:mod:`odc_pp.optim.post_validation`, driven by the runtime
 at the schedule's POST_VALIDATION action): start the reduction, snapshot the owned master
 weights, AdamW moments and gradients, step and publish at once; the next minibatch runs
 on the new weights while the reduction completes, and at its POST_VALIDATION the check
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from odc_pp.runtime.post_validation import PostValidatedOptimizer, PostValidationConfig
+from odc_pp.optim.post_validation import PostValidatedOptimizer, PostValidationConfig
 
 __all__ = ["build_post_validator", "inject_nonfinite_grad", "NonfiniteInjection"]
 

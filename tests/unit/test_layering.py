@@ -1,5 +1,5 @@
-"""The layers point one way: ``{schedule, data, optim} <- {runtime, planner} <- {odc,
-megatron} <- training <- testing <- tools`` (odc_pp.cli, odc_pp.demo, odc_pp.train, tools/,
+"""The layers point one way: ``{schedule, data, optim} <- {runtime, odc, planner} <-
+megatron <- training <- testing <- tools`` (odc_pp.cli, odc_pp.demo, odc_pp.train, tools/,
 benchmarks/; odc_pp.testing holds the launchers the tests and benchmarks share). Every
 import counts -- module level, inside functions (lazy imports) and under
 ``if TYPE_CHECKING`` -- and packages of one layer do not import each other. Nothing
@@ -15,8 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 LAYERS: dict[str, int] = {
     "schedule": 0, "data": 0, "optim": 0, "fsutil": 0, "dtypes": 0,
-    "runtime": 1, "planner": 1,
-    "odc": 2, "megatron": 2,
+    "runtime": 1, "odc": 1, "planner": 1,
+    "megatron": 2,
     "training": 3,
     "testing": 4,
     "cli": 5, "demo": 5, "train": 5, "plan_command": 5, "tools": 5, "benchmarks": 5,
@@ -101,7 +101,7 @@ def test_the_tree_imports_only_downwards():
 
 def test_the_checker_flags_an_upward_lazy_import():
     """A deliberate upward import inside a function (the schedule reaching into the
-    runtime), a sideways one (odc -> megatron), a TYPE_CHECKING one and a benchmark
+    runtime), an upward one (odc -> megatron), a TYPE_CHECKING one and a benchmark
     importing tests/ are each reported; the tree's own files stay clean."""
     sources = dict(_tree())
     sources["odc_pp/schedule/fake.py"] = (
@@ -117,7 +117,7 @@ def test_the_checker_flags_an_upward_lazy_import():
     found = violations(sources)
     assert len(found) == 4, found
     assert found[0].startswith("benchmarks/bench_fake.py:1 imports tests.launch")
-    assert "odc_pp/odc/fake.py:1 (odc, layer 2) imports odc_pp.megatron.tp_layout" in found[1]
+    assert "odc_pp/odc/fake.py:1 (odc, layer 1) imports odc_pp.megatron.tp_layout" in found[1]
     assert "odc_pp/runtime/fake.py:3 (runtime, layer 1) imports odc_pp.training" in found[2]
     assert found[3].startswith("odc_pp/schedule/fake.py:2 (schedule, layer 0) imports "
                                "odc_pp.runtime.p2p_channels")

@@ -71,7 +71,7 @@ def synchronous(name, max_norm, microbatches):
 def overlapped(name, max_norm, microbatches):
     from odc_pp.runtime import (PipelineRuntime, PostValidatedOptimizer,
                                 PostValidationConfig, RuntimeConfig)
-    from odc_pp.runtime.post_validation import TorchOptimizerTarget
+    from odc_pp.optim.post_validation import TorchOptimizerTarget
 
     schedule, chunks, params, optimizer = _build(name)
 

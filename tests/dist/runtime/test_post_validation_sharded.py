@@ -96,7 +96,7 @@ def _sync_step(optimizer, engine, groups):
 
 
 def _run(rank, dtype, groups, post_validated):
-    from odc_pp.runtime.post_validation import PostValidatedOptimizer, PostValidationConfig
+    from odc_pp.optim.post_validation import PostValidatedOptimizer, PostValidationConfig
 
     model, engine, optimizer = _build(rank, dtype, groups[0])
     wrapped = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=MAX_NORM),
@@ -150,7 +150,7 @@ def test_sharded_rollback_and_clipping_match_synchronous():
 
 
 def test_rejects_an_unknown_optimizer():
-    from odc_pp.runtime.post_validation import PostValidatedOptimizer, PostValidationConfig
+    from odc_pp.optim.post_validation import PostValidatedOptimizer, PostValidationConfig
 
     with pytest.raises(ValueError, match="cannot post-validate"):
         PostValidatedOptimizer(PostValidationConfig(), optimizer=object())

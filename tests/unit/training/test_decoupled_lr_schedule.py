@@ -56,7 +56,7 @@ def test_bad_decoupled_rates_name_the_flag(fields, flag):
 def test_post_validation_torch_target_gives_decoupled_groups_their_rate():
     import torch
 
-    from odc_pp.runtime.post_validation import TorchOptimizerTarget
+    from odc_pp.optim.post_validation import TorchOptimizerTarget
 
     main, embedding = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([{"params": [main]},

@@ -50,8 +50,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from odc_pp.optim import clip
-from odc_pp.optim.rates import decoupled_rate
+from . import clip
+from .rates import decoupled_rate
 
 __all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
            "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
