@@ -73,11 +73,15 @@ def runs(shape: dict, rows_path: str, bf16: bool) -> dict[str, list[str]]:
 
 
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-VARIANTS = {"unpacked-expandable": ("unpacked", EXPANDABLE),
-            "lbmini-packed-expandable": ("lbmini-packed", EXPANDABLE),
-            "full-1f1b-expandable": ("full-1f1b", EXPANDABLE)}
+UNFUSED = ["--fused-cross-entropy", "off"]
+VARIANTS = {"unpacked-expandable": ("unpacked", EXPANDABLE, []),
+            "lbmini-packed-expandable": ("lbmini-packed", EXPANDABLE, []),
+            "full-1f1b-expandable": ("full-1f1b", EXPANDABLE, []),
+            "full-1f1b-unfused-ce": ("full-1f1b", None, UNFUSED),
+            "lbmini-packed-unfused-ce": ("lbmini-packed", None, UNFUSED)}
 """A/B runs: a run's flags under another environment (the caching allocator's expandable
-segments: variable shapes without cudaMalloc/cudaFree churn near the memory limit)."""
+segments: variable shapes without cudaMalloc/cudaFree churn near the memory limit) or
+with extra flags (the unfused output layer + loss)."""
 
 
 def write_rows(path: str, shape: dict, count: int, seed: int = 0) -> None:
@@ -185,11 +189,11 @@ def main(argv=None) -> int:
             result["runs"][name] = hf_run(shape, rows, iters=args.iters, work=work,
                                           timeout_s=left - 5, peak_tflops=peak)
         else:
-            base, env = VARIANTS.get(name, (name, None))
-            flags = model_flags(shape) + table[base]
+            base, env, extra = VARIANTS.get(name, (name, None, []))
+            flags = model_flags(shape) + table[base] + extra
             row = odc_run(name, flags, iters=args.iters, work=work, timeout_s=left - 5,
                           peak_tflops=peak, env=env)
-            if not args.no_dry_run and name in ("full-1f1b", "full-zbv") and \
+            if not args.no_dry_run and name in ("full-1f1b", "full-zbv", "lbmini-packed") and \
                     deadline - time.monotonic() > 30:
                 row["dry_run"] = dry_run(name, flags, work=work, memory_gb=memory_gb,
                                          timeout_s=min(120, deadline - time.monotonic() - 5))

@@ -307,7 +307,7 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
 
 
 def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=None, *,
-                      sequence_group=None):
+                      sequence_group=None, output_layer: bool = True):
     """What ``GPTModel.forward`` does for training without labels, with a given rotary
     embedding: embedding (first stage; learned positions from ``positions``), decoder
     (later stages read the tensor of ``set_input_tensor``), output layer (last stage;
@@ -315,7 +315,8 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
     ``[seq, batch, hidden]`` (under sequence parallelism this rank's sequence shard).
     ``sequence_group``: sequence parallelism on that group (the embedding output is
     scattered here; the output layer gathers the sequence itself,
-    :func:`deferrable_output_layer`)."""
+    :func:`deferrable_output_layer`). ``output_layer=False``: the last stage returns the
+    final norm's output ``[seq, batch, hidden]`` (the fused loss applies the layer)."""
     from .tp import scatter_sequence
 
     hidden = None
@@ -330,7 +331,7 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
                 hidden = scatter_sequence(hidden, sequence_group)
     hidden = model.decoder(hidden_states=hidden, attention_mask=attention_mask,
                            rotary_pos_emb=rotary_pos_emb)
-    if not model.post_process:
+    if not model.post_process or not output_layer:
         return hidden
     weight = model.shared_embedding_or_output_weight() \
         if model.share_embeddings_and_output_weights else None

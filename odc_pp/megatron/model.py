@@ -43,6 +43,8 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
 from .full_recompute import apply_full_recompute
+from .linear_cross_entropy import FUSED_CROSS_ENTROPY, linear_cross_entropy, \
+    use_fused_cross_entropy
 from .packed_attention import PACKED_KERNELS, PackedSegments
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
@@ -138,6 +140,9 @@ class ModelConfig:
     """Kernel of the sdpa attention for packed rows (``segment_ids``): auto (varlen flash
     attention on CUDA in bf16/fp16, else FlexAttention on CUDA, else the dense mask),
     varlen, flex or dense; see :mod:`odc_pp.megatron.packed_attention`."""
+    fused_cross_entropy: str = "auto"
+    """Output layer + loss over token chunks without the full logits
+    (:mod:`odc_pp.megatron.linear_cross_entropy`): auto (CUDA), on or off."""
 
     def __post_init__(self) -> None:
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
@@ -150,7 +155,8 @@ class ModelConfig:
         for name, allowed in (("normalization", NORMALIZATIONS), ("activation", ACTIVATIONS),
                               ("position_embedding_type", POSITION_EMBEDDINGS),
                               ("attention_backend", ATTENTION_BACKENDS),
-                              ("packed_attention", PACKED_KERNELS)):
+                              ("packed_attention", PACKED_KERNELS),
+                              ("fused_cross_entropy", FUSED_CROSS_ENTROPY)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got "
                                  f"{getattr(self, name)!r}")
@@ -224,6 +230,9 @@ class GPTChunk(torch.nn.Module):
         self.tied_across_stages = False
         """The model ties embedding and output layer on different stages (two copies kept
         equal: :func:`tied_embedding_params`)."""
+        self.fused_cross_entropy = False
+        """The last stage applies its output layer inside the loss, chunk by chunk
+        (:func:`~odc_pp.megatron.linear_cross_entropy.linear_cross_entropy`)."""
 
     @property
     def is_first(self) -> bool:
@@ -234,11 +243,16 @@ class GPTChunk(torch.nn.Module):
         return self.stage == self.num_stages - 1
 
     def forward(self, hidden: torch.Tensor | None, microbatch: Microbatch) -> torch.Tensor:
-        output = self.logits_or_hidden(hidden, microbatch)
+        fused = self.is_last and self.fused_cross_entropy
+        output = self.logits_or_hidden(hidden, microbatch, output_layer=not fused)
         if not self.is_last:
             return output
         if microbatch.labels is None:
             raise ValueError("the last stage needs microbatch.labels")
+        if fused:
+            return linear_cross_entropy(output, self.output_weight(),
+                                        microbatch.labels.to(output.device),
+                                        microbatch.loss_mask)
         # megatron's loss paths either read parallel_state (unfused) or torch.compile per
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
@@ -251,10 +265,16 @@ class GPTChunk(torch.nn.Module):
             reduction="none")
         return losses.view_as(labels)
 
-    def logits_or_hidden(self, hidden: torch.Tensor | None,
-                         microbatch: Microbatch) -> torch.Tensor:
+    def output_weight(self) -> torch.Tensor:
+        """The output layer's weight (the embedding's when one chunk shares it)."""
+        if self.model.share_embeddings_and_output_weights:
+            return self.model.shared_embedding_or_output_weight()
+        return self.model.output_layer.weight
+
+    def logits_or_hidden(self, hidden: torch.Tensor | None, microbatch: Microbatch, *,
+                         output_layer: bool = True) -> torch.Tensor:
         """The next activation ``[seq, batch, hidden]``, or on the last stage the logits
-        ``[batch, seq, vocab]``."""
+        ``[batch, seq, vocab]`` (``output_layer=False``: the final norm's output)."""
         device = next(self.parameters()).device
         batch, seq_len = microbatch.tokens.shape
         tp = self.tensor_parallel
@@ -291,7 +311,7 @@ class GPTChunk(torch.nn.Module):
                              "unfused path (uninstall transformer-engine or do not pack)")
         sequence_group = tp.group if tp.sequence_parallel else None
         return gpt_chunk_forward(self.model, tokens, positions, mask, rotary,
-                                 sequence_group=sequence_group)
+                                 sequence_group=sequence_group, output_layer=output_layer)
 
     def input_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
         """Shape and dtype of the activation this stage receives for ``microbatch``
@@ -413,6 +433,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                              packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
         gpt_chunk.context_parallel = cp_group is not None
+        gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
+            config.fused_cross_entropy, config.device, tensor_parallel=tensor_parallel.size)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
         gpt_chunk.tied_across_stages = config.tie_embeddings and num_stages > 1
         if gpt_chunk.tied_across_stages and stage == num_stages - 1:

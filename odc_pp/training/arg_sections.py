@@ -115,6 +115,11 @@ class ModelArgs:
     """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
     on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
     (docs/gpu.md)."""
+    fused_cross_entropy: str = "auto"
+    """The output layer and the loss in one pass over token chunks, never holding the
+    tokens x vocabulary logits: auto (on CUDA), on, off. The output layer's weight
+    gradient is then computed in F, not deferred to W (odc_pp/megatron/
+    linear_cross_entropy.py); tensor parallelism keeps the unfused path."""
 
     @property
     def compute_dtype(self) -> str:

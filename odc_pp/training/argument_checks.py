@@ -36,6 +36,7 @@ CHOICES = {
     "recompute_method": (None, "uniform", "block"),
     "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
     "packed_attention": ("auto", "varlen", "flex", "dense"),
+    "fused_cross_entropy": ("auto", "on", "off"),
 }
 
 

@@ -26,8 +26,8 @@ What is measured and what is computed:
   simulator's times for send completion). The full pipeline is not executed: layers of a
   chunk are identical, so one microbatch per chunk gives every per-microbatch size.
 
-Attention is measured with ``--attention-backend sdpa`` (what GPUs run) on CPU fake
-tensors: one causal sequence per microbatch (packed documents change only the mask).
+Attention is measured with ``--attention-backend sdpa`` and the loss with
+``--fused-cross-entropy on`` (what GPUs run under ``auto``) on CPU fake tensors: one causal sequence per microbatch (packed documents change only the mask).
 """
 
 from __future__ import annotations
@@ -187,9 +187,11 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
     if args.parallel.dp_mode != "odc":
         raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode "
                          f"{args.parallel.dp_mode}")
-    backend = args.model.attention_backend  # what GPUs run: sdpa
+    backend = args.model.attention_backend  # what GPUs run: sdpa, the fused loss
+    fused = args.model.fused_cross_entropy
     model = dataclasses.replace(args.model,
-                                attention_backend="sdpa" if backend == "auto" else backend)
+                                attention_backend="sdpa" if backend == "auto" else backend,
+                                fused_cross_entropy="on" if fused == "auto" else fused)
     with _fake_module_to():
         chunks = build_model(model, args.schedule, args.parallel, topo,
                              vocab_size=vocab_size, seed=args.run.seed, load_weights=False)

@@ -50,7 +50,8 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
         rope_scaling=scaling, add_bias_linear=not model.disable_bias_linear,
         add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
         tie_embeddings=tie, attention_backend=model.attention_backend,
-        packed_attention=model.packed_attention, init_method_std=model.init_method_std)
+        packed_attention=model.packed_attention, init_method_std=model.init_method_std,
+        fused_cross_entropy=model.fused_cross_entropy)
 
 
 def load_initial_weights(chunks, model: ModelArgs, config) -> None:

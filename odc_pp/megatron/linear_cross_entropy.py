@@ -1,0 +1,144 @@
+"""The output layer and the token cross entropy in one pass over token chunks, never
+holding the ``tokens x vocabulary`` logits (``--fused-cross-entropy``).
+
+The unfused last stage materialises the logits ``[b, s, V]`` in the compute dtype, a
+transposed copy, an fp32 copy and the log-softmax saved for backward: at the Llama-3-8B
+shape (s 8192, V 128256) about 12 GB per microbatch and ~46 bytes of memory traffic per
+logit. :func:`linear_cross_entropy` walks the tokens in chunks of
+:func:`chunk_tokens` rows (each chunk's fp32 logits at most :data:`CHUNK_LOGIT_BYTES`) and,
+when a gradient is wanted, computes it in the same pass, as Liger Kernel's fused linear
+cross entropy does:
+
+* per token ``t``: ``loss_t = logsumexp(z_t) - z_t[y_t]`` with ``z_t = W x_t`` in fp32;
+* ``d_t = softmax(z_t) - onehot(y_t)`` (rounded to the compute dtype, as the unfused
+  path's logits gradient is), then ``Gx_t = d_t W`` and ``GW = sum_t w_t d_t^T x_t``,
+  where ``w`` are the token weights the caller will apply (the loss mask); ``GW`` is
+  accumulated chunk by chunk in the weight's dtype (as Liger's is).
+
+Backward then costs two element-wise products. The input gradient is exact for any
+incoming per-token gradient ``g`` (``g_t Gx_t``). The weight gradient is ``c GW``, which
+is the true ``sum_t g_t d_t^T x_t`` when ``g = c w``: the runtime's loss is
+``sum_t(w_t loss_t) * scale / tokens`` (:meth:`odc_pp.runtime.runtime.PipelineRuntime.
+_scaled_loss`), so it always is; ``c`` is recovered on the device (no host sync).
+
+What it gives up: the output layer's weight gradient is computed in F, not deferred to W
+(the zero-bubble schedules' W of the last stage is then only the decoder's), and held
+from F to B in the weight's dtype (``V x h`` elements: :func:`held_bytes`). Tensor
+parallelism (vocab-parallel logits) keeps the unfused path.
+
+Memory per microbatch, F to B: ``Gx`` (``tokens x h``, compute dtype) + ``GW`` (``V x h``,
+weight dtype) + the per-token loss and weight; transient inside F: one chunk's logits in
+the compute dtype and fp32 plus its gradient (:func:`chunk_tokens`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "held_bytes",
+           "linear_cross_entropy", "use_fused_cross_entropy"]
+
+FUSED_CROSS_ENTROPY = ("auto", "on", "off")
+"""``--fused-cross-entropy``: auto (on for CUDA, off on CPU), on, off."""
+CHUNK_LOGIT_BYTES = 1 << 30
+"""Upper bound on one chunk's fp32 logits (the transient of F)."""
+IGNORE_INDEX = -100
+"""Labels with this value contribute no loss and no gradient (torch's default)."""
+
+
+def use_fused_cross_entropy(setting: str, device: str | torch.device, *,
+                            tensor_parallel: int = 1) -> bool:
+    """Whether the last stage fuses its output layer with the loss: ``on`` anywhere,
+    ``auto`` on CUDA; never under tensor parallelism (vocab-parallel logits)."""
+    if setting not in FUSED_CROSS_ENTROPY:
+        raise ValueError(f"fused cross entropy must be one of {FUSED_CROSS_ENTROPY}, "
+                         f"got {setting!r}")
+    if tensor_parallel > 1 or setting == "off":
+        return False
+    return setting == "on" or torch.device(device).type == "cuda"
+
+
+def chunk_tokens(tokens: int, vocab: int) -> int:
+    """Tokens per chunk: as many as keep one chunk's fp32 logits within
+    :data:`CHUNK_LOGIT_BYTES` (at least one, at most all)."""
+    return max(1, min(tokens, CHUNK_LOGIT_BYTES // (4 * vocab)))
+
+
+def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
+               weight_bytes: int) -> int:
+    """Bytes one microbatch holds from F to B: ``Gx`` + ``GW`` + fp32 loss and weight."""
+    return tokens * hidden * compute_bytes + vocab * hidden * weight_bytes + 8 * tokens
+
+
+def _chunk(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+           want_grad: bool):
+    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype."""
+    logits = (x @ weight.t()).to(torch.promote_types(x.dtype, torch.float32))
+    valid = labels != IGNORE_INDEX
+    target = labels.masked_fill(~valid, 0).unsqueeze(1)
+    lse = torch.logsumexp(logits, dim=1)
+    loss = (lse - logits.gather(1, target).squeeze(1)).masked_fill(~valid, 0.0)
+    if not want_grad:
+        return loss, None
+    probs = logits.sub_(lse.unsqueeze(1)).exp_()
+    probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
+    probs.mul_(valid.unsqueeze(1))
+    return loss, probs.to(x.dtype)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, labels, token_weights):  # noqa: D401
+        want_grad = x.requires_grad or weight.requires_grad
+        tokens = x.shape[0]
+        step = chunk_tokens(tokens, weight.shape[0])
+        losses = torch.empty(tokens, dtype=torch.promote_types(x.dtype, torch.float32),
+                             device=x.device)
+        grad_x = torch.empty_like(x) if want_grad else None
+        grad_w = torch.zeros_like(weight) if want_grad else None
+        for start in range(0, tokens, step):
+            rows = slice(start, min(start + step, tokens))
+            loss, d = _chunk(x[rows], weight, labels[rows], want_grad)
+            losses[rows] = loss
+            if d is not None:
+                grad_x[rows] = d @ weight
+                scaled = x[rows] * token_weights[rows].unsqueeze(1).to(x.dtype)
+                grad_w.addmm_(d.t(), scaled.to(weight.dtype))
+        if want_grad:
+            ctx.save_for_backward(grad_x, grad_w, token_weights)
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        grad_x, grad_w, token_weights = ctx.saved_tensors
+        grad_losses = grad_losses.to(torch.promote_types(grad_losses.dtype, torch.float32))
+        input_grad = (grad_x * grad_losses.unsqueeze(1).to(grad_x.dtype)) \
+            if ctx.needs_input_grad[0] else None
+        weight_grad = None
+        if ctx.needs_input_grad[1]:
+            # g = c * w (the runtime's loss); c on the device: <g, w> / <w, w>
+            norm = (token_weights * token_weights).sum().clamp_min(1e-30)
+            scale = (grad_losses * token_weights).sum() / norm
+            weight_grad = grad_w * scale.to(grad_w.dtype)
+        return input_grad, weight_grad, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                         token_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token losses ``[b, s]`` of ``cross_entropy(hidden @ weight^T, labels)`` for
+    ``hidden [s, b, h]`` (megatron's layout) and ``labels [b, s]``, chunked over tokens.
+
+    ``token_weights`` ``[b, s]``: the weights the caller multiplies the losses by before
+    summing (the loss mask; None: ones). The weight gradient assumes the gradient reaching
+    these losses is proportional to them (module docstring)."""
+    batch, seq = labels.shape
+    x = hidden.transpose(0, 1).reshape(batch * seq, hidden.shape[-1])
+    flat_labels = labels.reshape(-1)
+    if token_weights is None:
+        token_weights = torch.ones(batch * seq, device=x.device,
+                                   dtype=torch.promote_types(x.dtype, torch.float32))
+    else:
+        token_weights = token_weights.reshape(-1).to(
+            device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
+    losses = _LinearCrossEntropy.apply(x, weight, flat_labels, token_weights)
+    return losses.view(batch, seq)

@@ -1,0 +1,56 @@
+"""The fused output layer + loss (odc_pp.megatron.linear_cross_entropy) against the unfused
+path: losses, input and weight gradients, with a loss mask, ignored labels and several
+chunks (the model-level check: tests/dist/models/test_fused_cross_entropy.py)."""
+
+import pytest
+import torch
+
+from odc_pp.megatron import linear_cross_entropy as lce
+
+
+def _unfused(hidden, weight, labels, mask):
+    logits = (hidden.transpose(0, 1) @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32))
+    losses = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return losses.view_as(labels)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 30, 4 * 50 * 3])  # one chunk; 3 tokens each
+def test_losses_and_gradients_match_unfused(monkeypatch, chunk_bytes):
+    monkeypatch.setattr(lce, "CHUNK_LOGIT_BYTES", chunk_bytes)
+    torch.manual_seed(0)
+    seq, batch, h, vocab = 7, 2, 16, 50
+    hidden = torch.randn(seq, batch, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(vocab, h, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, vocab, (batch, seq))
+    labels[1, 2] = lce.IGNORE_INDEX
+    mask = (torch.rand(batch, seq) > 0.3).double()
+    scale = 0.37  # the runtime's loss: sum(mask * losses) * scale
+    grads = []
+    for fn in (_unfused, lce.linear_cross_entropy):
+        losses = fn(hidden, weight, labels, mask)
+        ((losses * mask).sum() * scale).backward()
+        grads.append((losses.detach(), hidden.grad.clone(), weight.grad.clone()))
+        hidden.grad = weight.grad = None
+    for ref, got in zip(grads[0], grads[1]):
+        torch.testing.assert_close(got.double(), ref.double(), rtol=1e-10, atol=1e-12)
+
+
+def test_no_gradient_work_without_grad():
+    hidden, weight = torch.randn(4, 1, 8), torch.randn(10, 8)
+    labels = torch.randint(0, 10, (1, 4))
+    with torch.no_grad():
+        losses = lce.linear_cross_entropy(hidden, weight, labels)
+    torch.testing.assert_close(losses, _unfused(hidden, weight, labels, None))
+
+
+def test_choice_and_chunk_formula():
+    assert lce.use_fused_cross_entropy("auto", "cpu") is False
+    assert lce.use_fused_cross_entropy("auto", "cuda:0") is True
+    assert lce.use_fused_cross_entropy("on", "cpu", tensor_parallel=2) is False
+    with pytest.raises(ValueError, match="fused cross entropy"):
+        lce.use_fused_cross_entropy("liger", "cpu")
+    # the Llama-3-8B shape: 2093 tokens of fp32 logits per chunk, within 1 GiB
+    step = lce.chunk_tokens(8192, 128256)
+    assert step * 128256 * 4 <= lce.CHUNK_LOGIT_BYTES < (step + 1) * 128256 * 4
+    assert lce.chunk_tokens(3, 128256) == 3
