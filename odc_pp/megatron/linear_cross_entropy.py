@@ -60,8 +60,12 @@ def use_fused_cross_entropy(setting: str, device: str | torch.device, *,
 
 def chunk_tokens(tokens: int, vocab: int) -> int:
     """Tokens per chunk: as many as keep one chunk's fp32 logits within
-    :data:`CHUNK_LOGIT_BYTES` (at least one, at most all)."""
-    return max(1, min(tokens, CHUNK_LOGIT_BYTES // (4 * vocab)))
+    :data:`CHUNK_LOGIT_BYTES`, rounded down to a multiple of 256 when that many fit (GEMM
+    tiles), at least one, at most all."""
+    fit = max(1, CHUNK_LOGIT_BYTES // (4 * vocab))
+    if fit >= 256:
+        fit -= fit % 256
+    return min(tokens, fit)
 
 
 def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
@@ -72,18 +76,20 @@ def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
 
 def _chunk(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
            want_grad: bool):
-    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype."""
-    logits = (x @ weight.t()).to(torch.promote_types(x.dtype, torch.float32))
+    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype;
+    rows of ignored labels are left to the caller's row weights. Four passes over the
+    chunk's logits: the GEMM's output, one fused log-softmax (fp32 out), ``exp`` in
+    place, the cast."""
     valid = labels != IGNORE_INDEX
     target = labels.masked_fill(~valid, 0).unsqueeze(1)
-    lse = torch.logsumexp(logits, dim=1)
-    loss = (lse - logits.gather(1, target).squeeze(1)).masked_fill(~valid, 0.0)
+    logp = torch.log_softmax(x @ weight.t(), dim=1,
+                             dtype=torch.promote_types(x.dtype, torch.float32))
+    loss = logp.gather(1, target).squeeze(1).neg_().masked_fill_(~valid, 0.0)
     if not want_grad:
-        return loss, None
-    probs = logits.sub_(lse.unsqueeze(1)).exp_()
+        return loss, None, valid
+    probs = logp.exp_()
     probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
-    probs.mul_(valid.unsqueeze(1))
-    return loss, probs.to(x.dtype)
+    return loss, probs.to(x.dtype), valid
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -95,15 +101,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         losses = torch.empty(tokens, dtype=torch.promote_types(x.dtype, torch.float32),
                              device=x.device)
         grad_x = torch.empty_like(x) if want_grad else None
-        grad_w = torch.zeros_like(weight) if want_grad else None
+        grad_w = None
         for start in range(0, tokens, step):
             rows = slice(start, min(start + step, tokens))
-            loss, d = _chunk(x[rows], weight, labels[rows], want_grad)
+            loss, d, valid = _chunk(x[rows], weight, labels[rows], want_grad)
             losses[rows] = loss
-            if d is not None:
-                grad_x[rows] = d @ weight
-                scaled = x[rows] * token_weights[rows].unsqueeze(1).to(x.dtype)
-                grad_w.addmm_(d.t(), scaled.to(weight.dtype))
+            if d is None:
+                continue
+            torch.mul(d @ weight, valid.unsqueeze(1), out=grad_x[rows])
+            row_weights = (token_weights[rows] * valid).unsqueeze(1)
+            scaled = (x[rows] * row_weights.to(x.dtype)).to(weight.dtype)
+            if grad_w is None:
+                grad_w = d.t() @ scaled
+            else:
+                grad_w.addmm_(d.t(), scaled)
         if want_grad:
             ctx.save_for_backward(grad_x, grad_w, token_weights)
         return losses

@@ -50,7 +50,7 @@ def test_choice_and_chunk_formula():
     assert lce.use_fused_cross_entropy("on", "cpu", tensor_parallel=2) is False
     with pytest.raises(ValueError, match="fused cross entropy"):
         lce.use_fused_cross_entropy("liger", "cpu")
-    # the Llama-3-8B shape: 2093 tokens of fp32 logits per chunk, within 1 GiB
-    step = lce.chunk_tokens(8192, 128256)
-    assert step * 128256 * 4 <= lce.CHUNK_LOGIT_BYTES < (step + 1) * 128256 * 4
+    # the Llama-3-8B shape: 2048 tokens of fp32 logits per chunk (2093 fit in 1 GiB)
+    assert lce.chunk_tokens(8192, 128256) == 2048
+    assert lce.chunk_tokens(8192, 1 << 30) == 1
     assert lce.chunk_tokens(3, 128256) == 3
