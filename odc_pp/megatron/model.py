@@ -45,7 +45,7 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
 from .full_recompute import apply_full_recompute
 from .linear_cross_entropy import FUSED_CROSS_ENTROPY, linear_cross_entropy, \
     use_fused_cross_entropy
-from .packed_attention import PACKED_KERNELS, PackedSegments
+from .packed_attention import PACKED_KERNELS, PackedSegments, short_row_segments
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
@@ -230,6 +230,10 @@ class GPTChunk(torch.nn.Module):
         self.tied_across_stages = False
         """The model ties embedding and output layer on different stages (two copies kept
         equal: :func:`tied_embedding_params`)."""
+        self.full_length: int | None = None
+        """Rows of this many tokens keep ``is_causal`` SDPA; shorter unpacked rows go
+        through the varlen kernel where it runs (:func:`~odc_pp.megatron.packed_attention.
+        short_row_segments`). None: always ``is_causal``."""
         self.fused_cross_entropy = False
         """The last stage applies its output layer inside the loss, chunk by chunk
         (:func:`~odc_pp.megatron.linear_cross_entropy.linear_cross_entropy`)."""
@@ -302,8 +306,10 @@ class GPTChunk(torch.nn.Module):
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:
             mask = packed_causal_mask(microbatch.segment_ids.to(device))
+        elif self.implicit_causal:
+            mask = self._short_rows(batch, seq_len, device)
         else:
-            mask = None if self.implicit_causal else causal_mask(seq_len, device)
+            mask = causal_mask(seq_len, device)
         rotary = None if self.inv_freq is None else rotary_embedding(self.inv_freq, positions)
         if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
@@ -312,6 +318,15 @@ class GPTChunk(torch.nn.Module):
         sequence_group = tp.group if tp.sequence_parallel else None
         return gpt_chunk_forward(self.model, tokens, positions, mask, rotary,
                                  sequence_group=sequence_group, output_layer=output_layer)
+
+    def _short_rows(self, batch: int, seq_len: int, device) -> PackedSegments | None:
+        if self.full_length is None or self.tensor_parallel.sequence_parallel or \
+                self.packed_kernel not in ("auto", "varlen"):
+            return None
+        config = self.model.config
+        return short_row_segments(batch, seq_len, device, full_length=self.full_length,
+                                  dtype=config.params_dtype, dropout=config.attention_dropout,
+                                  head_dim=config.kv_channels)
 
     def input_shape(self, microbatch: Microbatch) -> tuple[torch.Size, torch.dtype]:
         """Shape and dtype of the activation this stage receives for ``microbatch``
@@ -433,6 +448,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                              packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
         gpt_chunk.context_parallel = cp_group is not None
+        gpt_chunk.full_length = config.max_sequence_length
         gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
             config.fused_cross_entropy, config.device, tensor_parallel=tensor_parallel.size)
         gpt_chunk.to(device=config.device, dtype=config.dtype)

@@ -35,7 +35,7 @@ import math
 import torch
 
 __all__ = ["PACKED_KERNELS", "PackedSegments", "packed_causal_mask", "resolve_kernel",
-           "packed_attention", "varlen_backend"]
+           "packed_attention", "varlen_backend", "short_row_segments"]
 
 PACKED_KERNELS = ("auto", "varlen", "flex", "dense")
 """Values of ``ModelConfig.packed_attention`` / ``--packed-attention``."""
@@ -152,6 +152,26 @@ def resolve_kernel(request: str, *, device: torch.device | str, dtype: torch.dty
         raise ValueError(f"--packed-attention flex needs a head dimension >= "
                          f"{FLEX_MIN_HEAD_DIM} (here {head_dim}); use auto or dense")
     return request
+
+
+def short_row_segments(batch: int, seq: int, device: torch.device | str, *, full_length: int,
+                       dtype: torch.dtype, dropout: float,
+                       head_dim: int | None) -> PackedSegments | None:
+    """Unpacked rows shorter than ``full_length`` (variable-length samples, each row one
+    document, causal) as :class:`PackedSegments` of one segment per row for the varlen
+    kernel, when ``auto`` picks varlen here; None otherwise (``is_causal`` SDPA).
+
+    Why: on sm90 with cuDNN >= 9.15 torch (2.10+) prefers cuDNN's SDPA, which builds an
+    execution plan per new sequence length; unpacked variable-length rows give nearly every
+    microbatch a new length. Flash varlen takes the length as data (``cu_seqlens``), so
+    no per-shape work. Full-length rows (one shape) keep SDPA. Right padding of a shorter
+    sample in a row with ``micro_batch_size > 1`` stays inside the row's one segment: it
+    comes after the sample's tokens, so causal attention of those tokens is unchanged (the
+    padding carries no loss), the same as ``is_causal``."""
+    if seq >= full_length or resolve_kernel("auto", device=device, dtype=dtype,
+                                            dropout=dropout, head_dim=head_dim) != "varlen":
+        return None
+    return PackedSegments(torch.zeros(batch, seq, dtype=torch.int64), device, kernel="varlen")
 
 
 @functools.lru_cache(maxsize=None)
