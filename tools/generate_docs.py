@@ -263,7 +263,11 @@ def _gpu_step(d: dict) -> str:
     full, hf = runs.get("full-1f1b", {}), runs.get("hf", {})
     if full.get("tokens_per_s") and hf.get("tokens_per_s"):
         parts.append(f"{full['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF")
-    return f"{d['device'].split(' 80GB')[0]}, 8B layers: " + ", ".join(parts)
+    memory = full.get("peak_allocated_gb"), hf.get("peak_allocated_gb")
+    if all(memory):
+        parts.append(f"{memory[0]:.1f} vs HF {memory[1]:.1f} GB")
+    device = d['device'].split(' 80GB')[0].replace('NVIDIA ', '')
+    return f"{device}, 8B layers: " + ", ".join(parts)
 
 
 ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
@@ -278,7 +282,7 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "sft_cpu.json": ("bench_sft.py", _sft),
     "tp_cpu.json": ("bench_tp.py", _tp),
     "gpu_check.json": ("../tools/gpu_check.sh", _gpu),
-    "gpu_step_h100.json": ("bench_gpu_step.py", _gpu_step),
+    "gpu_step_h200.json": ("bench_gpu_step.py", _gpu_step),
 }
 """Result file -> (script under benchmarks/, headline of its JSON)."""
 

@@ -114,12 +114,14 @@ class ModelArgs:
     packed_attention: str = "auto"
     """Kernel of the sdpa attention for --pack-sequences rows: auto (varlen flash attention
     on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
-    (docs/gpu.md)."""
+    (docs/gpu.md). Under auto or varlen, unpacked rows shorter than --seq-length also
+    run varlen (one document per row) where it applies."""
     fused_cross_entropy: str = "auto"
     """The output layer and the loss in one pass over token chunks, never holding the
     tokens x vocabulary logits: auto (on CUDA), on, off. The output layer's weight
-    gradient is then computed in F, not deferred to W (odc_pp/megatron/
-    linear_cross_entropy.py); tensor parallelism keeps the unfused path."""
+    gradient is then computed in F, not deferred to W
+    (odc_pp/megatron/linear_cross_entropy.py); tensor parallelism keeps the unfused
+    path."""
 
     @property
     def compute_dtype(self) -> str:

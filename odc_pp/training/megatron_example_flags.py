@@ -77,7 +77,8 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
     "--grad-reduce-in-bf16": noop(
         "gradients are reduced in fp32 (more accurate; twice the bytes of bf16)"),
     "--cross-entropy-loss-fusion": noop(
-        "the loss is megatron-core's vocab-parallel cross entropy, unfused (the same loss)"),
+        "the same loss; on CUDA odc-pp fuses the output layer with it "
+        "(--fused-cross-entropy auto) unless tensor parallelism splits the vocabulary"),
     "--no-bias-swiglu-fusion": honoured("odc-pp never uses the fused bias-SwiGLU"),
     "--disable-bf16-reduced-precision-matmul": rejected(
         "odc-pp leaves torch's bf16 matmul reduction setting at its default: drop the flag"),
