@@ -17,7 +17,9 @@ Each odc-pp run is ``pretrain_gpt.py`` with ``--log-json``: the steady step is t
 the iterations after the first two; tokens/s and MFU come from the log record (real tokens;
 Megatron-LM's FLOPs formula with GQA and SwiGLU, per document for packed rows:
 ``odc_pp.training.throughput``), the memory from ``peak_allocated_mb`` /
-``peak_memory_mb`` (reserved). The dry run of the same flags (``--dry-run``) gives the
+``peak_memory_mb`` (reserved), both with the ODC transport's CUDA symmetric buffers
+(``symmetric_mb``: cudaMalloc-ed outside torch's allocator, so before 2026-11-27 the
+records missed them: 11.5 GB at this shape). The dry run of the same flags (``--dry-run``) gives the
 predicted peak. ``--tiny`` runs the same pipeline at a small shape (a CPU self-test).
 
 Output: ``--out`` (default ``benchmarks/results/gpu_step.json``), rewritten after each run.
@@ -122,6 +124,7 @@ def summarize(records: list[dict], peak_tflops: float | None) -> dict:
             "first_over_steady": records[0]["step_s"] / step,
             "peak_allocated_gb": max(r.get("peak_allocated_mb", 0) for r in records) / 1024,
             "peak_reserved_gb": max(r["peak_memory_mb"] for r in records) / 1024,
+            "symmetric_gb": max(r.get("symmetric_mb", 0) for r in records) / 1024,
             "losses": [round(r["loss"], 4) for r in records]}
 
 

@@ -230,6 +230,13 @@ class OdcGroup:
             local_bytes=tensor_from_segment(segment, nbytes, (nbytes,), torch.uint8)))
         return tensor
 
+    def device_bytes(self) -> int:
+        """Bytes of this rank's live CUDA symmetric allocations: ``cudaMalloc``-ed by the
+        transport, outside torch's caching allocator (``torch.cuda.max_memory_allocated``
+        does not see them)."""
+        return sum(a.nbytes for a in self.allocations
+                   if a.device.type == "cuda" and not a.released)
+
     def _allocate_cuda(self, alloc_id, shape, dtype, nbytes, device) -> torch.Tensor:
         from odc_pp.odc.transport_cuda import (DeviceBuffer, PeerMapping, device_identity,
                                                ipc_peer_problem, native_peer_atomics)

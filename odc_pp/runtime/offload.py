@@ -61,6 +61,34 @@ class _Slot:
 class _Entry:
     slots: dict = field(default_factory=dict)
     offloaded: bool = False
+    covered: dict = field(default_factory=dict)
+    """Per storage (data pointer): the byte ranges of it already counted."""
+
+
+def _newly_covered(ranges: list[tuple[int, int]], start: int, end: int) -> int:
+    """Add ``[start, end)`` to the disjoint sorted ``ranges`` (in place); return how many
+    of its bytes were not covered before."""
+    new = end - start
+    merged = []
+    for lo, hi in ranges:
+        if hi < start or lo > end:
+            merged.append((lo, hi))
+            continue
+        new -= max(0, min(hi, end) - max(lo, start))
+        start, end = min(lo, start), max(hi, end)
+    merged.append((start, end))
+    ranges[:] = sorted(merged)
+    return max(new, 0)
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor can reach (its extent, gaps of strides included)."""
+    size = tensor.element_size()
+    if tensor.numel() == 0:
+        return tensor.storage_offset() * size, tensor.storage_offset() * size
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
+    start = tensor.storage_offset() * size
+    return start, start + extent * size
 
 
 class ActivationStore:
@@ -116,6 +144,9 @@ class ActivationStore:
         if slot is None:
             movable = tensor.numel() * tensor.element_size() >= self.min_offload_bytes
             slot = entry.slots[ident] = _Slot(tensor, movable)
+            # storage counted once: views of bytes already saved add nothing
+            ranges = entry.covered.setdefault(ident[0], [])
+            slot.nbytes = _newly_covered(ranges, *_byte_range(tensor))
             self._add_resident(slot.nbytes)
             self.captured_bytes[key] = self.captured_bytes.get(key, 0) + slot.nbytes
         return slot

@@ -69,18 +69,21 @@ def default_peak_tflops(device: torch.device) -> float | None:
     return None
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: the CUDA caching allocator's peak reservation on a
-    GPU (what the device must hold), the peak resident set size on CPU."""
+def peak_memory_mb(device: torch.device, outside_bytes: int = 0) -> float:
+    """Peak memory of this process: the CUDA caching allocator's peak reservation plus
+    ``outside_bytes`` allocated around it (:func:`peak_allocated_mb`) on a GPU (what the
+    device must hold), the peak resident set size on CPU."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_reserved(device) / 2 ** 20
+        return (torch.cuda.max_memory_reserved(device) + outside_bytes) / 2 ** 20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10
 
 
-def peak_allocated_mb(device: torch.device) -> float:
-    """Peak memory held by tensors: ``torch.cuda.max_memory_allocated`` on a GPU (what the
+def peak_allocated_mb(device: torch.device, outside_bytes: int = 0) -> float:
+    """Peak memory held by tensors: ``torch.cuda.max_memory_allocated`` plus
+    ``outside_bytes`` allocated around torch's allocator (the ODC transport's symmetric
+    buffers: :meth:`~odc_pp.odc.transport_group.OdcGroup.device_bytes`) on a GPU (what the
     dry run predicts), the peak resident set size on CPU."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+        return (torch.cuda.max_memory_allocated(device) + outside_bytes) / 2 ** 20
     return peak_memory_mb(device)

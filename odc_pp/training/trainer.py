@@ -95,8 +95,8 @@ class StepStats:
     """Wall time of the iteration."""
     busy_s: float = 0.0
     """This rank's time in compute actions."""
-    peak_memory_mb: float = 0.0
-    """Peak device memory of this rank (CPU: peak saved-activation memory)."""
+    peak_activation_mb: float = 0.0
+    """Peak bytes of saved activations the runtime held (its count, every device)."""
     wgrad_held_mb: float = 0.0
     """Largest bytes one (chunk, microbatch)'s deferred W held from its B, in MiB."""
     tokens: int = 0
@@ -143,7 +143,8 @@ class StepStats:
 
 
 _GATHERED = ("busy_s", "idle_s", "peak_activation_mb", "peak_memory_mb",
-             "peak_allocated_mb", "window_flops", "window_time", "wgrad_held_mb")
+             "peak_allocated_mb", "symmetric_mb", "window_flops", "window_time",
+             "wgrad_held_mb")
 """The per-rank values every log record gathers from every rank."""
 
 
@@ -257,10 +258,7 @@ class Trainer:
         if self.tracer is not None:
             self.tracer.record(iteration + 1, began, stats.step_s, stats)
         stats.busy_s = sum(t.duration for t in result.timings if t.action.is_compute)
-        if self.topo.device.type == "cuda":
-            stats.peak_memory_mb = torch.cuda.max_memory_allocated(self.topo.device) / 2 ** 20
-        else:  # CPU: the runtime's count of saved activations
-            stats.peak_memory_mb = result.peak_activation_bytes / 2 ** 20
+        stats.peak_activation_mb = result.peak_activation_bytes / 2 ** 20
         held = getattr(result, "wgrad_bytes", None) or {}
         stats.wgrad_held_mb = max(held.values(), default=0) / 2 ** 20
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
@@ -391,13 +389,20 @@ class Trainer:
     def _log_due(self, done: int) -> bool:
         return done % self.args.logging.log_interval == 0 or done == self.args.run.train_iters
 
+    def _outside_bytes(self) -> int:
+        """The ODC group's CUDA symmetric buffers (outside torch's allocator)."""
+        group = getattr(self.parts.engine, "group", None)
+        return group.device_bytes() if hasattr(group, "device_bytes") else 0
+
     def _log(self, stats: StepStats) -> None:
         """Gather every rank's statistics; rank 0 logs the record."""
         window = stats.window or Window()
+        outside = self._outside_bytes()
         mine = {"busy_s": stats.busy_s, "idle_s": stats.step_s - stats.busy_s,
-                "peak_activation_mb": stats.peak_memory_mb,
-                "peak_memory_mb": peak_memory_mb(self.topo.device),
-                "peak_allocated_mb": peak_allocated_mb(self.topo.device),
+                "peak_activation_mb": stats.peak_activation_mb,
+                "peak_memory_mb": peak_memory_mb(self.topo.device, outside),
+                "peak_allocated_mb": peak_allocated_mb(self.topo.device, outside),
+                "symmetric_mb": outside / 2 ** 20,
                 "window_flops": window.flops, "window_time": window.time_s,
                 "wgrad_held_mb": stats.wgrad_held_mb}
         ranks = self._gather(mine)
@@ -413,6 +418,7 @@ class Trainer:
                   "peak_activation_mb": max(r["peak_activation_mb"] for r in ranks),
                   "peak_memory_mb": max(r["peak_memory_mb"] for r in ranks),
                   "peak_allocated_mb": max(r["peak_allocated_mb"] for r in ranks),
+                  "symmetric_mb": max(r["symmetric_mb"] for r in ranks),
                   # bytes one (chunk, microbatch)'s deferred W holds from its B
                   "wgrad_held_mb": max(r["wgrad_held_mb"] for r in ranks),
                   "skipped": stats.skipped,
