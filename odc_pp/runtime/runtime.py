@@ -282,6 +282,12 @@ class PipelineRuntime:
         self._track = has_offload if self.config.track_activations is None \
             else self.config.track_activations
 
+    @property
+    def tracks_activations(self) -> bool:
+        """The schedule in use counts saved activations (offloading, or
+        ``track_activations``): :attr:`MinibatchResult.peak_activation_bytes` is set."""
+        return bool(getattr(self, "_track", False))
+
     def _begin(self, microbatches, global_num_tokens) -> None:
         self._microbatches = list(microbatches)
         self._global_tokens = (count_tokens(self._microbatches) if global_num_tokens is None

@@ -95,8 +95,9 @@ class StepStats:
     """Wall time of the iteration."""
     busy_s: float = 0.0
     """This rank's time in compute actions."""
-    peak_activation_mb: float = 0.0
-    """Peak bytes of saved activations the runtime held (its count, every device)."""
+    peak_activation_mb: float = -1.0
+    """Peak bytes of saved activations the runtime held (its count, every device); -1:
+    not counted (logged as None; --log-activation-memory counts them)."""
     wgrad_held_mb: float = 0.0
     """Largest bytes one (chunk, microbatch)'s deferred W held from its B, in MiB."""
     tokens: int = 0
@@ -146,6 +147,11 @@ _GATHERED = ("busy_s", "idle_s", "peak_activation_mb", "peak_memory_mb",
              "peak_allocated_mb", "symmetric_mb", "window_flops", "window_time",
              "wgrad_held_mb")
 """The per-rank values every log record gathers from every rank."""
+
+
+def _counted(value: float) -> float | None:
+    """A gathered statistic that ranks report as -1 when they did not count it."""
+    return None if value < 0 else value
 
 
 def seed_everything(seed: int) -> None:
@@ -258,7 +264,8 @@ class Trainer:
         if self.tracer is not None:
             self.tracer.record(iteration + 1, began, stats.step_s, stats)
         stats.busy_s = sum(t.duration for t in result.timings if t.action.is_compute)
-        stats.peak_activation_mb = result.peak_activation_bytes / 2 ** 20
+        stats.peak_activation_mb = result.peak_activation_bytes / 2 ** 20 \
+            if self.parts.runtime.tracks_activations else -1.0
         held = getattr(result, "wgrad_bytes", None) or {}
         stats.wgrad_held_mb = max(held.values(), default=0) / 2 ** 20
         # this rank's share of its replica's model FLOPs (the replica's pp ranks split it)
@@ -415,7 +422,7 @@ class Trainer:
                   "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
                   "step_s": stats.step_s, "busy_s": [r["busy_s"] for r in ranks],
                   "idle_s": [r["idle_s"] for r in ranks],
-                  "peak_activation_mb": max(r["peak_activation_mb"] for r in ranks),
+                  "peak_activation_mb": _counted(max(r["peak_activation_mb"] for r in ranks)),
                   "peak_memory_mb": max(r["peak_memory_mb"] for r in ranks),
                   "peak_allocated_mb": max(r["peak_allocated_mb"] for r in ranks),
                   "symmetric_mb": max(r["symmetric_mb"] for r in ranks),
