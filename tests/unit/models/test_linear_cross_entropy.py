@@ -54,3 +54,23 @@ def test_choice_and_chunk_formula():
     assert lce.chunk_tokens(8192, 128256) == 2048
     assert lce.chunk_tokens(8192, 1 << 30) == 1
     assert lce.chunk_tokens(3, 128256) == 3
+
+
+def test_held_bytes_formula_is_what_backward_keeps():
+    """What F leaves for B (Gx, GW, the token weights; the losses are the output) is
+    held_bytes' formula (bf16 compute and weights: 2 bytes each)."""
+    tokens, h, vocab = 12, 16, 40
+    hidden = torch.randn(tokens, 1, h, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, h, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    kept = {}
+
+    def pack(tensor):
+        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        lce.linear_cross_entropy(hidden, weight, labels)
+    # token weights fp32 (4 bytes a token); the formula's 8 per token also covers the
+    # fp32 losses the caller holds
+    assert sum(kept.values()) + 4 * tokens == lce.held_bytes(tokens, h, vocab, 2, 2)
