@@ -54,8 +54,14 @@ def _weight_grad(saved_input: torch.Tensor, grad_output: torch.Tensor) -> torch.
 
 def accumulate_weight_grad(weight: torch.Tensor, saved_input: torch.Tensor,
                            grad_output: torch.Tensor) -> None:
-    """weight.grad += grad_output^T @ input (flattened over all leading dimensions)."""
+    """weight.grad += grad_output^T @ input (flattened over all leading dimensions); into
+    ``weight.main_grad`` (fp32) where a data-parallel engine gave the weight one
+    (``odc_pp.odc.engine``, grad_accumulation 'local')."""
     grad_weight = _weight_grad(saved_input, grad_output)
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is not None:
+        main_grad.add_(grad_weight)
+        return
     if weight.grad is None:
         weight.grad = grad_weight.to(weight.dtype)
     else:

@@ -14,12 +14,24 @@ is released (resized to zero bytes) between uses and re-filled by ``gather_into_
 before use. Autograd keeps referring to the same tensors, so a gather before backward makes
 saved weights valid again. Do not read a released parameter; use :meth:`gathered`.
 
-Gradients. After a unit's weight gradients of one microbatch are complete, they are
-flattened and ``scatter_accumulate``-d into the owners' fp32 accumulators, and ``.grad`` is
-reset to None. Gradients are *summed* over ranks and microbatches, never averaged: the
+Gradients. Where a microbatch's weight gradients go (``grad_accumulation``):
+* ``push``: after a unit's weight gradients of one microbatch are complete (``.grad``, the
+  compute dtype), they are flattened and ``scatter_accumulate``-d into the owners' fp32
+  accumulators, and ``.grad`` is reset to None;
+* ``local`` (pipeline driver; ``auto`` picks it at dp=1 and in deterministic groups, which
+  stage every push in an fp32 buffer of the whole unit anyway): each parameter has an fp32
+  ``main_grad`` view of its unit's local accumulator; deferred W adds into it, and a
+  post-accumulate hook moves what autograd puts in ``.grad`` there at once. At dp=1 the
+  local accumulator is the owner's accumulator itself; at dp > 1 it is pushed once, at
+  :meth:`finish_minibatch`, staged by reference. Memory: one fp32 gradient of the stage
+  and no compute-dtype copy, Megatron's ``main_grad`` layout.
+Gradients are *summed* over ranks and microbatches, never averaged: the
 caller must scale the loss so that the sum is the gradient it wants (e.g. divide each
 microbatch's summed token loss by the global minibatch's token count, known to every rank
 from the load-balancing plan).
+
+At dp=1 a unit's gathered parameters are its shard (one compute-dtype copy, never
+released or gathered).
 
 Drivers.
 * ``unit_driver="module_hooks"`` (any ``nn.Module`` stack): forward pre-hooks gather a unit,
@@ -31,7 +43,8 @@ Drivers.
   :class:`~odc_pp.runtime.hooks.StageDataParallel` methods; units are the local chunks. A
   chunk is gathered at its first use in a minibatch and stays gathered until the optimizer
   step (a W action may still need the chunk's parameters after another chunk ran); the
-  weight gradients of (chunk, microbatch) are pushed right after its W (or BW).
+  weight gradients of (chunk, microbatch) are pushed right after its W (or BW), or
+  accumulated locally (above).
 
 Modes. ``odc``: one-sided transport; replicas may run different numbers of microbatches.
 ``collective``: the same code with an all-gather / reduce-scatter transport (the FSDP
@@ -81,7 +94,7 @@ from . import primitives as prim
 from .module_hooks import ModuleHooksDriver
 from .tied import TiedGradients
 
-__all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout"]
+__all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout", "accumulates_locally"]
 
 
 
@@ -109,6 +122,16 @@ class OdcConfig:
     max_inflight_pushes: int = 8
     """Gradient pushes that may be outstanding before the oldest is waited for (bounds the
     memory of flattened gradients kept alive for asynchronous transports)."""
+    grad_accumulation: Literal["auto", "local", "push"] = "auto"
+    """pipeline driver: where each microbatch's weight gradients go. ``local``: straight
+    into an fp32 accumulator of the whole unit (``param.main_grad``; at dp=1 it is the
+    owner's accumulator itself), pushed to the owners once, at :meth:`finish_minibatch`:
+    no compute-dtype gradient buffers. ``push``: into ``.grad`` (compute dtype), flattened
+    and pushed after every W or BW, so the transfer overlaps compute. ``auto``: local
+    unless the transport adds each push into the owners as it arrives (dp > 1 in a
+    non-deterministic odc or hierarchical group, or collective mode, whose per-microbatch
+    reduce-scatter is the FSDP baseline); a deterministic group stages every push in an
+    fp32 buffer of the whole unit until the sync anyway."""
     check_collective_order: bool = True
     """collective mode: verify that each microbatch issued the canonical sequence of
     collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
@@ -121,12 +144,28 @@ class OdcConfig:
             raise ValueError(f"unit_driver must be 'module_hooks' or 'pipeline', got "
                              f"{self.unit_driver!r}")
         float_dtype(self.param_dtype, what="param_dtype")
+        if self.grad_accumulation not in ("auto", "local", "push"):
+            raise ValueError(f"grad_accumulation must be 'auto', 'local' or 'push', got "
+                             f"{self.grad_accumulation!r}")
+        if self.grad_accumulation == "local" and self.unit_driver != "pipeline":
+            raise ValueError("grad_accumulation='local' needs unit_driver='pipeline'")
         if self.max_inflight_pushes < 1:
             raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
 
     @property
     def torch_param_dtype(self) -> torch.dtype:
         return float_dtype(self.param_dtype, what="param_dtype")
+
+
+def accumulates_locally(config: OdcConfig, *, dp: int, deterministic: bool) -> bool:
+    """Whether an engine with ``config`` over a group of ``dp`` members (deterministic or
+    not) sums weight gradients in fp32 ``main_grad`` buffers (OdcConfig.grad_accumulation);
+    the memory model asks the same question."""
+    if config.grad_accumulation != "auto":
+        return config.grad_accumulation == "local"
+    if config.unit_driver != "pipeline" or config.mode == "collective":
+        return False
+    return dp == 1 or deterministic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,8 +219,17 @@ class _Unit:
         self.shard_numel = -(-self.numel // group.world_size)
         self.param_shard = prim.symmetric_empty((self.shard_numel,), dtype, group, device)
         self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
-        self.full = torch.empty(self.numel, dtype=dtype, device=device)
-        self.full_nbytes = self.full.untyped_storage().nbytes()
+        self.aliased = group.world_size == 1
+        """dp=1: the gathered parameters are the shard itself (never released)."""
+        if self.aliased:
+            self.full = self.param_shard[:self.numel]
+            self.full_nbytes = 0
+        else:
+            self.full = torch.empty(self.numel, dtype=dtype, device=device)
+            self.full_nbytes = self.full.untyped_storage().nbytes()
+        self.main_grad: torch.Tensor | None = None
+        """grad_accumulation 'local': fp32 gradient of the whole unit, summed over the
+        minibatch's microbatches (at dp=1 a view of ``grad_acc``); None: 'push'."""
         self.resident = True
         self.prefetch: Future | prim.Work | None = None
         """Pending prefetch: a helper-thread Future (CPU) or an async gather Work (CUDA)."""
@@ -246,6 +294,12 @@ class ShardedDataParallel(ModuleHooksDriver):
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="odc-prefetch")
         if config.unit_driver == "module_hooks":
             self._attach_module_hooks()
+        self._grad_hooks: list = []
+        self.local_grads = self._accumulates_locally()
+        """Weight gradients go into each unit's fp32 ``main_grad`` (grad_accumulation)."""
+        if self.local_grads:
+            for unit in self.units:
+                self._attach_main_grad(unit)
 
     # ----- construction ----------------------------------------------------------------
     def _check_group(self, group, inter_host_group) -> None:
@@ -278,8 +332,9 @@ class ShardedDataParallel(ModuleHooksDriver):
         with torch.no_grad():
             for param, offset in zip(params, unit.offsets):
                 unit.full[offset:offset + param.numel()].copy_(param.detach().reshape(-1))
-            unit.param_shard.zero_()
-            unit.param_shard[:unit.owned_numel].copy_(unit.full[unit.start:unit.end])
+            if not unit.aliased:
+                unit.param_shard.zero_()
+                unit.param_shard[:unit.owned_numel].copy_(unit.full[unit.start:unit.end])
             unit.grad_acc.zero_()
             for param, offset, shape in zip(params, unit.offsets, unit.shapes):
                 param.data = unit.full[offset:offset + param.numel()].view(shape)
@@ -287,8 +342,24 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._release(unit)
         return unit
 
+    def _accumulates_locally(self) -> bool:
+        return accumulates_locally(self.config, dp=self.group.world_size,
+                                   deterministic=self.group.config.deterministic)
+
+    def _attach_main_grad(self, unit: _Unit) -> None:
+        """``param.main_grad``: the parameter's fp32 slice of the unit's local accumulator.
+        Deferred W (``odc_pp.megatron.layers.accumulate_weight_grad``) adds into it; a
+        post-accumulate hook moves whatever autograd puts in ``.grad`` there at once."""
+        unit.main_grad = (unit.grad_acc[:unit.numel] if unit.aliased else
+                          torch.zeros(unit.numel, dtype=torch.float32, device=unit.full.device))
+        for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
+            param.main_grad = unit.main_grad[offset:offset + param.numel()].view(shape)
+            self._grad_hooks.append(param.register_post_accumulate_grad_hook(_into_main_grad))
+
     # ----- gather / release / push -----------------------------------------------------
     def _gather(self, unit: _Unit) -> None:
+        if unit.aliased:
+            return
         if unit.prefetch is not None:
             self._wait_prefetch(unit)
         if unit.resident:
@@ -304,7 +375,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if not self._prefetching or not 0 <= index < len(self.units):
             return
         unit = self.units[index]
-        if unit.resident:
+        if unit.resident or unit.aliased:
             return
         unit.full.untyped_storage().resize_(unit.full_nbytes)
         unit.resident = True  # usable once _gather has waited for unit.prefetch
@@ -325,6 +396,8 @@ class ShardedDataParallel(ModuleHooksDriver):
             pending.wait()
 
     def _release(self, unit: _Unit) -> None:
+        if unit.aliased:
+            return
         if unit.prefetch is not None:
             self._wait_prefetch(unit)
         if unit.resident:
@@ -341,11 +414,12 @@ class ShardedDataParallel(ModuleHooksDriver):
             for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
                 param.data = unit.full[offset:offset + param.numel()].view(shape)
 
-    def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None) -> None:
+    def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None, *,
+              retain: bool = False) -> None:
         if flat_grad is None:
             flat_grad = unit.flat_grad()
             unit.clear_grads()
-        work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group)
+        work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group, retain=retain)
         self._pending.append((work, flat_grad))
         unit.pushes += 1
         self._ops.append(("S", unit.index))
@@ -382,9 +456,11 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._gather(self._unit(chunk))
 
     def after_weight_grad(self, chunk: int, microbatch: int) -> None:
-        """Push the weight gradients of (chunk, microbatch) to their owners."""
+        """Push the weight gradients of (chunk, microbatch) to their owners (local
+        accumulation: they are in the unit's ``main_grad`` already)."""
         unit = self._unit(chunk)
-        self._push(unit)
+        if not self.local_grads:
+            self._push(unit)
         if chunk == 0:
             self._local_microbatches += 1
 
@@ -420,7 +496,9 @@ class ShardedDataParallel(ModuleHooksDriver):
         """Wait for this rank's pushes and synchronise once with the group; afterwards the
         owned accumulators (:meth:`owned_grads`) hold the minibatch's summed gradients."""
         for unit in self.units:
-            if any(p.grad is not None for p in unit.params):
+            if self.local_grads:
+                self._push_main_grad(unit)
+            elif any(p.grad is not None for p in unit.params):
                 self._push(unit)  # leftovers, e.g. a B that accumulated some weight grads
         if self.config.mode == "collective":
             self._pad_collectives()
@@ -434,6 +512,16 @@ class ShardedDataParallel(ModuleHooksDriver):
                 dist.all_reduce(unit.grad_acc[:unit.owned_numel], group=self.inter_host_group)
         if self._tied is not None:
             self._tied.sum()
+
+    def _push_main_grad(self, unit: _Unit) -> None:
+        """The minibatch's local fp32 gradient of ``unit`` to its owners, once. At dp=1 it
+        is the owner's accumulator already. The accumulator stays untouched until the sync
+        (zeroed in :meth:`finish_step`), so a staging transport keeps it by reference."""
+        for param in unit.params:
+            if param.grad is not None:  # set outside autograd's accumulation
+                _into_main_grad(param)
+        if not unit.aliased:
+            self._push(unit, unit.main_grad, retain=True)
 
     def tie(self, params: Sequence[tuple[int, str]], group: dist.ProcessGroup | None) -> None:
         """Tie ``params`` (``(unit index, parameter name in the unit)`` on this rank) to
@@ -466,6 +554,8 @@ class ShardedDataParallel(ModuleHooksDriver):
         for unit in self.units:
             self._replay([("G", unit.index)] if not unit.resident else [])
         for unit in self.units:
+            if self.local_grads:
+                continue  # one push per unit on every rank
             missing = self._max_microbatches - unit.pushes
             if missing < 0:
                 raise ValueError(f"chunk {unit.index} pushed {unit.pushes} microbatches, more "
@@ -490,6 +580,8 @@ class ShardedDataParallel(ModuleHooksDriver):
         drop the (now stale) gathered parameters and publish the new shards to the group."""
         for unit in self.units:
             unit.grad_acc.zero_()
+            if unit.main_grad is not None and not unit.aliased:
+                unit.main_grad.zero_()
             unit.clear_grads()
             self._release(unit)
         prim.sync(self.group)
@@ -535,5 +627,16 @@ class ShardedDataParallel(ModuleHooksDriver):
                 self._wait_prefetch(unit)
         self._wait_pushes()
         self.detach_hooks()
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
+
+
+def _into_main_grad(param: torch.Tensor) -> None:
+    """Move ``param.grad`` into ``param.main_grad`` (fp32 +=)."""
+    if param.grad is None:  # another hook moved it already
+        return
+    param.main_grad.add_(param.grad)
+    param.grad = None

@@ -106,10 +106,13 @@ def gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, group: OdcGrou
     return work if async_op else None
 
 
-def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup) -> Work:
+def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: OdcGroup, *,
+                       retain: bool = False) -> Work:
     """Asynchronously add input[start_r:end_r] into rank r's accumulator[:end_r - start_r]
     (fp32) for every member r. Members may call it different numbers of times (odc
-    backend); everything issued before a sync has landed once sync returns everywhere."""
+    backend); everything issued before a sync has landed once sync returns everywhere.
+    ``retain``: the caller leaves ``input`` unchanged until the next sync, so a staging
+    group may stage an fp32 input by reference instead of copying it."""
     _check_usable(group)
     if accumulator.dtype != torch.float32:
         raise ValueError(f"accumulator must be float32, got {accumulator.dtype}")
@@ -117,7 +120,7 @@ def scatter_accumulate(accumulator: torch.Tensor, input: torch.Tensor, group: Od
     _check_shard(input, accumulator, group, "accumulator")
     if input.numel() == 0 and group.config.backend == "odc":
         return Work()
-    return group.scatter_accumulate(accumulator, input)
+    return group.scatter_accumulate(accumulator, input, retain=retain)
 
 
 def get(output: torch.Tensor, remote: torch.Tensor, peer: int, group: OdcGroup) -> None:

@@ -312,9 +312,10 @@ class OdcGroup:
             return False
         return self.config.deterministic or (input.is_cuda and not self.cuda_path().native_atomics)
 
-    def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor) -> Work:
+    def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor, *,
+                           retain: bool = False) -> Work:
         if self._stages(input):
-            self.staged.stage(accumulator, input)
+            self.staged.stage(accumulator, input, retain=retain)
             return Work()
         return join_works([path.scatter_accumulate(accumulator, input)
                            for path in self.paths_for(input.device)])

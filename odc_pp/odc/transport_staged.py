@@ -57,6 +57,8 @@ class _Staging:
     """fp32, the size of the full input; sum of this rank's contributions since sync."""
     dirty: bool = False
     """Whether anything was staged since the previous sync."""
+    borrowed: bool = False
+    """The buffer is the caller's retained input (``stage(retain=True)``), not ours."""
 
 
 class StagedAccumulation:
@@ -82,11 +84,22 @@ class StagedAccumulation:
         self._staged: dict[tuple[int, int, int], _Staging] = {}
         self._applies = 0
 
-    def stage(self, accumulator: torch.Tensor, input: torch.Tensor) -> None:
-        """staging(accumulator view) += input; complete on return."""
+    def stage(self, accumulator: torch.Tensor, input: torch.Tensor, *,
+              retain: bool = False) -> None:
+        """staging(accumulator view) += input; complete on return. ``retain``: the caller
+        leaves ``input`` unchanged until the next sync, so the first fp32 contribution
+        since the sync becomes the staging buffer itself (no copy; nothing else may be
+        staged into that view before the sync)."""
         allocation, offset = self._locate(accumulator, "accumulator")
         flat = input.view(-1)
         key = (allocation.alloc_id, offset, flat.numel())
+        if retain and key not in self._staged and flat.dtype == torch.float32:
+            self._staged[key] = _Staging(allocation=allocation, buffer=flat, dirty=True,
+                                         borrowed=True)
+            return
+        if key in self._staged and self._staged[key].borrowed:
+            raise RuntimeError("a retained contribution is the staging buffer of this "
+                               "accumulator until the sync: stage nothing else into it")
         if key not in self._staged:
             self._staged[key] = _Staging(allocation=allocation, buffer=torch.zeros(
                 flat.numel(), dtype=torch.float32, device=flat.device))
@@ -120,8 +133,10 @@ class StagedAccumulation:
             del self._staged[key]
 
     def staged_bytes(self) -> int:
-        """Bytes of the staging buffers held now (contributions awaiting a sync)."""
-        return sum(s.buffer.numel() * s.buffer.element_size() for s in self._staged.values())
+        """Bytes of the staging buffers held now (contributions awaiting a sync; borrowed
+        buffers are the caller's)."""
+        return sum(s.buffer.numel() * s.buffer.element_size() for s in self._staged.values()
+                   if not s.borrowed)
 
     def _apply_turns(self, epoch: int, items) -> None:
         self.host.open_turns(epoch)  # our own writes are complete: sources may add

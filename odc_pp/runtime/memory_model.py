@@ -11,19 +11,22 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
 
 * parameters, sharded: ``e * O`` (symmetric shard, peers read it);
 * parameters, gathered: ``e * P`` (the pipeline driver gathers a chunk at its first use in
-  a minibatch and keeps it until the step);
+  a minibatch and keeps it until the step); 0 at dp=1, where the shard is the whole unit;
 * gradient accumulators: ``4 * O`` (fp32, peers add into them);
-* weight gradients in flight: ``2 * e * max_u P_u`` (a chunk's ``.grad`` after its W and
-  the flattened copy pushed from it); a flattened gradient is dropped as soon as its
-  push completed;
+* weight gradients, local accumulation (the default at dp=1 and with deterministic data
+  parallelism): ``4 * P`` (each unit's fp32 ``main_grad``, pushed once per minibatch and
+  staged by reference), 0 at dp=1 (it is the owner's accumulator); no compute-dtype copy;
+* weight gradients in flight, per-microbatch pushes: ``2 * e * max_u P_u`` (a chunk's
+  ``.grad`` after its W and the flattened copy pushed from it); a flattened gradient is
+  dropped as soon as its push completed;
 * optimizer state: ``(8 + 4 [fp32 master when e != 4]) * O`` (weight decay needs no
   mask: the fused AdamW kernel runs over decayed and exempt pieces apart) plus a 1-byte
   gradient-norm mask per owned element of each unit whose owned range holds a
   parameter kept out of the norm (tp rank > 0: replicated ones; the tied output layer);
-* ODC staging (deterministic data parallelism, the default): ``4 * P_u`` for each unit
+* ODC staging (deterministic data parallelism with per-microbatch pushes): ``4 * P_u`` for each unit
   that pushed since the last sync (fp32, the unit's whole flat gradient: the summation
   order is fixed by adding whole staged sums in rank order at sync); freed at the sync.
-  ``--nondeterministic-dp``: 0;
+  ``--nondeterministic-dp``, or local accumulation (staged by reference): 0;
 * post-validation snapshot (``--enable-optimizer-post-validation``): ``16 * O`` (fp32
   master, both moments and the step's gradients: a rollback restores the first three, a
   clipped redo also needs the gradients), held from one step to its validation during the
@@ -72,6 +75,9 @@ class UnitSizes:
     """Deterministic data parallelism (staged accumulation)."""
     post_validation: bool
     """--enable-optimizer-post-validation."""
+    local_grads: bool = False
+    """Weight gradients summed into an fp32 ``main_grad`` of each unit
+    (``odc_pp.odc.engine.accumulates_locally``) instead of pushed from ``.grad``."""
     norm_mask: tuple[bool, ...] = ()
     """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
@@ -89,13 +95,18 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
     largest = max(sizes.unit_params)
     master = 4 if e != 4 else 0
     masks = sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
+    alone = sizes.dp == 1  # the gathered copy is the shard, the local gradient the owner's
+    if sizes.local_grads:
+        weight_grads, staging = (0 if alone else 4 * params), 0
+    else:
+        weight_grads, staging = 2 * e * largest, 4 * params if sizes.deterministic else 0
     return {
-        "params_gathered": e * params,
+        "params_gathered": 0 if alone else e * params,
         "params_sharded": e * owned,
-        "weight_grads": 2 * e * largest,
+        "weight_grads": weight_grads,
         "grad_accumulators": 4 * owned,
         "optimizer_state": (8 + master) * owned + masks,
-        "odc_staging": 4 * params if sizes.deterministic else 0,
+        "odc_staging": staging,
         "post_validation_snapshot": 16 * owned if sizes.post_validation else 0,
     }
 

@@ -288,7 +288,9 @@ def _engine_bytes(engine, optimizer) -> dict[str, int]:
     master = sum(m.numel() * 4 for m, u in zip(owned_params, units)
                  if m.dtype != u.param_shard.dtype)  # fp32 params: the shard is the master
     masks = _nbytes(m for m in optimizer.norm_mask)  # weight decay: pieces, no mask
-    return {"params_gathered": sum(u.full_nbytes for u in units),
+    local = {"weight_grads": _nbytes(u.main_grad for u in units if not u.aliased)} \
+        if engine.local_grads else {}
+    return {**local, "params_gathered": sum(u.full_nbytes for u in units),
             "params_sharded": shard,
             "grad_accumulators": _nbytes(u.grad_acc for u in units),
             "optimizer_state": master + _nbytes(optimizer.exp_avg) +
@@ -417,7 +419,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
     units = UnitSizes(
         unit_params=tuple(u.numel for u in engine.units), dp=topo.dp,
         param_bytes=engine.units[0].param_shard.element_size(),
-        deterministic=not args.parallel.nondeterministic_dp,
+        deterministic=not args.parallel.nondeterministic_dp, local_grads=engine.local_grads,
         post_validation=args.schedule.enable_optimizer_post_validation,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
     _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})

@@ -152,6 +152,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
                        for s, is_last in zip(stages, last))
         units = UnitSizes(unit_params=params, dp=dp * cp, param_bytes=2 if model.bf16 or model.fp16 else 4,
                           deterministic=not args.parallel.nondeterministic_dp,
+                          local_grads=_local_grads(args, dp * cp),
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
@@ -161,3 +162,11 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
         peaks.append(float(sum(state_bytes(units).values()) +
                            sum(timeline.values())))
     return tuple(peaks)
+
+
+def _local_grads(args, dp: int) -> bool:
+    """Whether the engine the training builds sums weight gradients in fp32 main_grads."""
+    from odc_pp.odc.engine import OdcConfig, accumulates_locally
+
+    return accumulates_locally(OdcConfig(mode=args.parallel.dp_mode, unit_driver="pipeline"),
+                               dp=dp, deterministic=not args.parallel.nondeterministic_dp)

@@ -39,3 +39,18 @@ def test_schedule_peak_keeps_sends_only_in_flight(name, chunks):
         peak = schedule_peak(schedule, rank, sizes, message_bytes=1)
         assert peak["sends"] <= 2 * pp < count_sends(schedule, rank)
         assert 0 < peak["activations"] <= 2 * pp * 100 * chunks
+
+
+def test_local_accumulation_is_megatrons_state_per_parameter():
+    """Issue 29: model states <= 18 bytes per parameter at dp=1 (one bf16 copy, one fp32
+    gradient, fp32 master + Adam), <= 6 + 18/dp at dp > 1 (a gathered bf16 copy and a
+    local fp32 gradient, plus the owned shard's bf16, fp32 accumulator and Adam state)."""
+    params = 8000
+    for dp in (1, 2, 8):
+        sizes = UnitSizes(unit_params=(params,), dp=dp, param_bytes=2, deterministic=True,
+                          post_validation=False, local_grads=True)
+        total = sum(state_bytes(sizes).values())
+        assert total == (18 * params if dp == 1 else 6 * params + 18 * params // dp), dp
+    pushed = sum(state_bytes(UnitSizes(unit_params=(params,), dp=1, param_bytes=2,
+                                       deterministic=True, post_validation=False)).values())
+    assert pushed == 26 * params  # per-microbatch pushes: two bf16 grads and fp32 staging

@@ -41,7 +41,7 @@ def test_one_table_for_this_job_and_the_advice_effect(tmp_path):
     assert out.count("peak ") == 1 and out.count("params_gathered") == 1, out + done.stderr
     assert out.startswith("rank 0: peak "), out
     assert "DOES NOT FIT" in out.splitlines()[0]
-    assert "advice: --nondeterministic-dp" in out
+    assert "advice: drop --enable-optimizer-post-validation" in out
     effect = [line for line in out.splitlines() if "effect of the advice" in line]
     assert len(effect) == 1, out
     assert list(data) == ["job"]
