@@ -82,15 +82,14 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dtypes import float_dtype
 from . import primitives as prim
+from .engine_config import OdcConfig, UnitLayout, accumulates_locally, into_main_grad
 from .module_hooks import ModuleHooksDriver
 from .tied import TiedGradients
 
@@ -98,105 +97,7 @@ __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout", "accumulates_locall
 
 
 
-@dataclass(kw_only=True)
-class OdcConfig:
-    """Settings of :class:`ShardedDataParallel`."""
 
-    mode: Literal["odc", "collective", "hierarchical"] = "odc"
-    """Transport pattern: one-sided ODC, per-unit collectives (FSDP baseline), or ODC inside a
-    host plus one all-reduce per minibatch across hosts. Must match the group's backend
-    (``collective`` needs a ``backend="collective"`` group, the others ``"odc"``)."""
-    unit_driver: Literal["module_hooks", "pipeline"] = "module_hooks"
-    """Who triggers gathers and pushes: module hooks (plain ``nn.Module`` training) or the
-    pipeline runtime through the ``StageDataParallel`` methods."""
-    keep_params_through_backward: bool = True
-    """module_hooks only: keep a unit gathered from its forward until its backward is done
-    (True) or release it after forward and gather it again for backward (False)."""
-    param_dtype: str = "float32"
-    """Compute dtype of gathered parameters and of gradients: float32, bfloat16 or float16.
-    Master weights, optimizer state and gradient accumulators are always float32."""
-    prefetch: bool = True
-    """module_hooks driver, odc and hierarchical modes: while a unit computes, gather the
-    next one (forward: the following unit, backward: the preceding one) on a helper thread.
-    Ignored in collective mode, whose collectives must stay in one issue order."""
-    max_inflight_pushes: int = 8
-    """Gradient pushes that may be outstanding before the oldest is waited for (bounds the
-    memory of flattened gradients kept alive for asynchronous transports)."""
-    grad_accumulation: Literal["auto", "local", "push"] = "auto"
-    """pipeline driver: where each microbatch's weight gradients go. ``local``: straight
-    into an fp32 accumulator of the whole unit (``param.main_grad``; at dp=1 it is the
-    owner's accumulator itself), pushed to the owners once, at :meth:`finish_minibatch`:
-    no compute-dtype gradient buffers. ``push``: into ``.grad`` (compute dtype), flattened
-    and pushed after every W or BW, so the transfer overlaps compute. ``auto``: local
-    unless the transport adds each push into the owners as it arrives (dp > 1 in a
-    non-deterministic odc or hierarchical group, or collective mode, whose per-microbatch
-    reduce-scatter is the FSDP baseline); a deterministic group stages every push in an
-    fp32 buffer of the whole unit until the sync anyway."""
-    check_collective_order: bool = True
-    """collective mode: verify that each microbatch issued the canonical sequence of
-    collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("odc", "collective", "hierarchical"):
-            raise ValueError(f"mode must be 'odc', 'collective' or 'hierarchical', got "
-                             f"{self.mode!r}")
-        if self.unit_driver not in ("module_hooks", "pipeline"):
-            raise ValueError(f"unit_driver must be 'module_hooks' or 'pipeline', got "
-                             f"{self.unit_driver!r}")
-        float_dtype(self.param_dtype, what="param_dtype")
-        if self.grad_accumulation not in ("auto", "local", "push"):
-            raise ValueError(f"grad_accumulation must be 'auto', 'local' or 'push', got "
-                             f"{self.grad_accumulation!r}")
-        if self.grad_accumulation == "local" and self.unit_driver != "pipeline":
-            raise ValueError("grad_accumulation='local' needs unit_driver='pipeline'")
-        if self.max_inflight_pushes < 1:
-            raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
-
-    @property
-    def torch_param_dtype(self) -> torch.dtype:
-        return float_dtype(self.param_dtype, what="param_dtype")
-
-
-def accumulates_locally(config: OdcConfig, *, dp: int, deterministic: bool) -> bool:
-    """Whether an engine with ``config`` over a group of ``dp`` members (deterministic or
-    not) sums weight gradients in fp32 ``main_grad`` buffers (OdcConfig.grad_accumulation);
-    the memory model asks the same question."""
-    if config.grad_accumulation != "auto":
-        return config.grad_accumulation == "local"
-    if config.unit_driver != "pipeline" or config.mode == "collective":
-        return False
-    return dp == 1 or deterministic
-
-
-@dataclass(frozen=True, kw_only=True)
-class UnitLayout:
-    """Where one unit's trainable parameters live in its flat buffer, and which part of
-    that buffer this rank owns (:meth:`ShardedDataParallel.layout`). Checkpoints record it
-    so that optimizer shards can be reassembled under another layout."""
-
-    index: int
-    """Position of the unit in the module list given to the engine."""
-    module: nn.Module
-    """The unit's module."""
-    names: tuple[str, ...]
-    """Trainable parameter names, as ``module.named_parameters()`` gives them, in flat order."""
-    shapes: tuple[tuple[int, ...], ...]
-    """Shape of each parameter."""
-    offsets: tuple[int, ...]
-    """Offset of each parameter in the flat buffer."""
-    numel: int
-    """Elements of the flat buffer."""
-    start: int
-    """First flat element this rank owns."""
-    end: int
-    """One past the last flat element this rank owns (``end - start`` may be 0)."""
-
-    def __post_init__(self) -> None:
-        if not len(self.names) == len(self.shapes) == len(self.offsets):
-            raise ValueError("names, shapes and offsets must have one entry per parameter")
-        if not 0 <= self.start <= self.end <= self.numel:
-            raise ValueError(f"owned range [{self.start}, {self.end}) is not inside "
-                             f"[0, {self.numel}]")
 
 
 class _Unit:
@@ -354,7 +255,7 @@ class ShardedDataParallel(ModuleHooksDriver):
                           torch.zeros(unit.numel, dtype=torch.float32, device=unit.full.device))
         for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
             param.main_grad = unit.main_grad[offset:offset + param.numel()].view(shape)
-            self._grad_hooks.append(param.register_post_accumulate_grad_hook(_into_main_grad))
+            self._grad_hooks.append(param.register_post_accumulate_grad_hook(into_main_grad))
 
     # ----- gather / release / push -----------------------------------------------------
     def _gather(self, unit: _Unit) -> None:
@@ -519,7 +420,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         (zeroed in :meth:`finish_step`), so a staging transport keeps it by reference."""
         for param in unit.params:
             if param.grad is not None:  # set outside autograd's accumulation
-                _into_main_grad(param)
+                into_main_grad(param)
         if not unit.aliased:
             self._push(unit, unit.main_grad, retain=True)
 
@@ -633,10 +534,3 @@ class ShardedDataParallel(ModuleHooksDriver):
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
 
-
-def _into_main_grad(param: torch.Tensor) -> None:
-    """Move ``param.grad`` into ``param.main_grad`` (fp32 +=)."""
-    if param.grad is None:  # another hook moved it already
-        return
-    param.main_grad.add_(param.grad)
-    param.grad = None
