@@ -1,0 +1,49 @@
+"""SwiGLU that saves only its input, as Megatron's default fused bias-SwiGLU does.
+
+megatron's unfused ``glu`` (``silu(gate) * up`` under autograd) keeps the fc1 output
+*and* ``silu(gate)`` for backward: 3 x ffn bytes per token where 2 x ffn suffice
+(7 x s x h bytes per layer more at Llama-3's ffn = 3.5 h). :class:`SwiGLU` keeps the fc1
+output and recomputes ``silu(gate)`` in backward, with the same kernels autograd's
+backward of the unfused form runs (``silu_backward``, two multiplies), so its gradients
+are bitwise those of the unfused form. Plugged in through the layer spec's
+``mlp.activation_func`` (megatron builds it when ``use_te_activation_func=True``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SwiGLU", "swiglu"]
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        gate, up = torch.chunk(x, 2, dim=-1)
+        ctx.save_for_backward(x)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        gate, up = torch.chunk(x, 2, dim=-1)
+        grad_gate = torch.ops.aten.silu_backward(grad_output * up, gate)
+        grad_up = grad_output * F.silu(gate)
+        return torch.cat([grad_gate, grad_up], dim=-1)
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x = [gate | up]`` (last dimension), saving only ``x``."""
+    return _SwiGLUFunction.apply(x)
+
+
+class SwiGLU(nn.Module):
+    """The MLP activation module (``config`` is megatron's TransformerConfig, unused)."""
+
+    def __init__(self, config=None) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x)
