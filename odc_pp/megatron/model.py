@@ -417,6 +417,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                                      qk_layernorm=config.qk_layernorm,
                                      sequence_parallel=tensor_parallel.sequence_parallel,
                                      zero_centered_gamma=config.apply_layernorm_1p,
+                                     swiglu=config.activation == "swiglu",
                                      cp_group=cp_group, cp_comm_type=cp_comm_type)
     chunks = []
     for chunk in range(num_chunks):
@@ -487,9 +488,10 @@ def _transformer_config(config: ModelConfig, num_layers: int,
         num_query_groups=config.num_query_groups or config.num_attention_heads,
         kv_channels=config.kv_channels, add_bias_linear=config.add_bias_linear,
         add_qkv_bias=config.add_qkv_bias, qk_layernorm=config.qk_layernorm,
-        # recompute_lgd: the MLP takes its (identity) activation from the spec and
-        # linear_fc2 applies GeLU itself; no Transformer Engine is involved
-        use_te_activation_func=config.recompute_lgd)
+        # the MLP takes its activation from the spec: SwiGLU saving only its input, or
+        # (recompute_lgd) the identity, linear_fc2 applying GeLU / SwiGLU itself; no
+        # Transformer Engine is involved
+        use_te_activation_func=config.recompute_lgd or config.activation == "swiglu")
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from .compat import HostDotProductAttention, SdpaDotProductAttention, TorchNorm,
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
 from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
                         get_recomputed_bias_dropout_add)
+from .swiglu import SwiGLU
 
 __all__ = ["deferrable_gpt_layer_spec", "apply_recompute_lgd", "CORE_ATTENTION"]
 
@@ -36,6 +37,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
                               qk_layernorm: bool = False,
                               sequence_parallel: bool = False,
                               zero_centered_gamma: bool = False,
+                              swiglu: bool = False,
                               cp_group=None, cp_comm_type: str = "p2p") -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
     deferrable linears.
@@ -51,7 +53,10 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     except that it allows sequence parallelism. ``zero_centered_gamma`` (Megatron's
     ``--apply-layernorm-1p``; the TransformerConfig needs
     ``layernorm_zero_centered_gamma=True``): every norm is a ``TorchNorm`` too, which then
-    stores its weight zero-centred and scales by ``1 + weight``. ``cp_group``: a
+    stores its weight zero-centred and scales by ``1 + weight``. ``swiglu``: the MLP's
+    activation is :class:`~odc_pp.megatron.swiglu.SwiGLU`, which saves only the fc1
+    output, as Megatron's default fused bias-SwiGLU (the TransformerConfig needs
+    ``use_te_activation_func=True``). ``cp_group``: a
     context-parallel group of more than one rank: the core attention is
     :class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention` over it
     (``cp_comm_type`` ``p2p`` ring or ``a2a``), whatever ``core_attention`` says.
@@ -84,6 +89,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     mlp = mlp_submodules(spec)
     mlp.linear_fc1 = DeferrableColumnParallelLinear
     mlp.linear_fc2 = DeferrableRowParallelLinear
+    if swiglu:
+        mlp.activation_func = SwiGLU
     if recompute_lgd:
         apply_recompute_lgd(spec)
     return spec

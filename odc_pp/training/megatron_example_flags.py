@@ -79,7 +79,9 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
     "--cross-entropy-loss-fusion": noop(
         "the same loss; on CUDA odc-pp fuses the output layer with it "
         "(--fused-cross-entropy auto) unless tensor parallelism splits the vocabulary"),
-    "--no-bias-swiglu-fusion": honoured("odc-pp never uses the fused bias-SwiGLU"),
+    "--no-bias-swiglu-fusion": noop(
+        "odc-pp's SwiGLU always saves only its input, as the fused one; the values and "
+        "gradients are those of the unfused form"),
     "--disable-bf16-reduced-precision-matmul": rejected(
         "odc-pp leaves torch's bf16 matmul reduction setting at its default: drop the flag"),
     "--cuda-graph-impl": noop("odc-pp does not capture CUDA graphs", takes_value=True),
