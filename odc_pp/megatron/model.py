@@ -255,12 +255,12 @@ class GPTChunk(torch.nn.Module):
             raise ValueError("the last stage needs microbatch.labels")
         if fused:
             return linear_cross_entropy(output, self.output_weight(),
-                                        microbatch.labels.to(output.device),
+                                        microbatch.labels.to(output.device, non_blocking=True),
                                         microbatch.loss_mask)
         # megatron's loss paths either read parallel_state (unfused) or torch.compile per
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
-        labels = microbatch.labels.to(output.device)
+        labels = microbatch.labels.to(output.device, non_blocking=True)
         if self.tensor_parallel.size > 1:
             return vocab_parallel_cross_entropy(output.float(), labels,
                                                 self.tensor_parallel.group)
@@ -288,14 +288,14 @@ class GPTChunk(torch.nn.Module):
                              f"microbatches to a multiple of it)")
         tokens = None
         if self.is_first:
-            tokens = microbatch.tokens.to(device)
+            tokens = microbatch.tokens.to(device, non_blocking=True)
         else:
             if hidden is None:
                 raise ValueError(f"stage {self.stage} needs an input activation")
             self.model.set_input_tensor(hidden)
         positions = None
         if self.is_first or self.inv_freq is not None:
-            positions = microbatch.position_ids.to(device) \
+            positions = microbatch.position_ids.to(device, non_blocking=True) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
         if self.context_parallel:  # full rows' documents, or causal over the ring
@@ -305,7 +305,7 @@ class GPTChunk(torch.nn.Module):
         elif microbatch.segment_ids is not None and self.implicit_causal:
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:
-            mask = packed_causal_mask(microbatch.segment_ids.to(device))
+            mask = packed_causal_mask(microbatch.segment_ids.to(device, non_blocking=True))
         elif self.implicit_causal:
             mask = self._short_rows(batch, seq_len, device)
         else:

@@ -87,7 +87,7 @@ class PackedSegments:
         self.shape = (batch, seq)
         self.contiguous = int(runs.sum()) == segments
         self.max_seqlen = int((offsets[1:] - offsets[:-1]).max()) if seq else 0
-        self.segment_ids = segment_ids.to(device)
+        self.segment_ids = segment_ids.to(device, non_blocking=True)
         self.cu_seqlens = offsets.to(torch.int32).to(device, non_blocking=True)
         self._dense: torch.Tensor | None = None
         self._block_mask = None

@@ -395,7 +395,7 @@ class PipelineRuntime:
     def _scaled_loss(self, token_losses: torch.Tensor, data: Microbatch) -> torch.Tensor:
         token_losses = token_losses.float()
         if data.loss_mask is not None:
-            token_losses = token_losses * data.loss_mask.to(token_losses.device)
+            token_losses = token_losses * data.loss_mask.to(token_losses.device, non_blocking=True)
         loss_sum = token_losses.sum()
         # float64 on the device, no host sync: the same sum as adding Python floats
         detached = loss_sum.detach().double()
