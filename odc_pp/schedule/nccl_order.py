@@ -28,7 +28,7 @@ from .checks import ScheduleError, message_route
 from .checks import where as _where
 from .ir import COMM_KINDS, Action, ActionKind, Schedule
 
-__all__ = ["check_nccl_order", "check_creation_order"]
+__all__ = ["check_nccl_order", "check_creation_order", "check_ring_order"]
 
 
 def check_nccl_order(schedule: Schedule, layout=None, *, batch_sends: bool = True,
@@ -74,6 +74,62 @@ def check_creation_order(sequences: dict[int, list], members: dict) -> None:
             missing = sorted(set(members[key]) - arrived[key])
             lines.append(f"rank {rank} waits in the creation of {key} for rank(s) {missing}")
         raise ScheduleError("communicator creation deadlocks: " + "; ".join(lines))
+
+
+def check_ring_order(plans, *, name: str = "context-parallel ring") -> int:
+    """Replay one communicator's batched point-to-point calls under the FIFO and
+    rendezvous rules of the module doc and return the rounds it took. ``plans[r]`` is
+    rank ``r``'s sequence of ``batch_isend_irecv`` calls on it (a list or a dict by rank;
+    each call a list of ``(op, payload, peer)``, ``op`` ``send`` / ``recv``, ``peer`` a
+    group rank), e.g. what :func:`odc_pp.megatron.context_parallel.ring_comm_plan` posts
+    in one attention forward or backward. A batch runs as one NCCL group: it completes
+    once its operations towards each peer meet that peer's opposite operations in the
+    batch at the head of the peer's queue, payload for payload in issue order (each
+    direction apart; another order would hand over the wrong message). Raise
+    ScheduleError naming each stuck rank, its batch and what it waits for when no head
+    batch can complete, or the two ranks whose messages would be mismatched.
+
+    The ranks of a context-parallel group hold the same pipeline stage, so they run the
+    same schedule's compute actions in the same order, each posting the same plan: the
+    communicator's whole sequence is these plans repeated, and checking one plan (forward
+    and backward) checks the sequence."""
+    plans = dict(enumerate(plans)) if isinstance(plans, list) else dict(plans)
+    position = {rank: 0 for rank in plans}
+
+    def head(rank):
+        batches = plans.get(rank, [])
+        return batches[position[rank]] if position[rank] < len(batches) else None
+
+    def waits(rank) -> list[str]:
+        """What rank's head batch still waits for (empty: it can complete)."""
+        batch, missing = head(rank), []
+        for op, peer in dict.fromkeys((op, p) for op, _, p in batch):
+            mine = [payload for o, payload, p in batch if (o, p) == (op, peer)]
+            other = head(peer) or []
+            theirs = [payload for o, payload, p in other
+                      if (o, p) == ("recv" if op == "send" else "send", rank)]
+            if theirs and theirs != mine:
+                raise ScheduleError(f"{name}: rank {rank} batch {position[rank]} {op}s "
+                                    f"{mine} {'to' if op == 'send' else 'from'} rank {peer}, "
+                                    f"whose batch {position.get(peer)} matches them with "
+                                    f"{theirs}: a mismatch")
+            if theirs != mine:
+                missing += [f"{op} {payload} {'to' if op == 'send' else 'from'} rank {peer}"
+                            for payload in mine]
+        return missing
+
+    rounds = 0
+    while any(head(rank) is not None for rank in plans):
+        ready = [rank for rank in plans if head(rank) is not None and not waits(rank)]
+        if not ready:
+            lines = [f"rank {rank} batch {position[rank]} waits: {', '.join(waits(rank))}"
+                     for rank in plans if head(rank) is not None]
+            raise ScheduleError(f"{name} deadlocks under NCCL's FIFO order: "
+                                + "; ".join(lines))
+        for rank in ready:
+            position[rank] += 1
+        rounds += 1
+    return rounds
 
 
 class _Replay:

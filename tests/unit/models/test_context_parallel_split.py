@@ -10,6 +10,8 @@ from odc_pp.megatron.context_parallel import (cp_block_plan, cp_local_cu_seqlens
                                               cp_unsplit, pair_mask, ring_comm_plan,
                                               segment_ids_from_lengths)
 from odc_pp.megatron.packed_attention import packed_causal_mask
+from odc_pp.schedule.checks import ScheduleError
+from odc_pp.schedule.nccl_order import check_ring_order
 
 
 def test_rank_i_holds_chunks_i_and_2n_minus_1_minus_i():
@@ -101,47 +103,12 @@ def test_pair_masks_are_the_packed_mask_and_skip_whole_documents():
         assert plan[0] == {(0, 0): "masked", (1, 1): "masked"} and plan[1] == {}
 
 
-def _nccl_replay(plans):
-    """Replay every rank's batches under NCCL's rules: a rank issues its batches in order
-    and blocks on each until all its operations completed; a send to ``p`` completes only
-    against ``p``'s receive in ``p``'s current batch (rendezvous), and between two ranks
-    the operations of two batches match in issue order (else the wrong message is
-    received; each direction separately). Raises on a deadlock or a mismatch; returns the
-    number of rounds."""
-    heads = [0] * len(plans)
-    rounds = 0
-    while any(head < len(plan) for head, plan in zip(heads, plans)):
-        ready = []
-        for rank, plan in enumerate(plans):
-            if heads[rank] == len(plan):
-                continue
-            batch, matched = plan[heads[rank]], True
-            for op, peer in {(op, p) for op, _, p in batch}:
-                other = "recv" if op == "send" else "send"
-                mine = [payload for o, payload, p in batch if (o, p) == (op, peer)]
-                theirs = [] if heads[peer] == len(plans[peer]) else \
-                    [payload for o, payload, p in plans[peer][heads[peer]]
-                     if (o, p) == (other, rank)]
-                if theirs and theirs != mine:
-                    raise AssertionError(f"rank {rank} {op} {mine} mismatch rank {peer}'s "
-                                         f"{other} {theirs}")
-                matched &= theirs == mine
-            if matched:
-                ready.append(rank)
-        if not ready:
-            raise TimeoutError(f"deadlock: ranks at batches {heads}")
-        for rank in ready:
-            heads[rank] += 1
-        rounds += 1
-    return rounds
-
-
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
 def test_the_ring_is_safe_under_nccl_ordering(size):
     for backward in (False, True):
         plans = [ring_comm_plan(r, size, backward=backward) for r in range(size)]
         steps = size + 1 if backward and size > 1 else size
-        assert _nccl_replay(plans) == steps
+        assert check_ring_order(plans) == steps
         for plan in plans:  # K/V visit every other rank; dK/dV make the full circle
             sent = [payload for batch in plan for op, payload, _ in batch if op == "send"]
             assert sent.count("kv") == size - 1
@@ -156,10 +123,10 @@ def test_a_misordered_ring_is_detected():
     split = [[part for batch in plan for part in
               ([op for op in batch if op[0] == "recv"], [op for op in batch if op[0] == "send"])
               if part] for plan in plans]
-    with pytest.raises(TimeoutError, match="deadlock"):
-        _nccl_replay(split)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check_ring_order(split)
     # one rank posts dK/dV before K/V: its neighbours would receive the wrong message
     swapped = [list(plan) for plan in plans]
     swapped[0][1] = sorted(plans[0][1], key=lambda op: (op[0], op[1] != "dkv"))
-    with pytest.raises(AssertionError, match="mismatch"):
-        _nccl_replay(swapped)
+    with pytest.raises(ScheduleError, match="mismatch"):
+        check_ring_order(swapped)
