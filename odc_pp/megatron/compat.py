@@ -115,6 +115,7 @@ from megatron.core.fusions.fused_bias_dropout import _bias_dropout_add_func
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from .packed_attention import PackedSegments, packed_attention, packed_causal_mask
+from .rms_norm import RMSNorm, RMSNorm1P
 
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
@@ -217,22 +218,9 @@ class LayerNorm1P(torch.nn.LayerNorm):
                                               self.bias, self.eps)
 
 
-class RMSNorm1P(torch.nn.RMSNorm):
-    """``torch.nn.RMSNorm`` with a zero-centred weight, as :class:`LayerNorm1P` (what
-    Megatron's Transformer Engine RMSNorm does under ``--apply-layernorm-1p``)."""
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        if self.weight is not None:
-            torch.nn.init.zeros_(self.weight)
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-        return torch.nn.functional.rms_norm(input, self.normalized_shape, self.weight + 1,
-                                            self.eps)
-
-
 class TorchNorm:
-    """torch's ``LayerNorm`` / ``RMSNorm``, built as megatron's ``WrappedTorchNorm``
+    """torch's ``LayerNorm`` / our :class:`~odc_pp.megatron.rms_norm.RMSNorm` (torch's,
+    keeping only what a fused kernel keeps), built as megatron's ``WrappedTorchNorm``
     builds them, but also under sequence parallelism (which ``WrappedTorchNorm`` refuses
     because nothing sums the norm's partial gradients over the tensor-parallel ranks;
     :func:`odc_pp.megatron.tp.reduce_partial_grads` does) and with a zero-centred weight
@@ -240,7 +228,7 @@ class TorchNorm:
     which ``WrappedTorchNorm`` refuses)."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **kwargs):
-        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": RMSNorm}
         if config.layernorm_zero_centered_gamma:
             norms = {"LayerNorm": LayerNorm1P, "RMSNorm": RMSNorm1P}
         if config.normalization not in norms:

@@ -71,7 +71,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization,
                                                   qk_layernorm=qk_layernorm))
     attention = spec.submodules.self_attention.submodules
-    if sequence_parallel or zero_centered_gamma:
+    if sequence_parallel or zero_centered_gamma or normalization == "RMSNorm":
         spec.submodules.input_layernorm = TorchNorm
         spec.submodules.pre_mlp_layernorm = TorchNorm
         if qk_layernorm:

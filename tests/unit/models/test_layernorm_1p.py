@@ -105,7 +105,10 @@ def _run(root: str) -> None:
         results[case] = {
             "norms": sorted(norms), "initial_zero": initial_zero,
             "loss_difference": abs(loss - plain_loss),
-            "grad_difference": max(float((grads[n] - plain_grads[n]).abs().max())
+            # relative to the gradient's size: the CPU RMSNorm's backward
+            # (odc_pp.megatron.rms_norm) may differ in the last bit between the two
+            "grad_difference": max(float((grads[n] - plain_grads[n]).abs().max()
+                                         / plain_grads[n].abs().max().clamp_min(1e-30))
                                    for n in grads)}
     results["hf"] = _hf_round_trip(root, groups, microbatch)
     with open(os.path.join(root, "results.json"), "w") as handle:
