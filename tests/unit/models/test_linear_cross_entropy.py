@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from odc_pp.megatron import linear_cross_entropy as lce
+from odc_pp.testing.saved import saved_bytes
 
 
 def _unfused(hidden, weight, labels, mask):
@@ -63,14 +64,7 @@ def test_held_bytes_formula_is_what_backward_keeps():
     hidden = torch.randn(tokens, 1, h, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(vocab, h, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, vocab, (1, tokens))
-    kept = {}
-
-    def pack(tensor):
-        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        lce.linear_cross_entropy(hidden, weight, labels)
+    kept = saved_bytes(lce.linear_cross_entropy, hidden, weight, labels)
     # token weights fp32 (4 bytes a token); the formula's 8 per token also covers the
     # fp32 losses the caller holds
-    assert sum(kept.values()) + 4 * tokens == lce.held_bytes(tokens, h, vocab, 2, 2)
+    assert kept + 4 * tokens == lce.held_bytes(tokens, h, vocab, 2, 2)

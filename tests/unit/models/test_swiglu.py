@@ -9,23 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from odc_pp.megatron.swiglu import swiglu
+from odc_pp.testing.saved import saved_bytes
 
 
 def _unfused(x):
     gate, up = torch.chunk(x, 2, dim=-1)
     return F.silu(gate) * up
-
-
-def _saved_bytes(function, x) -> int:
-    storages = {}
-
-    def pack(tensor):
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        function(x)
-    return sum(storages.values())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,5 +35,5 @@ def test_gradients_are_bitwise_the_unfused_ones(dtype):
 def test_saves_only_its_input():
     x = torch.randn(4, 2 * 64, requires_grad=True)
     fc1_output = x * 1.0  # what linear_fc1 hands the activation
-    assert _saved_bytes(swiglu, fc1_output) == fc1_output.untyped_storage().nbytes()
-    assert _saved_bytes(_unfused, fc1_output) == 1.5 * fc1_output.untyped_storage().nbytes()
+    assert saved_bytes(swiglu, fc1_output) == fc1_output.untyped_storage().nbytes()
+    assert saved_bytes(_unfused, fc1_output) == 1.5 * fc1_output.untyped_storage().nbytes()
