@@ -341,6 +341,11 @@ class GPTChunk(torch.nn.Module):
         """Shape and dtype of the activation this (non-last) stage produces."""
         return self.input_shape(microbatch)
 
+    def transformer_layers(self) -> list[torch.nn.Module]:
+        """The chunk's transformer layers, in order (what ``--odc-param-residency layer``
+        gathers per use)."""
+        return list(self.model.decoder.layers)
+
     def global_named_parameters(self):
         """(name, param) with decoder layer indices made global and fused layernorm
         parameters (``recompute_lgd``) under their unfused names, so names, seeds and

@@ -19,8 +19,8 @@ Gradients. Where a microbatch's weight gradients go (``grad_accumulation``):
   compute dtype), they are flattened and ``scatter_accumulate``-d into the owners' fp32
   accumulators, and ``.grad`` is reset to None;
 * ``local`` (pipeline driver; ``auto`` picks it at dp=1 and in deterministic groups, which
-  stage every push in an fp32 buffer of the whole unit anyway): each parameter has an fp32
-  ``main_grad`` view of its unit's local accumulator; deferred W adds into it, and a
+  stage every push in an fp32 buffer of the whole unit anyway): each parameter has a
+  ``main_grad`` view (fp32, or bf16 with ``main_grad_dtype``) of its unit's local accumulator; deferred W adds into it, and a
   post-accumulate hook moves what autograd puts in ``.grad`` there at once. At dp=1 the
   local accumulator is the owner's accumulator itself; at dp > 1 it is pushed once, at
   :meth:`finish_minibatch`, staged by reference. Memory: one fp32 gradient of the stage
@@ -91,6 +91,7 @@ from torch import nn
 from . import primitives as prim
 from .engine_config import OdcConfig, UnitLayout, accumulates_locally, into_main_grad
 from .module_hooks import ModuleHooksDriver
+from .residency import LayerResidency, Segment, gather_segment, plan_segments
 from .tied import TiedGradients
 
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout", "accumulates_locally"]
@@ -104,7 +105,8 @@ class _Unit:
     """Flat-buffer bookkeeping of one unit (module) on this rank."""
 
     def __init__(self, index: int, module: nn.Module, params: list[nn.Parameter],
-                 names: list[str], group, dtype: torch.dtype, device: torch.device) -> None:
+                 names: list[str], group, dtype: torch.dtype, device: torch.device,
+                 residency_modules: Sequence[nn.Module] = ()) -> None:
         self.index = index
         self.module = module
         self.params = params
@@ -122,16 +124,20 @@ class _Unit:
         self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
         self.aliased = group.world_size == 1
         """dp=1: the gathered parameters are the shard itself (never released)."""
+        self.segments: list[Segment] = []
+        """Separately released ranges of the flat buffer (odc_pp.odc.residency)."""
         if self.aliased:
-            self.full = self.param_shard[:self.numel]
-            self.full_nbytes = 0
+            self.segments.append(Segment(lo=0, hi=self.numel, nbytes=0,
+                                         buffer=self.param_shard[:self.numel]))
         else:
-            self.full = torch.empty(self.numel, dtype=dtype, device=device)
-            self.full_nbytes = self.full.untyped_storage().nbytes()
+            for lo, hi, part in plan_segments(params, self.offsets, self.numel,
+                                              residency_modules):
+                buffer = torch.empty(hi - lo, dtype=dtype, device=device)
+                self.segments.append(Segment(lo=lo, hi=hi, buffer=buffer, module=part,
+                                             nbytes=buffer.untyped_storage().nbytes()))
         self.main_grad: torch.Tensor | None = None
-        """grad_accumulation 'local': fp32 gradient of the whole unit, summed over the
+        """grad_accumulation 'local': gradient of the whole unit (main_grad_dtype), summed over the
         minibatch's microbatches (at dp=1 a view of ``grad_acc``); None: 'push'."""
-        self.resident = True
         self.prefetch: Future | prim.Work | None = None
         """Pending prefetch: a helper-thread Future (CPU) or an async gather Work (CUDA)."""
         self.pushes = 0
@@ -141,12 +147,40 @@ class _Unit:
     def owned_numel(self) -> int:
         return self.end - self.start
 
+    @property
+    def full_nbytes(self) -> int:
+        """Bytes of the whole gathered unit (0 at dp=1: the shard is the unit)."""
+        return sum(segment.nbytes for segment in self.segments)
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Bytes gathered from first use to the step (without the per-layer segments)."""
+        return sum(segment.nbytes for segment in self.segments if segment.module is None)
+
+    @property
+    def resident(self) -> bool:
+        return all(segment.resident for segment in self.segments)
+
+    def flat(self, offset: int, numel: int) -> torch.Tensor:
+        """The gathered values of flat elements ``[offset, offset + numel)`` (one segment)."""
+        for segment in self.segments:
+            if segment.lo <= offset and offset + numel <= segment.hi:
+                return segment.buffer[offset - segment.lo:offset - segment.lo + numel]
+        raise ValueError(f"flat range [{offset}, {offset + numel}) spans segments")
+
+    def point_params(self) -> None:
+        """Make every parameter a view of its segment's buffer."""
+        with torch.no_grad():
+            for param, offset, shape in zip(self.params, self.offsets, self.shapes):
+                param.data = self.flat(offset, param.numel()).view(shape)
+
     def flat_grad(self) -> torch.Tensor:
         """This rank's gradient of the whole unit as one flat tensor (zeros where missing)."""
         pieces = [p.grad.reshape(-1) if p.grad is not None
-                  else torch.zeros(p.numel(), dtype=self.full.dtype, device=self.full.device)
+                  else torch.zeros(p.numel(), dtype=self.param_shard.dtype,
+                                   device=self.param_shard.device)
                   for p in self.params]
-        return torch.cat(pieces).to(self.full.dtype)
+        return torch.cat(pieces).to(self.param_shard.dtype)
 
     def clear_grads(self) -> None:
         for p in self.params:
@@ -167,7 +201,8 @@ class ShardedDataParallel(ModuleHooksDriver):
 
     def __init__(self, modules: Sequence[nn.Module], config: OdcConfig, group, *,
                  process_group: dist.ProcessGroup | None = None,
-                 inter_host_group: dist.ProcessGroup | None = None) -> None:
+                 inter_host_group: dist.ProcessGroup | None = None,
+                 layers: Sequence[Sequence[nn.Module]] | None = None) -> None:
         self.config = config
         self.group = group
         self.process_group = process_group
@@ -177,8 +212,13 @@ class ShardedDataParallel(ModuleHooksDriver):
             raise ValueError("ShardedDataParallel needs at least one module (unit)")
         self.units: list[_Unit] = []
         seen: set[int] = set()
+        per_layer = config.param_residency == "layer"
+        if per_layer and (layers is None or len(layers) != len(modules)):
+            raise ValueError("param_residency='layer' needs layers: the modules gathered "
+                             "per use, one list per unit")
         for index, module in enumerate(modules):
-            self.units.append(self._build_unit(index, module, seen))
+            self.units.append(self._build_unit(index, module, seen,
+                                               layers[index] if per_layer else ()))
         # Peers read our shards and add into our accumulators one-sidedly: nobody may start
         # before every member has filled its shards and zeroed its accumulators.
         prim.sync(group)
@@ -191,13 +231,16 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._prefetching = (config.prefetch and config.mode != "collective"
                              and config.unit_driver == "module_hooks")
         self._prefetcher = None  # the CPU helper thread; CUDA units need none
-        if self._prefetching and any(not unit.full.is_cuda for unit in self.units):
+        if self._prefetching and any(not unit.param_shard.is_cuda for unit in self.units):
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="odc-prefetch")
         if config.unit_driver == "module_hooks":
             self._attach_module_hooks()
+        self._layer_residency = LayerResidency(
+            self.units, lambda unit, segment: self._gather_segment(unit, segment),
+            self._release_segment) if per_layer else None
         self._grad_hooks: list = []
         self.local_grads = self._accumulates_locally()
-        """Weight gradients go into each unit's fp32 ``main_grad`` (grad_accumulation)."""
+        """Weight gradients go into each unit's ``main_grad`` (grad_accumulation)."""
         if self.local_grads:
             for unit in self.units:
                 self._attach_main_grad(unit)
@@ -213,7 +256,8 @@ class ShardedDataParallel(ModuleHooksDriver):
         if (mode == "hierarchical") != (inter_host_group is not None):
             raise ValueError("pass inter_host_group exactly when mode='hierarchical'")
 
-    def _build_unit(self, index: int, module: nn.Module, seen: set[int]) -> _Unit:
+    def _build_unit(self, index: int, module: nn.Module, seen: set[int],
+                    layers: Sequence[nn.Module]) -> _Unit:
         names, params = [], []
         for name, param in module.named_parameters():
             if not param.requires_grad:
@@ -229,16 +273,19 @@ class ShardedDataParallel(ModuleHooksDriver):
                              f"parameters; leave it out of the unit list")
         device = params[0].device
         unit = _Unit(index, module, params, names, self.group, self.config.torch_param_dtype,
-                     device)
+                     device, layers)
         with torch.no_grad():
             for param, offset in zip(params, unit.offsets):
-                unit.full[offset:offset + param.numel()].copy_(param.detach().reshape(-1))
+                unit.flat(offset, param.numel()).copy_(param.detach().reshape(-1))
             if not unit.aliased:
                 unit.param_shard.zero_()
-                unit.param_shard[:unit.owned_numel].copy_(unit.full[unit.start:unit.end])
+                full = torch.cat([unit.flat(offset, param.numel())
+                                  for param, offset in zip(params, unit.offsets)])
+                unit.param_shard[:unit.owned_numel].copy_(full[unit.start:unit.end])
+                del full
             unit.grad_acc.zero_()
-            for param, offset, shape in zip(params, unit.offsets, unit.shapes):
-                param.data = unit.full[offset:offset + param.numel()].view(shape)
+            unit.point_params()
+            for param in params:
                 param.grad = None
         self._release(unit)
         return unit
@@ -248,26 +295,34 @@ class ShardedDataParallel(ModuleHooksDriver):
                                    deterministic=self.group.config.deterministic)
 
     def _attach_main_grad(self, unit: _Unit) -> None:
-        """``param.main_grad``: the parameter's fp32 slice of the unit's local accumulator.
-        Deferred W (``odc_pp.megatron.layers.accumulate_weight_grad``) adds into it; a
+        """``param.main_grad``: the parameter's slice of the unit's local accumulator (fp32
+        or ``main_grad_dtype``; at dp=1 the owner's fp32 accumulator). Deferred W
+        (``odc_pp.megatron.layers.accumulate_weight_grad``) adds into it; a
         post-accumulate hook moves whatever autograd puts in ``.grad`` there at once."""
+        dtype = getattr(torch, self.config.main_grad_dtype)
         unit.main_grad = (unit.grad_acc[:unit.numel] if unit.aliased else
-                          torch.zeros(unit.numel, dtype=torch.float32, device=unit.full.device))
+                          torch.zeros(unit.numel, dtype=dtype, device=unit.param_shard.device))
         for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
             param.main_grad = unit.main_grad[offset:offset + param.numel()].view(shape)
             self._grad_hooks.append(param.register_post_accumulate_grad_hook(into_main_grad))
 
     # ----- gather / release / push -----------------------------------------------------
-    def _gather(self, unit: _Unit) -> None:
+    def _gather(self, unit: _Unit, *, kept_only: bool = False) -> None:
+        """Gather the unit's segments (``kept_only``: those not gathered per layer)."""
         if unit.aliased:
             return
         if unit.prefetch is not None:
             self._wait_prefetch(unit)
-        if unit.resident:
+        for segment in unit.segments:
+            if not (kept_only and segment.module is not None):
+                self._gather_segment(unit, segment)
+
+    def _gather_segment(self, unit: _Unit, segment: Segment) -> None:
+        if segment.resident or unit.aliased:
             return
-        unit.full.untyped_storage().resize_(unit.full_nbytes)
-        prim.gather_into_tensor(unit.full, unit.param_shard, self.group)
-        unit.resident = True
+        segment.buffer.untyped_storage().resize_(segment.nbytes)
+        gather_segment(segment, unit.param_shard, unit.numel, self.group)
+        segment.resident = True
         self._ops.append(("G", unit.index))
 
     def _prefetch(self, index: int) -> None:
@@ -278,13 +333,14 @@ class ShardedDataParallel(ModuleHooksDriver):
         unit = self.units[index]
         if unit.resident or unit.aliased:
             return
-        unit.full.untyped_storage().resize_(unit.full_nbytes)
-        unit.resident = True  # usable once _gather has waited for unit.prefetch
-        if unit.full.is_cuda:  # ordered on the compute stream; waited for on it
-            unit.prefetch = prim.gather_into_tensor(unit.full, unit.param_shard, self.group,
-                                                    async_op=True)
+        (segment,) = unit.segments  # the module_hooks driver: one segment per unit
+        segment.buffer.untyped_storage().resize_(segment.nbytes)
+        segment.resident = True  # usable once _gather has waited for unit.prefetch
+        if segment.buffer.is_cuda:  # ordered on the compute stream; waited for on it
+            unit.prefetch = prim.gather_into_tensor(segment.buffer, unit.param_shard,
+                                                    self.group, async_op=True)
         else:
-            unit.prefetch = self._prefetcher.submit(prim.gather_into_tensor, unit.full,
+            unit.prefetch = self._prefetcher.submit(prim.gather_into_tensor, segment.buffer,
                                                     unit.param_shard, self.group)
         self._ops.append(("G", unit.index))
 
@@ -301,19 +357,18 @@ class ShardedDataParallel(ModuleHooksDriver):
             return
         if unit.prefetch is not None:
             self._wait_prefetch(unit)
-        if unit.resident:
-            if not unit.full.untyped_storage().resizable():
-                self._rebind(unit)  # e.g. .numpy() of a parameter pinned the old storage
-            unit.full.untyped_storage().resize_(0)
-            unit.resident = False
+        for segment in unit.segments:
+            self._release_segment(unit, segment)
 
     @staticmethod
-    def _rebind(unit: _Unit) -> None:
-        """Point the unit's parameters at a fresh full buffer (same contents)."""
-        unit.full = unit.full.clone()
-        with torch.no_grad():
-            for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
-                param.data = unit.full[offset:offset + param.numel()].view(shape)
+    def _release_segment(unit: _Unit, segment: Segment) -> None:
+        if segment.resident and not unit.aliased:
+            if not segment.buffer.untyped_storage().resizable():
+                # e.g. .numpy() of a parameter pinned the storage: a fresh one, same values
+                segment.buffer = segment.buffer.clone()
+                unit.point_params()
+            segment.buffer.untyped_storage().resize_(0)
+            segment.resident = False
 
     def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None, *,
               retain: bool = False) -> None:
@@ -349,16 +404,24 @@ class ShardedDataParallel(ModuleHooksDriver):
 
     # ----- pipeline driver (odc_pp.runtime.hooks.StageDataParallel) ----------------------
     def before_forward(self, chunk: int, microbatch: int) -> None:
-        """Full parameters of local ``chunk`` are usable when this returns."""
-        self._gather(self._unit(chunk))
+        """Full parameters of local ``chunk`` are usable when this returns (layer
+        residency: the kept segments; each layer's are gathered by its hooks)."""
+        self._gather_for_action(self._unit(chunk))
 
     def before_backward(self, chunk: int, microbatch: int) -> None:
         """Parameters of ``chunk`` are usable for B or BW when this returns."""
-        self._gather(self._unit(chunk))
+        self._gather_for_action(self._unit(chunk))
+
+    def _gather_for_action(self, unit: _Unit) -> None:
+        if self._layer_residency is not None:
+            self._layer_residency.release_all()  # the previous action is over
+        self._gather(unit, kept_only=self._layer_residency is not None)
 
     def after_weight_grad(self, chunk: int, microbatch: int) -> None:
         """Push the weight gradients of (chunk, microbatch) to their owners (local
         accumulation: they are in the unit's ``main_grad`` already)."""
+        if self._layer_residency is not None:
+            self._layer_residency.release_all()
         unit = self._unit(chunk)
         if not self.local_grads:
             self._push(unit)
@@ -415,7 +478,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             self._tied.sum()
 
     def _push_main_grad(self, unit: _Unit) -> None:
-        """The minibatch's local fp32 gradient of ``unit`` to its owners, once. At dp=1 it
+        """The minibatch's local gradient of ``unit`` to its owners, once. At dp=1 it
         is the owner's accumulator already. The accumulator stays untouched until the sync
         (zeroed in :meth:`finish_step`), so a staging transport keeps it by reference."""
         for param in unit.params:
@@ -473,8 +536,8 @@ class ShardedDataParallel(ModuleHooksDriver):
                 if self.config.unit_driver == "module_hooks":
                     self._release(unit)
             else:
-                self._push(unit, torch.zeros(unit.numel, dtype=unit.full.dtype,
-                                             device=unit.full.device))
+                self._push(unit, torch.zeros(unit.numel, dtype=unit.param_shard.dtype,
+                                             device=unit.param_shard.device))
 
     def finish_step(self) -> None:
         """After the optimizer wrote the owned parameter shards: zero the accumulators,
@@ -528,6 +591,8 @@ class ShardedDataParallel(ModuleHooksDriver):
                 self._wait_prefetch(unit)
         self._wait_pushes()
         self.detach_hooks()
+        if self._layer_residency is not None:
+            self._layer_residency.remove()
         for handle in self._grad_hooks:
             handle.remove()
         self._grad_hooks = []

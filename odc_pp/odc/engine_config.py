@@ -49,6 +49,17 @@ class OdcConfig:
     non-deterministic odc or hierarchical group, or collective mode, whose per-microbatch
     reduce-scatter is the FSDP baseline); a deterministic group stages every push in an
     fp32 buffer of the whole unit until the sync anyway."""
+    main_grad_dtype: str = "float32"
+    """grad_accumulation 'local', dp > 1: dtype of each unit's ``main_grad``, summed over
+    the minibatch's microbatches and pushed into the owners' fp32 accumulators once:
+    float32, or bfloat16 (Megatron's ``--grad-reduce-in-bf16``: half the bytes, bf16
+    summation over microbatches). At dp=1 ``main_grad`` is the owner's fp32 accumulator
+    whatever this says."""
+    param_residency: Literal["minibatch", "layer"] = "minibatch"
+    """pipeline driver, odc and hierarchical modes: how long gathered parameters live
+    (odc_pp.odc.residency). ``minibatch``: a chunk from its first use to the step.
+    ``layer``: each of the modules passed as ``layers`` only while it computes (FSDP's
+    per-layer gather and free), the rest of the chunk as in ``minibatch``."""
     check_collective_order: bool = True
     """collective mode: verify that each microbatch issued the canonical sequence of
     collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
@@ -66,6 +77,16 @@ class OdcConfig:
                              f"{self.grad_accumulation!r}")
         if self.grad_accumulation == "local" and self.unit_driver != "pipeline":
             raise ValueError("grad_accumulation='local' needs unit_driver='pipeline'")
+        if self.main_grad_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"main_grad_dtype must be 'float32' or 'bfloat16', got "
+                             f"{self.main_grad_dtype!r}")
+        if self.param_residency not in ("minibatch", "layer"):
+            raise ValueError(f"param_residency must be 'minibatch' or 'layer', got "
+                             f"{self.param_residency!r}")
+        if self.param_residency == "layer" and (self.unit_driver != "pipeline"
+                                                or self.mode == "collective"):
+            raise ValueError("param_residency='layer' needs unit_driver='pipeline' and the "
+                             "one-sided odc or hierarchical mode")
         if self.max_inflight_pushes < 1:
             raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
 
@@ -117,7 +138,7 @@ class UnitLayout:
 
 
 def into_main_grad(param: torch.Tensor) -> None:
-    """Move ``param.grad`` into ``param.main_grad`` (fp32 +=)."""
+    """Move ``param.grad`` into ``param.main_grad`` (+= in main_grad's dtype)."""
     if param.grad is None:  # another hook moved it already
         return
     param.main_grad.add_(param.grad)

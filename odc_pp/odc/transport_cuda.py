@@ -322,7 +322,7 @@ class CudaIpcPath:
         return work
 
     def add_many(self, owner: int, pieces: list[tuple[Allocation, int, torch.Tensor]]) -> None:
-        """owner's fp32 memory at each (allocation, offset) += source (fp32, contiguous)
+        """owner's fp32 memory at each (allocation, offset) += source (fp32 or bf16, contiguous)
         with plain adds (the deterministic sync's turn serialises writers); one wait for
         all of them, so the adds have landed before the turn passes."""
         if not pieces:
@@ -330,8 +330,8 @@ class CudaIpcPath:
         stream = self.stream(pieces[0][2].device, "push")
         stream.after_current()  # the staged sums were written on the current stream
         for allocation, offset, source in pieces:
-            stream.accumulate(allocation.peer_bases[owner] + offset, source.data_ptr(), 0,
-                              source.numel(), False)
+            stream.accumulate(allocation.peer_bases[owner] + offset, source.data_ptr(),
+                              dtype_code(source.dtype), source.numel(), False)
         self._waiter(stream, [source for _, _, source in pieces])(None)
 
     def flush(self) -> None:

@@ -264,11 +264,11 @@ class HostPath:
 
     def add_now(self, owner: int, allocation: Allocation, offset: int,
                 source: torch.Tensor) -> None:
-        """owner's fp32 memory at offset += source (fp32, contiguous), under the owner's
-        chunk locks; returns once it landed (deterministic sync, in turn)."""
+        """owner's fp32 memory at offset += source (fp32 or bf16, contiguous), under the
+        owner's chunk locks; returns once it landed (deterministic sync, in turn)."""
         self.host.accumulate_into(owner, allocation.peer_bases[owner] + offset,
-                                  allocation.alloc_id, offset, source.data_ptr(), 0,
-                                  source.numel())
+                                  allocation.alloc_id, offset, source.data_ptr(),
+                                  dtype_code(source.dtype), source.numel())
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []

@@ -54,7 +54,8 @@ class _Staging:
     allocation: Allocation
     """The symmetric allocation the accumulator view belongs to."""
     buffer: torch.Tensor
-    """fp32, the size of the full input; sum of this rank's contributions since sync."""
+    """The size of the full input; sum of this rank's contributions since sync (fp32, or
+    a borrowed input's dtype)."""
     dirty: bool = False
     """Whether anything was staged since the previous sync."""
     borrowed: bool = False
@@ -87,13 +88,13 @@ class StagedAccumulation:
     def stage(self, accumulator: torch.Tensor, input: torch.Tensor, *,
               retain: bool = False) -> None:
         """staging(accumulator view) += input; complete on return. ``retain``: the caller
-        leaves ``input`` unchanged until the next sync, so the first fp32 contribution
-        since the sync becomes the staging buffer itself (no copy; nothing else may be
-        staged into that view before the sync)."""
+        leaves ``input`` unchanged until the next sync, so the first contribution since
+        the sync becomes the staging buffer itself, in its own dtype (no copy; nothing else
+        may be staged into that view before the sync)."""
         allocation, offset = self._locate(accumulator, "accumulator")
         flat = input.view(-1)
         key = (allocation.alloc_id, offset, flat.numel())
-        if retain and key not in self._staged and flat.dtype == torch.float32:
+        if retain and key not in self._staged:
             self._staged[key] = _Staging(allocation=allocation, buffer=flat, dirty=True,
                                          borrowed=True)
             return
@@ -164,7 +165,7 @@ class StagedAccumulation:
                 start, end = shard_range(numel, owner, self.world_size)
                 if end > start:
                     meta += [alloc_id, offset, end - start]
-                    data.append(staging.buffer[start:end])
+                    data.append(staging.buffer[start:end].float())  # the wire is fp32
             outgoing[owner] = (torch.tensor(meta, dtype=torch.int64),
                                torch.cat(data) if data else torch.zeros(0))
 

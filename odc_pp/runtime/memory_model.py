@@ -14,8 +14,9 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
   a minibatch and keeps it until the step); 0 at dp=1, where the shard is the whole unit;
 * gradient accumulators: ``4 * O`` (fp32, peers add into them);
 * weight gradients, local accumulation (the default at dp=1 and with deterministic data
-  parallelism): ``4 * P`` (each unit's fp32 ``main_grad``, pushed once per minibatch and
-  staged by reference), 0 at dp=1 (it is the owner's accumulator); no compute-dtype copy;
+  parallelism): ``g * P`` (each unit's ``main_grad``, ``g`` = 4 for fp32, 2 with
+  ``--grad-reduce-in-bf16``; pushed once per minibatch and staged by reference), 0 at dp=1
+  (it is the owner's fp32 accumulator); no compute-dtype copy;
 * weight gradients in flight, per-microbatch pushes: ``2 * e * max_u P_u`` (a chunk's
   ``.grad`` after its W and the flattened copy pushed from it); a flattened gradient is
   dropped as soon as its push completed;
@@ -76,8 +77,10 @@ class UnitSizes:
     post_validation: bool
     """--enable-optimizer-post-validation."""
     local_grads: bool = False
-    """Weight gradients summed into an fp32 ``main_grad`` of each unit
+    """Weight gradients summed into a ``main_grad`` of each unit
     (``odc_pp.odc.engine.accumulates_locally``) instead of pushed from ``.grad``."""
+    main_grad_bytes: int = 4
+    """Bytes of a ``main_grad`` value at dp > 1: 4 (fp32), 2 (``--grad-reduce-in-bf16``)."""
     norm_mask: tuple[bool, ...] = ()
     """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
@@ -97,7 +100,7 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
     masks = sum(sizes.owned(u) for u, has in enumerate(sizes.norm_mask) if has)
     alone = sizes.dp == 1  # the gathered copy is the shard, the local gradient the owner's
     if sizes.local_grads:
-        weight_grads, staging = (0 if alone else 4 * params), 0
+        weight_grads, staging = (0 if alone else sizes.main_grad_bytes * params), 0
     else:
         weight_grads, staging = 2 * e * largest, 4 * params if sizes.deterministic else 0
     return {

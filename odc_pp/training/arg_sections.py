@@ -162,6 +162,10 @@ class ParallelArgs:
     the model copies one host holds)."""
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
+    grad_reduce_in_bf16: bool = False
+    """Megatron's flag: with --bf16, each chunk's local weight-gradient buffer (main_grad,
+    summed over the minibatch's microbatches, data-parallel size > 1) is bf16 instead of
+    fp32: half its bytes. The owners' accumulators and the optimizer stay fp32."""
     distributed_timeout_minutes: float = 5.0
     """Longest wait on a peer before the job fails."""
 

@@ -27,7 +27,7 @@ from .optimizer_step import NonfiniteInjection, build_post_validator
 from .schedules import Schedules
 
 if TYPE_CHECKING:
-    from odc_pp.odc.engine import ShardedDataParallel
+    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import ShardedAdamW
     from odc_pp.optim.post_validation import PostValidatedOptimizer
     from odc_pp.runtime.runtime import PipelineRuntime
@@ -269,6 +269,15 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
     return chunks
 
 
+def odc_config(parallel: ParallelArgs, *, param_dtype: str) -> OdcConfig:
+    """The engine settings the flags give (the dry run and the plan ask the same)."""
+    from odc_pp.odc.engine import OdcConfig
+
+    bf16_grads = parallel.grad_reduce_in_bf16 and param_dtype == "bfloat16"
+    return OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline", param_dtype=param_dtype,
+                     main_grad_dtype="bfloat16" if bf16_grads else "float32")
+
+
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
                  param_dtype: str, local_world_size: int,
                  odc_group=None) -> tuple[ShardedDataParallel, object]:
@@ -276,7 +285,7 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
     ``odc_group``: an ODC group made already (the memory dry run's FakeOdcGroup); None:
     a new one over the data-parallel ranks."""
     from odc_pp.odc import primitives as prim
-    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
+    from odc_pp.odc.engine import ShardedDataParallel
 
     torch_group, inter_host, norm_group = _dp_groups(parallel, topo, local_world_size)
     if odc_group is None:
@@ -285,8 +294,7 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
             timeout_s=parallel.distributed_timeout_minutes * 60,
             deterministic=not parallel.nondeterministic_dp)
         odc_group = prim.new_group(torch_group, config=transport)
-    engine = ShardedDataParallel(chunks, OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline",
-                                                   param_dtype=param_dtype),
+    engine = ShardedDataParallel(chunks, odc_config(parallel, param_dtype=param_dtype),
                                  odc_group, process_group=torch_group,
                                  inter_host_group=inter_host)
     return engine, norm_group

@@ -420,6 +420,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
         unit_params=tuple(u.numel for u in engine.units), dp=topo.dp,
         param_bytes=engine.units[0].param_shard.element_size(),
         deterministic=not args.parallel.nondeterministic_dp, local_grads=engine.local_grads,
+        main_grad_bytes=torch.finfo(getattr(torch, engine.config.main_grad_dtype)).bits // 8,
         post_validation=args.schedule.enable_optimizer_post_validation,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
     _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})

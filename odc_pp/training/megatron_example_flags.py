@@ -74,8 +74,6 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
         "activation clamping (gpt-oss) is not supported: drop it", takes_value=True),
     "--enable-gpt-oss": rejected("gpt-oss models are not supported (dense GPT only)"),
     # precision and kernels
-    "--grad-reduce-in-bf16": noop(
-        "gradients are reduced in fp32 (more accurate; twice the bytes of bf16)"),
     "--cross-entropy-loss-fusion": noop(
         "the same loss; on CUDA odc-pp fuses the output layer with it "
         "(--fused-cross-entropy auto) unless tensor parallelism splits the vocabulary"),

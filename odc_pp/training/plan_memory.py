@@ -157,6 +157,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
         units = UnitSizes(unit_params=params, dp=dp * cp, param_bytes=2 if model.bf16 or model.fp16 else 4,
                           deterministic=not args.parallel.nondeterministic_dp,
                           local_grads=_local_grads(args, dp * cp),
+                          main_grad_bytes=_main_grad_bytes(args),
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
@@ -169,8 +170,18 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
 
 
 def _local_grads(args, dp: int) -> bool:
-    """Whether the engine the training builds sums weight gradients in fp32 main_grads."""
-    from odc_pp.odc.engine import OdcConfig, accumulates_locally
+    """Whether the engine the training builds sums weight gradients in main_grads."""
+    from odc_pp.odc.engine import accumulates_locally
+    from .components import odc_config
 
-    return accumulates_locally(OdcConfig(mode=args.parallel.dp_mode, unit_driver="pipeline"),
-                               dp=dp, deterministic=not args.parallel.nondeterministic_dp)
+    config = odc_config(args.parallel, param_dtype=args.model.compute_dtype)
+    return accumulates_locally(config, dp=dp,
+                               deterministic=not args.parallel.nondeterministic_dp)
+
+
+def _main_grad_bytes(args) -> int:
+    """Bytes of one main_grad value (--grad-reduce-in-bf16 with --bf16: 2)."""
+    from .components import odc_config
+
+    dtype = odc_config(args.parallel, param_dtype=args.model.compute_dtype).main_grad_dtype
+    return 2 if dtype == "bfloat16" else 4

@@ -55,7 +55,9 @@ def build_groups(rank: int):
     return pp_rank, dp_rank, dp_groups[pp_rank], pp_groups[dp_rank], channels
 
 
-RUNS = {"odc": ("odc", "zb-h1"), "collective": ("collective", "zb-h1"), "odc-zbv": ("odc", "zbv")}
+RUNS = {"odc": ("odc", "zb-h1"), "collective": ("collective", "zb-h1"),
+        "odc-zbv": ("odc", "zbv", "minibatch", True), "odc-zbv-layer": ("odc", "zbv", "layer", True)}
+"""name: (dp mode, schedule[, param residency, deterministic transport])"""
 
 
 def worker(rank, world, runs):
@@ -64,7 +66,7 @@ def worker(rank, world, runs):
     return results
 
 
-def train(rank, mode, schedule_name):
+def train(rank, mode, schedule_name, residency="minibatch", deterministic=False):
     from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks, global_name
     from odc_pp.odc import primitives as prim
@@ -83,9 +85,13 @@ def train(rank, mode, schedule_name):
                           process_groups=groups)
     reference_chunks = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)
     backend = "collective" if mode == "collective" else "odc"
-    odc_group = prim.new_group(dp_group, config=prim.TransportConfig(backend=backend))
-    engine = ShardedDataParallel(chunks, OdcConfig(mode=mode, unit_driver="pipeline"),
-                                 odc_group, process_group=dp_group)
+    odc_group = prim.new_group(dp_group, config=prim.TransportConfig(
+        backend=backend, deterministic=deterministic))
+    engine = ShardedDataParallel(
+        chunks, OdcConfig(mode=mode, unit_driver="pipeline", param_residency=residency),
+        odc_group, process_group=dp_group,
+        layers=[chunk.transformer_layers() for chunk in chunks])
+    gathered = _track_gathered(engine)
     optimizer = ShardedAdamW(engine, AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD),
                              norm_group=None)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=pp_group,
@@ -103,16 +109,33 @@ def train(rank, mode, schedule_name):
         # the norm over every rank: stages x shards
         norms.append(optimizer.clip_and_step(None).grad_norm)
         counts.append(len(mine))
+    gathered_peak = gathered["peak"]  # in training (full_state_dict gathers everything)
     full = engine.full_state_dict()
     params = {global_name(name, chunk.layers.start): full[f"{index}.{name}"]
               for index, chunk in enumerate(chunks) for name, _ in chunk.named_parameters()}
     result = {"counts": counts, "params": {k: v.numpy() for k, v in params.items()},
-              "norms": norms}
+              "norms": norms, "gathered_peak": gathered_peak,
+              "kept": sum(u.kept_nbytes for u in engine.units),
+              "layer": max(s.nbytes for u in engine.units for s in u.segments
+                           if s.module is not None) if residency == "layer" else 0}
     if rank == 0:
         result["reference"] = reference(reference_chunks[0])
     engine.destroy()
     odc_group.destroy()
     return result
+
+
+def _track_gathered(engine) -> dict:
+    """The peak bytes of gathered parameter segments, seen after every gather."""
+    seen = {"peak": 0}
+    gather = engine._gather_segment
+
+    def tracked(unit, segment):
+        gather(unit, segment)
+        now = sum(s.nbytes for u in engine.units for s in u.segments if s.resident)
+        seen["peak"] = max(seen["peak"], now)
+    engine._gather_segment = tracked
+    return seen
 
 
 def reference(model) -> dict:
@@ -139,6 +162,12 @@ def test_pp2_dp2_zb_matches_single_process():
     results = run_workers(worker, PP * DP, runs, config=LaunchConfig(timeout_s=300))
     for run in runs:
         check_mode([rank_results[run] for rank_results in results])
+    for rank_results in results:  # layer residency: the same numbers, fewer bytes
+        layer, whole = rank_results["odc-zbv-layer"], rank_results["odc-zbv"]
+        assert layer["norms"] == whole["norms"]
+        assert all((layer["params"][k] == v).all() for k, v in whole["params"].items())
+        assert layer["gathered_peak"] <= layer["kept"] + 2 * layer["layer"]
+        assert layer["gathered_peak"] < whole["gathered_peak"]
 
 
 def check_mode(ranks):

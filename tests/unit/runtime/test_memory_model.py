@@ -54,3 +54,15 @@ def test_local_accumulation_is_megatrons_state_per_parameter():
     pushed = sum(state_bytes(UnitSizes(unit_params=(params,), dp=1, param_bytes=2,
                                        deterministic=True, post_validation=False)).values())
     assert pushed == 26 * params  # per-microbatch pushes: two bf16 grads and fp32 staging
+
+
+def test_bf16_main_grad_is_megatrons_grad_reduce_in_bf16():
+    """--grad-reduce-in-bf16: the local gradient costs 2 bytes per parameter at dp > 1
+    (4 + 18/dp in all); at dp=1 it is the owner's fp32 accumulator either way."""
+    params = 8000
+    for dp in (1, 8):
+        sizes = UnitSizes(unit_params=(params,), dp=dp, param_bytes=2, deterministic=True,
+                          post_validation=False, local_grads=True, main_grad_bytes=2)
+        state = state_bytes(sizes)
+        assert state["weight_grads"] == (0 if dp == 1 else 2 * params)
+        assert sum(state.values()) == (18 * params if dp == 1 else 4 * params + 18 * params // dp)

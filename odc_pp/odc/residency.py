@@ -1,0 +1,159 @@
+"""Where a unit's gathered parameters live, and for how long (``OdcConfig.param_residency``).
+
+A unit's flat parameter buffer is cut into *segments*, contiguous ranges of the flat order,
+each with its own storage so that it can be released (resized to zero bytes) alone:
+
+* ``minibatch`` residency: one segment, the whole unit, gathered at the unit's first use
+  in a minibatch and kept until the optimizer step (a deferred W may run after another
+  chunk; nothing is gathered twice). Memory: ``e * P`` per rank.
+* ``layer`` residency (FSDP's per-layer gather and free, ``--odc-param-residency layer``):
+  every module the caller names (the transformer layers) is a segment of its own,
+  gathered by a forward pre-hook and released by the forward post-hook, gathered again
+  when the gradient of its output arrives (B needs the weights; W does not: it reads the
+  saved input and output gradient only) and released once the gradient of its input is
+  computed. The ranges between those modules (embedding, final norm, output layer, tied
+  weights) are segments kept as in ``minibatch``. Memory: ``e * (P_kept + 2 * P_layer)``
+  at most (a layer's backward gathers the layer below before the gradient hook of their
+  shared tensor releases the one above); each gathered layer costs one more read of
+  ``P_layer`` elements per F and per B, three per microbatch with recompute.
+
+A segment covering the unit is gathered with one ``gather_into_tensor``; a smaller one
+with one-sided ``get``s of the owners' overlapping shard ranges (odc and hierarchical
+modes: the owners do not take part, so ranks may differ in when they gather).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from . import primitives as prim
+
+__all__ = ["Segment", "plan_segments", "gather_segment", "LayerResidency"]
+
+
+@dataclass(eq=False, kw_only=True)
+class Segment:
+    """One separately releasable range ``[lo, hi)`` of a unit's flat parameter buffer."""
+
+    lo: int
+    """First flat element."""
+    hi: int
+    """One past the last flat element."""
+    buffer: torch.Tensor
+    """The range's gathered values (its own storage; the parameters are views of it)."""
+    nbytes: int
+    """Bytes of ``buffer`` when resident (0: it is the dp=1 shard, never released)."""
+    module: nn.Module | None = None
+    """The module whose use gathers it (layer residency); None: kept from first use in a
+    minibatch to the step."""
+    resident: bool = True
+
+    @property
+    def numel(self) -> int:
+        return self.hi - self.lo
+
+
+def plan_segments(params: Sequence[nn.Parameter], offsets: Sequence[int], numel: int,
+                  modules: Sequence[nn.Module]) -> list[tuple[int, int, nn.Module | None]]:
+    """``(lo, hi, module)`` ranges covering ``[0, numel)``: one per module of ``modules``
+    (its trainable parameters must be contiguous in the flat order) and kept ranges
+    (module None) between them."""
+    where = {id(p): (offset, offset + p.numel()) for p, offset in zip(params, offsets)}
+    ranges = []
+    for module in modules:
+        spans = [where[id(p)] for p in module.parameters() if id(p) in where]
+        if not spans:
+            continue
+        lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+        if sum(e - s for s, e in spans) != hi - lo:
+            raise ValueError(f"{type(module).__name__}'s parameters are not contiguous in "
+                             f"the unit's flat order; it cannot be a residency segment")
+        ranges.append((lo, hi, module))
+    ranges.sort(key=lambda r: r[0])
+    segments, position = [], 0
+    for lo, hi, module in ranges:
+        if lo < position:
+            raise ValueError("residency modules overlap: name each parameter once")
+        if lo > position:
+            segments.append((position, lo, None))
+        segments.append((lo, hi, module))
+        position = hi
+    if position < numel:
+        segments.append((position, numel, None))
+    return segments
+
+
+def gather_segment(segment: Segment, shard: torch.Tensor, numel: int, group) -> None:
+    """``segment.buffer`` = the flat buffer's ``[lo, hi)``, read from its owners."""
+    if segment.lo == 0 and segment.hi == numel:
+        prim.gather_into_tensor(segment.buffer, shard, group)
+        return
+    for owner in range(group.world_size):
+        start, end = prim.shard_range(numel, owner, group.world_size)
+        lo, hi = max(segment.lo, start), min(segment.hi, end)
+        if lo >= hi:
+            continue
+        output = segment.buffer[lo - segment.lo:hi - segment.lo]
+        source = shard[lo - start:hi - start]
+        if owner == group.rank:
+            output.copy_(source)
+        else:
+            prim.get(output, source, owner, group)
+
+
+class LayerResidency:
+    """The hooks of ``layer`` residency on one engine's units (module docstring).
+    ``gather(unit, segment)`` / ``release(unit, segment)`` are the engine's."""
+
+    def __init__(self, units, gather, release) -> None:
+        self.units = units
+        self._gather = gather
+        self._release = release
+        self._handles: list = []
+        for unit in units:
+            for segment in unit.segments:
+                if segment.module is not None:
+                    self._hook(unit, segment)
+
+    def _hook(self, unit, segment: Segment) -> None:
+        def before(module, args, kwargs):
+            self._gather(unit, segment)
+            if torch.is_grad_enabled():
+                inputs = _grad_tensors((args, kwargs))
+                if inputs:  # its backward is done once its input's gradient exists
+                    torch.autograd.graph.register_multi_grad_hook(
+                        inputs, lambda grads: self._release(unit, segment), mode="any")
+
+        def after(module, args, output):
+            self._release(unit, segment)
+            outputs = _grad_tensors(output) if torch.is_grad_enabled() else []
+            if outputs:  # B needs the weights again
+                torch.autograd.graph.register_multi_grad_hook(
+                    outputs, lambda grads: self._gather(unit, segment), mode="any")
+
+        self._handles.append(segment.module.register_forward_pre_hook(before,
+                                                                      with_kwargs=True))
+        self._handles.append(segment.module.register_forward_hook(after))
+
+    def release_all(self) -> None:
+        """Release every layer segment (between actions nothing needs one: a backward whose
+        input needs no gradient has no hook that would release it)."""
+        for unit in self.units:
+            for segment in unit.segments:
+                if segment.module is not None:
+                    self._release(unit, segment)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _grad_tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0]
+            if isinstance(t, torch.Tensor) and t.requires_grad]
