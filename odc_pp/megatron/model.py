@@ -341,10 +341,14 @@ class GPTChunk(torch.nn.Module):
         """Shape and dtype of the activation this (non-last) stage produces."""
         return self.input_shape(microbatch)
 
-    def transformer_layers(self) -> list[torch.nn.Module]:
-        """The chunk's transformer layers, in order (what ``--odc-param-residency layer``
-        gathers per use)."""
-        return list(self.model.decoder.layers)
+    def residency_modules(self) -> list[torch.nn.Module | tuple[torch.nn.Module, bool]]:
+        """What ``--odc-param-residency layer`` gathers per use: the embedding (forward
+        only: its backward reads no weight), unless the output layer shares its weight,
+        then the transformer layers, in order."""
+        layers: list = list(self.model.decoder.layers)
+        if self.is_first and not self.model.share_embeddings_and_output_weights:
+            layers.insert(0, (self.model.embedding, False))
+        return layers
 
     def global_named_parameters(self):
         """(name, param) with decoder layer indices made global and fused layernorm

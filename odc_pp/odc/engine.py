@@ -130,10 +130,11 @@ class _Unit:
             self.segments.append(Segment(lo=0, hi=self.numel, nbytes=0,
                                          buffer=self.param_shard[:self.numel]))
         else:
-            for lo, hi, part in plan_segments(params, self.offsets, self.numel,
-                                              residency_modules):
+            for lo, hi, part, backward in plan_segments(params, self.offsets, self.numel,
+                                                        residency_modules):
                 buffer = torch.empty(hi - lo, dtype=dtype, device=device)
                 self.segments.append(Segment(lo=lo, hi=hi, buffer=buffer, module=part,
+                                             backward=backward,
                                              nbytes=buffer.untyped_storage().nbytes()))
         self.main_grad: torch.Tensor | None = None
         """grad_accumulation 'local': gradient of the whole unit (main_grad_dtype), summed over the

@@ -7,7 +7,8 @@ each with its own storage so that it can be released (resized to zero bytes) alo
   in a minibatch and kept until the optimizer step (a deferred W may run after another
   chunk; nothing is gathered twice). Memory: ``e * P`` per rank.
 * ``layer`` residency (FSDP's per-layer gather and free, ``--odc-param-residency layer``):
-  every module the caller names (the transformer layers) is a segment of its own,
+  every module the caller names (the transformer layers; the embedding, whose backward
+  reads no weight, as forward-only) is a segment of its own,
   gathered by a forward pre-hook and released by the forward post-hook, gathered again
   when the gradient of its output arrives (B needs the weights; W does not: it reads the
   saved input and output gradient only) and released once the gradient of its input is
@@ -51,6 +52,9 @@ class Segment:
     module: nn.Module | None = None
     """The module whose use gathers it (layer residency); None: kept from first use in a
     minibatch to the step."""
+    backward: bool = True
+    """The module's backward reads its weights (gather again for B); False: forward only
+    (an embedding: its weight gradient is a scatter of the output gradient)."""
     resident: bool = True
 
     @property
@@ -59,13 +63,16 @@ class Segment:
 
 
 def plan_segments(params: Sequence[nn.Parameter], offsets: Sequence[int], numel: int,
-                  modules: Sequence[nn.Module]) -> list[tuple[int, int, nn.Module | None]]:
-    """``(lo, hi, module)`` ranges covering ``[0, numel)``: one per module of ``modules``
-    (its trainable parameters must be contiguous in the flat order) and kept ranges
-    (module None) between them."""
+                  modules: Sequence[nn.Module | tuple[nn.Module, bool]]
+                  ) -> list[tuple[int, int, nn.Module | None, bool]]:
+    """``(lo, hi, module, backward)`` ranges covering ``[0, numel)``: one per entry of
+    ``modules`` (a module, or ``(module, its backward reads its weights)``; its trainable
+    parameters must be contiguous in the flat order) and kept ranges (module None)
+    between them."""
     where = {id(p): (offset, offset + p.numel()) for p, offset in zip(params, offsets)}
     ranges = []
-    for module in modules:
+    for entry in modules:
+        module, backward = entry if isinstance(entry, tuple) else (entry, True)
         spans = [where[id(p)] for p in module.parameters() if id(p) in where]
         if not spans:
             continue
@@ -73,18 +80,18 @@ def plan_segments(params: Sequence[nn.Parameter], offsets: Sequence[int], numel:
         if sum(e - s for s, e in spans) != hi - lo:
             raise ValueError(f"{type(module).__name__}'s parameters are not contiguous in "
                              f"the unit's flat order; it cannot be a residency segment")
-        ranges.append((lo, hi, module))
+        ranges.append((lo, hi, module, backward))
     ranges.sort(key=lambda r: r[0])
     segments, position = [], 0
-    for lo, hi, module in ranges:
+    for lo, hi, module, backward in ranges:
         if lo < position:
             raise ValueError("residency modules overlap: name each parameter once")
         if lo > position:
-            segments.append((position, lo, None))
-        segments.append((lo, hi, module))
+            segments.append((position, lo, None, True))
+        segments.append((lo, hi, module, backward))
         position = hi
     if position < numel:
-        segments.append((position, numel, None))
+        segments.append((position, numel, None, True))
     return segments
 
 
@@ -123,7 +130,7 @@ class LayerResidency:
     def _hook(self, unit, segment: Segment) -> None:
         def before(module, args, kwargs):
             self._gather(unit, segment)
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and segment.backward:
                 inputs = _grad_tensors((args, kwargs))
                 if inputs:  # its backward is done once its input's gradient exists
                     torch.autograd.graph.register_multi_grad_hook(
@@ -131,7 +138,8 @@ class LayerResidency:
 
         def after(module, args, output):
             self._release(unit, segment)
-            outputs = _grad_tensors(output) if torch.is_grad_enabled() else []
+            outputs = _grad_tensors(output) if torch.is_grad_enabled() and segment.backward \
+                else []
             if outputs:  # B needs the weights again
                 torch.autograd.graph.register_multi_grad_hook(
                     outputs, lambda grads: self._gather(unit, segment), mode="any")

@@ -42,6 +42,9 @@ class FakeOdcGroup(OdcGroup):
     def gather(self, output: torch.Tensor, shard: torch.Tensor, async_op: bool = False) -> Work:
         return Work()
 
+    def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
+        return None
+
     def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor, *,
                            retain: bool = False) -> Work:
         if retain:

@@ -12,6 +12,8 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
 * parameters, sharded: ``e * O`` (symmetric shard, peers read it);
 * parameters, gathered: ``e * P`` (the pipeline driver gathers a chunk at its first use in
   a minibatch and keeps it until the step); 0 at dp=1, where the shard is the whole unit;
+  ``--odc-param-residency layer``: ``e * (P - P_layers)`` kept, and ``2 * e * P_layer``
+  (a layer and its neighbour) inside the F and B transients (odc_pp.odc.residency);
 * gradient accumulators: ``4 * O`` (fp32, peers add into them);
 * weight gradients, local accumulation (the default at dp=1 and with deterministic data
   parallelism): ``g * P`` (each unit's ``main_grad``, ``g`` = 4 for fp32, 2 with
@@ -79,6 +81,9 @@ class UnitSizes:
     local_grads: bool = False
     """Weight gradients summed into a ``main_grad`` of each unit
     (``odc_pp.odc.engine.accumulates_locally``) instead of pushed from ``.grad``."""
+    gathered_params: tuple[int, ...] | None = None
+    """Per unit: elements gathered from first use to the step (layer residency: the unit
+    without its layers, which the F/B transients hold one or two at a time); None: all."""
     main_grad_bytes: int = 4
     """Bytes of a ``main_grad`` value at dp > 1: 4 (fp32), 2 (``--grad-reduce-in-bf16``)."""
     norm_mask: tuple[bool, ...] = ()
@@ -104,7 +109,8 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
     else:
         weight_grads, staging = 2 * e * largest, 4 * params if sizes.deterministic else 0
     return {
-        "params_gathered": 0 if alone else e * params,
+        "params_gathered": 0 if alone else e * (params if sizes.gathered_params is None
+                                                 else sum(sizes.gathered_params)),
         "params_sharded": e * owned,
         "weight_grads": weight_grads,
         "grad_accumulators": 4 * owned,
@@ -130,6 +136,8 @@ class MemoryReport:
     """Flags that would make the job fit (empty when it fits)."""
     advised: dict[str, int] = field(default_factory=dict)
     """:attr:`categories` with the exactly re-evaluated advice applied."""
+    param_residency: str = "minibatch"
+    """How long gathered parameters live (--odc-param-residency, auto resolved)."""
 
     @property
     def advised_total(self) -> int:
@@ -154,7 +162,8 @@ class MemoryReport:
     def format(self) -> str:
         """One table (this job's peak by category), then the advice and its effect."""
         lines = [f"rank {self.rank}: peak {self.total / GB:.2f} GB of {self.memory_gb:g} GB "
-                 f"-> {_verdict(self.fits)}"]
+                 f"-> {_verdict(self.fits)} (ODC parameter residency: "
+                 f"{self.param_residency})"]
         for name in CATEGORIES:
             lines.append(f"  {name:26s} {self.categories.get(name, 0) / GB:9.3f} GB")
         for line in self.advice:

@@ -162,6 +162,13 @@ class ParallelArgs:
     the model copies one host holds)."""
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
+    odc_param_residency: str = "auto"
+    """How long ODC keeps a chunk's gathered parameters: minibatch (from first use to the
+    optimizer step: no re-gathering), layer (each transformer layer only while it
+    computes, FSDP's per-layer gather and free: the memory of one layer instead of the
+    chunk's, for one more read of the layer per F and B), or auto: layer where the memory
+    plan of minibatch exceeds the GPU's memory (the dry run: --memory-gb), else
+    minibatch. Data-parallel size 1 gathers nothing either way."""
     grad_reduce_in_bf16: bool = False
     """Megatron's flag: with --bf16, each chunk's local weight-gradient buffer (main_grad,
     summed over the minibatch's microbatches, data-parallel size > 1) is bf16 instead of

@@ -26,6 +26,7 @@ LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": FAMILY_NAMES,
     "dp_mode": DP_MODES,
+    "odc_param_residency": ("auto", "minibatch", "layer"),
     "load_balance": LOAD_BALANCE,
     "lr_decay_style": ("constant", "linear", "cosine"),
     "tokenizer_type": ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer"),

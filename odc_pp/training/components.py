@@ -23,11 +23,12 @@ from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, Tr
                         loss_scale_config)
 from .distributed import Topology, warm_up_topology
 from .model_setup import load_initial_weights, model_config
+from .odc_settings import odc_config
 from .optimizer_step import NonfiniteInjection, build_post_validator
 from .schedules import Schedules
 
 if TYPE_CHECKING:
-    from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
+    from odc_pp.odc.engine import ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import ShardedAdamW
     from odc_pp.optim.post_validation import PostValidatedOptimizer
     from odc_pp.runtime.runtime import PipelineRuntime
@@ -269,21 +270,12 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
     return chunks
 
 
-def odc_config(parallel: ParallelArgs, *, param_dtype: str) -> OdcConfig:
-    """The engine settings the flags give (the dry run and the plan ask the same)."""
-    from odc_pp.odc.engine import OdcConfig
-
-    bf16_grads = parallel.grad_reduce_in_bf16 and param_dtype == "bfloat16"
-    return OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline", param_dtype=param_dtype,
-                     main_grad_dtype="bfloat16" if bf16_grads else "float32")
-
-
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
-                 param_dtype: str, local_world_size: int,
-                 odc_group=None) -> tuple[ShardedDataParallel, object]:
+                 param_dtype: str, local_world_size: int, odc_group=None,
+                 param_residency: str = "minibatch") -> tuple[ShardedDataParallel, object]:
     """The data-parallel engine over ``chunks`` (--dp-mode) and the gradient-norm group.
     ``odc_group``: an ODC group made already (the memory dry run's FakeOdcGroup); None:
-    a new one over the data-parallel ranks."""
+    a new one over the data-parallel ranks. ``param_residency``: resolved (odc_config)."""
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import ShardedDataParallel
 
@@ -294,8 +286,12 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
             timeout_s=parallel.distributed_timeout_minutes * 60,
             deterministic=not parallel.nondeterministic_dp)
         odc_group = prim.new_group(torch_group, config=transport)
-    engine = ShardedDataParallel(chunks, odc_config(parallel, param_dtype=param_dtype),
+    if odc_group.world_size == 1:
+        param_residency = "minibatch"  # nothing is gathered at dp=1
+    engine = ShardedDataParallel(chunks, odc_config(parallel, param_dtype=param_dtype,
+                                                    param_residency=param_residency),
                                  odc_group, process_group=torch_group,
+                                 layers=[chunk.residency_modules() for chunk in chunks],
                                  inter_host_group=inter_host)
     return engine, norm_group
 
@@ -318,14 +314,18 @@ def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo:
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
-                     local_world_size: int = 1) -> Components:
+                     local_world_size: int = 1,
+                     param_residency: str = "minibatch") -> Components:
+    """Model, engine, optimizer, runtime and schedules of this rank; ``param_residency``:
+    --odc-param-residency resolved (plan_memory.param_residency)."""
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
     chunks = build_model(args.model, args.schedule, args.parallel, topo,
                          vocab_size=vocab_size, seed=args.run.seed)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype=args.model.compute_dtype,
-                                      local_world_size=local_world_size)
+                                      local_world_size=local_world_size,
+                                      param_residency=param_residency)
     tied = _tie_embeddings(engine, chunks, args.schedule, args.parallel, topo,
                            local_world_size)
     optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,

@@ -47,6 +47,7 @@ from odc_pp.runtime.memory_model import (GB, ChunkBytes, MemoryReport, UnitSizes
                                          schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
+from .plan_memory import job_costs, param_residency, replica_microbatches
 
 __all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
            "split_dry_run_flags"]
@@ -175,7 +176,7 @@ def _topology(args: TrainingArgs, rank: int, world_size: int):
                           tp=args.parallel.tensor_model_parallel_size)
 
 
-def _build(args: TrainingArgs, topo, vocab_size: int):
+def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
     """This rank's chunks, engine and optimizer, made by the training builders on fake
     tensors, the fake process group and a fake ODC group (no --hf-checkpoint weights are
     read: only their sizes matter)."""
@@ -199,20 +200,14 @@ def _build(args: TrainingArgs, topo, vocab_size: int):
                          deterministic=not args.parallel.nondeterministic_dp)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype=args.model.compute_dtype,
-                                      local_world_size=topo.world_size, odc_group=group)
+                                      local_world_size=topo.world_size, odc_group=group,
+                                      param_residency=residency)
     # a model tied across stages: the output layer's copy stays out of the norm (its
     # gradient sum over the tie group, TiedGradients, is not made here)
     tied = any(chunk.tied_across_stages for chunk in chunks)
     optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
                                 tied=tied)
     return chunks, engine, optimizer
-
-
-def _costs(args: TrainingArgs, pp: int):
-    """The costs training generates its schedules for (--cost-model, full recompute)."""
-    from .components import load_cost_model, recompute_costs
-
-    return recompute_costs(load_cost_model(args.schedule), args, pp)
 
 
 def _microbatch(args: TrainingArgs, vocab_size: int):
@@ -222,16 +217,6 @@ def _microbatch(args: TrainingArgs, vocab_size: int):
     shape = (1, packed) if packed else (args.data.micro_batch_size, args.model.seq_length)
     tokens = torch.randint(0, vocab_size, shape)
     return Microbatch(tokens=tokens, labels=tokens.clone(), loss_mask=torch.ones(shape))
-
-
-def _num_microbatches(args: TrainingArgs, dp: int) -> int:
-    """Microbatches of one replica: samples / micro batch size, or with
-    --max-tokens-per-microbatch the packed count (full sequences assumed)."""
-    samples = args.data.global_batch_size // dp
-    packed = args.data.max_tokens_per_microbatch
-    if packed:
-        return max(1, math.ceil(samples * args.model.seq_length / packed))
-    return samples // args.data.micro_batch_size
 
 
 def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch) -> tuple[
@@ -290,7 +275,7 @@ def _engine_bytes(engine, optimizer) -> dict[str, int]:
     masks = _nbytes(m for m in optimizer.norm_mask)  # weight decay: pieces, no mask
     local = {"weight_grads": _nbytes(u.main_grad for u in units if not u.aliased)} \
         if engine.local_grads else {}
-    return {**local, "params_gathered": sum(u.full_nbytes for u in units),
+    return {**local, "params_gathered": sum(u.kept_nbytes for u in units),
             "params_sharded": shard,
             "grad_accumulators": _nbytes(u.grad_acc for u in units),
             "optimizer_state": master + _nbytes(optimizer.exp_avg) +
@@ -398,13 +383,15 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
     args = _context_parallel_rank(args)
     _fake_world(flags.rank, flags.world_size)
     topo = _topology(args, flags.rank, flags.world_size)
-    m = _num_microbatches(args, topo.dp)
+    m = replica_microbatches(args, topo.dp)
     schedule = build(training_request(
         args.schedule, pp=topo.pp, num_microbatches=m,
-        post_validation=args.schedule.enable_optimizer_post_validation), _costs(args, topo.pp))
+        post_validation=args.schedule.enable_optimizer_post_validation), job_costs(args, topo.pp))
     pp_rank = topo.pp_rank
+    residency = param_residency(args, world_size=flags.world_size,
+                                budget_bytes=flags.memory_gb * GB)
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
-        chunks, engine, optimizer = _build(args, topo, args.model.vocab_size)
+        chunks, engine, optimizer = _build(args, topo, args.model.vocab_size, residency)
         held = _engine_bytes(engine, optimizer)
         built = tracker.now()
         microbatch = _microbatch(args, args.model.vocab_size)
@@ -421,10 +408,15 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
         param_bytes=engine.units[0].param_shard.element_size(),
         deterministic=not args.parallel.nondeterministic_dp, local_grads=engine.local_grads,
         main_grad_bytes=torch.finfo(getattr(torch, engine.config.main_grad_dtype)).bits // 8,
+        gathered_params=tuple(sum(s.numel for s in u.segments if s.module is None)
+                              for u in engine.units)
+        if engine.config.param_residency == "layer" else None,
         post_validation=args.schedule.enable_optimizer_post_validation,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
     _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})
-    return _report(args, flags, schedule, pp_rank, units, sizes, message, measured)
+    report = _report(args, flags, schedule, pp_rank, units, sizes, message, measured)
+    report.param_residency = engine.config.param_residency
+    return report
 
 
 def _report(args, flags, schedule, pp_rank, units, sizes, message,
@@ -433,7 +425,7 @@ def _report(args, flags, schedule, pp_rank, units, sizes, message,
 
     from .schedules import training_request
 
-    costs = _costs(args, schedule.pp)
+    costs = job_costs(args, schedule.pp)
 
     def timeline(schedule) -> dict[str, int]:
         return schedule_peak(schedule, pp_rank, sizes, message_bytes=message, costs=costs,

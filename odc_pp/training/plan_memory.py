@@ -22,12 +22,19 @@ The two things the dry run measures on fake tensors are formulas here:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from odc_pp.runtime.memory_model import ChunkBytes, UnitSizes, schedule_peak, state_bytes
 
+if TYPE_CHECKING:
+    from .arguments import TrainingArgs
+
 __all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
-           "chunk_params"]
+           "chunk_params", "layer_params", "param_residency", "args_peaks", "job_costs",
+           "replica_microbatches"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,8 @@ the fused CUDA kernel keeps (h_split 27.55 -> 15.55: 12 x h, measured at the GPU
 Llama-3-8B layers)."""
 
 
-def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chunks: int,
-                 vocab_size: int) -> int:
-    """Trainable elements of one chunk of ``layers`` layers on one tensor-parallel rank
-    (``model``: the parsed ModelArgs; ``pp_chunks``: pp x chunks, for the tied copy)."""
+def layer_params(model, *, tp: int) -> int:
+    """Trainable elements of one transformer layer on one tensor-parallel rank."""
     h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
     heads = model.num_attention_heads
     kv_channels = model.kv_channels or h // heads
@@ -69,7 +74,16 @@ def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chu
     replicated = 2 * norm + 2 * h * bias
     if model.qk_layernorm:
         replicated += 2 * kv_channels * (2 if norm > h else 1)
-    total = layers * (split // tp + replicated)
+    return split // tp + replicated
+
+
+def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chunks: int,
+                 vocab_size: int) -> int:
+    """Trainable elements of one chunk of ``layers`` layers on one tensor-parallel rank
+    (``model``: the parsed ModelArgs; ``pp_chunks``: pp x chunks, for the tied copy)."""
+    h = model.hidden_size
+    norm = h if model.normalization == "RMSNorm" else 2 * h
+    total = layers * layer_params(model, tp=tp)
     vocab = -(-vocab_size // tp) * h
     if first:
         total += vocab
@@ -125,12 +139,32 @@ def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int) -> list[floa
 
 def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     from .arguments import parse_args
+
+    args = parse_args(list(flags) + ["--mock-data"])
+    return args_peaks(args, world_size,
+                      param_residency(args, world_size=world_size, budget_bytes=None))
+
+
+def param_residency(args, *, world_size: int, budget_bytes: float | None) -> str:
+    """--odc-param-residency resolved: auto is layer where minibatch residency's plan
+    exceeds ``budget_bytes`` on some pipeline rank (None: no budget known), else
+    minibatch; every rank of the job resolves the same from the same flags."""
+    chosen = args.parallel.odc_param_residency
+    if chosen != "auto":
+        return chosen
+    dp = args.data_parallel_size(world_size, world_size) * args.parallel.context_parallel_size
+    if budget_bytes is None or dp == 1 or args.parallel.dp_mode == "collective":
+        return "minibatch"
+    fits = max(args_peaks(args, world_size, "minibatch")) <= budget_bytes
+    return "minibatch" if fits else "layer"
+
+
+def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
+    """Peak bytes of each pipeline rank of the parsed job ``args`` (rank_peaks)."""
     from odc_pp.schedule.build import build
 
     from .schedules import training_request
-    from .dry_run import _costs, _num_microbatches
 
-    args = parse_args(list(flags) + ["--mock-data"])
     tp = args.parallel.tensor_model_parallel_size
     pp = args.parallel.pipeline_model_parallel_size
     dp = args.data_parallel_size(world_size, world_size)
@@ -139,8 +173,8 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     if not vocab:
         raise ValueError("the plan's flags need --vocab-size (or --hf-checkpoint)")
     schedule = build(training_request(
-        args.schedule, pp=pp, num_microbatches=_num_microbatches(args, dp),
-        post_validation=args.schedule.enable_optimizer_post_validation), _costs(args, pp))
+        args.schedule, pp=pp, num_microbatches=replica_microbatches(args, dp),
+        post_validation=args.schedule.enable_optimizer_post_validation), job_costs(args, pp))
     cp = args.parallel.context_parallel_size  # each rank holds 1/cp of every row
     tokens = (args.data.max_tokens_per_microbatch or
               args.data.micro_batch_size * model.seq_length) // cp
@@ -148,9 +182,13 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     tied = not model.untie_embeddings and pp * chunks > 1  # the output copy: out of the norm
     message = 2 * tokens * model.hidden_size // (tp if args.parallel.sequence_parallel else 1)
     peaks = []
+    embedding = -(-vocab // tp) * model.hidden_size  # per use where untied (residency)
     for pp_rank in range(pp):
         stages = [schedule.stage_of(pp_rank, c) for c in range(chunks)]
         last = [s == schedule.num_stages - 1 for s in stages]
+        per_use_embedding = [embedding if s == 0 and model.untie_embeddings else 0
+                             for s in stages]
+        gathered_per_use = [layers * layer_params(model, tp=tp) + e for e in per_use_embedding]
         params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
                                     pp_chunks=pp * chunks, vocab_size=vocab)
                        for s, is_last in zip(stages, last))
@@ -158,12 +196,19 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
                           deterministic=not args.parallel.nondeterministic_dp,
                           local_grads=_local_grads(args, dp * cp),
                           main_grad_bytes=_main_grad_bytes(args),
+                          gathered_params=None if residency != "layer" else tuple(
+                              p - per_use for p, per_use in zip(params, gathered_per_use)),
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab) for is_last in last]
+        if residency == "layer" and dp * cp > 1:  # a layer and its neighbour, gathered
+            pair = 2 * layer_params(model, tp=tp) * units.param_bytes
+            sizes = [dataclasses.replace(
+                s, transient_f=s.transient_f + max(pair, e * units.param_bytes),
+                transient_b=s.transient_b + pair) for s, e in zip(sizes, per_use_embedding)]
         timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
-                                 costs=_costs(args, pp))
+                                 costs=job_costs(args, pp))
         peaks.append(float(sum(state_bytes(units).values()) +
                            sum(timeline.values())))
     return tuple(peaks)
@@ -172,7 +217,7 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
 def _local_grads(args, dp: int) -> bool:
     """Whether the engine the training builds sums weight gradients in main_grads."""
     from odc_pp.odc.engine import accumulates_locally
-    from .components import odc_config
+    from .odc_settings import odc_config
 
     config = odc_config(args.parallel, param_dtype=args.model.compute_dtype)
     return accumulates_locally(config, dp=dp,
@@ -181,7 +226,24 @@ def _local_grads(args, dp: int) -> bool:
 
 def _main_grad_bytes(args) -> int:
     """Bytes of one main_grad value (--grad-reduce-in-bf16 with --bf16: 2)."""
-    from .components import odc_config
+    from .odc_settings import odc_config
 
     dtype = odc_config(args.parallel, param_dtype=args.model.compute_dtype).main_grad_dtype
     return 2 if dtype == "bfloat16" else 4
+
+
+def job_costs(args: TrainingArgs, pp: int):
+    """The costs training generates its schedules for (--cost-model, full recompute)."""
+    from .components import load_cost_model, recompute_costs
+
+    return recompute_costs(load_cost_model(args.schedule), args, pp)
+
+
+def replica_microbatches(args: TrainingArgs, dp: int) -> int:
+    """Microbatches of one replica: samples / micro batch size, or with
+    --max-tokens-per-microbatch the packed count (full sequences assumed)."""
+    samples = args.data.global_batch_size // dp
+    packed = args.data.max_tokens_per_microbatch
+    if packed:
+        return max(1, math.ceil(samples * args.model.seq_length / packed))
+    return samples // args.data.micro_batch_size

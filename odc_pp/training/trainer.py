@@ -45,6 +45,8 @@ from .elastic import adopt_elastic_restart
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
+from .odc_settings import device_memory
+from .plan_memory import param_residency
 from .optimizer_step import inject_nonfinite_grad
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
@@ -185,8 +187,11 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
+        residency = param_residency(args, world_size=topo.world_size,
+                                    budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
-            args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size)
+            args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size,
+            param_residency=residency)
         if not (getattr(args.model, "hidden_dropout", 0.0) or
                 getattr(args.model, "attention_dropout", 0.0)):
             self._say(DROPOUT_NOTE)

@@ -90,7 +90,7 @@ def train(rank, mode, schedule_name, residency="minibatch", deterministic=False)
     engine = ShardedDataParallel(
         chunks, OdcConfig(mode=mode, unit_driver="pipeline", param_residency=residency),
         odc_group, process_group=dp_group,
-        layers=[chunk.transformer_layers() for chunk in chunks])
+        layers=[chunk.residency_modules() for chunk in chunks])
     gathered = _track_gathered(engine)
     optimizer = ShardedAdamW(engine, AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD),
                              norm_group=None)
