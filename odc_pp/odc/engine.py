@@ -9,9 +9,10 @@ into one flat buffer of ``numel`` elements. Data-parallel rank r owns elements
 the gradient accumulator (fp32; peers add into it). The optimizer
 (:class:`~odc_pp.odc.sharded_optimizer.ShardedAdamW`) updates only the owned shard.
 
-Parameters. Every parameter's ``.data`` is a view into a per-unit full buffer whose storage
-is released (resized to zero bytes) between uses and re-filled by ``gather_into_tensor``
-before use. Autograd keeps referring to the same tensors, so a gather before backward makes
+Parameters. Every parameter's ``.data`` is a view into a buffer of its unit's *segment*
+(the whole unit, or with ``param_residency='layer'`` one transformer layer: see
+:mod:`odc_pp.odc.residency`) whose storage is released (resized to zero bytes) between
+uses and re-filled from the owners' shards before use. Autograd keeps referring to the same tensors, so a gather before backward makes
 saved weights valid again. Do not read a released parameter; use :meth:`gathered`.
 
 Gradients. Where a microbatch's weight gradients go (``grad_accumulation``):
@@ -25,10 +26,8 @@ Gradients. Where a microbatch's weight gradients go (``grad_accumulation``):
   local accumulator is the owner's accumulator itself; at dp > 1 it is pushed once, at
   :meth:`finish_minibatch`, staged by reference. Memory: one fp32 gradient of the stage
   and no compute-dtype copy, Megatron's ``main_grad`` layout.
-Gradients are *summed* over ranks and microbatches, never averaged: the
-caller must scale the loss so that the sum is the gradient it wants (e.g. divide each
-microbatch's summed token loss by the global minibatch's token count, known to every rank
-from the load-balancing plan).
+Gradients are *summed* over ranks and microbatches, never averaged: the caller scales
+the loss (e.g. by the global minibatch's token count, known from the load-balancing plan).
 
 At dp=1 a unit's gathered parameters are its shard (one compute-dtype copy, never
 released or gathered).
@@ -240,7 +239,8 @@ class ShardedDataParallel(ModuleHooksDriver):
             self.units, lambda unit, segment: self._gather_segment(unit, segment),
             self._release_segment) if per_layer else None
         self._grad_hooks: list = []
-        self.local_grads = self._accumulates_locally()
+        self.local_grads = accumulates_locally(config, dp=group.world_size,
+                                               deterministic=group.config.deterministic)
         """Weight gradients go into each unit's ``main_grad`` (grad_accumulation)."""
         if self.local_grads:
             for unit in self.units:
@@ -290,10 +290,6 @@ class ShardedDataParallel(ModuleHooksDriver):
                 param.grad = None
         self._release(unit)
         return unit
-
-    def _accumulates_locally(self) -> bool:
-        return accumulates_locally(self.config, dp=self.group.world_size,
-                                   deterministic=self.group.config.deterministic)
 
     def _attach_main_grad(self, unit: _Unit) -> None:
         """``param.main_grad``: the parameter's slice of the unit's local accumulator (fp32
