@@ -13,6 +13,9 @@ torch's NCCL backend under :class:`odc_pp.runtime.p2p.TorchP2POps` on a device w
   did not arrive. :meth:`collectives` applies the same rule to the collectives
   (``all_reduce``, ``all_gather_into_tensor``, ...) that run directly on gloo, e.g. the
   tensor-parallel ones;
+* :meth:`collectives` also takes ``torch.distributed.batch_isend_irecv`` on the groups
+  registered with :meth:`add_groups` (the context-parallel ring's batches): each batch
+  runs as one unit on the group's FIFO, with the creation rule and rendezvous sends;
 * **FIFO**: every operation of a group runs on the group's main communicator (on a
   device ``TorchP2POps`` sends even single operations as a batch of one); one worker
   thread per communicator runs them strictly in issue order (a batch as one unit) over
@@ -106,6 +109,8 @@ class NcclSemanticsOps:
         self._scope = f"nccl-semantics-{next(_INSTANCES)}"
         self._store = dist.distributed_c10d._get_default_store()
         self._created: set[str] = set()
+        self._batched: set[int] = set()
+        """ids of the groups whose batch_isend_irecv :meth:`collectives` takes."""
         self.creation_timeout_s = creation_timeout_s
 
     # ----- the ops interface ---------------------------------------------------
@@ -123,6 +128,17 @@ class NcclSemanticsOps:
                            [("send", tensor, peer, group, tag)
                             for tensor, peer, group, tag in sends])
         return [work]
+
+    def add_groups(self, groups: list[tuple[object, list[int]]]) -> None:
+        """Take ``batch_isend_irecv`` on more groups (``(group, global ranks)``, group None
+        where this rank is not a member). Collective over the default group: every rank
+        passes every group's ranks in the same order (it makes their acknowledgement
+        groups)."""
+        for group, ranks in groups:
+            ack = dist.new_group(sorted(ranks))
+            if group is not None:
+                self._ack[group] = ack
+                self._batched.add(id(group))
 
     def touch(self, group):
         """The warm-up's first operation: creates the communicator, moves no data."""
@@ -146,13 +162,27 @@ class NcclSemanticsOps:
                 return function(*args, **kwargs)
             return first_op_creates
 
+        batch_original = dist.batch_isend_irecv
+
+        def batch_isend_irecv(p2p_ops):
+            group = p2p_ops[0].group
+            if id(group) not in self._batched:
+                return batch_original(p2p_ops)
+            if any(op.group is not group for op in p2p_ops):
+                raise ValueError("batch_isend_irecv takes operations of one group")
+            return [self._issue(group, [("send" if op.op is dist.isend else "recv",
+                                         op.tensor, op.peer, group, op.tag)
+                                        for op in p2p_ops])]
+
         try:
             for name, function in originals.items():
                 setattr(dist, name, wrap(name, function))
+            dist.batch_isend_irecv = batch_isend_irecv
             yield self
         finally:
             for name, function in originals.items():
                 setattr(dist, name, function)
+            dist.batch_isend_irecv = batch_original
 
     # ----- creation ------------------------------------------------------------
     def _create(self, group) -> None:
