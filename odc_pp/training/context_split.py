@@ -47,9 +47,6 @@ def context_parallel_problems(args) -> list[str]:
     if parallel.dp_mode == "hierarchical":
         problems.append(f"--context-parallel-size {cp} needs --dp-mode odc or collective "
                         f"(the gradients are summed over dp x cp)")
-    if args.checkpoint.save or args.checkpoint.load:
-        problems.append(f"--context-parallel-size {cp} does not save or load checkpoints "
-                        f"yet: drop --save / --load")
     if getattr(model, "attention_dropout", 0.0):
         problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
     if parallel.cp_comm_type == "a2a":

@@ -67,9 +67,9 @@ _ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size",
-               "tp", "sequence_parallel")
+               "tp", "sequence_parallel", "cp")
 # layout keys that checkpoints written before they existed lack
-_LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False}
+_LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False, "cp": 1}
 _META_BYTES = 1 << 12  # meta.json of a checkpoint
 
 
@@ -82,6 +82,7 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "max_position_embeddings": args.model.max_position_embeddings,
             "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
             "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
+            "cp": topo.cp,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
             "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
                                            num_stages=1).tie_embeddings,
