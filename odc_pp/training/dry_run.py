@@ -47,6 +47,7 @@ from odc_pp.runtime.memory_model import (GB, ChunkBytes, MemoryReport, UnitSizes
                                          schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
+from .distributed import layout_rank
 from .plan_memory import job_costs, param_residency, replica_microbatches
 
 __all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
@@ -370,6 +371,19 @@ def _context_parallel_rank(args: TrainingArgs) -> TrainingArgs:
                                  max_tokens_per_microbatch=tokens // cp if tokens else None))
 
 
+def _cp1_rank(rank: int, parallel) -> int:
+    """The rank of the cp = 1 job (:func:`_context_parallel_rank`) at global ``rank``'s
+    coordinates: the same tp and pipeline rank, data-parallel rank dp x cp + cp rank."""
+    tp, cp = parallel.tensor_model_parallel_size, parallel.context_parallel_size
+    pp = parallel.pipeline_model_parallel_size
+    if cp == 1:
+        return rank
+    tp_rank, cp_rank = rank % tp, rank // tp % cp
+    pp_rank, dp_rank = rank // (tp * cp) % pp, rank // (tp * cp * pp)
+    return layout_rank(dp_rank=dp_rank * cp + cp_rank, pp_rank=pp_rank, tp_rank=tp_rank,
+                       pp=pp, tp=tp)
+
+
 def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
     """The memory report of rank ``flags.rank`` of this job (see module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -380,9 +394,10 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
 
     if not args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
+    rank = _cp1_rank(flags.rank, args.parallel)
     args = _context_parallel_rank(args)
-    _fake_world(flags.rank, flags.world_size)
-    topo = _topology(args, flags.rank, flags.world_size)
+    _fake_world(rank, flags.world_size)
+    topo = _topology(args, rank, flags.world_size)
     m = replica_microbatches(args, topo.dp)
     schedule = build(training_request(
         args.schedule, pp=topo.pp, num_microbatches=m,

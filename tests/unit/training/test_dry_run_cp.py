@@ -39,3 +39,19 @@ def test_cp_rank_holds_its_share_of_the_tokens(tmp_path):
     # the state is sharded over dp x cp = 2 ranks: half of the gathered parameters
     categories = report["categories"]
     assert abs(categories["params_sharded"] * 2 - categories["params_gathered"]) <= 64
+
+
+def test_a_cp_rank_is_reported_at_its_own_pipeline_stage():
+    """--dry-run-rank names a rank of the cp layout (tp fastest, then cp, pp, dp); the
+    cp = 1 job it is modelled as has the same tp and pipeline rank (before the fix the
+    last stage's ranks of cp 4 x pp 2 were reported as the first stage)."""
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.distributed import layout_rank
+    from odc_pp.training.dry_run import _cp1_rank
+
+    parallel = parse_args(TINY[:-2] + ["--context-parallel-size", "4"]).parallel
+    for rank in range(16):  # pp 2 x cp 4 x dp 2
+        cp_rank, pp_rank, dp_rank = rank % 4, rank // 4 % 2, rank // 8
+        assert _cp1_rank(rank, parallel) == layout_rank(
+            dp_rank=dp_rank * 4 + cp_rank, pp_rank=pp_rank, tp_rank=0, pp=2, tp=1)
+        assert _cp1_rank(rank, parallel) % 2 == pp_rank
