@@ -192,6 +192,9 @@ class Trainer:
         self.parts: Components = build_components(
             args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size,
             param_residency=residency)
+        if args.parallel.odc_param_residency == "auto" and residency == "layer":
+            self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
+                      "residency exceeds the GPU's memory; each layer is gathered per use)")
         if not (getattr(args.model, "hidden_dropout", 0.0) or
                 getattr(args.model, "attention_dropout", 0.0)):
             self._say(DROPOUT_NOTE)
