@@ -23,7 +23,7 @@ import torch
 
 from .microbatch import Microbatch
 
-__all__ = ["Sample", "collate", "pack", "split_fixed", "split_by_tokens",
+__all__ = ["Sample", "collate", "pack", "empty_row", "split_fixed", "split_by_tokens",
            "global_batch_indices"]
 
 
@@ -117,6 +117,15 @@ def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1) -> Mi
                                        [np.arange(pad)], np.int64),
                       segment_ids=row([np.full(s.length, k) for k, s in enumerate(samples)] +
                                       [np.full(pad, -1)], np.int64))
+
+
+def empty_row(length: int, *, pad_id: int = 0) -> Microbatch:
+    """A ``[1, length]`` row of padding only (segment -1, no loss): what a lane with no
+    sample runs in a slot of variable context parallelism (odc_pp.data.lanes)."""
+    pads = torch.full((1, length), pad_id, dtype=torch.int64)
+    return Microbatch(tokens=pads, labels=pads.clone(), loss_mask=torch.zeros(1, length),
+                      position_ids=torch.arange(length).unsqueeze(0),
+                      segment_ids=torch.full((1, length), -1, dtype=torch.int64))
 
 
 def global_batch_indices(iteration: int, global_batch_size: int) -> list[int]:

@@ -28,13 +28,15 @@ megatron's ``TEDotProductAttention`` takes it, or an explicit ``cp_group``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["CP_COMM_TYPES", "cp_token_indices", "cp_split", "cp_unsplit", "cp_position_ids",
            "segment_ids_from_lengths", "cp_block_plan", "cp_local_cu_seqlens",
            "pair_mask", "ring_comm_plan", "RingAttention", "ring_attention",
-           "ulysses_attention"]
+           "ulysses_attention", "LocalRows"]
 
 CP_COMM_TYPES = ("p2p", "a2a")
 """Values of ``cp_comm_type`` the core attention implements (Megatron's meaning)."""
@@ -284,6 +286,23 @@ def _block_masks(rank, src, size, chunk, segment_ids, device):
     return masks
 
 
+def _ring_position(group) -> tuple[int, int]:
+    """(ring size, this rank's place); group None: a ring of one (no communication: this
+    rank's own rows, as a lane slot of variable CP runs them)."""
+    if group is None:
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+@dataclass(frozen=True)
+class LocalRows:
+    """The attention mask of a microbatch that a context-parallel chunk runs on this rank
+    alone (a lane slot of ``--dynamic-context-parallel``): ``segment_ids`` of its own
+    ``[b, s]`` rows (packed documents, -1 padding) or None (causal)."""
+
+    segment_ids: torch.Tensor | None
+
+
 class RingAttention(torch.autograd.Function):
     """``out = softmax(q k^T * scale + mask) v`` over the context-parallel ``group``.
 
@@ -294,7 +313,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, segment_ids, group, scale):
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        size, rank = _ring_position(group)
         batch, heads, local, dim = q.shape
         groups, chunk = k.shape[1], local // 2
         q5 = q.float().reshape(batch, groups, heads // groups, local, dim)
@@ -318,7 +337,7 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         group, scale, segment_ids = ctx.group, ctx.scale, ctx.segment_ids
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        size, rank = _ring_position(group)
         chunk = q.shape[2] // 2
         q5 = q.float().reshape(out.shape)
         dout = grad_out.float().reshape(out.shape)

@@ -11,7 +11,7 @@ import copy
 import torch.distributed as dist
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from .context_parallel import CP_COMM_TYPES, ring_attention, ulysses_attention
+from .context_parallel import CP_COMM_TYPES, LocalRows, ring_attention, ulysses_attention
 from .packed_attention import PackedSegments
 
 __all__ = ["ContextParallelDotProductAttention"]
@@ -61,9 +61,12 @@ class ContextParallelDotProductAttention(DotProductAttention):
         if self.training and self.attention_dropout.p > 0:
             raise ValueError("context-parallel attention has no attention dropout "
                              "(--attention-dropout 0)")
-        size = dist.get_world_size(self.cp_group)
+        group = self.cp_group
         seq_q, batch = query.shape[0], query.shape[1]
         segment_ids = None
+        if isinstance(attention_mask, LocalRows):  # a lane slot: this rank's rows alone
+            group, segment_ids, attention_mask = None, attention_mask.segment_ids, None
+        size = 1 if group is None else dist.get_world_size(group)
         if isinstance(attention_mask, PackedSegments):
             segment_ids = attention_mask.segment_ids
             if tuple(segment_ids.shape) != (batch, seq_q * size):
@@ -75,8 +78,9 @@ class ContextParallelDotProductAttention(DotProductAttention):
                              "PackedSegments, not a dense mask")
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        attention = ring_attention if self.cp_comm_type == "p2p" else ulysses_attention
-        context = attention(q, k, v, group=self.cp_group, scale=self.cp_scale,
+        attention = ring_attention if self.cp_comm_type == "p2p" or group is None \
+            else ulysses_attention
+        context = attention(q, k, v, group=group, scale=self.cp_scale,
                             segment_ids=segment_ids)
         return context.permute(2, 0, 1, 3).reshape(seq_q, batch,
                                                    self.hidden_size_per_partition)

@@ -46,6 +46,7 @@ from .full_recompute import apply_full_recompute
 from .linear_cross_entropy import FUSED_CROSS_ENTROPY, linear_cross_entropy, \
     use_fused_cross_entropy
 from .packed_attention import PACKED_KERNELS, PackedSegments, short_row_segments
+from .context_parallel import LocalRows
 from .recompute import canonical_name
 from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
@@ -298,10 +299,14 @@ class GPTChunk(torch.nn.Module):
             positions = microbatch.position_ids.to(device, non_blocking=True) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
-        if self.context_parallel:  # full rows' documents, or causal over the ring
-            full = getattr(microbatch, "full_segment_ids", None)
+        if self.context_parallel and hasattr(microbatch, "full_segment_ids"):
+            full = microbatch.full_segment_ids  # full rows' documents, or causal over the ring
             mask = None if full is None else \
                 PackedSegments(full, device, kernel=self.packed_kernel)
+        elif self.context_parallel:  # a lane slot (--dynamic-context-parallel): own rows
+            segments = microbatch.segment_ids
+            mask = LocalRows(None if segments is None else
+                             segments.to(device, non_blocking=True))
         elif microbatch.segment_ids is not None and self.implicit_causal:
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:

@@ -147,6 +147,12 @@ class ParallelArgs:
     """Context-parallel attention: p2p (ring attention) or a2a (all-to-all, Ulysses;
     heads divisible by --context-parallel-size). Megatron's allgather and a2a+p2p are
     accepted at --context-parallel-size 1 only (nothing to do there)."""
+    dynamic_context_parallel: bool = False
+    """Variable context parallelism (needs --context-parallel-size N > 1, --load-balance
+    lb-mini with packed rows, --max-tokens-per-microbatch, --dp-mode odc): only the rows
+    holding a document longer than a lane's share (--max-tokens-per-microbatch / N) are
+    split over the N context-parallel ranks; the other samples are packed again into
+    rows of that share and each rank runs its own (docs/context_parallel.md)."""
     sequence_parallel: bool = False
     """Split the activations outside the tensor-parallel regions (norms, dropout, the
     pipeline's point-to-point tensors) along the sequence over the tp ranks; needs tp > 1.

@@ -39,7 +39,8 @@ def context_parallel_problems(args) -> list[str]:
     if cp < 1:
         return [f"--context-parallel-size must be >= 1, got {cp}"]
     if cp == 1:
-        return []
+        return ["--dynamic-context-parallel needs --context-parallel-size > 1"] \
+            if parallel.dynamic_context_parallel else []
     problems = []
     if comm not in CP_COMM_TYPES:
         problems.append(f"--cp-comm-type {comm} is not implemented: use one of "
@@ -47,6 +48,12 @@ def context_parallel_problems(args) -> list[str]:
     if parallel.dp_mode == "hierarchical":
         problems.append(f"--context-parallel-size {cp} needs --dp-mode odc or collective "
                         f"(the gradients are summed over dp x cp)")
+    if parallel.dynamic_context_parallel and not (
+            args.data.load_balance == "lb-mini" and args.data.max_tokens_per_microbatch
+            and not args.data.no_pack_sequences and parallel.dp_mode == "odc"):
+        problems.append("--dynamic-context-parallel needs --load-balance lb-mini with packed "
+                        "rows (no --no-pack-sequences), --max-tokens-per-microbatch and "
+                        "--dp-mode odc (the replicas' slot counts differ)")
     if getattr(model, "attention_dropout", 0.0):
         problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
     if parallel.cp_comm_type == "a2a":

@@ -16,12 +16,14 @@ from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedToke
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
 from odc_pp.data.blending import BlendedSource, parse_blend
+from odc_pp.data.lanes import lane_slots
+from odc_pp.data.samples import empty_row
 from odc_pp.data.concatenated import ConcatenatedSamples, EodHandling, SyntheticDocuments
 from odc_pp.data.splits import DocumentRange, split_bounds
 from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
-from .context_split import cp_pad_multiple
+from .context_split import cp_pad_multiple, split_microbatch
 from .rampup import BatchRampup
 from .sample_construction import sample_construction
 
@@ -273,6 +275,23 @@ class DataPlanner:
         return IterationPlan(replicas=replicas,
                              total_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
                              total_tokens=int(sum(lengths)))
+
+    def lane_microbatches(self, rows: list[list[int]], *, lane: int,
+                          lanes: int) -> list[Microbatch]:
+        """--dynamic-context-parallel: context-parallel rank ``lane``'s microbatch of each
+        slot (odc_pp.data.lanes) of the replica whose packed rows are ``rows``: its part
+        of a split row, its own lane row, or an empty row."""
+        out = []
+        for slot in lane_slots(rows, self.source.length, lanes=lanes,
+                               lane_tokens=self.token_cap // lanes):
+            if slot.split:
+                out.append(split_microbatch(self.microbatches([slot.groups[0]])[0],
+                                            lane, lanes))
+            elif slot.groups[lane]:
+                out.append(self.microbatches([slot.groups[lane]])[0])
+            else:
+                out.append(empty_row(self.multiple, pad_id=self.source.pad_id))
+        return out
 
     def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
         if self.packed:

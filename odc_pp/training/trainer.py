@@ -252,9 +252,7 @@ class Trainer:
         the schedule's POST_VALIDATION and the returned stats stay pending."""
         plan = self.planner.plan(iteration)
         whole = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
-        # context parallelism: this rank's part of every sequence (the same samples on
-        # every cp rank of the replica)
-        microbatches = [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
+        microbatches = self._context_parallel_part(plan.replicas[self.topo.dp_rank], whole)
         schedule = self.parts.schedules.training(len(microbatches))
         self.parts.last_schedule = schedule
         lr = self._lr_at(iteration)
@@ -282,6 +280,15 @@ class Trainer:
         return stats
 
     # ----- inside the step ------------------------------------------------------------
+    def _context_parallel_part(self, rows, whole):
+        """Context parallelism: this rank's part of every sequence (the same samples on
+        every cp rank of the replica); --dynamic-context-parallel: its microbatch of every
+        slot (split rows, own lane rows)."""
+        if self.args.parallel.dynamic_context_parallel:
+            return self.planner.lane_microbatches(rows, lane=self.topo.cp_rank,
+                                                  lanes=self.topo.cp)
+        return [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
+
     def _lr_at(self, iteration: int) -> float:
         """The rate of ``iteration``; with --rampup-batch-size that of the consumed
         samples in global batches (Megatron's schedule counts samples)."""

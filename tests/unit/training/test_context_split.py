@@ -31,6 +31,9 @@ def test_cp_flags_are_native_and_divide_the_world():
     (["--cp-comm-type", "ring"], "--cp-comm-type 'ring' is not one of"),
     (["--cp-comm-type", "allgather"], "--cp-comm-type allgather is not implemented"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be >= 1"),
+    (["--dynamic-context-parallel"], "--dynamic-context-parallel needs --load-balance lb-mini"),
+    (["--dynamic-context-parallel", "--context-parallel-size", "1"],
+     "--dynamic-context-parallel needs --context-parallel-size > 1"),
 ])
 def test_cp_refusals_name_the_flag(flags, needle):
     cp = [] if "--context-parallel-size" in flags else ["--context-parallel-size", "2"]
