@@ -14,10 +14,11 @@ the slots (and the schedule over them) agree on every lane without communication
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["Slot", "lane_slots"]
+__all__ = ["Slot", "lane_slots", "slots_digest"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,9 @@ def lane_slots(rows: Sequence[Sequence[int]], length: Callable[[int], int], *, l
         bundle += [()] * (lanes - len(bundle))
         slots.append(Slot(groups=tuple(bundle), split=False))
     return slots
+
+
+def slots_digest(slots: Sequence[Slot]) -> str:
+    """sha256 of the slots (kinds and sample ids): the same plan gives the same digest."""
+    text = ";".join(f"{int(slot.split)}:{slot.groups}" for slot in slots)
+    return hashlib.sha256(text.encode()).hexdigest()

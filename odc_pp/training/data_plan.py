@@ -16,7 +16,7 @@ from odc_pp.data import (AttentionCost, FittedCost, SampleCostModel, IndexedToke
                          ShuffledSource, SyntheticCorpus, build_tokenizer, collate,
                          global_batch_indices, pack, plan_minibatch)
 from odc_pp.data.blending import BlendedSource, parse_blend
-from odc_pp.data.lanes import lane_slots
+from odc_pp.data.lanes import Slot, lane_slots
 from odc_pp.data.samples import empty_row
 from odc_pp.data.concatenated import ConcatenatedSamples, EodHandling, SyntheticDocuments
 from odc_pp.data.splits import DocumentRange, split_bounds
@@ -276,14 +276,18 @@ class DataPlanner:
                              total_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
                              total_tokens=int(sum(lengths)))
 
-    def lane_microbatches(self, rows: list[list[int]], *, lane: int,
+    def lane_slots(self, rows: list[list[int]], *, lanes: int) -> list[Slot]:
+        """--dynamic-context-parallel: the slots (odc_pp.data.lanes) of the replica whose
+        packed rows are ``rows``, over ``lanes`` context-parallel ranks."""
+        return lane_slots(rows, self.source.length, lanes=lanes,
+                          lane_tokens=self.token_cap // lanes)
+
+    def lane_microbatches(self, slots: list[Slot], *, lane: int,
                           lanes: int) -> list[Microbatch]:
-        """--dynamic-context-parallel: context-parallel rank ``lane``'s microbatch of each
-        slot (odc_pp.data.lanes) of the replica whose packed rows are ``rows``: its part
-        of a split row, its own lane row, or an empty row."""
+        """Context-parallel rank ``lane``'s microbatch of each of ``slots``: its part of a
+        split row, its own lane row, or an empty row."""
         out = []
-        for slot in lane_slots(rows, self.source.length, lanes=lanes,
-                               lane_tokens=self.token_cap // lanes):
+        for slot in slots:
             if slot.split:
                 out.append(split_microbatch(self.microbatches([slot.groups[0]])[0],
                                             lane, lanes))

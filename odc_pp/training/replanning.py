@@ -21,14 +21,22 @@ import torch.distributed as dist
 from odc_pp.dtypes import float_dtype
 from odc_pp.runtime.profiler import Profiler, ProfilerConfig, merge_measurements
 
-__all__ = ["ZbAutoReplanner", "check_same_schedule"]
+__all__ = ["ZbAutoReplanner", "check_same_schedule", "check_same_digest"]
 
 
 def check_same_schedule(schedule, group=None, *, what: str = "schedule") -> str:
     """All-gather ``schedule.digest()`` over ``group`` (None: all ranks; collective, under
     the group's timeout) and raise RuntimeError naming the ranks whose plan differs from
     the first rank's. Returns the digest."""
-    digest = schedule.digest()
+    return check_same_digest(
+        schedule.digest(), group, what=what,
+        hint="every rank must run the same schedule -- check that all ranks get the same "
+             "--cost-model, --pipeline-schedule and microbatch count")
+
+
+def check_same_digest(digest: str, group=None, *, what: str, hint: str) -> str:
+    """:func:`check_same_schedule` for any plan's ``digest`` (``hint``: what to check when
+    the ranks differ)."""
     digests = [None] * dist.get_world_size(group)
     dist.all_gather_object(digests, digest, group=group)
     if len(set(digests)) != 1:
@@ -39,8 +47,7 @@ def check_same_schedule(schedule, group=None, *, what: str = "schedule") -> str:
         raise RuntimeError(
             f"ranks planned different {what}s: ranks {differ} differ from rank {ranks[0]} "
             f"(digests {', '.join(f'rank {r}: {d[:12]}' for r, d in zip(ranks, digests))}); "
-            f"every rank must run the same schedule -- check that all ranks get the same "
-            f"--cost-model, --pipeline-schedule and microbatch count")
+            f"{hint}")
     return digest
 
 

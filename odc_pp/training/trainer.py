@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from odc_pp.data.lanes import slots_digest
 from odc_pp.optim.clip import scale_
 
 from .arguments import TrainingArgs
@@ -50,7 +51,7 @@ from .plan_memory import param_residency
 from .optimizer_step import inject_nonfinite_grad
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
-from .replanning import ZbAutoReplanner
+from .replanning import ZbAutoReplanner, check_same_digest
 from .resharding import sharded_state
 from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
 from .save_lock import lock_save_dir
@@ -285,7 +286,12 @@ class Trainer:
         every cp rank of the replica); --dynamic-context-parallel: its microbatch of every
         slot (split rows, own lane rows)."""
         if self.args.parallel.dynamic_context_parallel:
-            return self.planner.lane_microbatches(rows, lane=self.topo.cp_rank,
+            slots = self.planner.lane_slots(rows, lanes=self.topo.cp)
+            check_same_digest(slots_digest(slots), self.topo.cp_group,
+                              what="variable-CP slot plan",
+                              hint="every context-parallel rank must plan the same slots "
+                                   "-- check that all ranks read the same data")
+            return self.planner.lane_microbatches(slots, lane=self.topo.cp_rank,
                                                   lanes=self.topo.cp)
         return [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
 

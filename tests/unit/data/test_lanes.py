@@ -29,3 +29,11 @@ def test_the_last_bundle_is_padded_with_empty_rows():
 def test_refuses_what_is_not_a_lane_plan(lanes, tokens):
     with pytest.raises(ValueError):
         lane_slots([[0]], lambda i: 1, lanes=lanes, lane_tokens=tokens)
+
+
+def test_the_digest_names_the_plan():
+    from odc_pp.data.lanes import slots_digest
+
+    one = lane_slots([[0], [1], [2]], lambda i: 40, lanes=2, lane_tokens=64)
+    other = lane_slots([[0], [1], [3]], lambda i: 40, lanes=2, lane_tokens=64)
+    assert slots_digest(one) == slots_digest(list(one)) != slots_digest(other)
