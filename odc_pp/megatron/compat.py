@@ -365,11 +365,16 @@ def rope_inv_freq(model, *, scaling: dict | None = None) -> torch.Tensor:
     return inv_freq
 
 
-def rotary_embedding(inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def rotary_embedding(inv_freq: torch.Tensor, positions: torch.Tensor, *,
+                     same_rows: bool | None = None) -> torch.Tensor:
     """Megatron's rotary embedding layout ``[seq, batch, 1, dim]`` (non-interleaved: the
     angles repeated over both halves) for ``positions`` ``[batch, seq]``; ``batch`` is 1
-    when every row has the same positions (what the fused kernel takes)."""
-    if positions.shape[0] > 1 and bool((positions == positions[:1]).all()):
+    when every row has the same positions (what the fused kernel takes). ``same_rows``:
+    whether they do, decided by the caller on the host (None: compared here, which
+    synchronises with a GPU)."""
+    if same_rows is None:
+        same_rows = positions.shape[0] == 1 or bool((positions == positions[:1]).all())
+    if same_rows and positions.shape[0] > 1:
         positions = positions[:1]
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(positions.device)
     return torch.cat((angles, angles), dim=-1).transpose(0, 1).unsqueeze(2)

@@ -189,6 +189,14 @@ class ModelConfig:
         return "sdpa" if torch.device(self.device).type == "cuda" else "host"
 
 
+def _same_rows(positions: torch.Tensor | None) -> bool:
+    """Whether every row of a microbatch has the same positions, from its host copy (no
+    device synchronisation inside F): None means 0..s-1 in every row."""
+    if positions is None or positions.shape[0] == 1:
+        return True
+    return bool((positions == positions[:1]).all())  # the runtime keeps microbatches on CPU
+
+
 def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
     """Global decoder layers of ``stage``: an even split, earlier stages take the rest."""
     if num_layers < num_stages:
@@ -315,7 +323,8 @@ class GPTChunk(torch.nn.Module):
             mask = self._short_rows(batch, seq_len, device)
         else:
             mask = causal_mask(seq_len, device)
-        rotary = None if self.inv_freq is None else rotary_embedding(self.inv_freq, positions)
+        rotary = None if self.inv_freq is None else rotary_embedding(
+            self.inv_freq, positions, same_rows=_same_rows(microbatch.position_ids))
         if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
                              "microbatch; packed rows with their own position ids need the "
