@@ -16,14 +16,12 @@ LAYOUTS = {
     "cp2": (2, CP2 + ["--pipeline-schedule", "1f1b"]),
     "cp2_a2a": (2, CP2 + ["--cp-comm-type", "a2a", "--pipeline-schedule", "1f1b"]),
     "cp2_pp2_1f1b": (4, CP2 + PP2 + ["--pipeline-schedule", "1f1b"]),
-    # cp (2, 4) x pp=2 x dp=2 (ODC) under ZB-V and 1F1B (16 ranks at cp=4), and cp x tp
+    # cp (2, 4) x pp=2 x dp=2 (ODC) under ZB-V and 1F1B (cp=4: ZB-V, 16 ranks), and cp x tp
     # (about a minute each on 2 cores)
     "cp2_pp2_dp2_zbv": (8, CP2 + PP2 + ["--pipeline-schedule", "zbv"]),
     "cp2_pp2_dp2_1f1b": (8, CP2 + PP2 + ["--pipeline-schedule", "1f1b"]),
     "cp4_pp2_dp2_zbv": (16, ["--context-parallel-size", "4"] + PP2 +
                         ["--pipeline-schedule", "zbv"]),
-    "cp4_pp2_dp2_1f1b": (16, ["--context-parallel-size", "4"] + PP2 +
-                         ["--pipeline-schedule", "1f1b"]),
     "cp2_tp2": (4, CP2 + ["--tensor-model-parallel-size", "2", "--pipeline-schedule", "1f1b"]),
 }
 PACKED = ["--pack-sequences", "--max-tokens-per-microbatch", "96", "--pipeline-schedule",

@@ -15,7 +15,7 @@ from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 FLAGS = pathlib.Path(__file__).resolve().parents[2] / "data" / "megatron_scripts" / \
     "train_llama3_8b_h100_fp8.flags"
-ITERS = 6
+ITERS = 4
 
 
 @pytest.mark.multiproc
@@ -34,13 +34,19 @@ def test_layer_residency_trains_bitwise_like_minibatch_residency(tmp_path):
 
 
 def _dry_run(extra: list[str]):
+    import torch.distributed as dist
+
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.dry_run import dry_run, split_dry_run_flags
 
     flags = FLAGS.read_text(encoding="utf-8").split()
     dry, rest = split_dry_run_flags(flags + ["--dry-run", "--dry-run-world-size", "8",
                                              "--memory-gb", "80", *extra])
-    return dry_run(parse_args(rest), dry)
+    try:
+        return dry_run(parse_args(rest), dry)
+    finally:  # the dry run's fake process group must not leak into later tests
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 @pytest.mark.slow
