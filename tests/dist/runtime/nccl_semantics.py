@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from odc_pp.runtime.p2p_channels import ChannelLayout, PipelineChannels, neighbour_pairs
 
-__all__ = ["NcclSemanticsOps", "poll"]
+__all__ = ["NcclSemanticsOps", "poll", "nccl_then_gloo"]
 
 _WORKER_TIMEOUT = datetime.timedelta(minutes=10)
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -253,3 +253,28 @@ def _wait(work) -> None:
     every exchange that waited longer than that hung. The transport's deadline on the
     rank's main thread reports a stuck operation; this wait only bounds the worker."""
     work.wait(timeout=_WORKER_TIMEOUT)
+
+
+def nccl_then_gloo(chunks, schedule, microbatches, topo, ops, *, comm_timeout_s: float
+                   ) -> tuple[bool, float | None]:
+    """One minibatch of ``chunks`` under NCCL's order (``ops``; without the warm-up its
+    first message hangs), then under gloo's tag matching: (losses and gradients bitwise
+    equal, the NCCL-ordered run's loss sum)."""
+    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
+
+    outcome = []
+    for p2p_ops in (ops, None):
+        for chunk in chunks:
+            chunk.zero_grad(set_to_none=True)
+        runtime = PipelineRuntime(RuntimeConfig(comm_timeout_s=comm_timeout_s,
+                                                prepost_receives=False),
+                                  chunks=chunks, pp_group=topo.pp_group,
+                                  channels=topo.pp_channels, p2p_ops=p2p_ops)
+        result = runtime.run_minibatch(schedule, microbatches)
+        outcome.append((result.loss_sum, [p.grad.clone() for c in chunks
+                                          for p in c.parameters()]))
+    (loss_nccl, grads_nccl), (loss_gloo, grads_gloo) = outcome
+    same = loss_gloo == loss_nccl and all(torch.equal(a, b)
+                                          for a, b in zip(grads_gloo, grads_nccl))
+    return same, loss_nccl
+

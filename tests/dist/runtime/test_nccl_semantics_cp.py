@@ -71,8 +71,9 @@ def worker(rank, world_size):
 def _families(topo, ops, reference_groups, families, *, comm_timeout_s):
     from tests.dist.runtime._parity import build_schedule, make_microbatches, model_config
 
+    from tests.dist.runtime.nccl_semantics import nccl_then_gloo
+
     from odc_pp.megatron.model import build_chunks
-    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.training.context_split import split_microbatch
 
     report = {}
@@ -85,20 +86,8 @@ def _families(topo, ops, reference_groups, families, *, comm_timeout_s):
         chunks = build_chunks(config, pp_rank=topo.pp_rank, pp_size=PP,
                               num_chunks=schedule.num_chunks, placement=schedule.placement,
                               cp_group=topo.cp_group)
-        outcome = []
-        for p2p_ops in (ops, None):  # NCCL's order, then gloo's tag matching
-            for chunk in chunks:
-                chunk.zero_grad(set_to_none=True)
-            runtime = PipelineRuntime(RuntimeConfig(comm_timeout_s=comm_timeout_s,
-                                                    prepost_receives=False),
-                                      chunks=chunks, pp_group=topo.pp_group,
-                                      channels=topo.pp_channels, p2p_ops=p2p_ops)
-            result = runtime.run_minibatch(schedule, mine)
-            outcome.append((result.loss_sum, [p.grad.clone() for c in chunks
-                                              for p in c.parameters()]))
-        (loss_nccl, grads_nccl), (loss_gloo, grads_gloo) = outcome
-        same = loss_gloo == loss_nccl and all(torch.equal(a, b)
-                                              for a, b in zip(grads_gloo, grads_nccl))
+        same, loss_nccl = nccl_then_gloo(chunks, schedule, mine, topo, ops,
+                                         comm_timeout_s=comm_timeout_s)
         (full,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=reference_groups)
         reference = sum(float((full(None, mb) * mb.loss_mask).sum()) for mb in microbatches)
         report[name] = (same, loss_nccl, reference)

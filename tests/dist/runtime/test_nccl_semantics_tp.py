@@ -73,10 +73,11 @@ def worker(rank, world_size, warm):
 def _families(topo, ops, tensor_parallel, reference_groups, families, *, comm_timeout_s):
     from tests.dist.runtime._parity import build_schedule, make_microbatches, model_config
 
-    from odc_pp.megatron.model import build_chunks
-    from odc_pp.runtime import PipelineRuntime, RuntimeConfig
+    from tests.dist.runtime.nccl_semantics import nccl_then_gloo
 
-    pp_rank, channels = topo.pp_rank, topo.pp_channels
+    from odc_pp.megatron.model import build_chunks
+
+    pp_rank = topo.pp_rank
     report = {}
     for index, name in enumerate(families):
         config = model_config(**MODEL, **(ROPE if index % 2 else {}))
@@ -86,22 +87,8 @@ def _families(topo, ops, tensor_parallel, reference_groups, families, *, comm_ti
         chunks = build_chunks(config, pp_rank=pp_rank, pp_size=PP,
                               num_chunks=schedule.num_chunks, placement=schedule.placement,
                               tensor_parallel=tensor_parallel)
-        outcome = []
-        # NCCL's order first: without the warm-up its first message hangs; then gloo's
-        # tag matching
-        for p2p_ops in (ops, None):
-            for chunk in chunks:
-                chunk.zero_grad(set_to_none=True)
-            runtime = PipelineRuntime(RuntimeConfig(comm_timeout_s=comm_timeout_s,
-                                                    prepost_receives=False),
-                                      chunks=chunks, pp_group=topo.pp_group,
-                                      channels=channels, p2p_ops=p2p_ops)
-            result = runtime.run_minibatch(schedule, microbatches)
-            outcome.append((result.loss_sum, [p.grad.clone() for c in chunks
-                                              for p in c.parameters()]))
-        (loss_nccl, grads_nccl), (loss_gloo, grads_gloo) = outcome
-        same = loss_gloo == loss_nccl and all(torch.equal(a, b)
-                                              for a, b in zip(grads_gloo, grads_nccl))
+        same, loss_nccl = nccl_then_gloo(chunks, schedule, microbatches, topo, ops,
+                                         comm_timeout_s=comm_timeout_s)
         # the tp=1, pp=1 model on the same microbatches
         (full,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=reference_groups)
         reference = sum(float((full(None, mb) * mb.loss_mask).sum()) for mb in microbatches)
