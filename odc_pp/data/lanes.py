@@ -18,6 +18,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from .load_balance import pack_microbatches
+
 __all__ = ["Slot", "lane_slots", "slots_digest"]
 
 
@@ -41,20 +43,11 @@ def lane_slots(rows: Sequence[Sequence[int]], length: Callable[[int], int], *, l
     if lane_tokens < 1:
         raise ValueError(f"lane_tokens must be >= 1, got {lane_tokens}")
     split = [tuple(row) for row in rows if max(length(i) for i in row) > lane_tokens]
-    short = sorted((i for row in rows if max(length(i) for i in row) <= lane_tokens
-                    for i in row), key=lambda i: (-length(i), i))
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for sample in short:  # first fit, decreasing
-        size = length(sample)
-        for index, left in enumerate(room):
-            if size <= left:
-                bins[index].append(sample)
-                room[index] -= size
-                break
-        else:
-            bins.append([sample])
-            room.append(lane_tokens - size)
+    short = sorted(i for row in rows if max(length(i) for i in row) <= lane_tokens
+                   for i in row)
+    # first fit by decreasing length, ties by sample id: the packer LB-Mini uses
+    bins = [[short[k] for k in b] for b in pack_microbatches(
+        range(len(short)), [length(i) for i in short], lane_tokens)]
     slots = [Slot(groups=(row,), split=True) for row in split]
     for start in range(0, len(bins), lanes):
         bundle = [tuple(b) for b in bins[start:start + lanes]]
