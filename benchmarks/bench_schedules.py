@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from odc_pp.schedule import CostModel  # noqa: E402
-from odc_pp.schedule.compare import build_schedule  # noqa: E402
+from odc_pp.schedule.compare import compare_schedules  # noqa: E402
 from odc_pp.schedule.generators import FAMILY_NAMES, generate  # noqa: E402
 from odc_pp.schedule.generators.search import stage_span_lower_bound, zb_auto  # noqa: E402
 from odc_pp.schedule.simulator import simulate  # noqa: E402
@@ -48,13 +48,8 @@ def bench_costs(pp: int) -> CostModel:
 
 
 def _baseline(name: str, pp: int, m: int, costs: CostModel, limit: float) -> float | None:
-    try:
-        schedule = build_schedule(name, pp=pp, num_microbatches=m, costs=costs,
-                                  memory_limit=limit)
-    except ValueError:
-        return None
-    sim = simulate(schedule, costs, memory_limit=limit)
-    return sim.max_stage_span if sim.fits_memory else None
+    row, = compare_schedules(pp, m, costs, limit, names=[name])
+    return row["max_stage_span"] if row.get("fits_memory") else None
 
 
 def run_point(pp: int, m: int, limit_name: str) -> dict:

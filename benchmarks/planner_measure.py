@@ -8,7 +8,7 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    microbatch (F + B + W), and the profiler's per-kind means give the F : B : W split.
 2. For each configuration (pp/dp, schedule, dp mode, load balance, length distribution),
    the prediction uses the exact plans pretrain_gpt.py makes (``DataPlanner``) and the
-   schedule it builds (``build_schedule``), simulated with the calibrated costs per
+   schedule it builds (``training_request``), simulated with the calibrated costs per
    replica (ODC: the slowest replica; collective: lock step).
 3. Rounds alternate the configurations (the order rotates between rounds); each runs
    pretrain_gpt.py on 2 ranks with ``OMP_NUM_THREADS=1``; the first iteration is a
@@ -105,11 +105,12 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.simulator import simulate
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import build_schedule
+    from odc_pp.schedule.build import build
+    from odc_pp.training.schedules import training_request
     from odc_pp.training.data_plan import DataPlanner, build_source
 
     args = parse_args(flags)
-    dp = args.data_parallel_size(2)
+    dp = args.resolve_layout(2).dp
     pp = args.parallel.pipeline_model_parallel_size
     source, _ = build_source(args)
     planner = DataPlanner(args, source, dp=dp, pp=pp)
@@ -126,9 +127,9 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
                                    for r, s in shapes])
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
             out.append(_data_parallel_step(per_microbatch,
-                                           lock_step=args.parallel.dp_mode == "collective"))
+                                           lock_step=args.parallel.mode.is_collective))
             continue
-        if args.parallel.dp_mode == "collective" and dp > 1:  # lock step
+        if args.parallel.mode.is_collective and dp > 1:  # lock step
             per_microbatch = [[max(c[j] for c in per_microbatch)
                                for j in range(len(per_microbatch[0]))]]
         spans = []
@@ -137,8 +138,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             costs = CostModel(t_f=mean / stages * shares["F"], t_b=mean / stages * shares["B"],
                               t_w=mean / stages * shares["W"],
                               microbatch_scale=[c / mean for c in costs_of])
-            schedule = build_schedule(args.schedule, pp=pp, num_microbatches=len(costs_of),
-                                      costs=CostModel())
+            schedule = build(training_request(args.schedule, pp=pp,
+                                              num_microbatches=len(costs_of)), CostModel())
             spans.append(simulate(schedule, costs).makespan)
         out.append(max(spans))
     return out

@@ -228,7 +228,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._local_microbatches = 0
         self._ops: list[tuple[str, int]] = []
         self._tied: TiedGradients | None = None
-        self._prefetching = (config.prefetch and config.mode != "collective"
+        self._prefetching = (config.prefetch and not config.mode.is_collective
                              and config.unit_driver == "module_hooks")
         self._prefetcher = None  # the CPU helper thread; CUDA units need none
         if self._prefetching and any(not unit.param_shard.is_cuda for unit in self.units):
@@ -250,11 +250,11 @@ class ShardedDataParallel(ModuleHooksDriver):
     def _check_group(self, group, inter_host_group) -> None:
         backend = group.config.backend
         mode = self.config.mode
-        wanted = "collective" if mode == "collective" else "odc"
+        wanted = mode.transport
         if backend != wanted:
-            raise ValueError(f"mode={mode!r} needs an OdcGroup made with "
+            raise ValueError(f"mode={mode.value!r} needs an OdcGroup made with "
                              f"TransportConfig(backend={wanted!r}), got backend={backend!r}")
-        if (mode == "hierarchical") != (inter_host_group is not None):
+        if mode.is_hierarchical != (inter_host_group is not None):
             raise ValueError("pass inter_host_group exactly when mode='hierarchical'")
 
     def _build_unit(self, index: int, module: nn.Module, seen: set[int],
@@ -438,7 +438,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         microbatch count of any replica, from the load-balancing plan) so replicas with
         fewer microbatches replay the missing collectives; ``num_microbatches`` (this
         replica's count) lets the pipeline driver reject unpaddable plans early."""
-        if self.config.mode == "collective":
+        if self.config.mode.is_collective:
             if max_microbatches is None:
                 raise ValueError("collective mode: pass max_microbatches (the largest "
                                  "microbatch count over replicas) to begin_minibatch")
@@ -461,7 +461,7 @@ class ShardedDataParallel(ModuleHooksDriver):
                 self._push_main_grad(unit)
             elif any(p.grad is not None for p in unit.params):
                 self._push(unit)  # leftovers, e.g. a B that accumulated some weight grads
-        if self.config.mode == "collective":
+        if self.config.mode.is_collective:
             self._pad_collectives()
         for unit in self.units:
             if unit.prefetch is not None:  # peers may overwrite shards once we synced

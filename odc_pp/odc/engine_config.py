@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..dtypes import float_dtype
+from ..layout import DataParallelMode
 
 __all__ = ["OdcConfig", "UnitLayout", "accumulates_locally", "into_main_grad"]
 
@@ -19,7 +20,7 @@ __all__ = ["OdcConfig", "UnitLayout", "accumulates_locally", "into_main_grad"]
 class OdcConfig:
     """Settings of :class:`ShardedDataParallel`."""
 
-    mode: Literal["odc", "collective", "hierarchical"] = "odc"
+    mode: DataParallelMode = DataParallelMode.ODC
     """Transport pattern: one-sided ODC, per-unit collectives (FSDP baseline), or ODC inside a
     host plus one all-reduce per minibatch across hosts. Must match the group's backend
     (``collective`` needs a ``backend="collective"`` group, the others ``"odc"``)."""
@@ -65,9 +66,7 @@ class OdcConfig:
     collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("odc", "collective", "hierarchical"):
-            raise ValueError(f"mode must be 'odc', 'collective' or 'hierarchical', got "
-                             f"{self.mode!r}")
+        self.mode = DataParallelMode.parse(self.mode)  # a --dp-mode string is accepted
         if self.unit_driver not in ("module_hooks", "pipeline"):
             raise ValueError(f"unit_driver must be 'module_hooks' or 'pipeline', got "
                              f"{self.unit_driver!r}")
@@ -84,7 +83,7 @@ class OdcConfig:
             raise ValueError(f"param_residency must be 'minibatch' or 'layer', got "
                              f"{self.param_residency!r}")
         if self.param_residency == "layer" and (self.unit_driver != "pipeline"
-                                                or self.mode == "collective"):
+                                                or self.mode.is_collective):
             raise ValueError("param_residency='layer' needs unit_driver='pipeline' and the "
                              "one-sided odc or hierarchical mode")
         if self.max_inflight_pushes < 1:
@@ -101,7 +100,7 @@ def accumulates_locally(config: OdcConfig, *, dp: int, deterministic: bool) -> b
     the memory model asks the same question."""
     if config.grad_accumulation != "auto":
         return config.grad_accumulation == "local"
-    if config.unit_driver != "pipeline" or config.mode == "collective":
+    if config.unit_driver != "pipeline" or config.mode.is_collective:
         return False
     return dp == 1 or deterministic
 

@@ -77,7 +77,7 @@ class ModuleHooksDriver:
         return hook
 
     def _start_microbatch(self) -> None:
-        if self.config.mode == "collective" and self.config.check_collective_order:
+        if self.config.mode.is_collective and self.config.check_collective_order:
             self._check_ops()
         self._local_microbatches += 1
         self._ops = []

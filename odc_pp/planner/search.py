@@ -43,6 +43,7 @@ from dataclasses import replace, dataclass, field
 
 import numpy as np
 
+from odc_pp.layout import DataParallelMode
 from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
@@ -84,8 +85,8 @@ class PlanConfig:
     """Schedule families tried."""
     token_caps: tuple[int, ...] = (1, 2, 4)
     """Packed-row token caps tried, in multiples of the sequence length."""
-    dp_modes: tuple[str, ...] = ("collective", "odc")
-    """Data-parallel modes tried."""
+    dp_modes: tuple[DataParallelMode, ...] = (DataParallelMode.COLLECTIVE, DataParallelMode.ODC)
+    """Data-parallel modes tried (--dp-mode strings are accepted)."""
     samples: int = 2
     """Global minibatches drawn to predict each candidate."""
     seed: int = 0
@@ -95,6 +96,7 @@ class PlanConfig:
     rough estimate of the module docstring (step 5)."""
 
     def __post_init__(self) -> None:
+        self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)
         if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
             raise ValueError("--gpus, --global-batch and --samples must be >= 1")
         if len(self.lengths) < 1:
@@ -116,7 +118,8 @@ class Candidate:
     pp: int
     dp: int
     schedule: str
-    dp_mode: str
+    dp_mode: DataParallelMode
+    """--dp-mode (a string is accepted)."""
     balance: str
     packed: bool
     token_cap: int | None
@@ -126,6 +129,9 @@ class Candidate:
     """Context-parallel size (each row split over cp ranks, ring attention)."""
     micro_batch: int = 1
     """Samples per unpacked microbatch (--micro-batch-size: rows padded to the longest)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
 
 
 @dataclass(kw_only=True)
@@ -281,7 +287,7 @@ def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
     inside = cand.tp * cand.pp * group <= config.cluster.gpus_per_node
     link = (config.cluster.tp_link_gbps if inside else config.cluster.internode_gbps) * GB
     share = (group - 1) / group * grads / link
-    return 2 * share if cand.dp_mode == "collective" else share
+    return 2 * share if cand.dp_mode.is_collective else share
 
 
 def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
@@ -294,7 +300,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
     """((step, compute, bubble, dp wait) seconds, simulations) of one planned minibatch
     (``per_replica``: each replica's microbatch shapes)."""
     memory = (1.0, 0.0, -1.0)
-    if cand.dp_mode == "collective":
+    if cand.dp_mode.is_collective:
         counts = {len(s) for s in per_replica}
         if len(counts) != 1:
             raise ValueError("collective needs equal microbatch counts")
@@ -386,7 +392,7 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         "--tensor-model-parallel-size", str(cand.tp),
         "--pipeline-model-parallel-size", str(cand.pp),
         "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
-        "--dp-mode", cand.dp_mode, "--load-balance", cand.balance,
+        "--dp-mode", cand.dp_mode.value, "--load-balance", cand.balance,
         "--global-batch-size", str(config.global_batch),
         "--micro-batch-size", str(cand.micro_batch)]
     if cand.cp > 1:
@@ -476,13 +482,13 @@ def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
 
 def _data_modes(config: PlanConfig, dp: int, caps: list[int]):
     for dp_mode in config.dp_modes:
-        if dp == 1 and dp_mode != config.dp_modes[0]:
+        if dp == 1 and dp_mode is not config.dp_modes[0]:
             continue  # one replica: the dp mode does not matter
         if config.global_batch % dp == 0:
             yield dp_mode, "none", None
             if dp > 1:
                 yield dp_mode, "balanced", None
-        if dp_mode == "odc":
+        if dp_mode.is_odc:
             for cap in caps:
                 yield dp_mode, "lb-mini", cap
 
@@ -496,7 +502,7 @@ MEGATRON_SOURCE = ("the best layout Megatron-LM supports: 1F1B/interleaved, coll
 def megatron_default(cand: Candidate) -> bool:
     """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts,
     unpacked rows (any tp, cp, pp, dp and micro-batch size)."""
-    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode == "collective" and \
+    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode.is_collective and \
         cand.balance == "none" and not cand.packed
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from odc_pp.data.tokenizers import tokenizer_type_for
+from odc_pp.layout import DataParallelMode, ParallelLayout
 from odc_pp.schedule.generators.families import family
 
 from .argument_checks import validate
@@ -182,11 +183,11 @@ class ParallelArgs:
     distributed_timeout_minutes: float = 5.0
     """Longest wait on a peer before the job fails."""
 
-    def ranks_per_host(self, local_world_size: int) -> int:
-        """hierarchical: data-parallel ranks per host -- --dp-ranks-per-host, or the
-        host's processes / (pp x tp)."""
-        copy = self.pipeline_model_parallel_size * self.tensor_model_parallel_size
-        return self.dp_ranks_per_host or max(1, local_world_size // copy)
+    @property
+    def mode(self) -> DataParallelMode:
+        """--dp-mode as given (the job's mode, after the CUDA-IPC fallback, is
+        ``Topology.layout.mode``)."""
+        return DataParallelMode.parse(self.dp_mode)
 
 
 @dataclass(kw_only=True)
@@ -482,20 +483,20 @@ class TrainingArgs:
             self.schedule.num_model_chunks = family(self.schedule.pipeline_schedule).default_chunks
         resolve_lengths(self)
 
-    def data_parallel_size(self, world_size: int, local_world_size: int | None = None) -> int:
-        """dp = world / pp, after checking every flag combination that depends on the
-        job's size (so it fails before the first step, never during training); a
-        ValueError naming the flags otherwise. ``local_world_size``: processes per host
-        (torchrun --nproc-per-node), for --dp-mode hierarchical."""
-        pp = self.parallel.pipeline_model_parallel_size
-        tp = self.parallel.tensor_model_parallel_size
-        cp = self.parallel.context_parallel_size
-        if world_size % (pp * tp * cp):
-            raise ValueError(f"world size {world_size} (torchrun --nproc-per-node x --nnodes) "
-                             f"is not divisible by --pipeline-model-parallel-size {pp} x "
-                             f"--tensor-model-parallel-size {tp} x "
-                             f"--context-parallel-size {cp}")
-        dp = world_size // (pp * tp * cp)
+    def resolve_layout(self, world_size: int,
+                       local_world_size: int | None = None) -> ParallelLayout:
+        """The job's :class:`~odc_pp.layout.ParallelLayout` over ``world_size`` processes
+        (``local_world_size`` per host: torchrun --nproc-per-node), after checking every
+        flag combination that depends on the job's size (so it fails before the first
+        step, never during training); a ValueError naming the flags otherwise."""
+        layout = ParallelLayout.resolve(self.parallel, world_size, local_world_size)
+        self.check_layout(layout)
+        return layout
+
+    def check_layout(self, layout: ParallelLayout) -> None:
+        """The data flags against ``layout`` (its data-parallel size and mode; Megatron's
+        default --global-batch-size is set here)."""
+        dp, tp = layout.dp, layout.tp
         if self.data.global_batch_size is None:  # Megatron's default
             self.data.global_batch_size = self.data.micro_batch_size * dp
             self.resolution_notes.append(
@@ -511,7 +512,7 @@ class TrainingArgs:
                 self.model.vocab_size % tp:
             raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
                              f"--tensor-model-parallel-size {tp}")
-        if dp > 1 and self.parallel.dp_mode == "collective" and self.data.load_balance == "lb-mini" and \
+        if dp > 1 and layout.mode.is_collective and self.data.load_balance == "lb-mini" and \
                 self.schedule.num_model_chunks > 1:
             raise ValueError(
                 f"--dp-mode collective with --load-balance lb-mini needs equal microbatch "
@@ -519,11 +520,6 @@ class TrainingArgs:
                 f"(--pipeline-schedule {self.schedule.pipeline_schedule}, {self.schedule.num_model_chunks} "
                 f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
                 f"one-chunk schedule")
-        if self.parallel.dp_mode == "hierarchical":
-            per_host = self.parallel.ranks_per_host(local_world_size or world_size)
-            if dp % per_host:
-                raise ValueError(f"--dp-ranks-per-host {per_host} (default: processes per host"
-                                 f" / (pp x tp)) does not divide the data-parallel size {dp}")
         if self.data.max_tokens_per_microbatch is None and \
                 self.data.global_batch_size % (self.data.micro_batch_size * dp):
             raise ValueError(f"--global-batch-size {self.data.global_batch_size} must be a multiple "
@@ -532,6 +528,5 @@ class TrainingArgs:
         if self.data.global_batch_size < dp:
             raise ValueError(f"--global-batch-size {self.data.global_batch_size} is smaller than "
                              f"the data-parallel size {dp}")
-        return dp
 
 

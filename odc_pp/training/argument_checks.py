@@ -11,6 +11,7 @@ import importlib.util
 import math
 
 from odc_pp.data.planner import LOAD_BALANCE_MODES
+from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .context_split import context_parallel_problems
@@ -21,7 +22,7 @@ from .sample_construction import SAMPLE_CONSTRUCTIONS, sample_construction_probl
 __all__ = ["CHOICES", "DP_MODES", "LOAD_BALANCE", "validate", "loss_scale_config",
            "loss_scale_problems", "wandb_problems", "flag_name"]
 
-DP_MODES = ("odc", "collective", "hierarchical")
+DP_MODES = tuple(mode.value for mode in DataParallelMode)
 LOAD_BALANCE = LOAD_BALANCE_MODES
 CHOICES = {
     "pipeline_schedule": FAMILY_NAMES,
@@ -225,7 +226,7 @@ def _validate_run(args) -> list[str]:
         problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
                         f"{args.run.exit_duration_in_mins}")
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
-                                               args.parallel.dp_mode != "hierarchical"):
+                                               not args.parallel.mode.is_hierarchical):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
     if args.parallel.distributed_timeout_minutes <= 0:
         problems.append("--distributed-timeout-minutes must be > 0")

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from odc_pp.layout import ParallelLayout
 from odc_pp.optim.loss_scale import LossScaler, build_loss_scaler
-from odc_pp.runtime.p2p_channels import Communicator
 from odc_pp.schedule.costs import CostModel, with_full_recompute
 from odc_pp.schedule.generators import family
 from odc_pp.schedule.ir import Placement, Schedule
@@ -21,8 +21,8 @@ from odc_pp.schedule.placement import last_stage_rank
 
 from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs,
                         loss_scale_config)
-from .distributed import Topology, warm_up_topology
-from .model_setup import load_initial_weights, model_config
+from .distributed import Topology
+from .model_setup import load_initial_weights, model_config, ties_embeddings
 from .odc_settings import odc_config
 from .optimizer_step import NonfiniteInjection, build_post_validator
 from .schedules import Schedules
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from odc_pp.runtime.runtime import PipelineRuntime
 
 __all__ = ["Components", "build_components", "load_cost_model", "placement_of",
-           "fall_back_without_cuda_ipc", "recompute_costs"]
+           "cuda_ipc_layout", "recompute_costs", "tied_last_stage"]
 
 
 @dataclass(kw_only=True)
@@ -117,60 +117,33 @@ def _last_stage_here(schedule: ScheduleArgs, topo: Topology) -> bool:
                            schedule.num_model_chunks) == topo.pp_rank and topo.tp_rank == 0
 
 
-def _dp_groups(parallel: ParallelArgs, topo: Topology, env_local_world: int):
-    """(ODC group ranks' torch group, inter-host torch group or None, gradient-norm
-    group). Collective: every rank creates every group in the same order. The norm group
-    holds every rank owning a disjoint piece of the gradient: all ranks, or with
-    hierarchical data parallelism one host's ranks of every stage (one model copy)."""
-    if parallel.dp_mode != "hierarchical":  # context parallelism: dp x cp
-        return topo.gradient_group, None, dist.group.WORLD
-    per_host = parallel.ranks_per_host(env_local_world)
-    if topo.dp % per_host:
-        raise ValueError(f"--dp-ranks-per-host {per_host} does not divide the data-parallel "
-                         f"size {topo.dp}")
-    intra = inter = norm = None
-    made = []  # this rank's new groups, warmed up below (docs/nccl_ordering.md)
-    for stage in range(topo.pp):
-        for tp_rank in range(topo.tp):
-            members = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
-                       for replica in range(topo.dp)]
-            here = stage == topo.pp_rank and tp_rank == topo.tp_rank
-            for host in range(topo.dp // per_host):
-                group = dist.new_group(members[host * per_host:(host + 1) * per_host])
-                if here and host == topo.dp_rank // per_host:
-                    intra = group
-                    made.append(Communicator(ranks=tuple(sorted(
-                        members[host * per_host:(host + 1) * per_host])), kind="dp-intra",
-                        group=group))
-            for slot in range(per_host):
-                group = dist.new_group(members[slot::per_host])
-                if here and slot == topo.dp_rank % per_host:
-                    inter = group
-                    made.append(Communicator(ranks=tuple(sorted(members[slot::per_host])),
-                                             kind="dp-inter", group=group))
-    for host in range(topo.dp // per_host):
-        replicas = range(host * per_host, (host + 1) * per_host)
-        ranks = [topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank)
-                 for replica in replicas for stage in range(topo.pp)
-                 for tp_rank in range(topo.tp)]
-        group = dist.new_group(ranks)
-        if host == topo.dp_rank // per_host:
-            norm = group
-            made.append(Communicator(ranks=tuple(sorted(ranks)), kind="norm", group=group))
-    warm_up_topology(topo, communicators=made,
-                     timeout_s=parallel.distributed_timeout_minutes * 60)
-    return intra, inter, norm
-
-
-def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
-                               local_world_size: int, check=None) -> str | None:
-    """``--dp-mode odc`` on GPUs that cannot map each other's memory (CUDA IPC): switch
-    to ``--dp-mode collective`` (all-gather / reduce-scatter over NCCL) and return the
-    message saying why (rank 0 prints it); None when nothing changes. Collective over
-    all ranks (every rank takes the same decision). ``check``: ``cuda_ipc_problem``
-    (tests pass a mock). Hierarchical mode gets a ValueError naming the flag instead."""
-    if args.parallel.dp_mode == "collective" or topo.device.type != "cuda" or topo.dp == 1:
+def tied_last_stage(model: ModelArgs, schedule: ScheduleArgs, pp: int) -> int | None:
+    """The pipeline rank of the last stage when the model ties its output layer to the
+    embedding of another stage (Megatron's default; ``Topology.build`` then makes the
+    tied groups); None when it does not."""
+    chunks = schedule.num_model_chunks
+    if pp * chunks == 1 or not ties_embeddings(model):
         return None
+    return last_stage_rank(placement_of(schedule.pipeline_schedule), pp, chunks)
+
+
+def _dp_groups(topo: Topology):
+    """(ODC group ranks' torch group, inter-host torch group or None, gradient-norm
+    group) of ``topo``'s data-parallel mode: the dp x cp group; hierarchical: one
+    host's ranks, and the collectives between hosts."""
+    if not topo.dp_mode.is_hierarchical:
+        return topo.gradient_group, None, topo.norm_group
+    return topo.dp_intra_group, topo.dp_inter_group, topo.norm_group
+
+
+def cuda_ipc_layout(topo: Topology, check=None) -> ParallelLayout:
+    """The layout the job runs: ``--dp-mode odc`` on GPUs that cannot map each other's
+    memory (CUDA IPC) falls back to collective (ParallelLayout.without_cuda_ipc; rank 0
+    prints why). Collective over all ranks (every rank takes the same decision).
+    ``check``: ``cuda_ipc_problem`` (tests pass a mock)."""
+    layout = topo.layout
+    if layout.mode.is_collective or topo.device.type != "cuda" or topo.dp == 1:
+        return layout
     if check is None:
         from odc_pp.odc.transport_cuda import cuda_ipc_problem as check
     problem = check(topo.dp_group, topo.device)
@@ -178,19 +151,11 @@ def fall_back_without_cuda_ipc(args: TrainingArgs, topo: Topology, *,
     dist.all_gather_object(problems, problem)
     problem = next((p for p in problems if p), None)
     if problem is None:
-        return None
-    if args.parallel.dp_mode == "hierarchical":
-        raise ValueError(f"--dp-mode hierarchical maps the GPU memory of a host's "
-                         f"data-parallel ranks, which is not possible here ({problem}); use "
-                         f"--dp-mode collective")
-    args.parallel.dp_mode = "collective"
-    args.data_parallel_size(topo.world_size, local_world_size)  # the flags still hold?
-    message = (f"--dp-mode odc needs CUDA IPC between the data-parallel ranks, which is not "
-               f"possible here ({problem}): falling back to --dp-mode collective "
-               f"(all-gather / reduce-scatter over NCCL)")
+        return layout
+    layout = layout.without_cuda_ipc(problem)
     if topo.rank == 0:
-        print(f"pretrain_gpt.py: {message}", flush=True)
-    return message
+        print(f"pretrain_gpt.py: {layout.fallback}", flush=True)
+    return layout
 
 
 def _counts_in_norm(topo: Topology, tied: bool = False):
@@ -212,37 +177,17 @@ def _counts_in_norm(topo: Topology, tied: bool = False):
     return counts
 
 
-def _tie_embeddings(engine, chunks, schedule: ScheduleArgs, parallel: ParallelArgs,
-                    topo: Topology, env_local_world: int) -> bool:
+def _tie_embeddings(engine, chunks, topo: Topology) -> bool:
     """A model tied across stages: the engine sums the embedding's and the output
-    layer's gradients over the data-parallel ranks (one ODC group: all, or one host's) of
-    the first and the last stage. Collective: every rank creates every group. True when
-    this model is tied across stages."""
+    layer's gradients over the tied group (the data-parallel ranks -- all, or one
+    host's -- of the first and the last stage). True when this model is tied across
+    stages."""
     from odc_pp.megatron.model import tied_embedding_params
 
     if not any(chunk.tied_across_stages for chunk in chunks):
         return False
-    last = last_stage_rank(placement_of(schedule.pipeline_schedule), topo.pp,
-                           schedule.num_model_chunks)
-    per_host = topo.dp
-    if parallel.dp_mode == "hierarchical":
-        per_host = parallel.ranks_per_host(env_local_world)
-    mine = made = None
-    for tp_rank in range(topo.tp):
-        for host in range(topo.dp // per_host):
-            members = sorted({topo.global_rank(dp_rank=replica, pp_rank=stage, tp_rank=tp_rank,
-                                               cp_rank=cp_rank)
-                              for replica in range(host * per_host, (host + 1) * per_host)
-                              for stage in (0, last) for cp_rank in range(topo.cp)})
-            group = dist.new_group(members)
-            if topo.rank in members:
-                mine = group
-                made = Communicator(ranks=tuple(members), kind="tied", group=group)
-    warm_up_topology(topo, communicators=[made] if made else [],
-                     timeout_s=parallel.distributed_timeout_minutes * 60)
-    params = tied_embedding_params(chunks)
-    if mine is not None:
-        engine.tie(params, mine)
+    if topo.tied_group is not None:
+        engine.tie(tied_embedding_params(chunks), topo.tied_group)
     return True
 
 
@@ -271,7 +216,7 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
 
 
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
-                 param_dtype: str, local_world_size: int, odc_group=None,
+                 param_dtype: str, odc_group=None,
                  param_residency: str = "minibatch") -> tuple[ShardedDataParallel, object]:
     """The data-parallel engine over ``chunks`` (--dp-mode) and the gradient-norm group.
     ``odc_group``: an ODC group made already (the memory dry run's FakeOdcGroup); None:
@@ -279,16 +224,17 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import ShardedDataParallel
 
-    torch_group, inter_host, norm_group = _dp_groups(parallel, topo, local_world_size)
+    torch_group, inter_host, norm_group = _dp_groups(topo)
     if odc_group is None:
         transport = prim.TransportConfig(
-            backend="collective" if parallel.dp_mode == "collective" else "odc",
+            backend=topo.dp_mode.transport,
             timeout_s=parallel.distributed_timeout_minutes * 60,
             deterministic=not parallel.nondeterministic_dp)
         odc_group = prim.new_group(torch_group, config=transport)
     if odc_group.world_size == 1:
         param_residency = "minibatch"  # nothing is gathered at dp=1
-    engine = ShardedDataParallel(chunks, odc_config(parallel, param_dtype=param_dtype,
+    engine = ShardedDataParallel(chunks, odc_config(parallel, topo.dp_mode,
+                                                    param_dtype=param_dtype,
                                                     param_residency=param_residency),
                                  odc_group, process_group=torch_group,
                                  layers=[chunk.residency_modules() for chunk in chunks],
@@ -314,7 +260,6 @@ def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo:
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
-                     local_world_size: int = 1,
                      param_residency: str = "minibatch") -> Components:
     """Model, engine, optimizer, runtime and schedules of this rank; ``param_residency``:
     --odc-param-residency resolved (plan_memory.param_residency)."""
@@ -324,10 +269,8 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                          vocab_size=vocab_size, seed=args.run.seed)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype=args.model.compute_dtype,
-                                      local_world_size=local_world_size,
                                       param_residency=param_residency)
-    tied = _tie_embeddings(engine, chunks, args.schedule, args.parallel, topo,
-                           local_world_size)
+    tied = _tie_embeddings(engine, chunks, topo)
     optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
                                 tied=tied)
     timeout_s = args.parallel.distributed_timeout_minutes * 60

@@ -1,17 +1,11 @@
-"""torchrun environment, process-group layout and failure handling.
+"""torchrun environment, the process groups of a :class:`~odc_pp.layout.ParallelLayout`
+and failure handling.
 
-Layout (Megatron's): tensor-parallel rank fastest, then context parallel, then pipeline,
-then data parallel, ``rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank``
-(cp = 1: ``(dp_rank * pp + pp_rank) * tp + tp_rank``). A stage's tp ranks are consecutive
-(one node: tensor parallelism needs the fastest links); the pp stages of one replica
-follow (``[0, 1]``, ``[2, 3]`` for tp=1, pp=2, dp=2), so a pipeline's point-to-point
-traffic stays inside a node when pp x tp <= GPUs per node; data-parallel groups are
-strided (``[0, 2]``, ``[1, 3]``): the ranks that hold the same stage and tp shard in every
-replica. A pipeline is the ranks of one replica with the same tp rank; under tensor
-parallelism each tp rank runs its own pipeline of the same schedule. Context parallelism
-(cp > 1): a stage's cp ranks (same tp rank) split the sequence and run the same schedule,
-each in its own pipeline; gradients are summed over the dp x cp ranks of a stage and tp
-rank (``grad_group``, Megatron's ``dp_cp``).
+The layout (rank order, every group's members) is :mod:`odc_pp.layout`'s; a pipeline is
+the ranks of one replica with the same tp (and cp) rank; under tensor or context
+parallelism each such rank runs its own pipeline of the same schedule, and gradients are
+summed over the dp x cp ranks of a stage and tp rank (``grad_group``, Megatron's
+``dp_cp``). :meth:`Topology.build` is the one place process groups are made.
 
 Communicators: on GPU ``init_process_group`` gets ``device_id`` so NCCL creates them
 eagerly, and :func:`warm_up_topology` touches every group once in one global order
@@ -28,12 +22,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..runtime.p2p_channels import Communicator, create_pipeline_channels
+from torch.distributed import ProcessGroup
+
+from ..layout import DataParallelMode, ParallelLayout
+from ..runtime.p2p_channels import Communicator, PipelineChannels, create_pipeline_channels
 from ..runtime.warmup import warm_up
 
-__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "build_topology",
-           "layout_rank", "local_device", "topology_groups", "warm_up_topology",
-           "all_ranks_true"]
+__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "local_device",
+           "warm_up_topology", "all_ranks_true"]
 
 
 @dataclass(frozen=True)
@@ -52,67 +48,121 @@ def read_env() -> DistEnv:
                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Topology:
+    """This rank's place in the layout and its process groups (made by :meth:`build`)."""
+
     rank: int
-    world_size: int
-    pp: int
-    dp: int
-    pp_rank: int
-    dp_rank: int
-    pp_group: object
-    """torch.distributed group of this replica's pipeline ranks (same tp rank)."""
-    dp_group: object
-    """torch.distributed group of the ranks holding the same stage and tp shard in every
-    replica."""
-    pp_ranks: list[int]
-    dp_ranks: list[int]
+    layout: ParallelLayout
+    """Sizes and data-parallel mode (resolved once: :meth:`ParallelLayout.resolve`)."""
     device: torch.device
-    pp_channels: object = None
-    """This replica's point-to-point channels (one group per direction between
-    neighbouring stages, :class:`odc_pp.runtime.p2p_channels.PipelineChannels`)."""
-    tp: int = 1
-    """Tensor-parallel size."""
+    pp_rank: int = 0
+    dp_rank: int = 0
     tp_rank: int = 0
-    tp_group: object = None
-    """torch.distributed group of this stage's tensor-parallel ranks (None: tp = 1)."""
-    tp_ranks: list[int] = field(default_factory=list)
-    cp: int = 1
-    """Context-parallel size."""
     cp_rank: int = 0
-    cp_group: object = None
-    """torch.distributed group of this stage's context-parallel ranks (None: cp = 1)."""
+    pp_group: ProcessGroup | None = None
+    """This replica's pipeline ranks (same tp and cp rank)."""
+    pp_ranks: list[int] = field(default_factory=list)
+    dp_group: ProcessGroup | None = None
+    """The ranks holding the same stage and shard in every replica."""
+    dp_ranks: list[int] = field(default_factory=list)
+    tp_group: ProcessGroup | None = None
+    """This stage's tensor-parallel ranks (None: tp = 1)."""
+    tp_ranks: list[int] = field(default_factory=list)
+    cp_group: ProcessGroup | None = None
+    """This stage's context-parallel ranks (None: cp = 1)."""
     cp_ranks: list[int] = field(default_factory=list)
-    grad_group: object = None
+    grad_group: ProcessGroup | None = None
     """The ranks whose gradients are summed: dp x cp (None: cp = 1, ``dp_group``)."""
     grad_ranks: list[int] = field(default_factory=list)
+    dp_intra_group: ProcessGroup | None = None
+    """Hierarchical mode: this host's data-parallel ranks (ODC among them)."""
+    dp_inter_group: ProcessGroup | None = None
+    """Hierarchical mode: the ranks of this slot on every host (collectives)."""
+    norm_group: ProcessGroup | None = None
+    """The ranks owning disjoint pieces of the gradient, whose norm is one: all ranks, or
+    with hierarchical mode one host's ranks of every stage (one model copy)."""
+    tied_group: ProcessGroup | None = None
+    """A model whose output layer is tied to the embedding of another stage: this rank's
+    first- and last-stage data-parallel ranks (None: not tied, or not such a rank)."""
+    pp_channels: PipelineChannels | None = None
+    """This replica's point-to-point channels (one group per direction between
+    neighbouring stages)."""
     communicators: list[Communicator] = field(default_factory=list)
-    """This rank's groups (tp, cp, pp, dp, dp-cp, channels, world), for
-    :func:`warm_up_topology`."""
+    """This rank's groups, for :func:`warm_up_topology`."""
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
+    def dp_mode(self) -> DataParallelMode:
+        return self.layout.mode
 
     @property
     def is_first_stage_rank(self) -> bool:
         return self.pp_rank == 0
 
     @property
-    def gradient_group(self):
+    def gradient_group(self) -> ProcessGroup | None:
         """The group gradients are summed over: dp x cp, or the dp group (cp = 1)."""
         return self.grad_group if self.cp > 1 else self.dp_group
 
     def global_rank(self, *, dp_rank: int, pp_rank: int, tp_rank: int = 0,
                     cp_rank: int | None = None) -> int:
-        """The global rank at these coordinates (the layout of the module docstring);
-        ``cp_rank`` None: this rank's."""
-        return layout_rank(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank, pp=self.pp,
-                           tp=self.tp, cp=self.cp,
-                           cp_rank=self.cp_rank if cp_rank is None else cp_rank)
+        """The global rank at these coordinates; ``cp_rank`` None: this rank's."""
+        return self.layout.rank(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank,
+                                cp_rank=self.cp_rank if cp_rank is None else cp_rank)
 
+    @classmethod
+    def build(cls, rank: int, layout: ParallelLayout, device: torch.device, *,
+              tied_last_stage: int | None = None) -> Topology:
+        """Create every group of ``layout.groups(tied_last_stage=...)`` and the pipelines'
+        point-to-point channels (collective: all ranks call it, with the same layout).
+        Warm them up with :func:`warm_up_topology` before any other use."""
+        tp_rank, cp_rank, pp_rank, dp_rank = layout.coordinates(rank)
+        topo = cls(rank=rank, layout=layout, device=device, tp_rank=tp_rank,
+                   cp_rank=cp_rank, pp_rank=pp_rank, dp_rank=dp_rank, cp_ranks=[rank],
+                   norm_group=dist.group.WORLD, communicators=[Communicator(
+                       ranks=tuple(range(layout.world)), kind="world",
+                       group=dist.group.WORLD)])
+        groups = layout.groups(tied_last_stage=tied_last_stage)
+        for kind, members in groups.items():
+            for ranks in members:
+                group = dist.new_group(ranks) if kind != "tp" or layout.tp > 1 else None
+                if rank in ranks:
+                    topo._keep(kind, group, ranks)
+        topo.pp_channels = create_pipeline_channels(groups["pp"])
+        topo.communicators += topo.pp_channels.communicators()
+        return topo
 
-def layout_rank(*, dp_rank: int, pp_rank: int, tp_rank: int, pp: int, tp: int,
-                cp: int = 1, cp_rank: int = 0) -> int:
-    """``((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank``: the one statement of
-    the layout."""
-    return ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
+    def _keep(self, kind: str, group: ProcessGroup | None, ranks: list[int]) -> None:
+        """This rank's group of ``kind`` (one of ParallelLayout.groups' kinds)."""
+        field_of = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "dp-cp": "grad",
+                    "dp-intra": "dp_intra", "dp-inter": "dp_inter", "norm": "norm",
+                    "tied": "tied"}[kind]
+        setattr(self, f"{field_of}_group", group)
+        if hasattr(self, f"{field_of}_ranks"):
+            setattr(self, f"{field_of}_ranks", ranks)
+        if group is not None:
+            self.communicators.append(Communicator(ranks=tuple(sorted(ranks)), kind=kind,
+                                                   group=group))
 
 
 def local_device(local_rank: int) -> torch.device:
@@ -150,28 +200,6 @@ def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
     return device
 
 
-def topology_groups(*, pp: int, tp: int, dp: int, cp: int = 1) -> dict[str, list[list[int]]]:
-    """Global ranks of every tp, pp and dp group, and with cp > 1 of every cp and dp x cp
-    group (each list in creation order): the layout of the module docstring, without
-    torch."""
-    def rank_at(d: int, p: int, t: int, c: int = 0) -> int:
-        return layout_rank(dp_rank=d, pp_rank=p, tp_rank=t, pp=pp, tp=tp, cp=cp, cp_rank=c)
-
-    cps = range(cp)
-    groups = {"tp": [[rank_at(d, p, t, c) for t in range(tp)] for d in range(dp)
-                     for p in range(pp) for c in cps],
-              "pp": [[rank_at(d, p, t, c) for p in range(pp)] for d in range(dp)
-                     for c in cps for t in range(tp)],
-              "dp": [[rank_at(d, p, t, c) for d in range(dp)] for p in range(pp)
-                     for c in cps for t in range(tp)]}
-    if cp > 1:
-        groups["cp"] = [[rank_at(d, p, t, c) for c in cps] for d in range(dp)
-                        for p in range(pp) for t in range(tp)]
-        groups["dp-cp"] = [[rank_at(d, p, t, c) for d in range(dp) for c in cps]
-                           for p in range(pp) for t in range(tp)]
-    return groups
-
-
 def warm_up_topology(topo: "Topology", *, timeout_s: float, ops=None,
                      communicators: list[Communicator] | None = None) -> int:
     """Touch every group of ``topo`` (or ``communicators``, groups created later) once,
@@ -184,41 +212,6 @@ def warm_up_topology(topo: "Topology", *, timeout_s: float, ops=None,
         ops = TorchP2POps(topo.device)
     return warm_up(topo.communicators if communicators is None else communicators,
                    ops=ops, rank=topo.rank, timeout_s=timeout_s)
-
-
-def build_topology(env: DistEnv, pp: int, device: torch.device, *, tp: int = 1,
-                   cp: int = 1) -> Topology:
-    """Create every tp, cp, pp, dp and dp x cp group and the pipelines' point-to-point
-    channels (collective: all ranks call it in the same order)."""
-    if env.world_size % (pp * tp * cp):
-        raise ValueError(f"world size {env.world_size} is not divisible by "
-                         f"--pipeline-model-parallel-size {pp} x "
-                         f"--tensor-model-parallel-size {tp} x "
-                         f"--context-parallel-size {cp}")
-    dp = env.world_size // (pp * tp * cp)
-    tp_rank, cp_rank = env.rank % tp, env.rank // tp % cp
-    pp_rank, dp_rank = env.rank // (tp * cp) % pp, env.rank // (tp * cp * pp)
-    mine = {"cp": (None, [env.rank]), "dp-cp": (None, [])}
-    communicators = [Communicator(ranks=tuple(range(env.world_size)), kind="world",
-                                  group=dist.group.WORLD)]
-    layout = topology_groups(pp=pp, tp=tp, dp=dp, cp=cp)
-    for kind, groups in layout.items():
-        for ranks in groups:
-            group = dist.new_group(ranks) if kind != "tp" or tp > 1 else None
-            if env.rank in ranks:
-                mine[kind] = (group, ranks)
-                if group is not None:
-                    communicators.append(Communicator(ranks=tuple(sorted(ranks)),
-                                                      kind=kind, group=group))
-    channels = create_pipeline_channels(layout["pp"])
-    communicators += channels.communicators()
-    return Topology(rank=env.rank, world_size=env.world_size, pp=pp, dp=dp, pp_rank=pp_rank,
-                    dp_rank=dp_rank, pp_group=mine["pp"][0], dp_group=mine["dp"][0],
-                    pp_ranks=mine["pp"][1], dp_ranks=mine["dp"][1], device=device,
-                    pp_channels=channels, tp=tp, tp_rank=tp_rank, tp_group=mine["tp"][0],
-                    tp_ranks=mine["tp"][1], cp=cp, cp_rank=cp_rank, cp_group=mine["cp"][0],
-                    cp_ranks=mine["cp"][1], grad_group=mine["dp-cp"][0],
-                    grad_ranks=mine["dp-cp"][1], communicators=communicators)
 
 
 def all_ranks_true(flag: bool) -> bool:

@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from odc_pp.layout import ParallelLayout, layout_rank
 from odc_pp.runtime.memory_model import (GB, ChunkBytes, MemoryReport, UnitSizes,
                                          schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
-from .distributed import layout_rank
 from .plan_memory import job_costs, param_residency, replica_microbatches
 
 __all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
@@ -169,12 +169,9 @@ def _nbytes(tensors) -> int:
 
 def _topology(args: TrainingArgs, rank: int, world_size: int):
     """Rank ``rank``'s Topology: every group made on the fake process group."""
-    from .distributed import DistEnv, build_topology
+    from .distributed import Topology
 
-    env = DistEnv(rank=rank, world_size=world_size, local_rank=rank,
-                  local_world_size=world_size)
-    return build_topology(env, args.parallel.pipeline_model_parallel_size, _CPU,
-                          tp=args.parallel.tensor_model_parallel_size)
+    return Topology.build(rank, ParallelLayout.resolve(args.parallel, world_size), _CPU)
 
 
 def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
@@ -186,7 +183,7 @@ def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
 
     from .components import build_engine, build_model, build_optimizer
 
-    if args.parallel.dp_mode != "odc":
+    if not args.parallel.mode.is_odc:
         raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode "
                          f"{args.parallel.dp_mode}")
     backend = args.model.attention_backend  # what GPUs run: sdpa, the fused loss
@@ -201,7 +198,7 @@ def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
                          deterministic=not args.parallel.nondeterministic_dp)
     engine, norm_group = build_engine(args.parallel, chunks, topo,
                                       param_dtype=args.model.compute_dtype,
-                                      local_world_size=topo.world_size, odc_group=group,
+                                      odc_group=group,
                                       param_residency=residency)
     # a model tied across stages: the output layer's copy stays out of the norm (its
     # gradient sum over the tie group, TiedGradients, is not made here)
@@ -403,7 +400,7 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
         args.schedule, pp=topo.pp, num_microbatches=m,
         post_validation=args.schedule.enable_optimizer_post_validation), job_costs(args, topo.pp))
     pp_rank = topo.pp_rank
-    residency = param_residency(args, world_size=flags.world_size,
+    residency = param_residency(args, topo.layout,
                                 budget_bytes=flags.memory_gb * GB)
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
         chunks, engine, optimizer = _build(args, topo, args.model.vocab_size, residency)
@@ -474,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         flags, rest = split_dry_run_flags(argv)
         args = parse_args(rest)
-        args.data_parallel_size(flags.world_size, flags.world_size)
+        args.resolve_layout(flags.world_size, flags.world_size)
         report = dry_run(args, flags)
     except ValueError as exc:
         print(f"dry run: error: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .arguments import ModelArgs
 
-__all__ = ["model_config", "hf_config_of", "load_initial_weights"]
+__all__ = ["model_config", "hf_config_of", "load_initial_weights", "ties_embeddings"]
 
 
 def hf_config_of(model: ModelArgs) -> dict | None:
@@ -17,24 +17,30 @@ def hf_config_of(model: ModelArgs) -> dict | None:
     return read_hf_config(model.hf_checkpoint)
 
 
+def ties_embeddings(model: ModelArgs) -> bool:
+    """Tied embeddings as Megatron: tied unless ``--untie-embeddings-and-output-weights``
+    (``--untie-embeddings``); with ``--hf-checkpoint`` tied as its config says."""
+    hf = hf_config_of(model)
+    if hf is not None:  # tied across stages too: the copies' gradients are summed
+        return bool(hf.get("tie_word_embeddings")) and not model.untie_embeddings
+    return not model.untie_embeddings  # Megatron's default: tied
+
+
 def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: int):
     """ModelConfig of the flags (with ``--hf-checkpoint`` the flags hold its values,
     merged at parse time; its Llama-3 rope scaling and tied embeddings come from it).
     Tied embeddings as Megatron: tied unless ``--untie-embeddings-and-output-weights``
-    (``--untie-embeddings``); with ``--hf-checkpoint`` tied as its config says."""
+    (:func:`ties_embeddings`)."""
     from odc_pp.megatron.hf_config import llama3_rope_scaling
     from odc_pp.megatron.model import ModelConfig
 
     hf = hf_config_of(model)
     if hf is not None:
         scaling = llama3_rope_scaling(hf)
-        # tied across stages too: the copies' gradients are summed (Megatron's way)
-        tie = bool(hf.get("tie_word_embeddings")) and not model.untie_embeddings
     else:
         scaling = {"factor": model.rope_scaling_factor, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} \
             if model.use_rope_scaling else None
-        tie = not model.untie_embeddings  # Megatron's default: tied
     return ModelConfig(
         vocab_size=vocab_size, hidden_size=model.hidden_size, num_layers=model.num_layers,
         num_attention_heads=model.num_attention_heads, ffn_hidden_size=model.ffn_hidden_size,
@@ -49,7 +55,7 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
         position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
         rope_scaling=scaling, add_bias_linear=not model.disable_bias_linear,
         add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
-        tie_embeddings=tie, attention_backend=model.attention_backend,
+        tie_embeddings=ties_embeddings(model), attention_backend=model.attention_backend,
         packed_attention=model.packed_attention, init_method_std=model.init_method_std,
         fused_cross_entropy=model.fused_cross_entropy)
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from odc_pp.layout import DataParallelMode
+
 from .arg_sections import ParallelArgs
 
 if TYPE_CHECKING:
@@ -16,14 +18,15 @@ if TYPE_CHECKING:
 __all__ = ["odc_config", "device_memory"]
 
 
-def odc_config(parallel: ParallelArgs, *, param_dtype: str,
+def odc_config(parallel: ParallelArgs, mode: DataParallelMode, *, param_dtype: str,
                param_residency: str = "minibatch") -> OdcConfig:
     """The engine settings the flags give (the dry run and the plan ask the same);
+    ``mode``: the job's data-parallel mode (``Topology.layout.mode``);
     ``param_residency``: --odc-param-residency resolved (plan_memory.param_residency)."""
     from odc_pp.odc.engine import OdcConfig
 
     bf16_grads = parallel.grad_reduce_in_bf16 and param_dtype == "bfloat16"
-    return OdcConfig(mode=parallel.dp_mode, unit_driver="pipeline", param_dtype=param_dtype,
+    return OdcConfig(mode=mode, unit_driver="pipeline", param_dtype=param_dtype,
                      main_grad_dtype="bfloat16" if bf16_grads else "float32",
                      param_residency=param_residency)
 

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from odc_pp.layout import ParallelLayout
 from odc_pp.runtime.memory_model import ChunkBytes, UnitSizes, schedule_peak, state_bytes
 
 if TYPE_CHECKING:
@@ -141,21 +142,21 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     from .arguments import parse_args
 
     args = parse_args(list(flags) + ["--mock-data"])
-    return args_peaks(args, world_size,
-                      param_residency(args, world_size=world_size, budget_bytes=None))
+    return args_peaks(args, world_size, param_residency(
+        args, args.resolve_layout(world_size, world_size), budget_bytes=None))
 
 
-def param_residency(args, *, world_size: int, budget_bytes: float | None) -> str:
-    """--odc-param-residency resolved: auto is layer where minibatch residency's plan
-    exceeds ``budget_bytes`` on some pipeline rank (None: no budget known), else
-    minibatch; every rank of the job resolves the same from the same flags."""
+def param_residency(args, layout: ParallelLayout, *, budget_bytes: float | None) -> str:
+    """--odc-param-residency resolved for the job's ``layout``: auto is layer where
+    minibatch residency's plan exceeds ``budget_bytes`` on some pipeline rank (None: no
+    budget known), else minibatch; every rank of the job resolves the same from the same
+    flags."""
     chosen = args.parallel.odc_param_residency
     if chosen != "auto":
         return chosen
-    dp = args.data_parallel_size(world_size, world_size) * args.parallel.context_parallel_size
-    if budget_bytes is None or dp == 1 or args.parallel.dp_mode == "collective":
+    if budget_bytes is None or layout.dp * layout.cp == 1 or layout.mode.is_collective:
         return "minibatch"
-    fits = max(args_peaks(args, world_size, "minibatch")) <= budget_bytes
+    fits = max(args_peaks(args, layout.world, "minibatch")) <= budget_bytes
     return "minibatch" if fits else "layer"
 
 
@@ -167,7 +168,7 @@ def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
 
     tp = args.parallel.tensor_model_parallel_size
     pp = args.parallel.pipeline_model_parallel_size
-    dp = args.data_parallel_size(world_size, world_size)
+    dp = args.resolve_layout(world_size, world_size).dp
     chunks = args.schedule.num_model_chunks
     model, vocab = args.model, args.model.vocab_size
     if not vocab:
@@ -219,7 +220,7 @@ def _local_grads(args, dp: int) -> bool:
     from odc_pp.odc.engine import accumulates_locally
     from .odc_settings import odc_config
 
-    config = odc_config(args.parallel, param_dtype=args.model.compute_dtype)
+    config = odc_config(args.parallel, args.parallel.mode, param_dtype=args.model.compute_dtype)
     return accumulates_locally(config, dp=dp,
                                deterministic=not args.parallel.nondeterministic_dp)
 
@@ -228,7 +229,8 @@ def _main_grad_bytes(args) -> int:
     """Bytes of one main_grad value (--grad-reduce-in-bf16 with --bf16: 2)."""
     from .odc_settings import odc_config
 
-    dtype = odc_config(args.parallel, param_dtype=args.model.compute_dtype).main_grad_dtype
+    dtype = odc_config(args.parallel, args.parallel.mode,
+                       param_dtype=args.model.compute_dtype).main_grad_dtype
     return 2 if dtype == "bfloat16" else 4
 
 

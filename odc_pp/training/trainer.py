@@ -41,7 +41,7 @@ from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
-from .distributed import Topology, all_ranks_true, read_env
+from .distributed import Topology, all_ranks_true
 from .elastic import adopt_elastic_restart
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
@@ -188,11 +188,10 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
-        residency = param_residency(args, world_size=topo.world_size,
+        residency = param_residency(args, topo.layout,
                                     budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
-            args, topo, vocab_size=self.vocab, local_world_size=read_env().local_world_size,
-            param_residency=residency)
+            args, topo, vocab_size=self.vocab, param_residency=residency)
         if args.parallel.odc_param_residency == "auto" and residency == "layer":
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")

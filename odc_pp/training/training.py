@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -13,9 +14,8 @@ import torch
 import torch.distributed as dist
 
 from .arguments import TrainingArgs, parse_args_with_notes
-from .components import fall_back_without_cuda_ipc
-from .distributed import (Topology, build_topology, init_distributed, read_env,
-                          warm_up_topology)
+from .components import cuda_ipc_layout, tied_last_stage
+from .distributed import Topology, init_distributed, read_env, warm_up_topology
 from .failures import exit_after_failure, is_peer_echo
 from .preemption import TrainingInterrupted
 from .trainer import Trainer, TrainingStopped
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return dry_run_main(argv)
     try:
         args, notes = parse_args_with_notes(argv)
-        args.data_parallel_size(env.world_size, env.local_world_size)
+        layout = args.resolve_layout(env.world_size, env.local_world_size)
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
-        topo = build_topology(env, args.parallel.pipeline_model_parallel_size, device,
-                              tp=args.parallel.tensor_model_parallel_size,
-                              cp=args.parallel.context_parallel_size)
+        topo = Topology.build(env.rank, layout, device, tied_last_stage=tied_last_stage(
+            args.model, args.schedule, layout.pp))
         warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
-        fall_back_without_cuda_ipc(args, topo, local_world_size=env.local_world_size)
+        topo = dataclasses.replace(topo, layout=cuda_ipc_layout(topo))
+        args.check_layout(topo.layout)  # the flags still hold after a fallback?
         train(args, topo)
         dist.barrier()
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""The layers point one way: ``{schedule, data, optim} <- {runtime, odc, planner} <-
+"""The layers point one way: ``{schedule, data, optim, layout} <- {runtime, odc, planner} <-
 megatron <- training <- testing <- tools`` (odc_pp.cli, odc_pp.demo, odc_pp.train, tools/,
 benchmarks/; odc_pp.testing holds the launchers the tests and benchmarks share). Every
 import counts -- module level, inside functions (lazy imports) and under
@@ -14,7 +14,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 LAYERS: dict[str, int] = {
-    "schedule": 0, "data": 0, "optim": 0, "fsutil": 0, "dtypes": 0,
+    "schedule": 0, "data": 0, "optim": 0, "fsutil": 0, "dtypes": 0, "layout": 0,
     "runtime": 1, "odc": 1, "planner": 1,
     "megatron": 2,
     "training": 3,

@@ -2,7 +2,7 @@
 
 * every schedule family at pp 2 and 4 runs through the real runtime on the NCCL-semantics
   backend over one channel per direction, after the production start-up warm-up
-  (``build_topology`` + ``warm_up_topology``), with the same losses and gradients as gloo;
+  (``Topology.build`` + ``warm_up_topology``), with the same losses and gradients as gloo;
 * without the warm-up (the code before it), NCCL's lazy communicator creation hangs
   1f1b and zb-h1 at pp 2 and 4, interleaved at pp 2, v-half and v-min at pp 4: a
   TimeoutError names the blocked rank and the member it waits for;
@@ -60,12 +60,12 @@ def families_worker(rank, world_size):
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.runtime.p2p_channels import ChannelLayout, pipeline_channels
     from odc_pp.runtime.warmup import warm_up
-    from odc_pp.training.distributed import DistEnv, build_topology, warm_up_topology
+    from odc_pp.layout import ParallelLayout
+    from odc_pp.training.distributed import Topology, warm_up_topology
 
     groups = singleton_process_groups()
-    topo = build_topology(DistEnv(rank=rank, world_size=world_size, local_rank=0,
-                                  local_world_size=world_size), world_size,
-                          torch.device("cpu"))
+    topo = Topology.build(rank, ParallelLayout(world=world_size, local_world=world_size,
+                                               pp=world_size), torch.device("cpu"))
     channels = topo.pp_channels
     ops = NcclSemanticsOps(channels, creation_timeout_s=60)
     report = {}
@@ -104,7 +104,7 @@ def families_worker(rank, world_size):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("pp", [2, 4])
 def test_every_family_runs_under_nccl_semantics_and_the_old_mapping_deadlocks(pp):
-    """With the production warm-up (build_topology + warm_up_topology) first."""
+    """With the production warm-up (Topology.build + warm_up_topology) first."""
     results = run_workers(families_worker, pp, config=LaunchConfig(timeout_s=300))
     for rank, (report, old_result) in enumerate(results):
         assert sorted(report) == sorted(FAMILIES)

@@ -2,7 +2,7 @@
 ring attention's ``batch_isend_irecv`` batches run on the context-parallel group's
 NCCL-semantics communicator (tests/dist/runtime/nccl_semantics.py: first-operation
 rendezvous, FIFO, rendezvous sends) while each pipeline's point-to-point runs on its own
-NCCL-semantics channels. The groups come from the production ``build_topology`` and are
+NCCL-semantics channels. The groups come from the production ``Topology.build`` and are
 warmed up by ``warm_up_topology`` (the cp group among them). Every schedule family
 finishes with the same losses and gradients as under gloo's tag matching, and the
 context-parallel ranks' losses add up to the single-process model's. A ring that posts
@@ -33,7 +33,7 @@ def _nccl_ops(topo, **options):
     from tests.dist.runtime.nccl_semantics import NcclSemanticsOps
 
     from odc_pp.runtime.p2p_channels import neighbour_pairs
-    from odc_pp.training.distributed import topology_groups
+    from odc_pp.layout import topology_groups
 
     layout = topology_groups(pp=PP, tp=1, dp=1, cp=CP)
     mine = None
@@ -49,11 +49,12 @@ def _nccl_ops(topo, **options):
 
 
 def _topology(rank, world_size):
-    from odc_pp.training.distributed import DistEnv, build_topology
+    from odc_pp.layout import ParallelLayout
+    from odc_pp.training.distributed import Topology
 
-    return build_topology(DistEnv(rank=rank, world_size=world_size, local_rank=rank,
-                                  local_world_size=world_size), PP, torch.device("cpu"),
-                          cp=CP)
+    return Topology.build(rank, ParallelLayout(world=world_size, local_world=world_size, pp=PP,
+                                               cp=CP, dp=world_size // (PP * CP)),
+                          torch.device("cpu"))
 
 
 def worker(rank, world_size):

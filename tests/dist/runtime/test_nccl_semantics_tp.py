@@ -3,7 +3,7 @@ ordering (tests/dist/runtime/nccl_semantics.py): tp=2 (with sequence parallelism
 processes, GPT and RoPE/SwiGLU models in turn, each tp rank's pipeline on its own
 NCCL-semantics channels while the tp all-gathers / reduce-scatters / all-reduces of the
 same stage run between the pipelines.
-The groups come from the production ``build_topology`` and are warmed up by
+The groups come from the production ``Topology.build`` and are warmed up by
 ``warm_up_topology`` under the backend's creation rule (the tp collectives too, through
 ``NcclSemanticsOps.collectives``). Every family finishes, with the same losses and
 gradients as under gloo's tag matching, and the loss equals the tp=1 model's. Without
@@ -47,12 +47,12 @@ def _nccl_ops_for(pipelines, channels, **options):
 def worker(rank, world_size, warm):
     from odc_pp.megatron.compat import singleton_process_groups
     from odc_pp.megatron.tp import TensorParallel
-    from odc_pp.training.distributed import (DistEnv, build_topology, topology_groups,
-                                             warm_up_topology)
+    from odc_pp.layout import ParallelLayout, topology_groups
+    from odc_pp.training.distributed import Topology, warm_up_topology
 
-    topo = build_topology(DistEnv(rank=rank, world_size=world_size, local_rank=rank,
-                                  local_world_size=world_size), PP, torch.device("cpu"),
-                          tp=TP)
+    topo = Topology.build(rank, ParallelLayout(world=world_size, local_world=world_size, pp=PP,
+                                               tp=TP, dp=world_size // (PP * TP)),
+                          torch.device("cpu"))
     ops = _nccl_ops_for(topology_groups(pp=PP, tp=TP, dp=1)["pp"], topo.pp_channels,
                         creation_timeout_s=60 if warm else 3)
     tensor_parallel = TensorParallel(group=topo.tp_group, sequence_parallel=True)

@@ -40,12 +40,11 @@ def real_worker(rank, world_size, extra):
     from odc_pp.data import Microbatch
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.components import build_components
-    from odc_pp.training.distributed import DistEnv, build_topology
+    from odc_pp.training.distributed import Topology
     from odc_pp.training.dry_run import MemoryPhases
 
     args = parse_args(FLAGS + extra)
-    topo = build_topology(DistEnv(rank=rank, world_size=world_size, local_rank=rank,
-                                  local_world_size=world_size), 2, torch.device("cpu"))
+    topo = Topology.build(rank, args.resolve_layout(world_size), torch.device("cpu"))
     generator = torch.Generator().manual_seed(rank // 2)
     m = args.data.global_batch_size // (args.data.micro_batch_size * topo.dp)
     with MemoryPhases() as tracker:

@@ -31,12 +31,11 @@ def worker(rank, world_size, out_path):
     from odc_pp.data import Microbatch
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.components import build_components
-    from odc_pp.training.distributed import DistEnv, build_topology
+    from odc_pp.training.distributed import Topology
 
     torch.cuda.set_device(0)
     args = parse_args(FLAGS)
-    topo = build_topology(DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), 1,
-                          torch.device("cuda", 0))
+    topo = Topology.build(0, args.resolve_layout(1), torch.device("cuda", 0))
     parts = build_components(args, topo, vocab_size=512)
     generator = torch.Generator().manual_seed(0)
     lengths = (100, 60, 96)  # three documents packed in one 256-token row

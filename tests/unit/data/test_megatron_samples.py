@@ -36,7 +36,7 @@ def prefix(tmp_path_factory):
 
 def _args(*flags):
     args, notes = parse_args_with_notes(list(flags))
-    args.data_parallel_size(2)
+    args.resolve_layout(2).dp
     return args, notes
 
 

@@ -78,7 +78,7 @@ def test_lazy_creation_report_names_both_ranks_of_1f1b_pp2():
 
 
 def _topology(tp: int, pp: int, dp: int) -> list[Communicator]:
-    from odc_pp.training.distributed import topology_groups
+    from odc_pp.layout import topology_groups
 
     groups = topology_groups(pp=pp, tp=tp, dp=dp)
     comms = [Communicator(ranks=tuple(range(tp * pp * dp)), kind="world")]

@@ -8,7 +8,7 @@ from odc_pp.data.microbatch import Microbatch
 from odc_pp.megatron.context_parallel import cp_unsplit
 from odc_pp.training.arguments import parse_args
 from odc_pp.training.context_split import cp_pad_multiple, split_microbatch
-from odc_pp.training.distributed import layout_rank, topology_groups
+from odc_pp.layout import layout_rank, topology_groups
 
 BASE = ["--mock-data", "--vocab-size", "64", "--num-attention-heads", "4"]
 
@@ -17,12 +17,12 @@ def test_cp_flags_are_native_and_divide_the_world():
     args = parse_args(BASE + ["--context-parallel-size", "2", "--cp-comm-type", "a2a",
                               "--global-batch-size", "4"])
     assert (args.parallel.context_parallel_size, args.parallel.cp_comm_type) == (2, "a2a")
-    assert args.data_parallel_size(8) == 4
+    assert args.resolve_layout(8).dp == 4
     assert parse_args(BASE + ["--context-parallel-size", "2", "--global-batch-size", "4",
                               "--pipeline-model-parallel-size", "2", "--num-layers", "2"]
-                      ).data_parallel_size(8) == 2
+                      ).resolve_layout(8).dp == 2
     with pytest.raises(ValueError, match="--context-parallel-size 2"):
-        parse_args(BASE + ["--context-parallel-size", "2"]).data_parallel_size(3)
+        parse_args(BASE + ["--context-parallel-size", "2"]).resolve_layout(3).dp
 
 
 @pytest.mark.parametrize("flags,needle", [

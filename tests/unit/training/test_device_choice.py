@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from odc_pp.training import distributed
+from odc_pp.layout import DataParallelMode, ParallelLayout, topology_groups
 from odc_pp.training.distributed import DistEnv, init_distributed, local_device
 
 
@@ -53,17 +53,12 @@ def test_init_distributed_on_cpu_passes_no_device(monkeypatch):
     assert "device_id" not in calls and calls["backend"] == "gloo"
 
 
-def _args(dp_mode):
-    checked = []
-    parallel = SimpleNamespace(dp_mode=dp_mode)
-    args = SimpleNamespace(parallel=parallel)
-    args.data_parallel_size = lambda world, local: checked.append(parallel.dp_mode)
-    return args, checked
-
-
-def _topo(rank=0):
+def _topo(dp_mode, rank=0):
+    layout = ParallelLayout.resolve(SimpleNamespace(
+        pipeline_model_parallel_size=2, tensor_model_parallel_size=1,
+        context_parallel_size=1, dp_mode=dp_mode, dp_ranks_per_host=None), 4)
     return SimpleNamespace(device=torch.device("cuda", 0), dp=2, dp_group="dp",
-                           world_size=4, rank=rank)
+                           world_size=4, rank=rank, layout=layout)
 
 
 def _gather_from(answers):
@@ -74,43 +69,74 @@ def _gather_from(answers):
 
 def test_no_peer_access_falls_back_to_the_collective_path_with_a_message(monkeypatch,
                                                                            capsys):
-    from odc_pp.training.components import fall_back_without_cuda_ipc
+    """The fallback is a new layout (the flags are not edited): collective, saying why."""
+    from odc_pp.training.components import cuda_ipc_layout
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dist, "all_gather_object",
-                        _gather_from([None, "group rank 1: cuda:1 has no peer access"]))
-    args, checked = _args("odc")
-    message = fall_back_without_cuda_ipc(args, _topo(), local_world_size=4,
-                                         check=lambda group, device: None)
-    assert args.parallel.dp_mode == "collective" and checked == ["collective"]
-    assert "falling back to --dp-mode collective" in message and "no peer access" in message
+    monkeypatch.setattr(dist, "all_gather_object", _gather_from([None, "no peer access"]))
+    topo = _topo("odc")
+    layout = cuda_ipc_layout(topo, check=lambda group, device: None)
+    assert layout.mode is DataParallelMode.COLLECTIVE and topo.layout.mode.is_odc
+    assert "falling back to --dp-mode collective" in layout.fallback
+    assert "no peer access" in layout.fallback
     assert "pretrain_gpt.py: --dp-mode odc needs CUDA IPC" in capsys.readouterr().out
 
 
 def test_peer_access_everywhere_keeps_odc(monkeypatch):
-    from odc_pp.training.components import fall_back_without_cuda_ipc
+    from odc_pp.training.components import cuda_ipc_layout
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "all_gather_object", _gather_from([None, None]))
-    args, _ = _args("odc")
-    assert fall_back_without_cuda_ipc(args, _topo(), local_world_size=4,
-                                      check=lambda group, device: None) is None
-    assert args.parallel.dp_mode == "odc"
+    topo = _topo("odc")
+    assert cuda_ipc_layout(topo, check=lambda group, device: None) is topo.layout
 
 
 def test_hierarchical_without_ipc_names_the_flag(monkeypatch):
-    from odc_pp.training.components import fall_back_without_cuda_ipc
+    from odc_pp.training.components import cuda_ipc_layout
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "all_gather_object", _gather_from(["not visible", None]))
-    args, _ = _args("hierarchical")
     with pytest.raises(ValueError, match="--dp-mode hierarchical.*--dp-mode collective"):
-        fall_back_without_cuda_ipc(args, _topo(), local_world_size=4,
-                                   check=lambda group, device: "not visible")
+        cuda_ipc_layout(_topo("hierarchical"), check=lambda group, device: "not visible")
+
+
+def test_resolved_layout_checks_the_world_once():
+    """ParallelLayout.resolve: sizes, the typed mode, and one error naming the flags."""
+    flags = SimpleNamespace(pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
+                            context_parallel_size=1, dp_mode="hierarchical",
+                            dp_ranks_per_host=None)
+    layout = ParallelLayout.resolve(flags, 16, 8)
+    assert (layout.dp, layout.ranks_per_host, layout.mode) == (4, 2,
+                                                               DataParallelMode.HIERARCHICAL)
+    assert layout.coordinates(layout.rank(dp_rank=3, pp_rank=1, tp_rank=1)) == (1, 0, 1, 3)
+    with pytest.raises(ValueError, match="--pipeline-model-parallel-size 2"):
+        ParallelLayout.resolve(flags, 6, 6)
+    with pytest.raises(ValueError, match="--dp-ranks-per-host 3"):
+        ParallelLayout.resolve(SimpleNamespace(**{**vars(flags), "dp_ranks_per_host": 3}),
+                               16, 8)
+    with pytest.raises(ValueError, match="--dp-mode 'fsdp' is not one of"):
+        ParallelLayout.resolve(SimpleNamespace(**{**vars(flags), "dp_mode": "fsdp"}), 16)
+
+
+def test_hierarchical_and_tied_groups_are_listed_in_one_order():
+    """Every group the job makes comes from ParallelLayout.groups (Topology.build makes
+    them, in this order, on every rank): hierarchical mode's, and the tied groups."""
+    flags = SimpleNamespace(pipeline_model_parallel_size=2, tensor_model_parallel_size=1,
+                            context_parallel_size=1, dp_mode="hierarchical",
+                            dp_ranks_per_host=2)
+    groups = ParallelLayout.resolve(flags, 8, 4).groups(tied_last_stage=1)
+    assert groups["dp-intra"] == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert groups["dp-inter"] == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert groups["norm"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups["tied"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    odc = ParallelLayout.resolve(SimpleNamespace(**{**vars(flags), "dp_mode": "odc",
+                                                    "dp_ranks_per_host": None}), 8)
+    assert set(odc.groups()) == {"tp", "pp", "dp"}
+    assert odc.groups(tied_last_stage=1)["tied"] == [list(range(8))]
 
 
 def test_topology_groups_follow_the_layout():
-    groups = distributed.topology_groups(pp=2, tp=2, dp=2)
+    groups = topology_groups(pp=2, tp=2, dp=2)
     assert groups["tp"][:2] == [[0, 1], [2, 3]]
     assert groups["pp"][:2] == [[0, 2], [1, 3]]
     assert groups["dp"][:2] == [[0, 4], [1, 5]]

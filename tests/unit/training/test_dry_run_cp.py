@@ -46,7 +46,7 @@ def test_a_cp_rank_is_reported_at_its_own_pipeline_stage():
     cp = 1 job it is modelled as has the same tp and pipeline rank (before the fix the
     last stage's ranks of cp 4 x pp 2 were reported as the first stage)."""
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.distributed import layout_rank
+    from odc_pp.layout import layout_rank
     from odc_pp.training.dry_run import _cp1_rank
 
     parallel = parse_args(TINY[:-2] + ["--context-parallel-size", "4"]).parallel

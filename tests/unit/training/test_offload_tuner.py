@@ -38,7 +38,7 @@ def _frontend(flags: list[str], *, dp: int):
 
     args = parse_args(flags + ["--mock-data", "--vocab-size", "32000"])
     pp = args.parallel.pipeline_model_parallel_size
-    replicas = args.data_parallel_size(pp * dp)
+    replicas = args.resolve_layout(pp * dp).dp
     num_microbatches = args.data.global_batch_size // (args.data.micro_batch_size * replicas)
     schedule = build(training_request(args.schedule, pp=pp, num_microbatches=num_microbatches),
                      load_cost_model(args.schedule))
