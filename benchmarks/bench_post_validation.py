@@ -89,7 +89,7 @@ class Trainer:
                 group=dist.group.WORLD)
         self.runtime = PipelineRuntime(RuntimeConfig(), chunks=self.chunks,
                                        pp_group=dist.group.WORLD,
-                                       post_validator=self.validator)
+                                       optimizer_step=self.validator)
         self.losses, self.repeats = [], 0
 
     def iteration(self):

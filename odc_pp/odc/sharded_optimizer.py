@@ -31,7 +31,7 @@ from torch.optim.adamw import adamw
 
 from ..optim import clip
 from ..optim.rates import decoupled_rate
-from ..optim.post_validation import StepOutcome
+from ..optim.step import StepOutcome
 from .engine import ShardedDataParallel
 
 __all__ = ["AdamWConfig", "ShardedAdamW"]

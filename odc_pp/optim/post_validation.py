@@ -52,8 +52,9 @@ import torch
 
 from . import clip
 from .rates import decoupled_rate
+from .step import StepOutcome, StepReport
 
-__all__ = ["PostValidationConfig", "PostValidatedOptimizer", "StepOutcome",
+__all__ = ["PostValidationConfig", "PostValidatedOptimizer",
            "PostValidationTarget", "TorchOptimizerTarget", "as_target"]
 
 
@@ -73,14 +74,6 @@ class PostValidationConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.eps < 0 or self.timeout_s <= 0:
             raise ValueError("eps must be >= 0 and timeout_s > 0")
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    grad_norm: float
-    """Global gradient norm (inf when some gradient was not finite)."""
-    action: str
-    """"accepted", "clipped" or "skipped"."""
 
 
 @runtime_checkable
@@ -232,6 +225,19 @@ class PostValidatedOptimizer:
         self.device = torch.device(device)
         self._pending = None
         self.history: list[StepOutcome] = []
+
+    deferred = True
+    """Its outcomes arrive one minibatch late (odc_pp.optim.step.OptimizerStep)."""
+
+    def gradients_final(self, lr: float | None = None) -> StepReport:
+        """The runtime's call when a minibatch's gradients are final: validate the
+        previous eager step; when it was rolled back or clipped, this minibatch's
+        gradients were dropped (``repeat``); else step eagerly at ``lr``."""
+        validated = self.validate()
+        if validated is not None and validated.action != "accepted":
+            return StepReport(validated=validated, repeat=True)
+        self.step(lr)
+        return StepReport(validated=validated)
 
     @property
     def pending(self) -> bool:

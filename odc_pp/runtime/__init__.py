@@ -7,7 +7,8 @@ optimizer the runtime validates at POST_VALIDATION lives in
 :mod:`odc_pp.runtime.hooks`; microbatches are :class:`odc_pp.data.Microbatch`.
 """
 
-from odc_pp.optim.post_validation import PostValidatedOptimizer, PostValidationConfig, StepOutcome
+from odc_pp.optim.post_validation import PostValidatedOptimizer, PostValidationConfig
+from odc_pp.optim.step import StepOutcome, SynchronousStep
 
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
@@ -17,7 +18,8 @@ from .wgrad import WeightGradQueue
 
 __all__ = [
     "NoDataParallel", "StageDataParallel", "ActivationStore",
-    "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "ActionTiming",
+    "PostValidatedOptimizer", "PostValidationConfig", "StepOutcome", "SynchronousStep",
+    "ActionTiming",
     "MinibatchResult", "PipelineRuntime", "RuntimeConfig", "WeightGradQueue", "Profiler",
     "ProfilerConfig",
 ]

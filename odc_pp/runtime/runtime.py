@@ -14,14 +14,17 @@ ZB-auto's re-plans) in order:
 * ``OFFLOAD``/``RELOAD``: move saved activations of (chunk, microbatch) to the host
   pool and back.
 * ``POST_VALIDATION`` (the rank's gradients are final; without one: after the last
-  action): finish the data-parallel engine's minibatch; with a ``post_validator``
-  (:class:`~odc_pp.optim.post_validation.PostValidatedOptimizer`) validate the previous
-  minibatch's eager step, whose global norm / inf check ran while this minibatch ran,
-  then step eagerly on this minibatch's gradients. When that validation rolled the
-  previous step back or clipped it, this minibatch ran on parameters that are gone: its
-  gradients were dropped, nothing is stepped, and :attr:`MinibatchResult.repeat` asks the
-  caller to run it again. Without a post_validator, call your optimizer after
-  run_minibatch.
+  action): finish the data-parallel engine's minibatch, then take the optimizer step the
+  runtime was given (:class:`~odc_pp.optim.step.OptimizerStep`), whichever it is: the
+  synchronous one (:class:`~odc_pp.optim.step.SynchronousStep`; the outcome is
+  :attr:`MinibatchResult.step`), or post-validation
+  (:class:`~odc_pp.optim.post_validation.PostValidatedOptimizer`), which validates the
+  previous minibatch's eager step, whose global norm / inf check ran while this
+  minibatch ran, then steps eagerly on this minibatch's gradients. When that validation
+  rolled the previous step back or clipped it, this minibatch ran on parameters that are
+  gone: its gradients were dropped, nothing is stepped, and
+  :attr:`MinibatchResult.repeat` asks the caller to run it again. Without an optimizer
+  step, call your optimizer after run_minibatch.
 
 The schedule must be lowered (:func:`odc_pp.schedule.lowering.lower`): every stage hop
 between ranks needs its SEND and RECV action; hops that stay on the rank (V placement's
@@ -49,7 +52,7 @@ from .offload import ActivationStore
 from .timing import ActionClock
 from .p2p import PeerTransport
 from .p2p_channels import PipelineChannels, pipeline_channels
-from odc_pp.optim.post_validation import StepOutcome
+from odc_pp.optim.step import OptimizerStep, StepOutcome, StepReport
 from .wgrad import WeightGradQueue
 
 __all__ = ["RuntimeConfig", "PipelineRuntime", "MinibatchResult", "ActionTiming"]
@@ -136,9 +139,12 @@ class MinibatchResult:
     """Bytes each B leaves held for its W (saved inputs, output gradients), per (chunk,
     microbatch); the profiler's memory deltas come from these and ``activation_bytes``."""
     wall_time: float = 0.0
+    step: StepOutcome | None = None
+    """This minibatch's optimizer step, when its outcome is known at once (synchronous;
+    None: no optimizer step, or a deferred one)."""
     validated: StepOutcome | None = None
-    """The previous minibatch's eager step, validated at this one's POST_VALIDATION
-    (None without a post_validator or a pending step)."""
+    """The previous minibatch's deferred step, validated at this one's POST_VALIDATION
+    (None without post-validation or a pending step)."""
     repeat: bool = False
     """``validated`` rolled back or clipped the step this minibatch's forwards used: its
     gradients were dropped and it was not stepped. Run it again (every rank decides this
@@ -156,14 +162,16 @@ class PipelineRuntime:
 
     def __init__(self, config: RuntimeConfig, *, chunks: Sequence[torch.nn.Module],
                  pp_group, dp_hooks: StageDataParallel | None = None,
-                 post_validator=None, channels: PipelineChannels | None = None,
+                 optimizer_step: OptimizerStep | None = None,
+                 channels: PipelineChannels | None = None,
                  p2p_ops=None) -> None:
         self.config = config
         self.chunks = list(chunks)
         self.pp_group = pp_group
         self.rank = dist.get_rank(pp_group)
         self.dp_hooks = dp_hooks if dp_hooks is not None else NoDataParallel()
-        self.post_validator = post_validator
+        self.optimizer_step = optimizer_step
+        """Taken when a minibatch's gradients are final (None: the caller steps)."""
         self.device = torch.device(config.device)
         self.wgrad_queue = WeightGradQueue()
         for index, chunk in enumerate(self.chunks):
@@ -212,8 +220,8 @@ class PipelineRuntime:
         ``global_num_tokens``: tokens the loss is normalised by; default: the tokens of
         ``microbatches`` (pass the sum over data-parallel replicas when dp > 1).
         ``max_microbatches``: the largest microbatch count of any replica (collective data
-        parallelism pads to it). ``step_lr``: learning rate of the post_validator's eager
-        step (None: the optimizer's own). ``loss_scale``: the backward starts from the
+        parallelism pads to it). ``step_lr``: learning rate of the optimizer step (None: the
+        optimizer's own). ``loss_scale``: the backward starts from the
         loss times it (fp16 loss scaling; the reported ``loss_sum`` is unscaled).
         ``forward_only`` (evaluation; ``schedule`` from
         :func:`~odc_pp.schedule.lowering.forward_only`): F without autograd, nothing kept
@@ -262,8 +270,8 @@ class PipelineRuntime:
             peak_activation_bytes=self.store.peak_resident_bytes,
             activation_bytes=dict(self.store.captured_bytes),
             wgrad_bytes=dict(self.wgrad_queue.held_bytes),
-            wall_time=time.perf_counter() - started, validated=self._validated,
-            repeat=self._repeat)
+            wall_time=time.perf_counter() - started, step=self._report.outcome,
+            validated=self._report.validated, repeat=self._report.repeat)
 
     # ----- phases ----------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:
@@ -296,8 +304,7 @@ class PipelineRuntime:
             raise ValueError("the minibatch has no tokens that count in the loss")
         self._loss_sum: torch.Tensor | None = None
         self._gradients_done = False
-        self._validated: StepOutcome | None = None
-        self._repeat = False
+        self._report = StepReport()
         self._timings: list[ActionTiming] = []
         self._inputs: dict[Key, torch.Tensor | None] = {}
         self._outputs: dict[Key, torch.Tensor] = {}
@@ -333,19 +340,13 @@ class PipelineRuntime:
 
     def _gradients_final(self) -> None:
         """This rank's gradients are final (POST_VALIDATION, or the end): finish data
-        parallelism once; with a post_validator validate the previous eager step, then
-        step eagerly -- or, when that step changed, drop this minibatch (``repeat``)."""
+        parallelism once, then take the optimizer step."""
         if self._gradients_done:
             return
         self._gradients_done = True
         self.dp_hooks.finish_minibatch()
-        if self.post_validator is None:
-            return
-        self._validated = self.post_validator.validate()
-        if self._validated is not None and self._validated.action != "accepted":
-            self._repeat = True  # the validator dropped this minibatch's gradients
-        else:
-            self.post_validator.step(self._step_lr)
+        if self.optimizer_step is not None:
+            self._report = self.optimizer_step.gradients_final(self._step_lr)
 
     def _run_action(self, action: Action) -> None:
         kind = action.kind

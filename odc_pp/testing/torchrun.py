@@ -15,6 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ENTRY = ["-m", "odc_pp.train"]
 """What torchrun runs by default: the training entry point, as a module (``torchrun -m``)."""
 
+FAULTS = ["-m", "odc_pp.testing.faults"]
+"""The training entry point with the tests' fault flags (:mod:`odc_pp.testing.faults`)."""
+
 TINY_MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
               "--seq-length", "48", "--mock-data", "--vocab-size", "48",
               "--global-batch-size", "8", "--micro-batch-size", "1", "--lr", "3e-2",
@@ -56,14 +59,15 @@ class Run:
 
 def start(flags: list[str], *, nproc: int, tmp_path, name: str, log: bool = True,
           script: str | None = None, torchrun: list[str] | None = None,
-          env: dict | None = None) -> tuple[subprocess.Popen, str | None]:
+          env: dict | None = None,
+          entry: list[str] | None = None) -> tuple[subprocess.Popen, str | None]:
     """Start torchrun (default ``--standalone``: a free rendezvous port; ``torchrun``
-    replaces those launcher options) of ``script`` (default: the module odc_pp.train) in
-    its own session; returns the process and the --log-json path."""
+    replaces those launcher options) of ``script`` or ``entry`` (default: :data:`ENTRY`)
+    in its own session; returns the process and the --log-json path."""
     log_path = str(tmp_path / f"{name}.jsonl") if log else None
     command = [sys.executable, "-m", "torch.distributed.run",
                *(torchrun if torchrun is not None else ["--standalone"]),
-               "--nproc-per-node", str(nproc), *([script] if script else ENTRY), *flags]
+               "--nproc-per-node", str(nproc), *([script] if script else entry or ENTRY), *flags]
     if log_path:
         command += ["--log-json", log_path]
     environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
@@ -90,9 +94,10 @@ def finish(process: subprocess.Popen, log_path: str | None, *, name: str,
 
 
 def launch(flags: list[str], *, nproc: int, tmp_path, name: str, timeout: float = 240,
-           log: bool = True, script: str | None = None) -> Run:
+           log: bool = True, script: str | None = None,
+           entry: list[str] | None = None) -> Run:
     """torchrun --standalone (free rendezvous port) of ``script`` (default odc_pp.train);
     the process group is killed on timeout."""
     process, log_path = start(flags, nproc=nproc, tmp_path=tmp_path, name=name, log=log,
-                              script=script)
+                              script=script, entry=entry)
     return finish(process, log_path, name=name, timeout=timeout)

@@ -7,8 +7,9 @@ from .arguments import TrainingArgs, parse_args
 __all__ = ["TrainingArgs", "parse_args", "pretrain"]
 
 
-def pretrain(argv: list[str] | None = None) -> int:
-    """Parse flags and train; the exit status (see ``odc_pp.training.training.main``)."""
+def pretrain(argv: list[str] | None = None, *, hooks=None) -> int:
+    """Parse flags and train; the exit status (see ``odc_pp.training.training.main``).
+    ``hooks``: a :class:`~odc_pp.training.hooks.TrainingHooks` (the tests' faults)."""
     from .training import main
 
-    return main(argv)
+    return main(argv, hooks=hooks)

@@ -413,7 +413,7 @@ class LoggingArgs:
 
 @dataclass(kw_only=True)
 class RunArgs:
-    """Length, seed and fault injection of the run."""
+    """Length, seed and exit of the run."""
 
     seed: int = 1234
     """Seed of initialization, data order and synthetic data."""
@@ -433,13 +433,6 @@ class RunArgs:
     exit_duration_in_mins: float | None = None
     """Stop, saving with --save, after the first iteration at which a rank has run longer
     than this many minutes (every rank agrees: the maximum over ranks); exit status 0."""
-    inject_fault_rank: int | None = None
-    """Testing: this rank kills itself (SIGKILL) at --inject-fault-iter."""
-    inject_fault_iter: int = 1
-    """Testing: iteration of the injected fault."""
-    inject_nonfinite_grad_iter: int | None = None
-    """Testing: at this iteration the last rank writes inf into one of its gradients (the
-    step must be skipped on every rank)."""
 
 
 @dataclass(kw_only=True)
@@ -462,7 +455,7 @@ class TrainingArgs:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     """What is logged and where."""
     run: RunArgs = field(default_factory=RunArgs)
-    """Length, seed and fault injection of the run."""
+    """Length, seed and exit of the run."""
 
     def __post_init__(self) -> None:
         try:

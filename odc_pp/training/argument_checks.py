@@ -188,8 +188,6 @@ def _validate_layout(args) -> list[str]:
 
 def _validate_run(args) -> list[str]:
     problems = []
-    if args.run.inject_nonfinite_grad_iter is not None and args.run.inject_nonfinite_grad_iter < 1:
-        problems.append("--inject-nonfinite-grad-iter must be >= 1")
     if args.data.pack_sequences and args.data.no_pack_sequences:
         problems.append("--pack-sequences and --no-pack-sequences contradict each other")
     if args.schedule.profile_iters < 0:

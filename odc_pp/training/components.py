@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from odc_pp.layout import ParallelLayout
 from odc_pp.optim.loss_scale import LossScaler, build_loss_scaler
+from odc_pp.optim.step import OptimizerStep
 from odc_pp.schedule.costs import CostModel, with_full_recompute
 from odc_pp.schedule.generators import family
 from odc_pp.schedule.ir import Placement, Schedule
@@ -24,13 +25,13 @@ from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, Tr
 from .distributed import Topology
 from .model_setup import load_initial_weights, model_config, ties_embeddings
 from .odc_settings import odc_config
-from .optimizer_step import NonfiniteInjection, build_post_validator
+from .hooks import TrainingHooks
+from .optimizer_step import build_optimizer_step
 from .schedules import Schedules
 
 if TYPE_CHECKING:
     from odc_pp.odc.engine import ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import ShardedAdamW
-    from odc_pp.optim.post_validation import PostValidatedOptimizer
     from odc_pp.runtime.runtime import PipelineRuntime
 
 __all__ = ["Components", "build_components", "load_cost_model", "placement_of",
@@ -54,10 +55,9 @@ class Components:
     current cost model (ZB-auto re-planning replaces it)."""
     last_stage: bool
     """This rank runs the last virtual stage (reports the loss)."""
-    post_validator: PostValidatedOptimizer | None = None
-    """PostValidatedOptimizer around ``optimizer`` (--enable-optimizer-post-validation)."""
-    injection: NonfiniteInjection | None = None
-    """NonfiniteInjection inside ``post_validator`` (--inject-nonfinite-grad-iter)."""
+    optimizer_step: OptimizerStep
+    """The step the runtime takes when a minibatch's gradients are final: synchronous, or
+    post-validated (--enable-optimizer-post-validation)."""
     last_schedule: Schedule | None = None
     """The schedule the last iteration ran."""
     loss_scaler: LossScaler | None = None
@@ -260,9 +260,11 @@ def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo:
 
 
 def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
-                     param_residency: str = "minibatch") -> Components:
-    """Model, engine, optimizer, runtime and schedules of this rank; ``param_residency``:
-    --odc-param-residency resolved (plan_memory.param_residency)."""
+                     param_residency: str = "minibatch",
+                     hooks: TrainingHooks | None = None) -> Components:
+    """Model, engine, optimizer, its step, runtime and schedules of this rank;
+    ``param_residency``: --odc-param-residency resolved (plan_memory.param_residency);
+    ``hooks``: may wrap the optimizer step (the tests' faults)."""
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
     chunks = build_model(args.model, args.schedule, args.parallel, topo,
@@ -274,25 +276,25 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
     optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
                                 tied=tied)
     timeout_s = args.parallel.distributed_timeout_minutes * 60
-    post_validator = injection = None
-    if args.schedule.enable_optimizer_post_validation:
-        if args.run.inject_nonfinite_grad_iter is not None:
-            injection = NonfiniteInjection(optimizer)
-        post_validator = build_post_validator(optimizer, clip_grad=args.optimizer.clip_grad,
-                                              timeout_s=timeout_s, device=topo.device,
-                                              injection=injection)
+    loss_scaler = build_loss_scaler(loss_scale_config(args.optimizer)) \
+        if args.model.fp16 else None
+    post_validation = args.schedule.enable_optimizer_post_validation
+    optimizer_step = build_optimizer_step(optimizer, args.optimizer,
+                                          post_validation=post_validation,
+                                          loss_scaler=loss_scaler, timeout_s=timeout_s,
+                                          device=topo.device)
+    optimizer_step = (hooks or TrainingHooks()).optimizer_step(optimizer_step, engine=engine,
+                                                               topo=topo)
     runtime = PipelineRuntime(
         RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s,
                       track_activations=True if args.logging.log_activation_memory
                       else None), chunks=chunks,
-        pp_group=topo.pp_group, dp_hooks=engine, post_validator=post_validator,
+        pp_group=topo.pp_group, dp_hooks=engine, optimizer_step=optimizer_step,
         channels=topo.pp_channels)
     costs = recompute_costs(load_cost_model(args.schedule), args, topo.pp)
     schedules = Schedules.from_flags(args.schedule, costs, topo,
-                                     post_validation=post_validator is not None)
+                                     post_validation=post_validation)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
                       schedules=schedules,
                       last_stage=_last_stage_here(args.schedule, topo),
-                      post_validator=post_validator, injection=injection,
-                      loss_scaler=build_loss_scaler(loss_scale_config(args.optimizer))
-                      if args.model.fp16 else None)
+                      optimizer_step=optimizer_step, loss_scaler=loss_scaler)

@@ -1,7 +1,7 @@
 """The training loop as one object: :meth:`Trainer.train_step` is the algorithm of one
 iteration -- data plan -> pipeline schedule -> the minibatch through the runtime (the
-data-parallel engine opens and closes it) -> ``optimizer.clip_and_step`` -> loss and
-statistics -- and :meth:`Trainer.train` runs the iterations with the named steps around
+data-parallel engine opens and closes it, and the runtime takes the optimizer step when
+the gradients are final: :mod:`odc_pp.training.optimizer_step`) -> loss and statistics -- and :meth:`Trainer.train` runs the iterations with the named steps around
 them (logging, post-validation resolution, evaluation, checkpoints, the exit interval).
 
 Loss. Each iteration's loss is the token-weighted mean over the whole global batch:
@@ -20,11 +20,9 @@ validated at once.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.data.lanes import slots_digest
-from odc_pp.optim.clip import scale_
 
 from .arguments import TrainingArgs
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
@@ -48,7 +45,7 @@ from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .odc_settings import device_memory
 from .plan_memory import param_residency
-from .optimizer_step import inject_nonfinite_grad
+from .hooks import TrainingHooks
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
 from .replanning import ZbAutoReplanner, check_same_digest
@@ -131,7 +128,10 @@ class StepStats:
         return self.grad_norm is None
 
     def resolve_step(self, outcome) -> None:
-        """Fill in the step from its (validated) StepOutcome."""
+        """Fill in the step from its (validated) StepOutcome; None: the step is deferred
+        (post-validation) and stays pending."""
+        if outcome is None:
+            return
         self.grad_norm = outcome.grad_norm
         self.skipped = outcome.action == "skipped"
 
@@ -173,8 +173,11 @@ class Trainer:
     """Trains ``args`` on ``topo``: builds the data plan, the components and the
     checkpointing, resuming from --load; :meth:`train` runs the iterations."""
 
-    def __init__(self, args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> None:
+    def __init__(self, args: TrainingArgs, topo: Topology, *, out=sys.stdout,
+                 hooks: TrainingHooks | None = None) -> None:
         self.args, self.topo, self.out = args, topo, out
+        self.hooks = hooks or TrainingHooks()
+        """Before each iteration and around the optimizer step (the tests' faults)."""
         self.exits = ExitController.for_args(args)  # SIGTERM etc.: finish, save, exit
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
@@ -191,7 +194,7 @@ class Trainer:
         residency = param_residency(args, topo.layout,
                                     budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
-            args, topo, vocab_size=self.vocab, param_residency=residency)
+            args, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks)
         if args.parallel.odc_param_residency == "auto" and residency == "layer":
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")
@@ -231,7 +234,7 @@ class Trainer:
         """Iterations from the start (0, or where --load resumed) to --train-iters or
         --exit-interval; returns the logged records (rank 0; other ranks: [])."""
         for iteration in range(self.start, self.args.run.train_iters):
-            self._inject_fault(iteration)
+            self.hooks.before_iteration(iteration, self.topo)
             stats = self.train_step(iteration)
             self._observe(stats)
             self.stop = self.exits.should_exit(stats.iteration)  # collective: same on all
@@ -247,9 +250,9 @@ class Trainer:
         return self.records
 
     def train_step(self, iteration: int) -> StepStats:
-        """One iteration (``iteration``: 0-based): plan -> schedule -> minibatch ->
-        clip and step -> loss and statistics. With post-validation the runtime steps at
-        the schedule's POST_VALIDATION and the returned stats stay pending."""
+        """One iteration (``iteration``: 0-based): plan -> schedule -> minibatch (the
+        runtime takes the optimizer step when the gradients are final) -> loss and
+        statistics. A deferred (post-validated) step leaves the stats pending."""
         plan = self.planner.plan(iteration)
         whole = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
         microbatches = self._context_parallel_part(plan.replicas[self.topo.dp_rank], whole)
@@ -259,12 +262,10 @@ class Trainer:
         began = time.perf_counter()
         stats = StepStats(iteration=iteration + 1, lr=lr, tokens=plan.total_tokens,
                           microbatches_per_replica=[len(r) for r in plan.replicas])
-        with self._nonfinite_injection(iteration + 1) as injecting:
-            result = self._run_minibatch(schedule, microbatches, plan, lr, stats)
-        if self.parts.post_validator is None:
-            if injecting:
-                inject_nonfinite_grad(self.parts.engine)
-            self._step(stats, lr)
+        result = self._run_minibatch(schedule, microbatches, plan, lr, stats)
+        stats.resolve_step(result.step)
+        if self.parts.loss_scaler is not None:
+            stats.loss_scale = self.parts.loss_scaler.scale
         self._start_loss_reduction(stats, result, plan)
         stats.step_s = time.perf_counter() - began
         if self.tracer is not None:
@@ -302,18 +303,6 @@ class Trainer:
         return self.lr_schedule.lr_at(self.rampup.consumed_before(iteration)
                                       / self.args.data.global_batch_size)
 
-    def _step(self, stats: StepStats, lr: float) -> None:
-        """The synchronous optimizer step; --fp16: unscale the gradients first (an
-        overflow anywhere makes the global state non-finite: every rank skips) and update
-        the loss scale with the global outcome (megatron-core's order)."""
-        scaler = self.parts.loss_scaler
-        if scaler is not None:
-            scale_(self.parts.engine.owned_grads(), scaler.inv_scale)
-        outcome = self.parts.optimizer.clip_and_step(self.args.optimizer.clip_grad, lr=lr)
-        stats.resolve_step(outcome)
-        if scaler is not None:
-            scaler.update(stats.skipped)
-            stats.loss_scale = scaler.scale
 
     def _run_minibatch(self, schedule, microbatches, plan: IterationPlan, lr: float,
                        stats: StepStats):
@@ -331,39 +320,18 @@ class Trainer:
                 return result
             stats.repeats += 1
 
-    @contextlib.contextmanager
-    def _nonfinite_injection(self, iteration: int):
-        """--inject-nonfinite-grad-iter (tests): True on the last rank at that iteration;
-        with post-validation the injection wrapper is armed meanwhile."""
-        injecting = self.args.run.inject_nonfinite_grad_iter == iteration and \
-            self.topo.rank == self.topo.world_size - 1
-        injection = self.parts.injection
-        if injection is not None:
-            injection.armed = injecting
-        try:
-            yield injecting
-        finally:
-            if injection is not None:
-                injection.armed = False
 
     def _start_loss_reduction(self, stats: StepStats, result, plan: IterationPlan) -> None:
         """Sum the last stage's loss over all ranks; with post-validation in the
         background (no barrier at the end of the iteration; waited for when finished)."""
         loss_sum = torch.tensor([result.loss_sum or 0.0 if self.parts.last_stage else 0.0],
                                 dtype=torch.float64)
-        work = dist.all_reduce(loss_sum, async_op=self.parts.post_validator is not None)
+        work = dist.all_reduce(loss_sum, async_op=self.parts.optimizer_step.deferred)
         stats.loss_reduction = (work, loss_sum, plan.total_loss_tokens)
         if work is None:
             stats.resolve_loss()
 
     # ----- around the step ------------------------------------------------------------
-    def _inject_fault(self, iteration: int) -> None:
-        """--inject-fault-rank/--inject-fault-iter (tests): SIGKILL this process."""
-        run = self.args.run
-        if run.inject_fault_rank == self.topo.rank and iteration + 1 == run.inject_fault_iter:
-            print(f"rank {self.topo.rank}: injected fault at iteration {iteration + 1} "
-                  f"(SIGKILL)", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
 
     def _observe(self, stats: StepStats) -> None:
         """After every step: the schedule picture, ZB-auto re-planning, progress and the
@@ -394,7 +362,7 @@ class Trainer:
         if stats.pending and (self._save_due(done) or self._exit_due(done)
                               or eval_due(self.args, done, self.eval_planner)
                               or done == self.args.run.train_iters):
-            stats.resolve_step(self.parts.post_validator.validate())
+            stats.resolve_step(self.parts.optimizer_step.validate())
         if stats.pending:
             self.pending = stats
             return False

@@ -17,6 +17,7 @@ from .arguments import TrainingArgs, parse_args_with_notes
 from .components import cuda_ipc_layout, tied_last_stage
 from .distributed import Topology, init_distributed, read_env, warm_up_topology
 from .failures import exit_after_failure, is_peer_echo
+from .hooks import TrainingHooks
 from .preemption import TrainingInterrupted
 from .trainer import Trainer, TrainingStopped
 
@@ -25,12 +26,13 @@ __all__ = ["main", "train", "TrainingStopped"]
 EXIT_STOPPED = 3
 
 
-def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout) -> list[dict]:
+def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout,
+          hooks: TrainingHooks | None = None) -> list[dict]:
     """Train; returns the logged records (rank 0; other ranks: [])."""
-    return Trainer(args, topo, out=out).train()
+    return Trainer(args, topo, out=out, hooks=hooks).train()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -> int:
     """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
     training), 4 interrupted by a signal (checkpoint saved, docs/preemption.md), 1
     failure."""
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
         topo = dataclasses.replace(topo, layout=cuda_ipc_layout(topo))
         args.check_layout(topo.layout)  # the flags still hold after a fallback?
-        train(args, topo)
+        train(args, topo, hooks=hooks)
         dist.barrier()
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)

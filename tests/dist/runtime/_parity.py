@@ -107,7 +107,7 @@ def pipeline_run(config, schedule, microbatches, groups, *, steps=STEPS, runtime
         validator = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=max_grad_norm),
                                            optimizer=optimizer, group=dist.group.WORLD)
     runtime = PipelineRuntime(runtime_config or RuntimeConfig(), chunks=chunks,
-                              pp_group=dist.group.WORLD, post_validator=validator)
+                              pp_group=dist.group.WORLD, optimizer_step=validator)
     losses, results = [], []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)

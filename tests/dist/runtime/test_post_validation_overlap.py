@@ -87,7 +87,7 @@ def overlapped(name, max_norm, microbatches):
     validator = PostValidatedOptimizer(PostValidationConfig(max_grad_norm=max_norm),
                                        optimizer=target, group=dist.group.WORLD)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD,
-                              post_validator=validator)
+                              optimizer_step=validator)
     losses, repeats = [], 0
     for step in range(STEPS):
         target.armed = step == INJECT_STEP and dist.get_rank() == 1

@@ -71,7 +71,7 @@ def real_worker(rank, world_size, extra):
         aliases = sum(info.mem_consumed for st, (info, _) in tracker.tracker._WINFO.items()
                       if st.data_ptr() in symmetric and st is not symmetric[st.data_ptr()])
         peak = before + phase["peak"] + unseen - aliases
-    parts.post_validator.validate()
+    parts.optimizer_step.validate()
     parts.close()
     return peak
 

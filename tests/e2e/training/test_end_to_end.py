@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from odc_pp.testing.torchrun import ROOT, TINY_MODEL, launch
+from odc_pp.testing.torchrun import FAULTS, ROOT, TINY_MODEL, launch
 
 pytestmark = pytest.mark.multiproc
 
@@ -90,6 +90,7 @@ def test_schedules_and_dp_modes_match_single_process(schedule, dp_mode, balance,
 
 
 # clip below most grad norms (rollback + clip + redo) and an inf on the last rank at step 6
+# (the inf: odc_pp.testing.faults, the FAULTS entry)
 CLIP_INJECT = ["--clip-grad", "0.5", "--inject-nonfinite-grad-iter", "6"]
 
 
@@ -99,7 +100,7 @@ def clip_inject_reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("clip_inject_reference")
     sync = launch(TINY_MODEL + CLIP_INJECT + ["--train-iters", str(ITERS),
                                               "--pipeline-schedule", "1f1b"],
-                  nproc=1, tmp_path=tmp, name="sync_reference")
+                  nproc=1, tmp_path=tmp, name="sync_reference", entry=FAULTS)
     assert sync.returncode == 0, sync.describe()
     return sync
 
@@ -112,8 +113,9 @@ def test_overlapped_post_validation_equals_synchronous_step_bitwise(clip_inject_
     skips of the synchronous run on the same ranks, and both match pp=1."""
     flags = TINY_MODEL + PP2 + CLIP_INJECT + ["--pipeline-schedule", "zb-h1",
                                               "--dp-mode", "collective"]
-    sync = launch(flags, nproc=4, tmp_path=tmp_path, name="zb_h1_sync")
-    overlapped = launch(flags + PV, nproc=4, tmp_path=tmp_path, name="zb_h1_pv")
+    sync = launch(flags, nproc=4, tmp_path=tmp_path, name="zb_h1_sync", entry=FAULTS)
+    overlapped = launch(flags + PV, nproc=4, tmp_path=tmp_path, name="zb_h1_pv",
+                        entry=FAULTS)
     assert sync.returncode == 0, sync.describe()
     assert overlapped.returncode == 0, overlapped.describe()
     assert overlapped.losses() == sync.losses()
@@ -135,7 +137,7 @@ def test_zb_auto_replans_and_post_validation_skips_and_clips(clip_inject_referen
     run = launch(TINY_MODEL + PP2 + CLIP_INJECT + PV + [
         "--pipeline-schedule", "zb-auto", "--dp-mode", "odc", "--load-balance", "lb-mini",
         "--profile-iters", "2", "--schedule-png", str(png)],
-        nproc=4, tmp_path=tmp_path, name="zb_auto_pv")
+        nproc=4, tmp_path=tmp_path, name="zb_auto_pv", entry=FAULTS)
     assert run.returncode == 0, run.describe()
     assert run.stdout.count("zb-auto re-planned from measured costs") == 1, run.describe()
     assert "predicted step time" in run.stdout
@@ -261,7 +263,8 @@ def test_resume_of_another_model_fails_naming_the_flag(tmp_path):
 def test_killed_rank_fails_the_job_with_a_message(tmp_path):
     flags = TINY_MODEL + PP2 + ["--pipeline-schedule", "zbv", "--dp-mode", "odc",
                                 "--inject-fault-rank", "3", "--inject-fault-iter", "3"]
-    run = launch(flags, nproc=4, tmp_path=tmp_path, name="killed", timeout=200)
+    run = launch(flags, nproc=4, tmp_path=tmp_path, name="killed", timeout=200,
+                 entry=FAULTS)
     assert run.returncode != 0
     text = run.stdout + run.stderr
     assert "rank 3: injected fault" in text

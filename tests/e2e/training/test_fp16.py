@@ -6,7 +6,7 @@ every rank skips that step (the weights are unchanged by it), the scale halves (
 import pytest
 import torch
 
-from odc_pp.testing.torchrun import TINY_MODEL, launch
+from odc_pp.testing.torchrun import FAULTS, TINY_MODEL, launch
 from odc_pp.training.checkpointing import checkpoint_dir, load_rank_state
 
 pytestmark = pytest.mark.multiproc
@@ -20,7 +20,7 @@ def test_fp16_overflow_skips_one_step_and_resume_keeps_the_scale(tmp_path):
     save = str(tmp_path / "ckpt")
     first = launch(TINY_MODEL + FP16 + ["--inject-nonfinite-grad-iter", "3", "--save", save,
                                         "--save-interval", "1", "--exit-interval", "3"],
-                   nproc=2, tmp_path=tmp_path, name="fp16")
+                   nproc=2, tmp_path=tmp_path, name="fp16", entry=FAULTS)
     assert first.returncode == 0, first.describe()
     records = first.records()
     assert [r["skipped"] for r in records] == [False, False, True]

@@ -51,7 +51,6 @@ def test_defaults_fill_in():
     (["--hidden-size", "30"], ["--hidden-size", "--num-attention-heads"]),
     (["--cpu-offload"], ["--cpu-offload", "--pipeline-schedule"]),
     (["--min-lr", "1"], ["--min-lr"]),
-    (["--inject-nonfinite-grad-iter", "0"], ["--inject-nonfinite-grad-iter"]),
     (["--profile-iters", "-1"], ["--profile-iters"]),
     (["--save-interval", "3"], ["--save-interval", "--save"]),
     (["--pipeline-schedule", "1f1b", "--num-model-chunks", "2"], ["--num-model-chunks"]),
@@ -123,3 +122,18 @@ def test_export_tool_fails_clearly_without_a_checkpoint(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "no checkpoint under" in result.stderr and not (tmp_path / "out.pt").exists()
+
+
+def test_fault_flags_belong_to_the_testing_entry_only():
+    """--inject-* are not product flags; odc_pp.testing.faults parses and checks them and
+    passes the rest on."""
+    from odc_pp.testing.faults import parse_fault_flags
+
+    faults, rest = parse_fault_flags(["--inject-nonfinite-grad-iter", "3", "--lr", "1e-3"])
+    assert faults.nonfinite_iter == 3 and rest == ["--lr", "1e-3"]
+    with pytest.raises(ValueError, match="--inject-nonfinite-grad-iter must be >= 1"):
+        parse_fault_flags(["--inject-nonfinite-grad-iter", "0"])
+    with pytest.raises(ValueError, match="--inject-nonfinite-grad-iter"):
+        parse_args(["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
+                    "--seq-length", "8", "--mock-data", "--vocab-size", "16",
+                    "--inject-nonfinite-grad-iter", "3"])
