@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export a pretrain_gpt.py checkpoint (any pipeline / data-parallel layout) as one full
 state dict ``{global parameter name: fp32 tensor}``: the optimizer's master weights
-reassembled by name (odc_pp/training/resharding.py), e.g. for evaluation or conversion.
+reassembled by name (odc_pp/training/checkpoint/resharding.py), e.g. for evaluation or conversion.
 
     python tools/export_checkpoint.py --load ckpt --output model.pt [--iteration 50]
 
@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from odc_pp.training.checkpointing import checkpoint_dir, read_latest, read_meta
-from odc_pp.training.resharding import assemble_by_name
+from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_latest, read_meta
+from odc_pp.training.checkpoint.resharding import assemble_by_name
 from odc_pp.fsutil import write_file_atomic
 
 

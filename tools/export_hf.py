@@ -39,7 +39,7 @@ from export_checkpoint import export  # noqa: E402  (the one full-state assemble
 from odc_pp.megatron.hf import (hf_state_dict, model_config_from_hf, parse_size,  # noqa: E402
                                 save_hf_directory, torch_dtype)
 from odc_pp.megatron.hf_config import hf_config_from_model  # noqa: E402
-from odc_pp.training.checkpointing import checkpoint_dir, read_meta  # noqa: E402
+from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_meta  # noqa: E402
 
 __all__ = ["export_hf", "copy_tokenizer", "tokenizer_source", "main"]
 

@@ -34,7 +34,7 @@ from odc_pp.megatron.compat import singleton_process_groups  # noqa: E402
 from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
 from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
 from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
-from odc_pp.training.checkpointing import checkpoint_dir, read_meta  # noqa: E402
+from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_meta  # noqa: E402
 
 _OUTPUT = "model.output_layer.weight"
 _EMBEDDING = "model.embedding.word_embeddings.weight"

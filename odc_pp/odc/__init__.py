@@ -7,9 +7,9 @@ Public API (engine and optimizer are imported lazily, on first access):
   sync per minibatch; module hooks for plain training or the pipeline runtime's hooks.
 * :class:`AdamWConfig`, :class:`ShardedAdamW` (``sharded_optimizer``): AdamW with fp32
   master weights on the owned shards, sharded grad-norm clipping, snapshot/restore.
-* Checkpoints of an engine + optimizer: :mod:`odc_pp.training.checkpointing` (atomic,
-  checksummed) with :func:`odc_pp.training.resharding.sharded_state` /
-  :func:`~odc_pp.training.resharding.restore_optimizer` (exact, or resharded to another
+* Checkpoints of an engine + optimizer: :mod:`odc_pp.training.checkpoint.checkpointing` (atomic,
+  checksummed) with :func:`odc_pp.training.checkpoint.resharding.sharded_state` /
+  :func:`~odc_pp.training.checkpoint.resharding.restore_optimizer` (exact, or resharded to another
   data-parallel size through :meth:`ShardedDataParallel.layout`).
 
 Load balancing and the minibatch planner live in :mod:`odc_pp.data`.

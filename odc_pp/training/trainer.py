@@ -34,12 +34,11 @@ import torch.distributed as dist
 from odc_pp.data.lanes import slots_digest
 
 from .arguments import TrainingArgs
-from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
+from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
-from .distributed import Topology, all_ranks_true
-from .elastic import adopt_elastic_restart
+from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
@@ -49,9 +48,6 @@ from .hooks import TrainingHooks
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
 from .replanning import ZbAutoReplanner, check_same_digest
-from .resharding import sharded_state
-from .resume import check_save_dir, checkpoint_meta, refuse_newer_checkpoints, resume
-from .save_lock import lock_save_dir
 from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
                          peak_memory_mb)
@@ -207,9 +203,9 @@ class Trainer:
                                       decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style,
                                       decoupled_lr=opt.decoupled_lr,
                                       decoupled_min_lr=opt.decoupled_min_lr)
-        self.lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
-        self.start = self._resume()
-        self.saver = self._saver()
+        self.checkpointer = Checkpointer(args, topo, self.parts, vocab_size=self.vocab,
+                                         say=self._say, out=out)
+        self.start = self.checkpointer.load()
         self.logger = TrainingLogger(
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
             tensorboard_dir=args.logging.tensorboard_dir,
@@ -241,7 +237,10 @@ class Trainer:
             if self._settle(stats):
                 self._finish(stats)
                 self._evaluate_if_due(stats.iteration)
-                self._save_if_due(stats.iteration)
+                self.checkpointer.save_if_due(
+                    stats.iteration, stopping=self.stop.stop,
+                    consumed_samples=self.rampup.consumed_before(stats.iteration)
+                    if self.rampup is not None else None)
             if self._exit_due(stats.iteration):
                 self._say(self.stop.reason or
                           f"exit interval {self.args.run.exit_interval} reached")
@@ -359,7 +358,7 @@ class Trainer:
             self._finish(self.pending)
             self.pending = None
         done = stats.iteration
-        if stats.pending and (self._save_due(done) or self._exit_due(done)
+        if stats.pending and (self.checkpointer.due(done, stopping=self.stop.stop) or self._exit_due(done)
                               or eval_due(self.args, done, self.eval_planner)
                               or done == self.args.run.train_iters):
             stats.resolve_step(self.parts.optimizer_step.validate())
@@ -456,58 +455,7 @@ class Trainer:
         if self.logger is not None:
             self.logger.log_eval(eval_record(done, stats))
 
-    # ----- checkpoints and the end ------------------------------------------------------
-    def _resume(self) -> int:
-        """Check --save before the first step (fail now, not at the first save); resume
-        from --load. The first iteration to run."""
-        args, topo = self.args, self.topo
-        if args.checkpoint.save:
-            check_save_dir(self.parts, args.checkpoint, topo, out=self.out)
-        adopt_elastic_restart(args, topo, out=self.out)  # torchrun restart: newest --save
-        if not args.checkpoint.load:
-            return 0
-        start, how = resume(self.parts, args, topo, restore_rng_state, vocab_size=self.vocab,
-                            out=self.out)
-        if how:
-            self._say(f"resumed from {args.checkpoint.load} at iteration {start} ({how})")
-        return start
-
-    def _saver(self) -> CheckpointSaver | None:
-        checkpoint, topo = self.args.checkpoint, self.topo
-        if not checkpoint.save:
-            return None
-        refuse_newer_checkpoints(checkpoint, topo, self.start)
-        return CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
-                               rank=topo.rank, world_size=topo.world_size,
-                               barrier=dist.barrier, token=self.lock.token,
-                               agree=all_ranks_true)
-
-    def _save_due(self, done: int) -> bool:
-        interval, run = self.args.checkpoint.save_interval, self.args.run
-        return self.saver is not None and (
-            (bool(interval) and done % interval == 0)
-            or done == run.train_iters or done == run.exit_interval or self.stop.stop)
-
-    def _save_if_due(self, done: int) -> None:
-        """An atomic checkpoint of iteration ``done`` at --save-interval, the exit and
-        the end."""
-        if not self._save_due(done):
-            return
-        difference = self.parts.engine.tied_difference(self.parts.optimizer.master)
-        if difference:  # tied across stages: the copies must be one weight
-            raise RuntimeError(f"iteration {done}: the tied embedding and its output-layer "
-                               f"copy differ (max abs {difference:.3g}); not saving a broken "
-                               f"tie (--untie-embeddings-and-output-weights trains two weights)")
-        state = dict(sharded_state(self.parts.engine, self.parts.optimizer),
-                     rng=capture_rng_state(), iteration=done)
-        if self.parts.loss_scaler is not None:
-            state["loss_scaler"] = self.parts.loss_scaler.state_dict()
-        if self.rampup is not None:  # recorded; the ramp is a function of the iteration
-            state["consumed_samples"] = self.rampup.consumed_before(done)
-        path = self.saver.save(done, state, meta=checkpoint_meta(self.args, self.topo,
-                                                                 vocab_size=self.vocab))
-        self._say(f"saved checkpoint {path}")
-
+    # ----- the end -------------------------------------------------------------------
     def _exit_due(self, done: int) -> bool:
         return bool(self.args.run.exit_interval and done >= self.args.run.exit_interval) \
             or self.stop.stop
@@ -523,8 +471,7 @@ class Trainer:
             self.tracer.close(self.parts.last_schedule,
                               out=self.out if self.topo.rank == 0 else None)
         self.parts.close()
-        if self.lock is not None:
-            self.lock.release()
+        self.checkpointer.close()
         self.exits.finish()  # raises TrainingInterrupted after a signal stop
 
 

@@ -1,5 +1,5 @@
 """Checkpoints of a plain ShardedDataParallel + ShardedAdamW pair through the one checkpoint
-implementation (odc_pp/training/checkpointing.py, resharding.py): atomic saves, leftovers
+implementation (odc_pp/training/checkpoint/checkpointing.py, resharding.py): atomic saves, leftovers
 of a crashed save, model mismatch, bf16 parameters with fp32 master weights restored
 exactly. Resharding to another data-parallel size: tests/dist/odc/test_engine.py."""
 
@@ -49,9 +49,9 @@ def state_of(engine, optimizer) -> dict:
 def worker(rank, world, root):
     import torch.distributed as dist
 
-    from odc_pp.training.checkpointing import (CheckpointSaver, checkpoint_dir,
+    from odc_pp.training.checkpoint.checkpointing import (CheckpointSaver, checkpoint_dir,
                                                latest_iteration)
-    from odc_pp.training.resharding import restore_optimizer, sharded_state
+    from odc_pp.training.checkpoint.resharding import restore_optimizer, sharded_state
 
     report = {}
     for dtype in ("float32", "bfloat16"):

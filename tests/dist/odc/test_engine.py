@@ -213,8 +213,8 @@ def worker_dp2(rank, world, ckpt_dir):
     results["det_a"] = run_scenario(rank, world, "odc", {"deterministic": True})
     results["det_b"] = run_scenario(rank, world, "odc", {"deterministic": True})
     # Checkpoint: 3 steps, save, fresh engine, load, 2 more steps == 5 uninterrupted.
-    from odc_pp.training.checkpointing import checkpoint_dir, save_checkpoint
-    from odc_pp.training.resharding import restore_optimizer, sharded_state
+    from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, save_checkpoint
+    from odc_pp.training.checkpoint.resharding import restore_optimizer, sharded_state
     model, engine, optimizer = build("odc", deterministic=True)
     train_steps(model, engine, optimizer, 3, dp_rank=rank, dp_size=world)
     save_checkpoint(ckpt_dir, 3, sharded_state(engine, optimizer), rank=rank, world_size=world,
@@ -235,8 +235,8 @@ def worker_dp3(rank, world, ckpt_dir):
     results = {"odc": run_scenario(rank, world, "odc", {}),
                "collective": run_scenario(rank, world, "collective", {})}
     # Resharding: 3 steps at dp=3, save, load at dp=2 (ranks 0 and 1), 2 more steps.
-    from odc_pp.training.checkpointing import checkpoint_dir, save_checkpoint
-    from odc_pp.training.resharding import restore_optimizer, sharded_state
+    from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, save_checkpoint
+    from odc_pp.training.checkpoint.resharding import restore_optimizer, sharded_state
     model, engine, optimizer = build("odc")
     train_steps(model, engine, optimizer, 3, dp_rank=rank, dp_size=world)
     save_checkpoint(ckpt_dir, 3, sharded_state(engine, optimizer), rank=rank, world_size=world,

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from odc_pp.training.checkpointing import (checkpoint_dir, latest_iteration, load_rank_state,
+from odc_pp.training.checkpoint.checkpointing import (checkpoint_dir, latest_iteration, load_rank_state,
                                            save_checkpoint)
 from odc_pp.training.distributed import all_ranks_true
 from odc_pp.training.preemption import EXIT_PREEMPTED, ExitController, TrainingInterrupted

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from odc_pp.training.checkpointing import load_rank_state, rank_file
+from odc_pp.training.checkpoint.checkpointing import load_rank_state, rank_file
 
 from odc_pp.testing.torchrun import TINY_MODEL, launch
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from odc_pp.testing.torchrun import FAULTS, TINY_MODEL, launch
-from odc_pp.training.checkpointing import checkpoint_dir, load_rank_state
+from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, load_rank_state
 
 pytestmark = pytest.mark.multiproc
 

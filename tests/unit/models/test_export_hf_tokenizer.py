@@ -72,7 +72,7 @@ def test_a_directory_without_a_tokenizer_is_an_error_naming_the_flag(export_hf, 
 
 
 def _checkpoint(tmp_path, tokenizer_dir) -> str:
-    from odc_pp.training.checkpointing import checkpoint_dir
+    from odc_pp.training.checkpoint.checkpointing import checkpoint_dir
 
     load = str(tmp_path / "ckpt")
     directory = checkpoint_dir(load, 7)

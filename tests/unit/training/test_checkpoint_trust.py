@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from odc_pp.training.arguments import parse_args
-from odc_pp.training.checkpointing import (UntrustedCheckpointError, checkpoint_dir,
+from odc_pp.training.checkpoint.checkpointing import (UntrustedCheckpointError, checkpoint_dir,
                                            list_iterations, load_rank_state, rank_file,
                                            read_meta, save_checkpoint, write_rank_file)
-from odc_pp.training.resharding import assemble_by_name
-from odc_pp.training.resume_iteration import (IterationMismatchError, check_rank_iteration,
+from odc_pp.training.checkpoint.resharding import assemble_by_name
+from odc_pp.training.checkpoint.resume_iteration import (IterationMismatchError, check_rank_iteration,
                                               recorded_iteration)
 
 

@@ -1,4 +1,4 @@
-"""odc_pp/training/checkpointing.py in one process: atomic saves, retention of only this
+"""odc_pp/training/checkpoint/checkpointing.py in one process: atomic saves, retention of only this
 run's checkpoints, atomic pruning, checksummed rank files, start-up checks of --save."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from collections import namedtuple
 import pytest
 import torch
 
-from odc_pp.training import checkpointing
-from odc_pp.training.checkpointing import (CheckpointSaver, CorruptCheckpointError,
+from odc_pp.training.checkpoint import checkpointing
+from odc_pp.training.checkpoint.checkpointing import (CheckpointSaver, CorruptCheckpointError,
                                            checkpoint_dir, free_space_problem,
                                            latest_iteration, list_iterations,
                                            load_rank_state, prune_checkpoint, rank_file,
                                            read_meta, remove_leftovers, save_checkpoint,
                                            save_dir_problem, write_rank_file)
-from odc_pp.training.resume import model_differences
+from odc_pp.training.checkpoint.resume import model_differences
 
 
 def _second_rank_writer(save: str, iteration: int):

@@ -57,7 +57,7 @@ def _save_all(root: str) -> None:
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.megatron.model_identity import megatron_args
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.megatron_checkpoint import check_megatron_identity
+    from odc_pp.training.checkpoint.megatron_checkpoint import check_megatron_identity
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -233,7 +233,7 @@ def test_common_pt_args_are_read_without_running_code(tmp_path):
 
 
 def test_our_checkpoints_compare_the_same_identity():
-    from odc_pp.training.resume import model_differences
+    from odc_pp.training.checkpoint.resume import model_differences
 
     saved = {"num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
              "ffn_hidden_size": 128, "max_position_embeddings": 48, "vocab_size": 48}

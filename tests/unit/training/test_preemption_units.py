@@ -16,16 +16,16 @@ import torch
 
 from odc_pp.data.datasets import JsonlDataset
 from odc_pp.data.tokenizers import ByteLevelTokenizer
-from odc_pp.training import checkpointing
+from odc_pp.training.checkpoint import checkpointing
 from odc_pp.training.arguments import parse_args, parse_args_with_notes
-from odc_pp.training.checkpointing import (CheckpointWriteError, capture_rng_state,
+from odc_pp.training.checkpoint.checkpointing import (CheckpointWriteError, capture_rng_state,
                                            checkpoint_bytes, remove_leftovers, save_checkpoint,
                                            write_rank_file)
 from odc_pp.training.data_plan import build_source
-from odc_pp.training.elastic import adopt_elastic_restart
+from odc_pp.training.checkpoint.elastic import adopt_elastic_restart
 from odc_pp.training.preemption import EXIT_PREEMPTED, ExitController, TrainingInterrupted
-from odc_pp.training.resume import retained_copies
-from odc_pp.training.save_lock import LOCK_NAME, SaveLock, current_owner
+from odc_pp.training.checkpoint.resume import retained_copies
+from odc_pp.training.checkpoint.save_lock import LOCK_NAME, SaveLock, current_owner
 
 MOCK = ["--mock-data", "--vocab-size", "64"]
 
@@ -115,7 +115,7 @@ def _holder(tmp_path, **changes) -> dict:
 def test_a_live_holder_is_named_and_refused(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from odc_pp.training.save_lock import _start_ticks
+        from odc_pp.training.checkpoint.save_lock import _start_ticks
         holder = _holder(tmp_path, job_id="slurm-42", pid=sleeper.pid,
                          start_ticks=_start_ticks(sleeper.pid))
         with pytest.raises(ValueError) as caught:

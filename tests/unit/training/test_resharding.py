@@ -1,4 +1,4 @@
-"""Plain-logic checks of odc_pp/training/resharding.py: optimizer shards saved under one
+"""Plain-logic checks of odc_pp/training/checkpoint/resharding.py: optimizer shards saved under one
 layout (units, owned ranges) are reassembled by parameter name and cut into another layout;
 the result equals slicing the full tensors directly. Gaps and foreign models are errors."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from odc_pp.training.checkpointing import rank_file, write_rank_file
-from odc_pp.training.resharding import STATE_NAMES, assemble_by_name, owned_state
+from odc_pp.training.checkpoint.checkpointing import rank_file, write_rank_file
+from odc_pp.training.checkpoint.resharding import STATE_NAMES, assemble_by_name, owned_state
 
 SHAPES = {"a": [3, 5], "b": [7], "c": [2, 2, 3]}
 

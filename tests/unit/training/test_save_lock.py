@@ -18,8 +18,8 @@ import types
 
 import pytest
 
-from odc_pp.training.checkpointing import remove_leftovers
-from odc_pp.training.save_lock import LOCK_NAME, SaveLock, current_owner, lock_save_dir
+from odc_pp.training.checkpoint.checkpointing import remove_leftovers
+from odc_pp.training.checkpoint.save_lock import LOCK_NAME, SaveLock, current_owner, lock_save_dir
 
 STARTERS, ROUNDS = 8, 100
 WAIT_S = 120.0
@@ -101,7 +101,7 @@ def test_exactly_one_of_8_concurrent_starters_wins_in_each_of_100_rounds(tmp_pat
 # ----- two fake hosts -------------------------------------------------------------------------
 HOLDER = """
 import os, sys, time
-from odc_pp.training.save_lock import SaveLock
+from odc_pp.training.checkpoint.save_lock import SaveLock
 lock = SaveLock.acquire(sys.argv[1])
 os.makedirs(os.path.join(sys.argv[1], f".tmp_iter_0000005.{lock.token}", "rank_00000.pt"))
 print(lock.token, flush=True)

@@ -20,13 +20,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..megatron.dist_ckpt import (megatron_checkpoint_dir, odc_state_from_megatron,
+from ...megatron.dist_ckpt import (megatron_checkpoint_dir, odc_state_from_megatron,
                                   read_megatron_tensors)
-from ..megatron.model_identity import (check_model_identity, identity_of_config,
+from ...megatron.model_identity import (check_model_identity, identity_of_config,
                                        identity_of_megatron_args, layer_suffixes,
                                        model_tensor_names, read_megatron_args)
-from .distributed import Topology
-from .model_setup import model_config
+from ..distributed import Topology
+from ..model_setup import model_config
 from .resharding import owned_state, unit_layout
 
 __all__ = ["resume_from_megatron", "check_megatron_identity"]

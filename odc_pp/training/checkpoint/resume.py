@@ -22,15 +22,15 @@ import torch.distributed as dist
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
-from ..megatron.dist_ckpt import is_megatron_checkpoint
-from ..megatron.model_identity import identity_differences, identity_of_meta
-from .arguments import CheckpointArgs, ModelArgs, TrainingArgs
+from ...megatron.dist_ckpt import is_megatron_checkpoint
+from ...megatron.model_identity import identity_differences, identity_of_meta
+from ..arguments import CheckpointArgs, ModelArgs, TrainingArgs
 from .checkpointing import (LATEST, CorruptCheckpointError, capture_rng_state, checkpoint_bytes,
                             checkpoint_dir, free_space_problem, latest_iteration,
                             list_iterations, read_meta, remove_leftovers, save_dir_problem)
-from .distributed import Topology
+from ..distributed import Topology
 from .megatron_checkpoint import resume_from_megatron
-from .model_setup import hf_config_of, model_config
+from ..model_setup import hf_config_of, model_config
 from .resharding import assemble_by_name, owned_state, read_optimizer_state, sharded_state, \
     unit_layout
 from .resume_iteration import OVERRIDE_FLAG, recorded_iteration

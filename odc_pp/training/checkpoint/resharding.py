@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..megatron.tp_layout import Partition, partition_of
+from ...megatron.tp_layout import Partition, partition_of
 from .checkpointing import load_rank_state, rank_file, read_meta
 from .resume_iteration import check_rank_iteration
 

@@ -49,7 +49,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from .failures import at_failure_exit
+from ..failures import at_failure_exit
 
 __all__ = ["LEASE_S", "LOCK_NAME", "TAKEOVER_WAIT_S", "LockOwner", "SaveLock", "attempt",
            "current_owner", "host_id", "job_id", "lease_seconds", "lock_save_dir"]
