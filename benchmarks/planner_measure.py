@@ -7,7 +7,7 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    :meth:`Profiler.sample_cost_model` fits seconds per token and per token^2 of a whole
    microbatch (F + B + W), and the profiler's per-kind means give the F : B : W split.
 2. For each configuration (pp/dp, schedule, dp mode, load balance, length distribution),
-   the prediction uses the exact plans pretrain_gpt.py makes (``DataPlanner``) and the
+   the prediction uses the exact plans pretrain_gpt.py makes (``BatchAssigner``) and the
    schedule it builds (``training_request``), simulated with the calibrated costs per
    replica (ODC: the slowest replica; collective: lock step).
 3. Rounds alternate the configurations (the order rotates between rounds); each runs
@@ -107,13 +107,13 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     from odc_pp.training.arguments import parse_args
     from odc_pp.schedule.build import build
     from odc_pp.training.schedules import training_request
-    from odc_pp.training.data_plan import DataPlanner, build_source
+    from odc_pp.training.data_plan import BatchAssigner, build_source
 
     args = parse_args(flags)
     dp = args.resolve_layout(2).dp
     pp = args.parallel.pipeline_model_parallel_size
     source, _ = build_source(args)
-    planner = DataPlanner(args, source, dp=dp, pp=pp)
+    planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
     stages = pp * args.schedule.num_model_chunks
     out = []

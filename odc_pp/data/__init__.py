@@ -1,5 +1,5 @@
 """Training data: tokenizers, JSONL / indexed / synthetic sample sources, the
-:class:`Microbatch` handed to the runtime, load balancing and the minibatch planner
+:class:`Microbatch` handed to the runtime, load balancing and sample assignment
 (:func:`plan_minibatch`: ``none``, ``lb-mini`` and ``balanced``)."""
 
 from .datasets import (IndexedTokenDataset, JsonlDataset, ShuffledSource, SyntheticCorpus,
@@ -9,7 +9,7 @@ from .load_balance import (AttentionCost, FittedCost, SampleCostModel, TokenCost
                            fit_cost_model, fit_microbatch_costs, microbatch_cost,
                            pack_microbatches, pack_padded, replica_costs)
 from .microbatch import Microbatch, count_tokens
-from .planner import LOAD_BALANCE_MODES, MinibatchPlan, plan_minibatch
+from .assignment import LOAD_BALANCE_MODES, MinibatchPlan, plan_minibatch
 from .samples import (Sample, collate, global_batch_indices, pack, split_by_tokens,
                       split_fixed)
 from .tokenizers import (TOKENIZER_TYPES, ByteLevelTokenizer, HuggingFaceTokenizer,

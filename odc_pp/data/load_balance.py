@@ -1,6 +1,6 @@
 """Load balancing of a global minibatch over data-parallel replicas and microbatches.
 
-The building blocks of :mod:`odc_pp.data.planner`:
+The building blocks of :mod:`odc_pp.data.assignment`:
 
 1. a sample's cost from its sequence length: the one :class:`SampleCostModel` protocol
    (:class:`TokenCost`, :class:`AttentionCost`, or a :class:`FittedCost` from

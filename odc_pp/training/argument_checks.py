@@ -10,7 +10,7 @@ import dataclasses
 import importlib.util
 import math
 
-from odc_pp.data.planner import LOAD_BALANCE_MODES
+from odc_pp.data.assignment import LOAD_BALANCE_MODES
 from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 

@@ -27,7 +27,7 @@ from .context_split import cp_pad_multiple, split_microbatch
 from .rampup import BatchRampup
 from .sample_construction import sample_construction
 
-__all__ = ["IterationPlan", "DataPlanner", "build_source", "build_valid_source",
+__all__ = ["IterationPlan", "BatchAssigner", "build_source", "build_valid_source",
            "model_vocab_size", "padded_vocab_size", "sample_cost_model",
            "load_sample_cost_model", "packs_sequences", "megatron_num_samples",
            "data_tokenizer"]
@@ -225,7 +225,7 @@ def packs_sequences(args: TrainingArgs) -> bool:
                                         and not args.data.no_pack_sequences)
 
 
-class DataPlanner:
+class BatchAssigner:
     """Global batch -> per-replica microbatches: the frontend's flags mapped onto
     :func:`odc_pp.data.plan_minibatch` (``--load-balance`` none, lb-mini or balanced;
     ``--pack-sequences``, lb-mini's default: one packed row per microbatch). Every mode

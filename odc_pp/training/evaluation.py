@@ -4,7 +4,7 @@ Evaluation ``k`` (at iteration ``k * eval_interval``) runs the validation global
 ``(k - 1) * eval_iters`` .. ``k * eval_iters - 1`` (indices past the data cycle through
 it in a fresh seeded order each epoch, :class:`~odc_pp.data.ShuffledSource`), so a
 resumed run evaluates on exactly the batches of an uninterrupted one. Each batch is
-planned like a training batch (:class:`~odc_pp.training.data_plan.DataPlanner`) and runs
+planned like a training batch (:class:`~odc_pp.training.data_plan.BatchAssigner`) and runs
 through the forward-only pipeline of the training schedule's family
 (:class:`~odc_pp.training.schedules.Schedules`, built with ``forward_only``: every
 rank's F actions in training order, so every layout and placement works). The loss is
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .arguments import TrainingArgs
 from .context_split import split_microbatch
-from .data_plan import DataPlanner
+from .data_plan import BatchAssigner
 from .distributed import Topology
 
 __all__ = ["EvalStats", "evaluate", "due", "eval_record"]
@@ -41,15 +41,15 @@ class EvalStats:
     """Validation global batches evaluated."""
 
 
-def due(args: TrainingArgs, done: int, planner: DataPlanner | None) -> bool:
+def due(args: TrainingArgs, done: int, batches: BatchAssigner | None) -> bool:
     """Evaluate after iteration ``done`` (1-based)?"""
-    return planner is not None and args.data.eval_iters > 0 and \
+    return batches is not None and args.data.eval_iters > 0 and \
         done % args.data.eval_interval == 0
 
 
-def evaluate(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
+def evaluate(parts, args: TrainingArgs, topo: Topology, batches: BatchAssigner,
              evaluation: int) -> EvalStats:
-    """Evaluation number ``evaluation`` (1-based) on ``planner``'s validation source.
+    """Evaluation number ``evaluation`` (1-based) on ``batches``'s validation source.
     Collective over all ranks."""
     first = (evaluation - 1) * args.data.eval_iters
     loss_sum = torch.zeros(1, dtype=torch.float64)
@@ -58,7 +58,7 @@ def evaluate(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
         chunk.eval()
     try:
         for batch in range(first, first + args.data.eval_iters):
-            batch_sum, batch_tokens = _batch_loss_sum(parts, args, topo, planner, batch)
+            batch_sum, batch_tokens = _batch_loss_sum(parts, args, topo, batches, batch)
             loss_sum += batch_sum
             tokens += batch_tokens
     finally:
@@ -69,13 +69,13 @@ def evaluate(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
                      batches=args.data.eval_iters)
 
 
-def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, planner: DataPlanner,
+def _batch_loss_sum(parts, args: TrainingArgs, topo: Topology, batches: BatchAssigner,
                     batch: int) -> tuple[float, float]:
     """(this rank's share of validation batch ``batch``'s masked token-loss sum -- the
     last stage's, 0 elsewhere --, the batch's scored tokens)."""
-    plan = planner.plan(batch)
+    plan = batches.plan(batch)
     microbatches = [split_microbatch(mb, topo.cp_rank, topo.cp)
-                    for mb in planner.microbatches(plan.replicas[topo.dp_rank])]
+                    for mb in batches.microbatches(plan.replicas[topo.dp_rank])]
     schedule = parts.schedules.evaluation(len(microbatches))
     result = parts.runtime.run_minibatch(
         schedule, microbatches, global_num_tokens=int(round(plan.total_loss_tokens)),

@@ -7,7 +7,7 @@ megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator``, including its chec
 every batch size is a multiple of --micro-batch-size x data-parallel size. The batch of an
 iteration depends only on the samples consumed before it, so every rank derives the whole
 ramp from the iteration number (a resumed run continues it exactly); the samples of
-iteration ``i`` are the next ones after those consumed (:class:`DataPlanner`).
+iteration ``i`` are the next ones after those consumed (:class:`BatchAssigner`).
 
 --train-samples converts to iterations as Megatron's ``update_train_iters``: the ramp's
 iterations, then whole global batches of what is left. The learning rate follows the

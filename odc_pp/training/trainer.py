@@ -37,7 +37,7 @@ from .arguments import TrainingArgs
 from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
-from .data_plan import DataPlanner, IterationPlan, build_source, build_valid_source
+from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
@@ -179,11 +179,11 @@ class Trainer:
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
         self.rampup = rampup_of(args.data)
-        self.planner = DataPlanner(args, source, dp=topo.dp, pp=topo.pp,
+        self.batches = BatchAssigner(args, source, dp=topo.dp, pp=topo.pp,
                                    segment_attention=topo.device.type == "cuda",
                                    rampup=self.rampup)
         valid = build_valid_source(args)
-        self.eval_planner = DataPlanner(args, valid, dp=topo.dp, pp=topo.pp,
+        self.eval_batches = BatchAssigner(args, valid, dp=topo.dp, pp=topo.pp,
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
@@ -252,8 +252,8 @@ class Trainer:
         """One iteration (``iteration``: 0-based): plan -> schedule -> minibatch (the
         runtime takes the optimizer step when the gradients are final) -> loss and
         statistics. A deferred (post-validated) step leaves the stats pending."""
-        plan = self.planner.plan(iteration)
-        whole = self.planner.microbatches(plan.replicas[self.topo.dp_rank])
+        plan = self.batches.plan(iteration)
+        whole = self.batches.microbatches(plan.replicas[self.topo.dp_rank])
         microbatches = self._context_parallel_part(plan.replicas[self.topo.dp_rank], whole)
         schedule = self.parts.schedules.training(len(microbatches))
         self.parts.last_schedule = schedule
@@ -285,12 +285,12 @@ class Trainer:
         every cp rank of the replica); --dynamic-context-parallel: its microbatch of every
         slot (split rows, own lane rows)."""
         if self.args.parallel.dynamic_context_parallel:
-            slots = self.planner.lane_slots(rows, lanes=self.topo.cp)
+            slots = self.batches.lane_slots(rows, lanes=self.topo.cp)
             check_same_digest(slots_digest(slots), self.topo.cp_group,
                               what="variable-CP slot plan",
                               hint="every context-parallel rank must plan the same slots "
                                    "-- check that all ranks read the same data")
-            return self.planner.lane_microbatches(slots, lane=self.topo.cp_rank,
+            return self.batches.lane_microbatches(slots, lane=self.topo.cp_rank,
                                                   lanes=self.topo.cp)
         return [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
 
@@ -359,7 +359,7 @@ class Trainer:
             self.pending = None
         done = stats.iteration
         if stats.pending and (self.checkpointer.due(done, stopping=self.stop.stop) or self._exit_due(done)
-                              or eval_due(self.args, done, self.eval_planner)
+                              or eval_due(self.args, done, self.eval_batches)
                               or done == self.args.run.train_iters):
             stats.resolve_step(self.parts.optimizer_step.validate())
         if stats.pending:
@@ -448,9 +448,9 @@ class Trainer:
     def _evaluate_if_due(self, done: int) -> None:
         """--eval-interval: the validation loss after iteration ``done`` (every rank;
         rank 0 logs it)."""
-        if not eval_due(self.args, done, self.eval_planner):
+        if not eval_due(self.args, done, self.eval_batches):
             return
-        stats = evaluate(self.parts, self.args, self.topo, self.eval_planner,
+        stats = evaluate(self.parts, self.args, self.topo, self.eval_batches,
                          done // self.args.data.eval_interval)
         if self.logger is not None:
             self.logger.log_eval(eval_record(done, stats))

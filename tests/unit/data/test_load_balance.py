@@ -8,7 +8,7 @@ import pytest
 from odc_pp.data.load_balance import (AttentionCost, FittedCost, TokenCost, balance_minibatch,
                                       equal_count_balance, fit_cost_model, pack_microbatches,
                                       replica_costs)
-from odc_pp.data.planner import plan_minibatch
+from odc_pp.data.assignment import plan_minibatch
 
 
 def _max_load(subsets, costs):

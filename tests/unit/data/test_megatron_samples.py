@@ -13,7 +13,7 @@ import torch
 
 from odc_pp.data.preprocess import preprocess_jsonl
 from odc_pp.training.arguments import parse_args_with_notes
-from odc_pp.training.data_plan import (DataPlanner, build_source, build_valid_source,
+from odc_pp.training.data_plan import (BatchAssigner, build_source, build_valid_source,
                                        megatron_num_samples)
 
 SEQ, GBS, ITERS, SEED, SPLIT = 32, 4, 80, 7, "90,10,0"
@@ -102,10 +102,10 @@ def test_tokens_per_step_equal_megatron_gpt_dataset(prefix, tmp_path):
     # more samples than one epoch: the run re-reads documents in Megatron's epoch order
     assert len(train) == len(source.dataset) >= ITERS * GBS
     assert len(source.dataset.indices.document_index) == 3 * 54  # 3 epochs of 90% of 60
-    _check_batches(DataPlanner(args, source, dp=2, pp=1), train, ITERS)
+    _check_batches(BatchAssigner(args, source, dp=2, pp=1), train, ITERS)
     valid_source = build_valid_source(args)
     assert len(valid_source.dataset) == len(valid)
-    _check_batches(DataPlanner(args, valid_source, dp=2, pp=1), valid, len(valid) // GBS)
+    _check_batches(BatchAssigner(args, valid_source, dp=2, pp=1), valid, len(valid) // GBS)
 
 
 def test_eod_flags_equal_megatron(prefix, tmp_path):
@@ -116,7 +116,7 @@ def test_eod_flags_equal_megatron(prefix, tmp_path):
                for n in notes), notes
     train, _ = _megatron(prefix, tmp_path, args, reset_position_ids=True,
                          reset_attention_mask=True, eod_mask_loss=True)
-    planner = DataPlanner(args, build_source(args)[0], dp=2, pp=1)
+    planner = BatchAssigner(args, build_source(args)[0], dp=2, pp=1)
     # the flags matter on these samples: some inputs are EODs
     assert any(float(train[i]["loss_mask"].sum()) < SEQ for i in range(6 * GBS))
     _check_batches(planner, train, 6, attention=True)
@@ -129,8 +129,8 @@ def test_mock_data_megatron_gives_full_samples():
     assert any("Megatron's construction" in n and "--mock-data" in n for n in notes)
     long_tailed, notes = _args(*common)
     assert any("one document per sample" in n and "--mock-data" in n for n in notes)
-    full = DataPlanner(megatron, build_source(megatron)[0], dp=2, pp=1).plan(0)
-    tail = DataPlanner(long_tailed, build_source(long_tailed)[0], dp=2, pp=1).plan(0)
+    full = BatchAssigner(megatron, build_source(megatron)[0], dp=2, pp=1).plan(0)
+    tail = BatchAssigner(long_tailed, build_source(long_tailed)[0], dp=2, pp=1).plan(0)
     assert full.total_tokens == 8 * 128 and full.total_loss_tokens == 8 * 128
     assert tail.total_tokens < 0.7 * full.total_tokens
     sample = build_source(megatron)[0][0]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from odc_pp.training.arguments import parse_args
-from odc_pp.training.data_plan import DataPlanner, build_source
+from odc_pp.training.data_plan import BatchAssigner, build_source
 
 
 def planner(extra, *, dp, pp=1):
@@ -10,7 +10,7 @@ def planner(extra, *, dp, pp=1):
                        "--global-batch-size", "8"] + extra)
     source, vocab = build_source(args)
     assert vocab == 64
-    return DataPlanner(args, source, dp=dp, pp=pp)
+    return BatchAssigner(args, source, dp=dp, pp=pp)
 
 
 @pytest.mark.parametrize("extra", [[], ["--load-balance", "lb-mini"],
@@ -137,7 +137,7 @@ def test_unpacked_lb_mini_respects_micro_batch_size_and_costs_padding():
 
 def test_packed_rows_are_the_same_on_every_rank():
     """What each rank builds on its own (the plan itself is checked across processes in
-    tests/unit/data/test_planner.py): the same packed rows from fresh planners."""
+    tests/unit/data/test_assignment.py): the same packed rows from fresh planners."""
     digests = []
     for _ in range(2):
         p = planner(["--load-balance", "lb-mini", "--pack-sequences"], dp=2, pp=2)

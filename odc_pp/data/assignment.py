@@ -1,6 +1,6 @@
-"""The minibatch planner: which samples each data-parallel replica runs, microbatch by
-microbatch. One planner serves the public API (:func:`plan_minibatch`) and the training
-frontend (``odc_pp.training.data_plan.DataPlanner`` maps its flags onto it).
+"""Sample assignment: which samples each data-parallel replica runs, microbatch by
+microbatch. One function serves the public API (:func:`plan_minibatch`) and the training
+frontend (``odc_pp.training.data_plan.BatchAssigner`` maps its flags onto it).
 
 Modes (``--load-balance``):
 

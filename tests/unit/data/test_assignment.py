@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from odc_pp.data.load_balance import AttentionCost, TokenCost, balance_equal_counts
-from odc_pp.data.planner import plan_minibatch
+from odc_pp.data.assignment import plan_minibatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -104,7 +104,7 @@ _PLAN_SCRIPT = """
 import json, sys
 import numpy as np
 from odc_pp.data.load_balance import AttentionCost
-from odc_pp.data.planner import plan_minibatch
+from odc_pp.data.assignment import plan_minibatch
 rng = np.random.default_rng(7)
 lengths = np.minimum(rng.lognormal(5.0, 1.2, size=48).astype(int) + 8, 4096)
 plans = [plan_minibatch(lengths, r, max_tokens=2048, mode="balanced", min_microbatches=2,
