@@ -51,7 +51,7 @@ __all__ = [
 
 
 class SampleCostModel(Protocol):
-    """The one cost model of the data planner: the cost of a row of each length. Every
+    """The one cost model of sample assignment: the cost of a row of each length. Every
     load-balance mode weighs samples and microbatches with it (a microbatch through
     :func:`microbatch_cost`)."""
 

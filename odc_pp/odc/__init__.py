@@ -12,7 +12,7 @@ Public API (engine and optimizer are imported lazily, on first access):
   :func:`~odc_pp.training.checkpoint.resharding.restore_optimizer` (exact, or resharded to another
   data-parallel size through :meth:`ShardedDataParallel.layout`).
 
-Load balancing and the minibatch planner live in :mod:`odc_pp.data`.
+Load balancing and sample assignment live in :mod:`odc_pp.data`.
 """
 
 from importlib import import_module

@@ -26,7 +26,7 @@ class ModelShape:
     """Hidden size h."""
     vocab_size: int
     """(Padded) vocabulary V: the embedding's and the output layer's rows (0: leave the
-    output layer out of the FLOPs, as the data planner's per-sample cost does)."""
+    output layer out of the FLOPs, as sample assignment's per-sample cost does)."""
     ffn_hidden_size: int | None = None
     """MLP width f (SwiGLU: the intermediate size); None: 4 h, Megatron's default."""
     num_attention_heads: int = 1

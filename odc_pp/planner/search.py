@@ -180,7 +180,7 @@ def _planned(request: ScheduleRequest):
 
 
 def _sample_cost(model: ModelSpec) -> AttentionCost:
-    """The data planner's default cost model (training.data_plan.sample_cost_model)."""
+    """Sample assignment's default cost model (training.data_plan.sample_cost_model)."""
     def flops(seq: int) -> float:
         return sum(model.layer_flops(1, seq))
 
@@ -539,7 +539,7 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     for cand in candidates(config):
         try:
             pred = _predict_fitting(rough, cand)
-        except ValueError:  # shape the schedule or the data planner rejects
+        except ValueError:  # shape the schedule or sample assignment rejects
             continue
         pred.megatron_default = megatron_default(pred.candidate)
         out.append(pred)

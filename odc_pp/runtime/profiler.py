@@ -19,7 +19,7 @@ from CUDA events (:class:`~odc_pp.runtime.timing.ActionClock`), host clocks only
 Profile with a schedule that splits B and W (e.g. zb-h1) to measure both; from fused BW
 actions alone the split is unknown and T_B = T_W = T_BW / 2 is assumed.
 
-Sample costs for the data planner: with the microbatches passed to :meth:`Profiler.record`,
+Sample costs for sample assignment: with the microbatches passed to :meth:`Profiler.record`,
 each microbatch's compute time on this rank (F + B + W over its chunks) is kept with the
 positions it executed (``linear`` = rows x row length, ``quadratic`` = rows x row length^2:
 padded rows and packed rows alike), and :meth:`Profiler.sample_cost_model` fits the
