@@ -12,7 +12,7 @@
   ``config.json`` <-> flags and weights in / out (Llama, Qwen2, Qwen3, Mistral).
 * :mod:`odc_pp.megatron.recompute`: ``ModelConfig(recompute_lgd=True)`` recomputes
   the norms (LayerNorm / RMSNorm), the activation (GeLU / SwiGLU) and hidden dropout in
-  backward; :mod:`odc_pp.planner.activation_memory`
+  backward; :mod:`odc_pp.planner.memory`
   has the closed form of the bytes it saves (torch-free).
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::

@@ -96,7 +96,7 @@ class ModelConfig:
     recompute_lgd: bool = False
     """Recompute norm, activation (GeLU / SwiGLU) and hidden-dropout outputs in backward
     instead of saving them (:mod:`odc_pp.megatron.recompute`). Same losses and gradients
-    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.planner.activation_memory`).
+    (bitwise on CPU), fewer saved bytes (:mod:`odc_pp.planner.memory`).
     Parameter names from ``global_named_parameters`` do not change."""
     recompute_method: str | None = None
     """Full activation recompute (:mod:`odc_pp.megatron.full_recompute`): uniform or

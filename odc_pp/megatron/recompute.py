@@ -36,7 +36,7 @@ handed to the deferred W closure (same size as the saved input it replaces, so k
 costs nothing over recomputing it again at W). Saved tensors are ordinary
 ``save_for_backward`` tensors, so the runtime's saved-tensor store accounts, offloads and
 reloads them. The attention-probability dropout is not recomputed. Bytes saved: the
-closed form is in :mod:`odc_pp.planner.activation_memory`.
+closed form is in :mod:`odc_pp.planner.memory`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ read-modify-write.
 
 Memory: a staging buffer exists only while it holds contributions, from the first
 ``stage`` into an accumulator view after a sync to the next sync, which frees it (fp32,
-4 bytes per element of the staged input; see :mod:`odc_pp.runtime.memory_model`).
+4 bytes per element of the staged input; see :mod:`odc_pp.planner.memory`).
 Buffers that received nothing since the previous sync are not applied (nothing to add);
 every member still takes its turns, so the counters stay in step. The turn epochs count
 this object's applies (1, 2, ...), so a staged accumulation made after some syncs (the

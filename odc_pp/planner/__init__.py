@@ -1,5 +1,5 @@
 """Planning from closed forms, before anything runs: the activation-memory formulas
-(:mod:`odc_pp.planner.activation_memory`) and the offload/recompute tuner
+(:mod:`odc_pp.planner.memory`) and the offload/recompute tuner
 (:mod:`odc_pp.planner.offload_tuner`, ``odc-pp tune-offload``), which picks a schedule,
 offload and recompute setting per device from the simulator of :mod:`odc_pp.schedule`,
 and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: the

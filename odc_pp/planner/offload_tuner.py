@@ -60,44 +60,22 @@ from dataclasses import dataclass, field
 
 from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
                                         check_work)
-from odc_pp.schedule.costs import (CostModel, tensor_parallel_activation_factor,
-                                   tensor_parallel_comm_seconds)
+from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.generators import FAMILIES, family
 from odc_pp.schedule.ir import Schedule
 from odc_pp.schedule.placement import rank_stages
 from odc_pp.schedule.simulator import simulate
 
-from .activation_memory import lgd_saving_per_token_hidden
 from .hardware import PRESETS, Hardware
+from .memory import Workload, layer_activation_bytes, planned_state_bytes
 from .model import ModelShape
 
-__all__ = ["Workload", "OffloadChoice", "TunerConfig", "tune", "tune_devices",
+__all__ = ["OffloadChoice", "TunerConfig", "tune", "tune_devices",
            "estimate_costs", "candidate_request", "format_ranking", "measure_hardware",
            "main"]
 
 GB = 1e9
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workload:
-    """The model being trained and the microbatches it is trained on."""
-
-    model: ModelShape
-    """The transformer's shape."""
-    seq_length: int
-    """Sequence length s."""
-    micro_batch_size: int = 1
-    """Samples per microbatch b."""
-    flash_attention: bool = True
-    """No s^2 attention-matrix activations (flash attention)."""
-    bytes_per_value: int = 2
-    """Bytes of one activation value (2: bf16/fp16)."""
-
-    def __post_init__(self) -> None:
-        for name in ("seq_length", "micro_batch_size", "bytes_per_value"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
 
 
 @dataclass(kw_only=True)
@@ -224,28 +202,6 @@ def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int,
     return out
 
 
-def layer_activation_bytes(shape: Workload, *, recompute: bool, tp: int = 1,
-                           sequence_parallel: bool = False) -> float:
-    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
-    model = shape.model
-    b, s, h, a = (shape.micro_batch_size, shape.seq_length, model.hidden_size,
-                  model.num_attention_heads)
-    ffn_ratio = model.ffn / h
-    fc1_outputs = 2 if model.gated_mlp else 1
-    # bytes per s*b*h at 16-bit values (module doc; 34 for a GPT); recompute_lgd's saving
-    # (14 for a GPT) from the runtime. Outside the tensor-parallel regions 10 (6 of them
-    # -- layernorm inputs and dropout masks -- recomputed by lgd, which also drops the
-    # split activation output)
-    full = (10 + 4 * model.query_width / h + 4 * model.kv_width / h
-            + 2 * ffn_ratio * (fc1_outputs + 1))
-    per_value = full - (lgd_saving_per_token_hidden(ffn_ratio=ffn_ratio) if recompute else 0)
-    replicated = (10 - (6 if recompute else 0)) / per_value
-    factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
-                                               replicated_share=replicated)
-    attention = 0.0 if shape.flash_attention else 5 * a * s / h / tp
-    return s * b * h * (per_value * factor + attention) * shape.bytes_per_value / 2
-
-
 def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
                    ) -> tuple[CostModel, float, list[float]]:
     """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
@@ -278,15 +234,11 @@ def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
     costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
                       offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes,
                       mem_f=1.0, mem_b=kept, mem_w=-1.0 - kept)
-    layer_params = model.layer_params() / tp
-    bytes_per_param = 2 + 4 + 12 / config.dp
-    static = []
-    for rank in range(config.pp):
-        params = layers * chunks * layer_params
-        holds = {0, stages - 1}
-        params += model.vocab_size * h / tp * len(
-            holds.intersection(rank_stages(fam.placement, config.pp, chunks, rank)))
-        static.append(params * bytes_per_param)
+    layer_params, embedding = model.layer_params() / tp, model.vocab_size * h / tp
+    static = [float(planned_state_bytes(
+        [layers * layer_params + embedding * (stage in (0, stages - 1))
+         for stage in rank_stages(fam.placement, config.pp, chunks, rank)], dp=config.dp))
+        for rank in range(config.pp)]
     return costs, chunk_bytes, static
 
 

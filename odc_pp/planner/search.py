@@ -48,12 +48,12 @@ from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.generators import family
-from .offload_tuner import Workload, layer_activation_bytes
 from odc_pp.schedule.simulator import simulate
 
 from . import context_parallel as cpm
 from .hardware import Hardware
 from .inputs import ModelSpec
+from .memory import Workload, layer_activation_bytes, planned_state_bytes
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
            "megatron_default", "flags_of", "MEGATRON_SOURCE"]
@@ -291,8 +291,13 @@ def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
 
 
 def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
-    params = config.model.params() / (cand.tp * cand.pp)
-    return params * (2 + 4 + 12 / cpm.sharding_group(cand.dp, cand.cp))
+    """Model state of a rank (planner.memory's formulas; the model's parameters spread
+    evenly over the stages)."""
+    chunks = family(cand.schedule).default_chunks
+    per_chunk = config.model.params() / (cand.tp * cand.pp * chunks)
+    return float(planned_state_bytes([per_chunk] * chunks,
+                                     dp=cpm.sharding_group(cand.dp, cand.cp),
+                                     one_sided=not cand.dp_mode.is_collective))
 
 
 def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,

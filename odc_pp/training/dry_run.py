@@ -6,7 +6,7 @@ model chunks (``odc_pp.megatron``), its real ODC engine and sharded AdamW on a f
 group (:class:`~odc_pp.odc.transport_fake.FakeOdcGroup`) and its tensor-parallel groups
 on torch's ``fake`` process-group backend, all under ``FakeTensorMode`` (no bytes are
 allocated), and reports the rank's peak memory by category
-(:data:`odc_pp.runtime.memory_model.CATEGORIES`) as one table, whether it fits
+(:data:`odc_pp.planner.memory.CATEGORIES`) as one table, whether it fits
 ``--memory-gb`` (default 80) and, when not, which flags to change and their effect.
 ``--dry-run-json PATH`` writes ``{"job": report}`` (:data:`REPORT_KEY`).
 
@@ -18,11 +18,11 @@ What is measured and what is computed:
   saved activations, W-held tensors, temporaries -- and the engine's push (flattened
   gradient, deterministic staging) and the post-validation snapshot;
 * read from the real engine/optimizer tensors: parameter shards, gathered buffers,
-  accumulators, optimizer state; the formulas of :func:`~odc_pp.runtime.memory_model.
+  accumulators, optimizer state; the formulas of :func:`~odc_pp.planner.memory.
   state_bytes` are checked against them (``measured`` in the report; a mismatch above 1%
   raises);
 * computed: the per-microbatch quantities are placed in time by walking this rank's
-  lowered schedule (:func:`~odc_pp.runtime.memory_model.schedule_peak`, with the
+  lowered schedule (:func:`~odc_pp.planner.memory.schedule_peak`, with the
   simulator's times for send completion). The full pipeline is not executed: layers of a
   chunk are identical, so one microbatch per chunk gives every per-microbatch size.
 
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_pp.layout import ParallelLayout, layout_rank
-from odc_pp.runtime.memory_model import (GB, ChunkBytes, MemoryReport, UnitSizes,
+from odc_pp.planner.memory import (GB, ChunkBytes, MemoryReport, UnitSizes,
                                          schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
@@ -285,7 +285,7 @@ def _check(formula: dict[str, int], measured: dict[str, int], tolerance: float =
         want = formula[name]
         if abs(want - value) > tolerance * max(value, 1) + 4096:
             raise AssertionError(f"memory formula of {name} gives {want} bytes but the "
-                                 f"engine holds {value}: fix odc_pp.runtime.memory_model")
+                                 f"engine holds {value}: fix odc_pp.planner.memory")
 
 
 _LIMITED = ("zbv", "v-half", "v-min", "zb-h2", "zb-auto")

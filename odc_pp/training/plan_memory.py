@@ -3,8 +3,8 @@ prints, by the dry run's memory model (issue 33: one verdict on memory).
 
 What the dry run (:mod:`.dry_run`) computes is computed the same way here: the flags are
 parsed by ``pretrain_gpt.py``'s parser; the per-parameter state is
-:func:`~odc_pp.runtime.memory_model.state_bytes`; the per-microbatch quantities are placed
-in time by :func:`~odc_pp.runtime.memory_model.schedule_peak` on the lowered schedule the
+:func:`~odc_pp.planner.memory.state_bytes`; the per-microbatch quantities are placed
+in time by :func:`~odc_pp.planner.memory.schedule_peak` on the lowered schedule the
 runtime executes (:func:`.schedules.training_request`, the dry run's microbatch count and
 cost model). With ``--context-parallel-size N`` a rank's microbatch is 1/N of the
 tokens (activations / N) and the ODC group spans dp x N ranks (state sharded over it).
@@ -12,7 +12,7 @@ The two things the dry run measures on fake tensors are formulas here:
 
 * the trainable elements of each local chunk (exact: the embedding and output layer
   vocabulary-parallel, the linear layers split over tp, norms replicated);
-* the per-microbatch bytes of a chunk (:class:`~odc_pp.runtime.memory_model.ChunkBytes`),
+* the per-microbatch bytes of a chunk (:class:`~odc_pp.planner.memory.ChunkBytes`),
   per token, calibrated against the dry run of the Llama-3-8B shape (hidden 4096, SwiGLU
   ffn 14336 and 7168, 8 KV groups, RMSNorm, vocabulary 128256, tp 1/2/4 with sequence
   parallelism, with and without --recompute-lgd, first/middle/last stage; every
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from odc_pp.layout import ParallelLayout
-from odc_pp.runtime.memory_model import ChunkBytes, UnitSizes, schedule_peak, state_bytes
+from odc_pp.planner.memory import ChunkBytes, UnitSizes, schedule_peak, state_bytes
 
 if TYPE_CHECKING:
     from .arguments import TrainingArgs

@@ -4,7 +4,7 @@ Single process (one spawned gloo rank): with hidden dropout 0.1 and the same see
 runtime schedule with split backward (all W after all B) and OFFLOAD/RELOAD gives the loss
 and gradients of the stored model bitwise, and of plain autograd within fp32 rounding; the
 saved bytes of every microbatch drop by exactly the closed form of
-odc_pp.planner.activation_memory. pp=2 (one launch): zbv and the offload schedule with
+odc_pp.planner.memory. pp=2 (one launch): zbv and the offload schedule with
 recompute train like the stored single-process model; with dropout 0.1 they give the same
 gradients as the same pipeline run without recompute."""
 
@@ -69,7 +69,7 @@ def autograd_grads(config, microbatches, groups):
 
 
 def single_worker(rank, world_size, out_path):
-    from odc_pp.planner.activation_memory import (CPU_RNG_STATE_BYTES, dropout_mask_bytes,
+    from odc_pp.planner.memory import (CPU_RNG_STATE_BYTES, dropout_mask_bytes,
                                                    lgd_saved_bytes_per_layer)
     from odc_pp.megatron.compat import singleton_process_groups
 
@@ -173,10 +173,10 @@ def test_recompute_matches_stored_and_saves_predicted_bytes(tmp_path):
 
 
 def test_offload_tuner_uses_the_runtime_factor():
-    from odc_pp.planner.activation_memory import (lgd_saved_bytes_per_layer,
+    from odc_pp.planner.memory import (lgd_saved_bytes_per_layer,
                                                    lgd_saving_per_token_hidden)
     from odc_pp.planner.model import ModelShape
-    from odc_pp.planner.offload_tuner import Workload, layer_activation_bytes
+    from odc_pp.planner.memory import Workload, layer_activation_bytes
 
     shape = Workload(model=ModelShape(num_layers=1, hidden_size=1024, num_attention_heads=16,
                                       vocab_size=32000), seq_length=2048, micro_batch_size=2)

@@ -8,8 +8,8 @@ from odc_pp.schedule.build import build
 from odc_pp.schedule.lowering import lower_communication
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.model import ModelShape
-from odc_pp.planner.offload_tuner import (TunerConfig, Workload, candidate_request,
-                                           estimate_costs, layer_activation_bytes, main, tune)
+from odc_pp.planner.memory import Workload, layer_activation_bytes
+from odc_pp.planner.offload_tuner import TunerConfig, candidate_request, estimate_costs, main, tune
 from odc_pp.schedule.simulator import simulate
 
 SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",

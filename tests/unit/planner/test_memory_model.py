@@ -1,10 +1,10 @@
-"""Formulas of odc_pp.runtime.memory_model (torch-free, fast)."""
+"""Formulas of odc_pp.planner.memory (torch-free, fast)."""
 
 from __future__ import annotations
 
 import pytest
 
-from odc_pp.runtime.memory_model import (ChunkBytes, UnitSizes, count_sends, schedule_peak,
+from odc_pp.planner.memory import (ChunkBytes, UnitSizes, count_sends, schedule_peak,
                                          state_bytes)
 from odc_pp.schedule.build import ScheduleRequest, build
 

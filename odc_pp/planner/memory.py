@@ -46,15 +46,47 @@ Per microbatch (measured by the dry run per chunk, placed in time by the schedul
   simulation gives;
 * in-flight receives: ``M`` per receive posted and not yet consumed;
 * offload buffers: the offloaded activations live in host memory (device: 0).
+
+Activations in closed form (what the planner and the tuner rank with before a dry run
+measures them): :func:`layer_activation_bytes` per layer and microbatch, and what
+``recompute_lgd`` removes from it:
+
+Closed forms of the saved-activation bytes that ``recompute_lgd`` removes (torch-free).
+
+Per transformer layer and microbatch, with ``tokens = s * b``, hidden size h, MLP width f,
+``e`` bytes per activation value and ``m`` bytes per dropout-mask element, the layer
+stops saving (see :mod:`odc_pp.megatron.recompute`):
+
+* the two layernorm outputs (inputs of ``linear_qkv`` and ``linear_fc1``):
+  ``2 * tokens * h * e``, plus the two per-token statistics (mean, rstd) of each
+  layernorm, ``2 * 2 * tokens * stat_bytes`` (fp32 statistics: ``stat_bytes = 4``);
+* the GeLU output (input of ``linear_fc2``): ``tokens * f * e``;
+* with hidden dropout > 0, the two hidden-dropout masks ``2 * tokens * h * m``, replaced by
+  two RNG states of ``rng_state_bytes`` each (held in the saved-tensor store when the
+  generator state lives on the compute device's host, i.e. the CPU generator on CPU).
+
+With f = 4h, e = 2 (bf16), m = 1 (CUDA's bool mask) and the O(tokens) terms dropped,
+this is 14 * s * b * h: the standard per-layer 34 sbh (+ 5 a s^2 b) becomes 20 sbh
+(Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
+:func:`layer_activation_bytes` uses :func:`lgd_saving_per_token_hidden` for that
+coefficient. The attention-probability dropout is not recomputed (it stays in the
+5 a s^2 b term).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "MemoryReport", "ChunkBytes",
-           "schedule_peak", "count_sends"]
+from odc_pp.schedule.costs import tensor_parallel_activation_factor
+
+from .model import ModelShape
+
+__all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
+           "MemoryReport", "ChunkBytes", "schedule_peak", "count_sends", "Workload",
+           "layer_activation_bytes", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
+           "dropout_mask_bytes", "CPU_RNG_STATE_BYTES"]
 
 GB = 1e9
 
@@ -118,6 +150,19 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
         "odc_staging": staging,
         "post_validation_snapshot": 16 * owned if sizes.post_validation else 0,
     }
+
+
+def planned_state_bytes(unit_params: Sequence[float], *, dp: int, param_bytes: int = 2,
+                        one_sided: bool = True, post_validation: bool = False) -> int:
+    """:func:`state_bytes` of one rank as the planner and the tuner assume the job runs:
+    ODC's pipeline driver with deterministic data parallelism (weight gradients summed in
+    each unit's fp32 ``main_grad``), or ``one_sided=False`` the collective mode (pushed
+    per microbatch); ``unit_params``: trainable elements of each local chunk on this
+    tensor-parallel rank; ``dp``: the group the state is sharded over (dp x cp)."""
+    sizes = UnitSizes(unit_params=tuple(int(round(p)) for p in unit_params), dp=dp,
+                      param_bytes=param_bytes, deterministic=one_sided,
+                      post_validation=post_validation, local_grads=one_sided)
+    return sum(state_bytes(sizes).values())
 
 
 @dataclass
@@ -270,3 +315,74 @@ def _consumes_message(schedule, rank: int, action) -> bool:
 def count_sends(schedule, rank: int) -> int:
     """SEND actions of ``rank`` in one minibatch."""
     return sum(a.kind.value.startswith("SEND") for a in schedule.ranks[rank])
+
+
+CPU_RNG_STATE_BYTES = 5056
+"""Size of ``torch.get_rng_state()`` (the mt19937 CPU generator state)."""
+
+
+def dropout_mask_bytes(device_type: str, bytes_per_value: int) -> int:
+    """Bytes per element that a *stored* dropout keeps for backward: CUDA's
+    ``native_dropout`` saves a bool mask; on CPU torch's composite dropout saves its
+    scaled noise tensor in the activation dtype."""
+    return 1 if device_type == "cuda" else bytes_per_value
+
+
+def lgd_saving_per_token_hidden(*, ffn_ratio: float = 4.0, bytes_per_value: int = 2,
+                                mask_bytes: int = 1, dropout: bool = True) -> float:
+    """Bytes per (token x hidden unit) that recomputing layernorm, GeLU and dropout removes
+    from one layer, ignoring the O(tokens) terms: ``(2 + ffn_ratio) * e + 2 * m``."""
+    return (2 + ffn_ratio) * bytes_per_value + (2 * mask_bytes if dropout else 0)
+
+
+def lgd_saved_bytes_per_layer(*, tokens: int, hidden_size: int, ffn_hidden_size: int,
+                              bytes_per_value: int, dropout: bool, mask_bytes: int,
+                              stat_bytes: int = 4, rng_state_bytes: int = 0) -> int:
+    """Exact bytes one layer stops holding per microbatch (module docstring)."""
+    norms = 2 * tokens * (hidden_size * bytes_per_value + 2 * stat_bytes)
+    gelu = tokens * ffn_hidden_size * bytes_per_value
+    masks = 2 * (tokens * hidden_size * mask_bytes - rng_state_bytes) if dropout else 0
+    return norms + gelu + masks
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """The model being trained and the microbatches it is trained on."""
+
+    model: ModelShape
+    """The transformer's shape."""
+    seq_length: int
+    """Sequence length s."""
+    micro_batch_size: int = 1
+    """Samples per microbatch b."""
+    flash_attention: bool = True
+    """No s^2 attention-matrix activations (flash attention)."""
+    bytes_per_value: int = 2
+    """Bytes of one activation value (2: bf16/fp16)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_length", "micro_batch_size", "bytes_per_value"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def layer_activation_bytes(shape: Workload, *, recompute: bool, tp: int = 1,
+                           sequence_parallel: bool = False) -> float:
+    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
+    model = shape.model
+    b, s, h, a = (shape.micro_batch_size, shape.seq_length, model.hidden_size,
+                  model.num_attention_heads)
+    ffn_ratio = model.ffn / h
+    fc1_outputs = 2 if model.gated_mlp else 1
+    # bytes per s*b*h at 16-bit values (module doc; 34 for a GPT); recompute_lgd's saving
+    # (14 for a GPT) from the runtime. Outside the tensor-parallel regions 10 (6 of them
+    # -- layernorm inputs and dropout masks -- recomputed by lgd, which also drops the
+    # split activation output)
+    full = (10 + 4 * model.query_width / h + 4 * model.kv_width / h
+            + 2 * ffn_ratio * (fc1_outputs + 1))
+    per_value = full - (lgd_saving_per_token_hidden(ffn_ratio=ffn_ratio) if recompute else 0)
+    replicated = (10 - (6 if recompute else 0)) / per_value
+    factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
+                                               replicated_share=replicated)
+    attention = 0.0 if shape.flash_attention else 5 * a * s / h / tp
+    return s * b * h * (per_value * factor + attention) * shape.bytes_per_value / 2
