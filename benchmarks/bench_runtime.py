@@ -54,6 +54,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (>= 3)")
     parser.add_argument("--schedules", default=",".join(OURS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--release-host-memory", action="store_true",
+                        help="leave glibc returning freed memory to the OS (the default "
+                             "before odc_pp.runtime.host_memory; page faults in every step)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "runtime_cpu.json"))
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -234,7 +237,11 @@ def check_same_gradients(runners):
 
 
 def worker(rank, world_size, args):
+    from odc_pp.runtime.host_memory import keep_freed_host_memory
+
     torch.set_num_threads(args.threads)
+    if not args.release_host_memory:  # every configuration of the process alike
+        keep_freed_host_memory()
     rows = run_benchmark(args)
     return rows if rank == 0 else None
 

@@ -13,6 +13,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from odc_pp.runtime.host_memory import keep_freed_host_memory
+
 from .arguments import TrainingArgs, parse_args_with_notes
 from .components import cuda_ipc_layout, tied_last_stage
 from .distributed import Topology, init_distributed, read_env, warm_up_topology
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
+        if device.type == "cpu":  # no page faults for re-allocated activations
+            keep_freed_host_memory()
         topo = Topology.build(env.rank, layout, device, tied_last_stage=tied_last_stage(
             args.model, args.schedule, layout.pp))
         warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
