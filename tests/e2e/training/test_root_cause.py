@@ -13,19 +13,21 @@ from odc_pp.training.failures import is_peer_echo
 from odc_pp.testing.torchrun import TINY_MODEL, launch
 
 _SCRIPT = textwrap.dedent('''
-    """pretrain_gpt.py whose training fails with an error of its own on rank {rank}."""
+    """pretrain_gpt.py whose training fails with an error of its own on rank {rank}
+    (before the first iteration, through the trainer's hooks)."""
     import sys
     import torch.distributed as dist
-    from odc_pp.training import training
+    from odc_pp.training import pretrain
+    from odc_pp.training.hooks import TrainingHooks
 
-    def failing_train(args, topo):
-        dist.barrier()
-        if dist.get_rank() == {rank}:
-            raise OSError(28, "No space left on device (injected on rank {rank})")
-        dist.barrier()
+    class FailOnOneRank(TrainingHooks):
+        def before_iteration(self, iteration, topo):
+            dist.barrier()
+            if dist.get_rank() == {rank}:
+                raise OSError(28, "No space left on device (injected on rank {rank})")
+            dist.barrier()
 
-    training.train = failing_train
-    sys.exit(training.main())
+    sys.exit(pretrain(hooks=FailOnOneRank()))
 ''')
 
 
