@@ -186,8 +186,13 @@ def _tie_embeddings(engine, chunks, topo: Topology) -> bool:
 
     if not any(chunk.tied_across_stages for chunk in chunks):
         return False
+    params = tied_embedding_params(chunks)
+    if params and topo.tied_group is None:  # would train the two copies apart
+        raise RuntimeError(f"rank {topo.rank} holds a tied embedding copy but its topology "
+                           f"has no tied group: build it with Topology.build(..., "
+                           f"tied_last_stage=tied_last_stage(...))")
     if topo.tied_group is not None:
-        engine.tie(tied_embedding_params(chunks), topo.tied_group)
+        engine.tie(params, topo.tied_group)
     return True
 
 
