@@ -48,7 +48,7 @@ from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.generators import family
-from odc_pp.schedule.simulator import simulate
+from odc_pp.schedule.simulator import compile_schedule, simulate
 
 from . import context_parallel as cpm
 from .hardware import Hardware
@@ -94,6 +94,10 @@ class PlanConfig:
     rank_memory: Callable[[list[str], int], list[float]] | None = None
     """(a candidate's printed flags, GPUs) -> peak bytes per pipeline rank; None: the
     rough estimate of the module docstring (step 5)."""
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """Not an input: what the search computed once for this config (sampled plans, stage
+    times, each candidate's simulated minibatches), shared with the copies ``replace``
+    makes that change only the memory inputs."""
 
     def __post_init__(self) -> None:
         self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)
@@ -162,8 +166,8 @@ def pipeline_time(request: ScheduleRequest, costs: CostModel):
     """The simulated pipeline of the schedule ``pretrain_gpt.py`` builds for ``request``
     (compute-only: ``communication=False``): (SimResult, Schedule). The one pipeline model
     of the planner and its validation."""
-    schedule = _planned(request)
-    return simulate(schedule, costs), schedule
+    compiled = _planned(request)
+    return simulate(compiled, costs), compiled.schedule
 
 
 def _request(cand: Candidate, num_microbatches: int, offload) -> ScheduleRequest:
@@ -174,9 +178,9 @@ def _request(cand: Candidate, num_microbatches: int, offload) -> ScheduleRequest
 
 @functools.lru_cache(maxsize=4096)
 def _planned(request: ScheduleRequest):
-    """Schedules are planned with the frontend's default cost model, so one per request
-    (the simulator does not modify them)."""
-    return build(request, CostModel())
+    """Schedules are planned with the frontend's default cost model, so one per request,
+    compiled once for the simulator (which does not modify them)."""
+    return compile_schedule(build(request, CostModel()))
 
 
 def _sample_cost(model: ModelSpec) -> AttentionCost:
@@ -198,7 +202,18 @@ def _shapes(groups: list[list[int]], lengths: np.ndarray, packed: bool) -> list[
 def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
                  documents: tuple | None = None) -> tuple[list[float], list[float], list[float]]:
     """F, B, W seconds of one microbatch ``[rows, length]`` per virtual stage (packed:
-    attention per document)."""
+    attention per document); computed once per shape and layout."""
+    cache = config.memo.setdefault("stage_times", {})
+    key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
+           rows, length, documents)
+    if key not in cache:
+        cache[key] = _compute_stage_times(config, cand, rows, length, documents)
+    return cache[key]
+
+
+def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
+                         documents: tuple | None) -> tuple[list[float], list[float],
+                                                           list[float]]:
     model, cluster = config.model, config.cluster
     chunks = family(cand.schedule).default_chunks
     stages = cand.pp * chunks
@@ -232,9 +247,29 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
 
 def _replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
                    link: float, memory: tuple[float, float, float]) -> CostModel:
-    """A replica's costs: per-stage means, each microbatch scaled by its own cost."""
-    times = [_stage_times(config, cand, rows, length, docs) for rows, length, docs in shapes]
-    return _scaled_costs(config, cand, shapes, times, link, memory)
+    """A replica's costs: per-stage means, each microbatch scaled by its own cost (once
+    per layout and replica: schedules of the same chunk count share them)."""
+    cache = config.memo.setdefault("replica_costs", {})
+    key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
+           link, memory, tuple(shapes))
+    if key not in cache:
+        times = [_stage_times(config, cand, rows, length, docs)
+                 for rows, length, docs in shapes]
+        cache[key] = _scaled_costs(config, cand, shapes, times, link, memory)
+    return cache[key]
+
+
+def _total_of(config: PlanConfig) -> Callable[[tuple], float]:
+    """A microbatch's F + B + W seconds over its stages, from :func:`_stage_times`'s
+    result (remembered per result: the same ones recur across candidates)."""
+    totals = config.memo.setdefault("stage_totals", {})
+
+    def total(times: tuple) -> float:
+        value = totals.get(id(times))
+        if value is None or value[0] is not times:
+            value = totals[id(times)] = (times, float(np.sum(times)))
+        return value[1]
+    return total
 
 
 def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, int]],
@@ -243,7 +278,7 @@ def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     ``microbatch_scale`` = each microbatch's total over the mean total (uneven lengths
     leave bubbles that a mean cost hides)."""
     mean = [np.mean([t[k] for t in times], axis=0).tolist() for k in range(3)]
-    totals = [float(np.sum(t)) for t in times]
+    totals = list(map(_total_of(config), times))
     average = float(np.mean(totals))
     scale = [total / average for total in totals] if average > 0 else None
     tokens = float(np.mean([r * s for r, s, _ in shapes]))
@@ -258,7 +293,7 @@ def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
     """The sampled minibatches' plans; they depend on dp, pp and the data flags only, so
     they are computed once per ``config`` for those."""
     key = (cand.dp, cand.pp, cand.balance, cand.packed, cand.token_cap, cand.micro_batch)
-    cache = config.__dict__.setdefault("_plan_cache", {})
+    cache = config.memo.setdefault("plans", {})
     if key not in cache:
         cache[key] = _draw_plans(config, cand, cost_model)
     return cache[key]
@@ -315,8 +350,8 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
         own = [_scaled_costs(config, cand, s, t, link, memory)
                for s, t in zip(per_replica, times)]
         # lock step: at every microbatch position the slowest replica's microbatch
-        slowest = [max((t[j] for t in times), key=lambda ft: float(np.sum(ft)))
-                   for j in range(count)]
+        total = _total_of(config)
+        slowest = [max((t[j] for t in times), key=total) for j in range(count)]
         widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
                   for j in range(count)]
         lock = _scaled_costs(config, cand, widest, slowest, link, memory)
@@ -354,14 +389,17 @@ def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
     return peaks
 
 
-def predict(config: PlanConfig, cand: Candidate) -> Prediction:
-    """The prediction of one candidate (ValueError: the candidate cannot run)."""
-    model, cluster = config.model, config.cluster
-    fam = family(cand.schedule)
-    inside = cand.tp * cand.cp * cand.pp <= cluster.gpus_per_node
-    link = (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
-    offload = list(range(fam.default_chunks)) if fam.offloads else None
+def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tuple:
+    """(per minibatch (step, compute, bubble, dp wait), activation units per rank, the
+    biggest microbatch's tokens, real tokens and model FLOPs per minibatch) of the
+    sampled minibatches; simulated once per candidate."""
+    cache = config.memo.setdefault("simulated", {})
+    key = _key(cand) + (cand.dp,)
+    if key in cache:
+        return cache[key]
+    model = config.model
     parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
+    sample_flops = config.memo.setdefault("sample_flops", {})
     for lengths, plan in _plans(config, cand, _sample_cost(model)):
         per_replica = [_shapes(groups, lengths, cand.packed) for groups in plan.microbatches]
         times, sims = _minibatch_step(config, cand, per_replica, link, offload)
@@ -370,8 +408,23 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
             units = np.maximum(units, sim.peak_activation)
         biggest = max(biggest, max(r * s for shapes in per_replica for r, s, _ in shapes))
         real_tokens.append(int(lengths.sum()))
-        flops.append(sum(sum(model.layer_flops(1, int(s))) * model.num_layers
-                         + 6.0 * s * model.hidden_size * model.vocab_size for s in lengths))
+        for s in map(int, lengths):
+            if s not in sample_flops:
+                sample_flops[s] = sum(model.layer_flops(1, s)) * model.num_layers \
+                    + 6.0 * s * model.hidden_size * model.vocab_size
+        flops.append(sum(sample_flops[s] for s in map(int, lengths)))
+    cache[key] = parts, units, biggest, real_tokens, flops
+    return cache[key]
+
+
+def predict(config: PlanConfig, cand: Candidate) -> Prediction:
+    """The prediction of one candidate (ValueError: the candidate cannot run)."""
+    model, cluster = config.model, config.cluster
+    fam = family(cand.schedule)
+    inside = cand.tp * cand.cp * cand.pp <= cluster.gpus_per_node
+    link = (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
+    offload = list(range(fam.default_chunks)) if fam.offloads else None
+    parts, units, biggest, real_tokens, flops = _simulated(config, cand, link, offload)
     step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)
     step_s = step + comm

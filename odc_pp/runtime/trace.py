@@ -148,6 +148,5 @@ def measured_result(schedule: Schedule, rank_timings: Sequence[Sequence]) -> Sim
                      bubble_rate=(longest - max(busy, default=0.0)) / longest if longest else 0.0,
                      per_rank_bubble=bubble, busy=busy, span=span,
                      peak_activation=[0.0] * len(actions),
-                     memory_timeline=[[] for _ in actions], comm_overlap=1.0,
-                     offload_overlap=1.0, rank_actions=actions, rank_starts=starts,
-                     rank_ends=ends)
+                     memory_timeline=[[] for _ in actions], rank_actions=actions,
+                     rank_starts=starts, rank_ends=ends)

@@ -31,40 +31,23 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .compiled import (_COMPUTE, _KSF, _OFFLOAD, _RECV, _RELOAD, _SEND,
+                       CompiledSchedule, DependencyError, compile_schedule)
 from .costs import CostModel
-from .ir import COMPUTE_KINDS, Action, ActionKind, Schedule
+from .ir import COMPUTE_KINDS, Action, Schedule
 
 __all__ = ["simulate", "score", "SimResult", "DeadlockError", "DependencyError",
-           "OBJECTIVES"]
+           "OBJECTIVES", "CompiledSchedule", "compile_schedule"]
 
 OBJECTIVES = ("span", "makespan")
 """What a schedule search minimises: ``span`` = the longest per-rank compute span (first
 compute start to last compute end on a rank; the steady-state iteration time when
 optimizer post-validation lets iterations overlap), ``makespan`` = first start to last
 end over all ranks (runs that synchronise before the optimizer step)."""
-
-# operation codes of compiled actions
-_COMPUTE, _SEND, _RECV, _OFFLOAD, _RELOAD, _MARK = range(6)
-# key tags: a key is the int ((tag * num_stages) + virtual stage) * mb_span + microbatch
-_KF, _KB, _KW, _KSF, _KSB, _KRF, _KRB, _KOF, _KRL = range(9)
-_TAG_OF_KIND = {
-    ActionKind.F: _KF, ActionKind.B: _KB, ActionKind.BW: _KB, ActionKind.W: _KW,
-    ActionKind.SEND_F: _KSF, ActionKind.SEND_B: _KSB, ActionKind.RECV_F: _KRF,
-    ActionKind.RECV_B: _KRB, ActionKind.OFFLOAD: _KOF, ActionKind.RELOAD: _KRL,
-}
-_CODE_OF_KIND = {
-    ActionKind.F: _COMPUTE, ActionKind.B: _COMPUTE, ActionKind.BW: _COMPUTE,
-    ActionKind.W: _COMPUTE, ActionKind.SEND_F: _SEND, ActionKind.SEND_B: _SEND,
-    ActionKind.RECV_F: _RECV, ActionKind.RECV_B: _RECV, ActionKind.OFFLOAD: _OFFLOAD,
-    ActionKind.RELOAD: _RELOAD, ActionKind.POST_VALIDATION: _MARK,
-}
-
-
-class DependencyError(ValueError):
-    """An action depends on something the schedule lacks or orders after it."""
 
 
 class DeadlockError(ValueError):
@@ -97,11 +80,6 @@ class SimResult:
     """Peak activation memory per rank, in microbatch-chunk units."""
     memory_timeline: list[list[tuple[float, float]]]
     """Per rank: (time, memory after the change at that time), in time order."""
-    comm_overlap: float
-    """Fraction of rank-to-rank transfer time during which the receiving rank computes
-    (1.0 when there is no transfer time)."""
-    offload_overlap: float
-    """Fraction of host-link (offload/reload) time during which the rank computes."""
     memory_limit: float | None = None
     """The limit the result was checked against (None: not checked)."""
     fits_memory: bool = True
@@ -112,6 +90,25 @@ class SimResult:
     """Start times aligned with ``rank_actions``."""
     rank_ends: list[list[float]] = field(default_factory=list, repr=False)
     """End times aligned with ``rank_actions``."""
+    overlaps: tuple[float, float] | Callable[[], tuple[float, float]] = field(
+        default=(1.0, 1.0), repr=False)
+    """(``comm_overlap``, ``offload_overlap``), or the function that computes them when
+    first read."""
+
+    @cached_property
+    def _overlap_pair(self) -> tuple[float, float]:
+        return self.overlaps() if callable(self.overlaps) else self.overlaps
+
+    @property
+    def comm_overlap(self) -> float:
+        """Fraction of rank-to-rank transfer time during which the receiving rank
+        computes (1.0 when there is no transfer time)."""
+        return self._overlap_pair[0]
+
+    @property
+    def offload_overlap(self) -> float:
+        """Fraction of host-link (offload/reload) time during which the rank computes."""
+        return self._overlap_pair[1]
 
     @cached_property
     def start(self) -> dict[Action, float]:
@@ -156,7 +153,7 @@ class SimResult:
         return out
 
 
-def simulate(schedule: Schedule, costs: CostModel, *,
+def simulate(schedule: Schedule | CompiledSchedule, costs: CostModel, *,
              memory_limit: float | None = None) -> SimResult:
     """Simulate ``schedule`` under ``costs``; see the module docstring for the rules.
 
@@ -170,7 +167,7 @@ def simulate(schedule: Schedule, costs: CostModel, *,
     return _summarise(compiled, starts, ends, end_of, memory_limit)
 
 
-def score(schedule: Schedule, costs: CostModel, *, objective: str = "span",
+def score(schedule: Schedule | CompiledSchedule, costs: CostModel, *, objective: str = "span",
           memory_limit: float | None = None, cutoff: float = float("inf")) -> float | None:
     """The ``objective`` (see ``OBJECTIVES``) of ``schedule`` under ``costs``, by the
     same rules as :func:`simulate`, or None when a rank's activation memory exceeds
@@ -225,160 +222,19 @@ def _fits_in_order(compiled: "_Compiled", limit: float) -> bool:
 
 # ----- compilation ------------------------------------------------------------------
 class _Compiled:
-    """Per-rank op tuples ``(code, key, deps, duration, mem_delta)`` with integer keys;
-    ``deps`` is a tuple of (key, latency). Static dependency checks happen here."""
+    """A compiled schedule's ops under one cost model (see ``compiled.py``)."""
 
-    def __init__(self, schedule: Schedule, costs: CostModel) -> None:
-        self.schedule = schedule
+    def __init__(self, schedule: Schedule | CompiledSchedule, costs: CostModel) -> None:
+        structure = compile_schedule(schedule)
+        self.schedule = structure.schedule
         self.costs = costs
-        self.pp = schedule.pp
-        self.num_stages = schedule.num_stages
-        self.stage = [[schedule.stage_of(r, c) for c in range(schedule.num_chunks)]
-                      for r in range(schedule.pp)]
-        self.rank_of = [schedule.locate(s)[0] for s in range(self.num_stages)]
+        self.pp = structure.pp
+        self.rank_of = structure.rank_of
         self.t_comm = float(costs.t_comm)
-        mbs = [a.microbatch for a in schedule.actions()]
-        self.mb_span = max(mbs, default=0) + 1
-        self.where: dict[int, tuple[int, int]] = {}
-        self.keys = self._index()
-        self.ops = self._build()
-
-    def key(self, tag: int, stage: int, mb: int) -> int:
-        return (tag * self.num_stages + stage) * self.mb_span + mb
-
-    def decode(self, key: int) -> tuple[int, int, int]:
-        rest, mb = divmod(key, self.mb_span)
-        tag, stage = divmod(rest, self.num_stages)
-        return tag, stage, mb
-
-    def describe(self, key: int) -> str:
-        tag, stage, mb = self.decode(key)
-        if not 0 <= stage < self.num_stages:
-            return f"stage {stage} (outside the pipeline)"
-        rank, chunk = self.schedule.locate(stage)
-        kind = {_KF: "F", _KB: "B/BW", _KW: "W", _KSF: "SEND_F", _KSB: "SEND_B",
-                _KRF: "RECV_F", _KRB: "RECV_B", _KOF: "OFFLOAD", _KRL: "RELOAD"}[tag]
-        return f"{kind}{chunk}.{mb} (stage {stage}) on rank {rank}"
-
-    def _index(self) -> list[list[int | None]]:
-        keys = []
-        num_chunks = self.schedule.num_chunks
-        for rank, actions in enumerate(self.schedule.ranks):
-            rank_keys: list[int | None] = []
-            stage_of_chunk = self.stage[rank]
-            for pos, action in enumerate(actions):
-                if action.rank != rank:
-                    raise DependencyError(f"{action.short()} says rank {action.rank} but is "
-                                          f"in rank {rank}'s list")
-                if action.kind is ActionKind.POST_VALIDATION:
-                    rank_keys.append(None)
-                    continue
-                if not 0 <= action.chunk < num_chunks or action.microbatch < 0:
-                    raise DependencyError(f"{action.short()} on rank {rank}: chunk or "
-                                          f"microbatch out of range")
-                key = self.key(_TAG_OF_KIND[action.kind], stage_of_chunk[action.chunk],
-                               action.microbatch)
-                if key in self.where:
-                    other = self.where[key]
-                    raise DependencyError(f"{action.short()} on rank {rank} position {pos} "
-                                          f"duplicates rank {other[0]} position {other[1]}")
-                self.where[key] = (rank, pos)
-                rank_keys.append(key)
-            keys.append(rank_keys)
-        return keys
-
-    def _build(self) -> list[list[tuple]]:
-        costs, where = self.costs, self.where
-        durations: dict[tuple, float] = {}
-        memory = {kind: costs.memory_delta(kind) for kind in ActionKind}
-        plan = []
-        for rank, actions in enumerate(self.schedule.ranks):
-            ops = []
-            for pos, action in enumerate(actions):
-                key = self.keys[rank][pos]
-                code = _CODE_OF_KIND[action.kind]
-                if key is None:
-                    ops.append((_MARK, -1 - pos, (), 0.0, 0.0))
-                    continue
-                deps = self._deps_of(rank, key)
-                for dep_key, _ in deps:
-                    found = where.get(dep_key)
-                    if found is None or (found[0] == rank and found[1] > pos) or (
-                            action.kind is ActionKind.W):
-                        self._check_dep(action, rank, pos, dep_key)
-                duration = 0.0
-                if code == _COMPUTE:
-                    stage = self.stage[rank][action.chunk]
-                    duration = durations.get((action.kind, stage))
-                    if duration is None:
-                        duration = durations[(action.kind, stage)] = costs.compute_time(
-                            action.kind, stage=stage, rank=rank, pp=self.pp,
-                            num_stages=self.num_stages)
-                    duration *= costs.scale_of(action.microbatch)
-                elif code in (_OFFLOAD, _RELOAD):
-                    duration = costs.offload_time
-                ops.append((code, key, deps, duration,
-                            memory[action.kind] if code == _COMPUTE else 0.0))
-            plan.append(ops)
-        return plan
-
-    def _deps_of(self, rank: int, key: int) -> tuple:
-        tag, stage, mb = self.decode(key)
-        k = self.key
-        if tag == _KF:
-            if stage == 0:
-                return ()
-            return (self._input_dep(rank, stage - 1, mb, _KF, _KRF, stage),)
-        if tag == _KB:
-            deps: tuple = ((k(_KF, stage, mb), 0.0),)
-            if stage < self.num_stages - 1:
-                deps += (self._input_dep(rank, stage + 1, mb, _KB, _KRB, stage),)
-            if k(_KOF, stage, mb) in self.where:
-                deps += ((k(_KRL, stage, mb), 0.0),)
-            return deps
-        if tag == _KW:
-            return ((k(_KB, stage, mb), 0.0),)
-        if tag == _KSF or tag == _KOF:
-            return ((k(_KF, stage, mb), 0.0),)
-        if tag == _KSB:
-            return ((k(_KB, stage, mb), 0.0),)
-        if tag == _KRF:
-            return ((k(_KSF, stage - 1, mb), self.t_comm),) if stage > 0 else ((-1, 0.0),)
-        if tag == _KRB:
-            return (((k(_KSB, stage + 1, mb), self.t_comm),) if stage < self.num_stages - 1
-                    else ((-1, 0.0),))
-        if tag == _KRL:
-            return ((k(_KOF, stage, mb), 0.0),)
-        raise AssertionError(tag)
-
-    def _input_dep(self, rank, producer_stage, mb, tag, recv_tag, stage):
-        if self.rank_of[producer_stage] == rank:
-            return (self.key(tag, producer_stage, mb), 0.0)
-        recv = self.key(recv_tag, stage, mb)
-        if recv in self.where:
-            return (recv, 0.0)
-        return (self.key(tag, producer_stage, mb), self.t_comm)
-
-    def _check_dep(self, action, rank, pos, dep_key) -> None:
-        found = self.where.get(dep_key)
-        if found is None:
-            if dep_key < 0:
-                raise DependencyError(f"{action.short()} on rank {rank} position {pos} has "
-                                      f"no neighbouring stage to pair with")
-            hint = ""
-            if action.kind is ActionKind.W:
-                hint = " (a W needs a split B, not a fused BW)"
-            raise DependencyError(f"{action.short()} on rank {rank} position {pos} needs "
-                                  f"{self.describe(dep_key)}, which the schedule lacks{hint}")
-        dep_rank, dep_pos = found
-        if dep_rank == rank and dep_pos > pos:
-            raise DependencyError(f"{action.short()} on rank {rank} position {pos} needs "
-                                  f"{self.describe(dep_key)}, which comes later "
-                                  f"(position {dep_pos}) on the same rank")
-        if action.kind is ActionKind.W and \
-                self.schedule.ranks[dep_rank][dep_pos].kind is ActionKind.BW:
-            raise DependencyError(f"{action.short()} on rank {rank} follows a fused BW of "
-                                  f"the same microbatch: the weight gradient is done twice")
+        self.ops = structure.ops(costs)
+        self.decode = structure.decode
+        self.describe = structure.describe
+        self.actions = structure.actions
 
 
 # ----- execution --------------------------------------------------------------------
@@ -421,13 +277,15 @@ def _run(compiled: _Compiled, *, cutoff: float = float("inf"), objective: str = 
             if code == _COMPUTE:
                 ready = now
                 missing = None
-                for dep_key, latency in deps:
+                for dep_key, crosses in deps:
                     dep_end = end_of.get(dep_key)
                     if dep_end is None:
                         missing = dep_key
                         break
-                    if dep_end + latency > ready:
-                        ready = dep_end + latency
+                    if crosses:
+                        dep_end += t_comm
+                    if dep_end > ready:
+                        ready = dep_end
                 if missing is not None:
                     waiters[missing].append(rank)
                     blocked_on[rank] = missing
@@ -463,7 +321,8 @@ def _run(compiled: _Compiled, *, cutoff: float = float("inf"), objective: str = 
                 rank_starts[pos] = now
                 if t_recv_cpu:
                     now += t_recv_cpu
-                send_key, latency = deps[0]
+                send_key, crosses = deps[0]
+                latency = t_comm if crosses else 0.0
                 sent = end_of.get(send_key)
                 if sent is None:
                     posted_recv[send_key] = (rank, pos, now)
@@ -502,9 +361,6 @@ def _summarise(compiled: _Compiled, starts, ends, end_of, memory_limit) -> SimRe
     costs = compiled.costs
     busy, span, per_rank_bubble, peaks, timelines = [], [], [], [], []
     first, last = float("inf"), float("-inf")
-    transfers: list[tuple[int, float, float]] = []  # (receiving rank, begin, end)
-    host_link: list[tuple[int, float, float]] = []
-    t_comm = compiled.t_comm
     for rank, ops in enumerate(compiled.ops):
         events: list[tuple[float, float]] = []
         rank_busy = 0.0
@@ -513,7 +369,7 @@ def _summarise(compiled: _Compiled, starts, ends, end_of, memory_limit) -> SimRe
         if ops:
             first = min(first, min(rank_starts))
             last = max(last, max(rank_ends))
-        for (code, key, deps, duration, delta), s, e in zip(ops, rank_starts, rank_ends):
+        for (code, _, _, duration, delta), s, e in zip(ops, rank_starts, rank_ends):
             if code == _COMPUTE:
                 rank_busy += duration
                 if s < rank_first:
@@ -523,21 +379,9 @@ def _summarise(compiled: _Compiled, starts, ends, end_of, memory_limit) -> SimRe
                     events.append((s, delta))
                 elif delta < 0:
                     events.append((e, delta))
-                if t_comm > 0:
-                    for dep_key, latency in deps:
-                        if latency > 0:  # implicit transfer, lands after the producer ends
-                            produced = end_of[dep_key]
-                            transfers.append((rank, produced, produced + latency))
-            elif code == _SEND:
-                if t_comm > 0:
-                    tag, stage, _ = compiled.decode(key)
-                    consumer = compiled.rank_of[stage + 1 if tag == _KSF else stage - 1]
-                    transfers.append((consumer, s, s + t_comm))
             elif code == _OFFLOAD:
-                host_link.append((rank, s, e))
                 events.append((e, -costs.mem_f))
             elif code == _RELOAD:
-                host_link.append((rank, s, e))
                 events.append((s, costs.mem_f))
         events.sort()
         memory, peak, timeline = 0.0, 0.0, [(0.0, 0.0)]
@@ -558,19 +402,41 @@ def _summarise(compiled: _Compiled, starts, ends, end_of, memory_limit) -> SimRe
     bubble = max(0.0, (longest - max(busy, default=0.0)) / longest) if longest > 0 else 0.0
     makespan = (last - first) if last > first else 0.0
     fits = memory_limit is None or all(p <= memory_limit + 1e-9 for p in peaks)
-    compute = None
-    if transfers or host_link:
-        compute = [[(s, e) for (code, *_), s, e in zip(ops, starts[r], ends[r])
-                    if code == _COMPUTE] for r, ops in enumerate(compiled.ops)]
     return SimResult(makespan=makespan, bubble_rate=bubble,
                      max_stage_span=longest,
                      per_rank_bubble=per_rank_bubble, busy=busy, span=span,
                      peak_activation=peaks, memory_timeline=timelines,
-                     comm_overlap=_overlap(transfers, compute),
-                     offload_overlap=_overlap(host_link, compute),
                      memory_limit=memory_limit, fits_memory=fits,
-                     rank_actions=[list(r) for r in compiled.schedule.ranks],
-                     rank_starts=starts, rank_ends=ends)
+                     overlaps=lambda: _overlaps(compiled, starts, ends, end_of),
+                     rank_actions=compiled.actions, rank_starts=starts, rank_ends=ends)
+
+
+def _overlaps(compiled: _Compiled, starts, ends, end_of) -> tuple[float, float]:
+    """(comm_overlap, offload_overlap) of a finished run (computed when first read: the
+    searches read neither)."""
+    transfers: list[tuple[int, float, float]] = []  # (receiving rank, begin, end)
+    host_link: list[tuple[int, float, float]] = []
+    t_comm = compiled.t_comm
+    for rank, ops in enumerate(compiled.ops):
+        for (code, key, deps, _, _), s, e in zip(ops, starts[rank], ends[rank]):
+            if code == _COMPUTE:
+                if t_comm > 0:
+                    for dep_key, crosses in deps:
+                        if crosses:  # implicit transfer, lands after the producer ends
+                            produced = end_of[dep_key]
+                            transfers.append((rank, produced, produced + t_comm))
+            elif code == _SEND:
+                if t_comm > 0:
+                    tag, stage, _ = compiled.decode(key)
+                    consumer = compiled.rank_of[stage + 1 if tag == _KSF else stage - 1]
+                    transfers.append((consumer, s, s + t_comm))
+            elif code == _OFFLOAD or code == _RELOAD:
+                host_link.append((rank, s, e))
+    compute = None
+    if transfers or host_link:
+        compute = [[(s, e) for (code, *_), s, e in zip(ops, starts[r], ends[r])
+                    if code == _COMPUTE] for r, ops in enumerate(compiled.ops)]
+    return _overlap(transfers, compute), _overlap(host_link, compute)
 
 
 def _overlap(transfers: list[tuple[int, float, float]], compute) -> float:

@@ -154,3 +154,30 @@ def test_plan_minibatch_balanced_beats_equal_count_on_long_tail():
                                       for mb in r) >= float(lengths.sum())
     assert balanced.for_replica(1) == balanced.microbatches[1]
     assert TokenCost()(np.array([3]))[0] == 3.0
+
+
+def test_vectorised_exchange_search_picks_the_loops_exchange():
+    """The numpy pair search (large parts) and the loop (small parts) choose the same
+    move or swap, ties included (first in the high part's order, then the low part's
+    with the move first): plans do not depend on which one ran."""
+    from odc_pp.data import load_balance as lb
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        costs = rng.integers(1, 12, 40).astype(np.float64)  # small integers: many ties
+        high = [int(i) for i in rng.permutation(40)[:20]]
+        low = [i for i in range(40) if i not in high][: int(rng.integers(1, 20))]
+        gap = float(costs[high].sum() - costs[low].sum())
+        if gap <= 0:
+            continue
+        for moves in (True, False):
+            items = ([None] if moves else []) + low
+            best_delta, best_pair = 0.0, None
+            for out_item in high:
+                for in_item in items:
+                    delta = costs[out_item] - (0.0 if in_item is None else costs[in_item])
+                    if 1e-9 < delta < gap - 1e-9 and \
+                            abs(gap / 2 - delta) < abs(gap / 2 - best_delta):
+                        best_delta, best_pair = delta, (out_item, in_item)
+            assert lb._best_pair_vectorised(high, items, costs, gap, 1e-9) == \
+                (float(best_delta), best_pair), trial

@@ -207,3 +207,25 @@ def test_microbatch_scale_is_validated():
         CostModel(microbatch_scale=[1.0, -1.0])
     with pytest.raises(ValueError, match="microbatch 2 has none"):
         CostModel(microbatch_scale=[1.0, 1.0]).scale_of(2)
+
+
+@pytest.mark.parametrize("name,communication", [("1f1b", False), ("zbv", True),
+                                                ("interleaved", True), ("offload", False)])
+def test_a_compiled_schedule_times_like_the_schedule_under_every_cost_model(name,
+                                                                             communication):
+    """compile_schedule once, simulate under several cost models: each result equals the
+    direct simulation's, to the bit (the planner's per-replica path)."""
+    from odc_pp.schedule.build import ScheduleRequest, build
+    from odc_pp.schedule.simulator import compile_schedule
+
+    request = ScheduleRequest.of(name, pp=4, num_microbatches=8, communication=communication)
+    schedule = build(request, CostModel(offload_bandwidth=2.0))
+    compiled = compile_schedule(schedule)
+    for costs in (CostModel(t_f=1.0, t_b=2.0, t_w=1.0, t_comm=0.1, offload_bandwidth=2.0),
+                  CostModel(t_f=[1.0, 1.5, 1.0, 2.0] * (schedule.num_stages // 4),
+                            t_b=3.0, t_w=0.5, t_comm=0.0, offload_bandwidth=1.0,
+                            microbatch_scale=[0.5 + 0.25 * i for i in range(8)])):
+        direct, reused = simulate(schedule, costs), simulate(compiled, costs)
+        for field in ("makespan", "busy", "span", "peak_activation", "memory_timeline",
+                      "comm_overlap", "offload_overlap", "rank_starts", "rank_ends"):
+            assert getattr(reused, field) == getattr(direct, field), field
