@@ -23,9 +23,11 @@ The building blocks of :mod:`odc_pp.data.assignment`:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -380,6 +382,38 @@ def check_lengths(lengths: Sequence[int]) -> np.ndarray:
     return array.astype(np.int64)
 
 
+_REMEMBERED: OrderedDict = OrderedDict()
+_REMEMBER = 256
+"""How many recent splits :func:`_remembered` keeps (a few MB at most)."""
+
+
+def _remembered(split):
+    """``split`` with its recent results kept: the same lengths, part count, cost model
+    and options give the same parts, so the planner, which asks again for every layout
+    that shares a sampled minibatch, computes each once. Copies are returned; a cost
+    model that cannot be hashed is not remembered."""
+    @functools.wraps(split)
+    def wrapper(lengths, num_parts, cost_model=None, **options):
+        array = np.asarray(lengths)
+        key = (split.__name__, array.dtype.str, array.shape, array.tobytes(), num_parts,
+               cost_model, tuple(sorted((name, tuple(value) if isinstance(value, list)
+                                         else value) for name, value in options.items())))
+        try:
+            parts = _REMEMBERED.get(key)
+        except TypeError:
+            return split(lengths, num_parts, cost_model, **options)
+        if parts is None:
+            parts = split(lengths, num_parts, cost_model, **options)
+            _REMEMBERED[key] = parts
+            if len(_REMEMBERED) > _REMEMBER:
+                _REMEMBERED.popitem(last=False)
+        else:
+            _REMEMBERED.move_to_end(key)
+        return [list(part) for part in parts]
+    return wrapper
+
+
+@_remembered
 def balance_minibatch(lengths: Sequence[int], num_replicas: int,
                       cost_model: SampleCostModel | None = None, *,
                       refine: bool = True) -> list[list[int]]:
@@ -422,6 +456,7 @@ def _count_constrained_lpt(costs: np.ndarray, counts: Sequence[int]) -> list[lis
     return subsets
 
 
+@_remembered
 def balance_equal_counts(lengths: Sequence[int], num_parts: int,
                          cost_model: SampleCostModel | None = None, *,
                          counts: Sequence[int] | None = None) -> list[list[int]]:
