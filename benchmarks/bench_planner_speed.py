@@ -64,10 +64,12 @@ def time_packer() -> list[dict]:
     import numpy as np
 
     from odc_pp.data.assignment import plan_minibatch
-    from odc_pp.plan_command import model_from_flags
+    from odc_pp.planner.inputs import ModelSpec
     from odc_pp.planner.search import _sample_cost
 
-    model = model_from_flags(LLAMA3_8B_64K)
+    model = ModelSpec(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                      ffn_hidden_size=14336, vocab_size=128256, seq_length=65536,
+                      gated_mlp=True, num_query_groups=8, tied=False)  # LLAMA3_8B_64K
     rng = np.random.default_rng(0)
     rows = []
     for replicas, cap in PACKER_CASES:
