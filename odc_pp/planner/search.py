@@ -299,8 +299,24 @@ def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
     return cache[key]
 
 
-def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
+@dataclass(frozen=True)
+class _Drawn:
+    """One sampled minibatch and what every candidate reads of its plan."""
+
+    shapes: list
+    """Per replica, each microbatch's (rows, row length, documents); see ``_shapes``."""
+    biggest: int
+    """Tokens of the largest microbatch."""
+    tokens: int
+    """Real tokens of the minibatch."""
+    flops: float
+    """Model FLOPs of the minibatch (per sample: its layers, logits and their backward)."""
+
+
+def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list[_Drawn]:
     rng = np.random.default_rng(config.seed)
+    model = config.model
+    sample_flops = config.memo.setdefault("sample_flops", {})
     out = []
     for _ in range(config.samples):
         lengths = config.lengths[rng.integers(0, len(config.lengths), config.global_batch)]
@@ -310,7 +326,15 @@ def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
                               cost_model=cost_model, min_microbatches=cand.pp,
                               samples_per_microbatch=None if cand.packed else cand.micro_batch,
                               packed=cand.packed, segment_attention=True)
-        out.append((lengths, plan))
+        shapes = [_shapes(groups, lengths, cand.packed) for groups in plan.microbatches]
+        for s in map(int, lengths):
+            if s not in sample_flops:
+                sample_flops[s] = sum(model.layer_flops(1, s)) * model.num_layers \
+                    + 6.0 * s * model.hidden_size * model.vocab_size
+        out.append(_Drawn(shapes=shapes,
+                          biggest=max(r * s for replica in shapes for r, s, _ in replica),
+                          tokens=int(lengths.sum()),
+                          flops=sum(sample_flops[s] for s in map(int, lengths))))
     return out
 
 
@@ -399,20 +423,14 @@ def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tup
         return cache[key]
     model = config.model
     parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
-    sample_flops = config.memo.setdefault("sample_flops", {})
-    for lengths, plan in _plans(config, cand, _sample_cost(model)):
-        per_replica = [_shapes(groups, lengths, cand.packed) for groups in plan.microbatches]
-        times, sims = _minibatch_step(config, cand, per_replica, link, offload)
+    for drawn in _plans(config, cand, _sample_cost(model)):
+        times, sims = _minibatch_step(config, cand, drawn.shapes, link, offload)
         parts.append(times)
         for sim in sims:
             units = np.maximum(units, sim.peak_activation)
-        biggest = max(biggest, max(r * s for shapes in per_replica for r, s, _ in shapes))
-        real_tokens.append(int(lengths.sum()))
-        for s in map(int, lengths):
-            if s not in sample_flops:
-                sample_flops[s] = sum(model.layer_flops(1, s)) * model.num_layers \
-                    + 6.0 * s * model.hidden_size * model.vocab_size
-        flops.append(sum(sample_flops[s] for s in map(int, lengths)))
+        biggest = max(biggest, drawn.biggest)
+        real_tokens.append(drawn.tokens)
+        flops.append(drawn.flops)
     cache[key] = parts, units, biggest, real_tokens, flops
     return cache[key]
 
