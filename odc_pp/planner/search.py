@@ -593,9 +593,29 @@ def _predict_fitting(config: PlanConfig, cand: Candidate) -> Prediction:
     --recompute-lgd and the better of the two kept."""
     pred = predict(config, cand)
     if not pred.fits:
-        pred = min(pred, predict(config, Candidate(**{**vars(cand), "recompute": True})),
-                   key=lambda p: (not p.fits, -p.tokens_per_s))
+        again = Candidate(**{**vars(cand), "recompute": True})
+        if _may_fit(config, again):
+            pred = min(pred, predict(config, again),
+                       key=lambda p: (not p.fits, -p.tokens_per_s))
     return pred
+
+
+def _may_fit(config: PlanConfig, cand: Candidate) -> bool:
+    """Whether ``cand`` (a recompute retry of a simulated candidate) can fit, known
+    without simulating it: recompute only lengthens B, which never speeds a fixed-order
+    schedule up, so a retry that does not fit either would lose to the original. Its
+    activation peak is the original's: a rank's peak is the in-order running sum, whatever
+    the durations (offloading families excepted: their host link is timed)."""
+    if family(cand.schedule).offloads:
+        return True
+    original = config.memo.get("simulated", {}).get(
+        _key(Candidate(**{**vars(cand), "recompute": False})) + (cand.dp,))
+    if original is None:
+        return True
+    _, units, biggest, _, _ = original
+    peaks = config.rank_memory(flags_of(config, cand), config.gpus) \
+        if config.rank_memory is not None else _peak_bytes(config, cand, units, biggest)
+    return max(peaks) <= config.memory_bytes
 
 
 def _order(preds: list[Prediction]) -> list[Prediction]:

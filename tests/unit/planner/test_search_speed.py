@@ -1,0 +1,57 @@
+"""What the search's shortcuts rely on (issue 31, Deliver 4): they change its time, never
+its answer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from odc_pp.planner.hardware import PRESETS
+from odc_pp.planner.inputs import ModelSpec
+from odc_pp.planner.search import PlanConfig, _simulated, candidates, plan, predict
+
+
+def _config(**overrides) -> PlanConfig:
+    model = ModelSpec(num_layers=16, hidden_size=2048, num_attention_heads=16,
+                      ffn_hidden_size=5632, vocab_size=32000, seq_length=8192,
+                      gated_mlp=True, num_query_groups=4)
+    lengths = np.clip(np.random.default_rng(0).lognormal(np.log(1500), 1.0, 400), 16,
+                      8192).astype(int)
+    return PlanConfig(**dict(dict(model=model, cluster=PRESETS["h100"], gpus=4,
+                                  global_batch=32, lengths=lengths, memory_gb=20.0,
+                                  tp_sizes=(1,), samples=1), **overrides))
+
+
+def test_a_recompute_retry_is_never_faster_and_peaks_like_the_original():
+    """_may_fit skips simulating a retry that cannot fit: recompute only lengthens B, so
+    the retry's step is never shorter, and its activation peak (microbatch units) is the
+    original's (a rank's in-order running sum, whatever the durations)."""
+    config = _config()
+    checked = 0
+    for cand in candidates(config):
+        if cand.schedule == "offload":
+            continue
+        again = replace(cand, recompute=True)
+        try:
+            base, retry = predict(config, cand), predict(config, again)
+        except ValueError:
+            continue
+        link, offload = 0.0, None  # cached: the arguments are not read again
+        units = _simulated(config, cand, link, offload)[1]
+        assert np.array_equal(units, _simulated(config, again, link, offload)[1]), cand
+        assert retry.step_s >= base.step_s, cand
+        checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("memory_gb", [20.0])
+def test_the_memo_does_not_change_the_plan(memory_gb):
+    """A search on a fresh config and one whose memo is already full (another memory
+    budget ran first) rank the same candidates the same way with the same numbers."""
+    warm = _config(memory_gb=80.0)
+    plan(warm)
+    fresh, _ = plan(_config(memory_gb=memory_gb))
+    again, _ = plan(replace(warm, memory_gb=memory_gb))
+    assert [p.to_dict() for p in fresh] == [p.to_dict() for p in again]
