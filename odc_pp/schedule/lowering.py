@@ -151,9 +151,12 @@ def insert_offload(schedule: Schedule, costs: CostModel,
     for rank, actions in enumerate(schedule.ranks):
         out: list[Action] = []
         reload_before: dict[int, list[Action]] = {}
+        forward_at = {(a.chunk, a.microbatch): i for i, a in enumerate(actions)
+                      if a.kind is ActionKind.F}
         for index, action in enumerate(actions):
             if action.kind in _BACKWARD and action.chunk in wanted:
-                slot = _reload_slot(actions, index, timing.start, lead, action)
+                slot = _reload_slot(actions, index, timing.start, lead, action,
+                                    forward_at[(action.chunk, action.microbatch)])
                 reload_before.setdefault(slot, []).append(
                     Action(rank=rank, kind=ActionKind.RELOAD, chunk=action.chunk,
                            microbatch=action.microbatch))
@@ -174,12 +177,10 @@ def insert_offload(schedule: Schedule, costs: CostModel,
 
 
 def _reload_slot(actions: list[Action], backward_index: int, start: dict, lead: float,
-                 backward: Action) -> int:
-    """Index of the action RELOAD(backward) goes before (see insert_offload)."""
+                 backward: Action, forward_index: int) -> int:
+    """Index of the action RELOAD(backward) goes before (see insert_offload);
+    ``forward_index``: where the backward's F is in ``actions``."""
     deadline = start[backward] - lead
-    forward_index = next(i for i, a in enumerate(actions)
-                         if a.kind is ActionKind.F and a.chunk == backward.chunk
-                         and a.microbatch == backward.microbatch)
     for index in range(backward_index, forward_index, -1):
         action = actions[index]
         if action.kind in COMPUTE_KINDS and start[action] <= deadline + 1e-9:
