@@ -63,7 +63,6 @@ from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float,
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.generators import FAMILIES, family
-from odc_pp.schedule.ir import Schedule
 from odc_pp.schedule.placement import rank_stages
 from odc_pp.schedule.simulator import simulate
 

@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace, dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from odc_pp.layout import DataParallelMode
 from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
 from odc_pp.schedule.build import ScheduleRequest, build
@@ -51,116 +50,13 @@ from odc_pp.schedule.generators import family
 from odc_pp.schedule.simulator import compile_schedule, simulate
 
 from . import context_parallel as cpm
-from .hardware import Hardware
+from .candidates import MEGATRON_SOURCE, candidates, megatron_default
+from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .inputs import ModelSpec
 from .memory import Workload, layer_activation_bytes, planned_state_bytes
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
-           "megatron_default", "flags_of", "MEGATRON_SOURCE"]
-
-GB = 1e9
-SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
-MEGATRON_SCHEDULES = ("1f1b", "interleaved")
-
-
-@dataclass(kw_only=True)
-class PlanConfig:
-    """What to plan for."""
-
-    model: ModelSpec
-    """The transformer."""
-    cluster: Hardware
-    """GPU kind and links."""
-    gpus: int
-    """GPUs in the job."""
-    global_batch: int
-    """Samples per optimizer step."""
-    lengths: np.ndarray
-    """The sample-length distribution (samples are drawn from it)."""
-    memory_gb: float | None = None
-    """Usable memory per GPU (default: the GPU's HBM less 10%)."""
-    tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """Tensor-parallel sizes tried (within a node)."""
-    schedules: tuple[str, ...] = SCHEDULES
-    """Schedule families tried."""
-    token_caps: tuple[int, ...] = (1, 2, 4)
-    """Packed-row token caps tried, in multiples of the sequence length."""
-    dp_modes: tuple[DataParallelMode, ...] = (DataParallelMode.COLLECTIVE, DataParallelMode.ODC)
-    """Data-parallel modes tried (--dp-mode strings are accepted)."""
-    samples: int = 2
-    """Global minibatches drawn to predict each candidate."""
-    seed: int = 0
-    """Seed of those draws."""
-    rank_memory: Callable[[list[str], int], list[float]] | None = None
-    """(a candidate's printed flags, GPUs) -> peak bytes per pipeline rank; None: the
-    rough estimate of the module docstring (step 5)."""
-    memo: dict = field(default_factory=dict, repr=False, compare=False)
-    """Not an input: what the search computed once for this config (sampled plans, stage
-    times, each candidate's simulated minibatches), shared with the copies ``replace``
-    makes that change only the memory inputs."""
-
-    def __post_init__(self) -> None:
-        self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)
-        if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
-            raise ValueError("--gpus, --global-batch and --samples must be >= 1")
-        if len(self.lengths) < 1:
-            raise ValueError("the length distribution is empty")
-        for name in self.schedules:
-            if family(name).searched:
-                raise ValueError(f"schedule {name} is re-planned during training; not plannable")
-
-    @property
-    def memory_bytes(self) -> float:
-        return (self.memory_gb or 0.9 * self.cluster.memory_gb) * GB
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One configuration."""
-
-    tp: int
-    pp: int
-    dp: int
-    schedule: str
-    dp_mode: DataParallelMode
-    """--dp-mode (a string is accepted)."""
-    balance: str
-    packed: bool
-    token_cap: int | None
-    """Packed-row cap (None: one sample per microbatch, unpacked)."""
-    recompute: bool = False
-    cp: int = 1
-    """Context-parallel size (each row split over cp ranks, ring attention)."""
-    micro_batch: int = 1
-    """Samples per unpacked microbatch (--micro-batch-size: rows padded to the longest)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
-
-
-@dataclass(kw_only=True)
-class Prediction:
-    """The predicted performance of one candidate."""
-
-    candidate: Candidate
-    step_s: float
-    tokens_per_s: float
-    breakdown: dict[str, float]
-    """Seconds per step: compute (busiest rank's own work), bubble (pipeline idle),
-    dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic)."""
-    peak_memory_gb: list[float]
-    """Predicted peak per pipeline rank (model state, activations, last rank's logits)."""
-    fits: bool
-    mfu: float
-    flags: list[str] = field(default_factory=list)
-    megatron_default: bool = False
-
-    def to_dict(self) -> dict:
-        return {"config": vars(self.candidate), "step_s": self.step_s,
-                "tokens_per_s": self.tokens_per_s, "breakdown": self.breakdown,
-                "peak_memory_gb": self.peak_memory_gb, "fits": self.fits, "mfu": self.mfu,
-                "megatron_default": self.megatron_default, "flags": self.flags}
-
+           "megatron_default", "flags_of", "MEGATRON_SOURCE", "candidates", "SCHEDULES"]
 
 def pipeline_time(request: ScheduleRequest, costs: CostModel):
     """The simulated pipeline of the schedule ``pretrain_gpt.py`` builds for ``request``
@@ -485,101 +381,6 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         flags += ["--cpu-offload", "--offload-chunks",
                   *map(str, range(fam.default_chunks))]
     return flags
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _cp_sizes(config: PlanConfig, tp: int) -> tuple[list[int], list[int]]:
-    """Context-parallel sizes searched at ``tp``: ``(ours, megatron)``. Ours: 1, and when
-    the longest sample's activations crowd memory at cp = 1
-    (:func:`~odc_pp.planner.context_parallel.cp_worth_trying`) the smallest cp > 1 that
-    relieves them (dividing the GPUs and the sequence length / 2; a larger cp only adds
-    ring traffic, which keeps the search bounded). Megatron's default layouts (few per
-    size) are tried at every such cp, so its baseline is the best Megatron-LM offers."""
-    model = config.model
-    layer = layer_activation_bytes(Workload(model=model, seq_length=model.seq_length),
-                                   recompute=True, tp=tp, sequence_parallel=tp > 1)
-    usable = [cp for cp in cpm.CP_SIZES[1:] if config.gpus % (tp * cp) == 0 and
-              cpm.cp_fits_length(model.seq_length, cp)]
-    relieving = [cp for cp in usable if not cpm.cp_worth_trying(
-        model, tp=tp, memory_bytes=config.memory_bytes, layer_bytes=layer / cp)]
-    if not usable or not cpm.cp_worth_trying(model, tp=tp, memory_bytes=config.memory_bytes,
-                                             layer_bytes=layer):
-        return [1], [1]
-    return [1, relieving[0] if relieving else usable[-1]], [1, *usable]
-
-
-MICRO_BATCHES = (1, 2, 4)
-"""--micro-batch-size values tried for the Megatron-default candidates (unpacked,
-collective, equal microbatches: Megatron pads every row to the microbatch's longest)."""
-
-
-def candidates(config: PlanConfig) -> list[Candidate]:
-    """Every candidate the search evaluates, in a fixed order."""
-    model, out = config.model, []
-    caps = [config.model.seq_length * k for k in config.token_caps]
-    for tp in config.tp_sizes:
-        if config.gpus % tp or tp > config.cluster.gpus_per_node or \
-                model.num_attention_heads % tp:
-            continue
-        ours, megatron = _cp_sizes(config, tp)
-        for cp in megatron:
-            for pp in _divisors(config.gpus // (tp * cp)):
-                dp = config.gpus // (tp * cp * pp)
-                if config.global_batch < dp:
-                    continue
-                layouts = _layouts(config, tp, cp, pp, dp, caps)
-                out += layouts if cp in ours else [c for c in layouts if megatron_default(c)]
-    return out
-
-
-def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
-             caps: list[int]) -> list[Candidate]:
-    """The schedule and data variants of one tp x cp x pp x dp layout (cp > 1: the
-    smallest packed cap only, to keep the search bounded)."""
-    out = []
-    for name in config.schedules:
-        if config.model.num_layers % (pp * family(name).default_chunks):
-            continue
-        if pp == 1 and name != "1f1b":
-            continue  # every schedule is the same single stage
-        for dp_mode, balance, cap in _data_modes(config, dp, caps[:1] if cp > 1 else caps):
-            base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
-                             balance=balance, packed=cap is not None, token_cap=cap)
-            out.append(base)
-            if megatron_default(base):
-                out += [replace(base, micro_batch=m) for m in MICRO_BATCHES[1:]
-                        if config.global_batch % (dp * m) == 0 and
-                        config.global_batch // (dp * m) >= pp]
-    return out
-
-
-def _data_modes(config: PlanConfig, dp: int, caps: list[int]):
-    for dp_mode in config.dp_modes:
-        if dp == 1 and dp_mode is not config.dp_modes[0]:
-            continue  # one replica: the dp mode does not matter
-        if config.global_batch % dp == 0:
-            yield dp_mode, "none", None
-            if dp > 1:
-                yield dp_mode, "balanced", None
-        if dp_mode.is_odc:
-            for cap in caps:
-                yield dp_mode, "lb-mini", cap
-
-
-MEGATRON_SOURCE = ("the best layout Megatron-LM supports: 1F1B/interleaved, collective "
-                   "DP, equal microbatches, tp/cp/pp/dp, --micro-batch-size 1/2/4 (rows "
-                   "padded to the longest), --recompute-lgd when needed; fastest that fits")
-"""What the Megatron-default row (M) is, as printed under the plan."""
-
-
-def megatron_default(cand: Candidate) -> bool:
-    """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts,
-    unpacked rows (any tp, cp, pp, dp and micro-batch size)."""
-    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode.is_collective and \
-        cand.balance == "none" and not cand.packed
 
 
 REFINED = 12

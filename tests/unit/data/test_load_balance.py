@@ -160,7 +160,7 @@ def test_vectorised_exchange_search_picks_the_loops_exchange():
     """The numpy pair search (large parts) and the loop (small parts) choose the same
     move or swap, ties included (first in the high part's order, then the low part's
     with the move first): plans do not depend on which one ran."""
-    from odc_pp.data import load_balance as lb
+    from odc_pp.data import refinement as lb
 
     rng = np.random.default_rng(3)
     for trial in range(200):

@@ -1,0 +1,120 @@
+"""What the planner searches over and returns: the search's inputs (:class:`PlanConfig`),
+one configuration (:class:`Candidate`) and its prediction (:class:`Prediction`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from odc_pp.layout import DataParallelMode
+from odc_pp.schedule.generators import family
+
+from .hardware import Hardware
+from .inputs import ModelSpec
+
+__all__ = ["PlanConfig", "Candidate", "Prediction", "SCHEDULES", "MEGATRON_SCHEDULES", "GB"]
+
+GB = 1e9
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(kw_only=True)
+class PlanConfig:
+    """What to plan for."""
+
+    model: ModelSpec
+    """The transformer."""
+    cluster: Hardware
+    """GPU kind and links."""
+    gpus: int
+    """GPUs in the job."""
+    global_batch: int
+    """Samples per optimizer step."""
+    lengths: np.ndarray
+    """The sample-length distribution (samples are drawn from it)."""
+    memory_gb: float | None = None
+    """Usable memory per GPU (default: the GPU's HBM less 10%)."""
+    tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Tensor-parallel sizes tried (within a node)."""
+    schedules: tuple[str, ...] = SCHEDULES
+    """Schedule families tried."""
+    token_caps: tuple[int, ...] = (1, 2, 4)
+    """Packed-row token caps tried, in multiples of the sequence length."""
+    dp_modes: tuple[DataParallelMode, ...] = (DataParallelMode.COLLECTIVE, DataParallelMode.ODC)
+    """Data-parallel modes tried (--dp-mode strings are accepted)."""
+    samples: int = 2
+    """Global minibatches drawn to predict each candidate."""
+    seed: int = 0
+    """Seed of those draws."""
+    rank_memory: Callable[[list[str], int], list[float]] | None = None
+    """(a candidate's printed flags, GPUs) -> peak bytes per pipeline rank; None: the
+    rough estimate of the module docstring (step 5)."""
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """Not an input: what the search computed once for this config (sampled plans, stage
+    times, each candidate's simulated minibatches), shared with the copies ``replace``
+    makes that change only the memory inputs."""
+
+    def __post_init__(self) -> None:
+        self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)
+        if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
+            raise ValueError("--gpus, --global-batch and --samples must be >= 1")
+        if len(self.lengths) < 1:
+            raise ValueError("the length distribution is empty")
+        for name in self.schedules:
+            if family(name).searched:
+                raise ValueError(f"schedule {name} is re-planned during training; not plannable")
+
+    @property
+    def memory_bytes(self) -> float:
+        return (self.memory_gb or 0.9 * self.cluster.memory_gb) * GB
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One configuration."""
+
+    tp: int
+    pp: int
+    dp: int
+    schedule: str
+    dp_mode: DataParallelMode
+    """--dp-mode (a string is accepted)."""
+    balance: str
+    packed: bool
+    token_cap: int | None
+    """Packed-row cap (None: one sample per microbatch, unpacked)."""
+    recompute: bool = False
+    cp: int = 1
+    """Context-parallel size (each row split over cp ranks, ring attention)."""
+    micro_batch: int = 1
+    """Samples per unpacked microbatch (--micro-batch-size: rows padded to the longest)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    """The predicted performance of one candidate."""
+
+    candidate: Candidate
+    step_s: float
+    tokens_per_s: float
+    breakdown: dict[str, float]
+    """Seconds per step: compute (busiest rank's own work), bubble (pipeline idle),
+    dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic)."""
+    peak_memory_gb: list[float]
+    """Predicted peak per pipeline rank (model state, activations, last rank's logits)."""
+    fits: bool
+    mfu: float
+    flags: list[str] = field(default_factory=list)
+    megatron_default: bool = False
+
+    def to_dict(self) -> dict:
+        return {"config": vars(self.candidate), "step_s": self.step_s,
+                "tokens_per_s": self.tokens_per_s, "breakdown": self.breakdown,
+                "peak_memory_gb": self.peak_memory_gb, "fits": self.fits, "mfu": self.mfu,
+                "megatron_default": self.megatron_default, "flags": self.flags}
