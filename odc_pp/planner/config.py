@@ -55,7 +55,7 @@ class PlanConfig:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Not an input: what the search computed once for this config (sampled plans, stage
     times, each candidate's simulated minibatches), shared with the copies ``replace``
-    makes that change only the memory inputs."""
+    makes; emptied when a copy's timing inputs (model, cluster, job, lengths) differ."""
 
     def __post_init__(self) -> None:
         self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)

@@ -331,8 +331,19 @@ def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tup
     return cache[key]
 
 
+def _check_memo(config: PlanConfig) -> None:
+    """Empty ``config.memo`` if it was filled for other timing inputs (a copy made with
+    ``replace`` that changed the model, cluster, job or lengths)."""
+    inputs = repr((config.model, config.cluster, config.gpus, config.global_batch,
+                   config.samples, config.seed)) + config.lengths.tobytes().hex()
+    if config.memo.get("inputs") != inputs:
+        config.memo.clear()
+        config.memo["inputs"] = inputs
+
+
 def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     """The prediction of one candidate (ValueError: the candidate cannot run)."""
+    _check_memo(config)
     model, cluster = config.model, config.cluster
     fam = family(cand.schedule)
     inside = cand.tp * cand.cp * cand.pp <= cluster.gpus_per_node

@@ -55,3 +55,13 @@ def test_the_memo_does_not_change_the_plan(memory_gb):
     fresh, _ = plan(_config(memory_gb=memory_gb))
     again, _ = plan(replace(warm, memory_gb=memory_gb))
     assert [p.to_dict() for p in fresh] == [p.to_dict() for p in again]
+
+
+def test_a_copy_with_another_model_does_not_reuse_the_memo():
+    """replace() shares the memo; a copy that changes a timing input predicts afresh."""
+    small = _config()
+    cand = next(c for c in candidates(small) if c.pp == 2)
+    predict(small, cand)
+    bigger = replace(small, model=replace(small.model, num_layers=32))
+    assert predict(bigger, cand).step_s == predict(_config(model=bigger.model), cand).step_s
+    assert predict(bigger, cand).step_s > predict(_config(), cand).step_s
