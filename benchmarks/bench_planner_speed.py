@@ -2,8 +2,9 @@
 """How long ``odc-pp plan`` and the LB-Mini packer take on this CPU (issue 31, Deliver 4).
 
 * ``plan``: the 64-GPU search of ``docs/planner.md`` (Llama-3-8B at 64K tokens, H100,
-  global batch 256, long-tailed histogram, 72 GB), in its own process, CPU seconds as
-  the command prints them; ``--rounds`` runs.
+  global batch 256, long-tailed histogram, 72 GB), in its own process, the seconds the
+  command prints, with ``--jobs 1`` and with one process per CPU; ``--rounds`` runs of
+  each, alternating.
 * ``packer``: ``plan_minibatch`` in packed ``lb-mini`` mode (the training default) at
   global batch 1,024, log-normal lengths (median 2048), per replica count and token cap,
   the planner's attention cost model; CPU seconds per call.
@@ -49,15 +50,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def time_plan() -> dict:
+def time_plan(jobs: int) -> dict:
     load = load_1min()
-    out = subprocess.run([sys.executable, "-m", "odc_pp.plan_command", *PLAN_ARGS],
+    out = subprocess.run([sys.executable, "-m", "odc_pp.plan_command", *PLAN_ARGS,
+                          "--jobs", str(jobs)],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    found = re.search(r"(\d+) configurations in ([\d.]+) s CPU", out)
+    found = re.search(r"(\d+) configurations in ([\d.]+) s with (\d+) processes", out)
     if found is None:
-        raise RuntimeError("odc-pp plan printed no 'configurations in ... s CPU' line")
-    return {"configurations": int(found.group(1)), "cpu_s": float(found.group(2)),
-            "load_1min": load}
+        raise RuntimeError("odc-pp plan printed no 'configurations in ... s' line")
+    return {"configurations": int(found.group(1)), "seconds": float(found.group(2)),
+            "processes": int(found.group(3)), "load_1min": load}
 
 
 def time_packer() -> list[dict]:
@@ -85,14 +87,19 @@ def time_packer() -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    plans = [time_plan() for _ in range(args.rounds)]
-    doc = {"benchmark": "planner_speed", "plan_command": PLAN_ARGS,
-           "plan_cpu_s": spread([p["cpu_s"] for p in plans], 1), "plan_runs": plans,
-           "packer": time_packer()}
+    cpus = len(os.sched_getaffinity(0))
+    runs = [time_plan(jobs) for _ in range(args.rounds)
+            for jobs in ((1, cpus) if _ % 2 == 0 else (cpus, 1))]
+    doc = {"benchmark": "planner_speed", "plan_command": PLAN_ARGS, "cpus": cpus,
+           "plan_s": {str(jobs): spread([r["seconds"] for r in runs
+                                         if r["processes"] == jobs], 1)
+                      for jobs in sorted({1, cpus})},
+           "plan_runs": runs, "packer": time_packer()}
     emit(doc, out=args.out, as_json=args.json)
     if not args.json:
-        print(f"odc-pp plan, 64 GPUs, global batch 256: {plans[0]['configurations']} "
-              f"configurations, {doc['plan_cpu_s']['median']} s CPU (median)")
+        for jobs, row in doc["plan_s"].items():
+            print(f"odc-pp plan, 64 GPUs, global batch 256, {jobs} processes: "
+                  f"{runs[0]['configurations']} configurations, {row['median']} s (median)")
         for row in doc["packer"]:
             print(f"lb-mini packer, batch 1024, {row['replicas']} replicas, cap "
                   f"{row['token_cap']}: {row['cpu_s']} s")

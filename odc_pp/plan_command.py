@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=2,
                         help="global minibatches drawn per candidate")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes that evaluate the candidates (default: the CPUs "
+                             "this process may use; the plan is the same for any number)")
     parser.add_argument("--baseline", default=None, metavar='"FLAGS"',
                         help='your current layout, quoted, e.g. "--tensor-model-parallel-size '
                              '4 --pipeline-model-parallel-size 2 --pipeline-schedule 1f1b": '
@@ -146,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write every prediction here")
     return parser
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (``--jobs``'s default)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                             schedules=tuple(args.schedules.split(",")),
                             token_caps=args.token_caps,
                             dp_modes=tuple(args.dp_modes.split(",")), samples=args.samples,
-                            seed=args.seed, rank_memory=rank_peaks)
+                            seed=args.seed, rank_memory=rank_peaks,
+                            workers=args.jobs or _usable_cpus())
         baseline = None
         if args.baseline:
             try:
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, KeyError) as exc:
         print(f"odc-pp plan: error: {exc}", file=sys.stderr)
         return 2
-    began = time.process_time()
+    began = time.perf_counter()
     predictions, default = plan(config)
     if not predictions:
         print("odc-pp plan: no configuration runs (check --gpus, the layer and head counts)",
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"{cluster.name} x {args.gpus}, global batch {batch} samples "
           f"(mean length {lengths.mean():.0f}), {len(predictions)} configurations in "
-          f"{time.process_time() - began:.1f} s CPU")
+          f"{time.perf_counter() - began:.1f} s with {config.workers} processes")
     if args.lengths_histogram:
         print(describe_histogram(args.lengths_histogram, lengths))
     print(format_plan(predictions, default, top=args.top, baseline=baseline))

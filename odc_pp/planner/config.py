@@ -52,6 +52,8 @@ class PlanConfig:
     rank_memory: Callable[[list[str], int], list[float]] | None = None
     """(a candidate's printed flags, GPUs) -> peak bytes per pipeline rank; None: the
     rough estimate of the module docstring (step 5)."""
+    workers: int = 1
+    """Processes that evaluate the candidates (the result does not depend on it)."""
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Not an input: what the search computed once for this config (sampled plans, stage
     times, each candidate's simulated minibatches), shared with the copies ``replace``
@@ -61,6 +63,8 @@ class PlanConfig:
         self.dp_modes = tuple(DataParallelMode.parse(mode) for mode in self.dp_modes)
         if self.gpus < 1 or self.global_batch < 1 or self.samples < 1:
             raise ValueError("--gpus, --global-batch and --samples must be >= 1")
+        if self.workers < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.workers}")
         if len(self.lengths) < 1:
             raise ValueError("the length distribution is empty")
         for name in self.schedules:

@@ -38,6 +38,7 @@ balance, packing and token cap) is predicted as follows, deterministically:
 from __future__ import annotations
 
 import functools
+import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -443,19 +444,47 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     Megatron default take their memory from it, so every printed plan's figure is the dry
     run's."""
     rough = replace(config, rank_memory=None)
-    out = []
-    for cand in candidates(config):
-        try:
-            pred = _predict_fitting(rough, cand)
-        except ValueError:  # shape the schedule or sample assignment rejects
-            continue
+    out = [pred for pred in _predict_all(rough, candidates(config)) if pred is not None]
+    for pred in out:
         pred.megatron_default = megatron_default(pred.candidate)
-        out.append(pred)
     out = _order(out)
     if config.rank_memory is not None:
         out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
     return out, default
+
+
+def _predict_all(config: PlanConfig, cands: list[Candidate]) -> list[Prediction | None]:
+    """:func:`_predict_fitting` of each candidate (None: it cannot run), in order. With
+    ``config.workers`` > 1 the layouts are spread over that many processes, largest
+    pipelines first; every prediction is a function of the config and the candidate
+    alone, so the result is the same."""
+    layouts: dict[tuple, list[int]] = {}
+    for index, cand in enumerate(cands):
+        layouts.setdefault((cand.tp, cand.cp, cand.pp), []).append(index)
+    if config.workers <= 1 or len(layouts) < 2:
+        return _predict_group(config, cands)
+    groups = sorted(layouts.values(), key=lambda g: (-cands[g[0]].pp, g[0]))
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    out: list[Prediction | None] = [None] * len(cands)
+    with context.Pool(min(config.workers, len(groups))) as pool:
+        work = [[cands[i] for i in group] for group in groups]
+        for group, preds in zip(groups, pool.imap(functools.partial(_predict_group, config),
+                                                  work)):
+            for index, pred in zip(group, preds):
+                out[index] = pred
+    return out
+
+
+def _predict_group(config: PlanConfig, cands: list[Candidate]) -> list[Prediction | None]:
+    out: list[Prediction | None] = []
+    for cand in cands:
+        try:
+            out.append(_predict_fitting(config, cand))
+        except ValueError:  # shape the schedule or sample assignment rejects
+            out.append(None)
+    return out
 
 
 def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:

@@ -65,3 +65,11 @@ def test_a_copy_with_another_model_does_not_reuse_the_memo():
     bigger = replace(small, model=replace(small.model, num_layers=32))
     assert predict(bigger, cand).step_s == predict(_config(model=bigger.model), cand).step_s
     assert predict(bigger, cand).step_s > predict(_config(), cand).step_s
+
+
+def test_two_processes_plan_what_one_plans():
+    """--jobs spreads the layouts over processes; the ranked predictions are the same."""
+    one, default_one = plan(_config(gpus=8, tp_sizes=(1, 2)))
+    two, default_two = plan(_config(gpus=8, tp_sizes=(1, 2), workers=2))
+    assert [p.to_dict() for p in one] == [p.to_dict() for p in two]
+    assert default_one.to_dict() == default_two.to_dict()
