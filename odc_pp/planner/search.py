@@ -38,6 +38,7 @@ balance, packing and token cap) is predicted as follows, deterministically:
 from __future__ import annotations
 
 import functools
+import hashlib
 import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -335,11 +336,15 @@ def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tup
 def _check_memo(config: PlanConfig) -> None:
     """Empty ``config.memo`` if it was filled for other timing inputs (a copy made with
     ``replace`` that changed the model, cluster, job or lengths)."""
+    if config.memo.get("checked") is config:  # checked once per config object
+        return
     inputs = repr((config.model, config.cluster, config.gpus, config.global_batch,
-                   config.samples, config.seed)) + config.lengths.tobytes().hex()
+                   config.samples, config.seed)) + \
+        hashlib.sha256(np.ascontiguousarray(config.lengths).tobytes()).hexdigest()
     if config.memo.get("inputs") != inputs:
         config.memo.clear()
         config.memo["inputs"] = inputs
+    config.memo["checked"] = config
 
 
 def predict(config: PlanConfig, cand: Candidate) -> Prediction:
