@@ -71,7 +71,7 @@ def run_point(path: str, config: str, per_replica: int, iterations: int, tmp: Pa
     flags = MODEL + extra + config_flags(path, config) + [
         "--global-batch-size", str(2 * per_replica), "--train-iters", str(iterations)]
     load = load_1min()
-    run = launch(flags, nproc=2, tmp_path=tmp, name=name, timeout=600)
+    run = launch(flags, nproc=2, tmp_path=tmp, name=name, timeout=600, launcher="torchrun")
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed: {run.describe()}")
     records = run.records()[1:]  # the first step warms up

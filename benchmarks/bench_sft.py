@@ -79,7 +79,7 @@ def run_once(args, hf: str, data: str, packed: bool, tmp, name: str) -> dict:
              "--dp-mode", "odc", "--load-balance", "lb-mini", "--lr", "1e-3",
              "--train-iters", str(args.iters), "--seed", "1234", "--no-progress-bar",
              "--distributed-timeout-minutes", "3"] + (["--pack-sequences"] if packed else [])
-    run = launch(flags, nproc=4, tmp_path=tmp, name=name, timeout=600)
+    run = launch(flags, nproc=4, tmp_path=tmp, name=name, timeout=600, launcher="torchrun")
     if run.returncode != 0:
         raise RuntimeError(run.describe())
     records = run.records()[1:]

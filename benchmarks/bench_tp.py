@@ -88,7 +88,7 @@ def run_once(args, layout: str, tmp, name: str) -> dict:
              "--log-activation-memory", "--distributed-timeout-minutes", "3",
              *LAYOUTS[layout]]
     load = load_1min()
-    run = launch(flags, nproc=2, tmp_path=tmp, name=name, timeout=600)
+    run = launch(flags, nproc=2, tmp_path=tmp, name=name, timeout=600, launcher="torchrun")
     if run.returncode != 0:
         raise RuntimeError(f"{layout}: {run.describe()}")
     records = run.records()

@@ -160,7 +160,7 @@ def _run(flags: list[str], iters: int) -> list[float]:
     """Step seconds of every iteration of a 2-rank pretrain_gpt.py run (1 thread each)."""
     with tempfile.TemporaryDirectory() as tmp:
         run = launch(flags + ["--train-iters", str(iters)], nproc=2, tmp_path=Path(tmp),
-                     name="planner_measure", timeout=1800)
+                     name="planner_measure", timeout=1800, launcher="torchrun")
         if run.returncode != 0:
             raise RuntimeError(run.describe())
         return [r["step_s"] for r in run.records()]

@@ -13,7 +13,12 @@ Contract:
   the queue; ``on_message(message, processes)`` sees each one in the parent (e.g. to kill
   a rank once it reports ``"ready"``);
 * ``LaunchConfig.expect``: the ranks whose results are awaited (default: all); the others'
-  entries in the returned list are None;
+  entries in the returned list are None, and those still alive once the awaited results
+  are in are killed;
+* the children fork from a forkserver that imported :data:`PRELOAD` once per parent
+  process (a fresh interpreter per child spent most of a small test importing torch and
+  megatron-core); each child takes the parent's current environment, working directory and
+  ``sys.path``, as a spawned one would;
 * a child leaves with ``os._exit`` once its result is flushed into the queue's pipe and
   every rank passed a final barrier: torch 2.13's CPU build sometimes aborts during
   interpreter teardown after gloo use, which would fail a run that has succeeded. (Exiting
@@ -32,7 +37,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-__all__ = ["LaunchConfig", "free_port", "run_workers"]
+__all__ = ["LaunchConfig", "PRELOAD", "free_port", "run_workers"]
+
+PRELOAD = ["torch", "torch.distributed", "odc_pp.megatron.model", "odc_pp.odc.engine",
+           "odc_pp.runtime.runtime"]
+"""What the forkserver imports before it forks a child (one that fails is skipped)."""
 
 
 @dataclass(kw_only=True)
@@ -67,7 +76,9 @@ def free_port() -> int:
 
 
 def _child(rank: int, world_size: int, port: int, config: LaunchConfig, fn: Callable,
-           args: tuple, results) -> None:
+           args: tuple, results, environment: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
     os.environ.update(config.env or {})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), OMP_NUM_THREADS=str(config.threads_per_rank))
@@ -105,11 +116,14 @@ def run_workers(fn: Callable, world_size: int, *args: Any, config: LaunchConfig 
     config = config or LaunchConfig()
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    context = mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # (read when the server starts: once)
     results = context.Queue()
     port = free_port()
+    environment = dict(os.environ)
     processes = [context.Process(target=_child, daemon=True,
-                                 args=(rank, world_size, port, config, fn, args, results))
+                                 args=(rank, world_size, port, config, fn, args, results,
+                                       environment))
                  for rank in range(world_size)]
     for process in processes:
         process.start()
@@ -142,6 +156,10 @@ def run_workers(fn: Callable, world_size: int, *args: Any, config: LaunchConfig 
                 on_message(message, processes)
         return values
     finally:
+        awaited = set(range(world_size) if config.expect is None else config.expect)
+        for rank, process in enumerate(processes):  # not awaited: meant to die or hang
+            if rank not in awaited and process.is_alive():
+                process.kill()
         for process in processes:
             process.join(timeout=10 if not waiting else 0.1)
         for process in processes:

@@ -50,10 +50,10 @@ def _command_of(monkeypatch, module, call) -> list[str]:
 
 
 def test_the_launchers_run_the_module(monkeypatch, tmp_path):
-    """The tests' launcher and the demo start ``torchrun ... -m odc_pp.train FLAGS``; an
-    explicit script still replaces it."""
+    """The tests' torchrun launcher and the demo start ``torchrun ... -m odc_pp.train
+    FLAGS``; an explicit script still replaces it (the zygote launcher: dist/test_zygote.py)."""
     tests = _command_of(monkeypatch, torchrun, lambda: torchrun.start(
-        ["--train-iters", "1"], nproc=2, tmp_path=tmp_path, name="x"))
+        ["--train-iters", "1"], nproc=2, tmp_path=tmp_path, name="x", launcher="torchrun"))
     shown = _command_of(monkeypatch, demo, lambda: demo._torchrun(
         ["--train-iters", "1"], nproc=2, log=str(tmp_path / "l.jsonl"), timeout_s=1))
     for command in (tests, shown):
@@ -62,5 +62,6 @@ def test_the_launchers_run_the_module(monkeypatch, tmp_path):
         assert command[at:at + 3] == ["-m", "odc_pp.train", "--train-iters"], command
         assert not [part for part in command if part.endswith("pretrain_gpt.py")]
     own = _command_of(monkeypatch, torchrun, lambda: torchrun.start(
-        [], nproc=1, tmp_path=tmp_path, name="y", script="other.py", log=False))
+        [], nproc=1, tmp_path=tmp_path, name="y", script="other.py", log=False,
+        launcher="torchrun"))
     assert "other.py" in own and "odc_pp.train" not in own

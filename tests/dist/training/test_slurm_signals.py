@@ -114,53 +114,75 @@ def _iterations(root: str, rank: int) -> int:
         return 0
 
 
-def _one_try(root: str, order: str, gap_s: float) -> tuple[list[int], int]:
-    """Start the agent, wait for 3 iterations, signal as SLURM does; the workers' exit
-    codes and the iteration they stopped after. The agent is a fresh interpreter (as
-    torchrun is): forking the pytest process after earlier tests started threads can
-    leave a child stuck on a lock those threads held. A failed try kills the agent and
-    its workers instead of waiting for them."""
+def _serve() -> None:
+    """The agents' parent: a fresh interpreter (as torchrun is) that imports this module
+    once and forks one agent per line ``ROOT`` on stdin; for each it prints ``AGENT_PID
+    WORKER_PIDS...`` then, once the agent ended, ``WORKER_CODES... AGENT_STATUS``. Forking
+    the pytest process instead, after earlier tests started threads, can leave a child stuck
+    on a lock those threads held; a fresh interpreter per try cost 7 s of imports."""
+    for line in sys.stdin:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read)
+                _agent(line.strip(), write)
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as report:
+            print(pid, report.readline().strip(), flush=True)
+            codes = report.readline().strip()
+        _, status = os.waitpid(pid, 0)
+        print(codes, os.waitstatus_to_exitcode(status), flush=True)
+
+
+def _one_try(server: subprocess.Popen, root: str, order: str,
+             gap_s: float) -> tuple[list[int], int]:
+    """Start an agent, wait for 3 iterations, signal as SLURM does; the workers' exit codes
+    and the iteration they stopped after. A failed try kills the agent and its workers."""
     os.makedirs(root)
-    read, write = os.pipe()
-    agent = subprocess.Popen([sys.executable, os.path.abspath(__file__), root, str(write)],
-                             pass_fds=(write,))
-    os.close(write)
-    lines = os.fdopen(read)
-    workers: list[int] = []
+    server.stdin.write(root + "\n")
+    server.stdin.flush()
+    agent, *workers = [int(pid) for pid in server.stdout.readline().split()]
+    ended = False
     try:
-        workers = [int(pid) for pid in lines.readline().split()]
         deadline = time.monotonic() + WAIT_S
         while min(_iterations(root, rank) for rank in range(WORLD)) < 3:
             assert time.monotonic() < deadline, "the workers did not run 3 iterations"
             time.sleep(0.01)
-        first, then = ((workers, [agent.pid]) if order == "workers first"
-                       else ([agent.pid], workers))
+        first, then = (workers, [agent]) if order == "workers first" else ([agent], workers)
         for pid in first:
             os.kill(pid, signal.SIGTERM)
         time.sleep(gap_s)
         for pid in then:
             os.kill(pid, signal.SIGTERM)
-        codes = [int(code) for code in lines.readline().split()]  # the agent waits <= 30 s
-        assert agent.wait(timeout=2 * AGENT_GRACE_S) == 0
+        *codes, agent_status = [int(code) for code in server.stdout.readline().split()]
+        ended = True  # the agent waits <= 30 s for its workers
+        assert agent_status == 0
     finally:
-        lines.close()
-        if agent.poll() is None:
-            for pid in [*workers, agent.pid]:
+        if not ended:
+            for pid in [*workers, agent]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            agent.wait()
     return codes, max(_iterations(root, rank) for rank in range(WORLD))
 
 
 def test_slurm_signals_workers_and_torchrun_0_to_50_ms_apart_every_try_saves(tmp_path):
     outcomes = []
-    for index, (order, gap_ms) in enumerate(TRIES):
-        root = str(tmp_path / f"try_{index:02d}")
-        codes, done = _one_try(root, order, gap_ms / 1000.0)
-        saved = latest_iteration(f"{root}/ckpt")
-        outcomes.append((order, gap_ms, codes, saved, done))
+    server = subprocess.Popen([sys.executable, os.path.abspath(__file__)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        for index, (order, gap_ms) in enumerate(TRIES):
+            root = str(tmp_path / f"try_{index:02d}")
+            codes, done = _one_try(server, root, order, gap_ms / 1000.0)
+            saved = latest_iteration(f"{root}/ckpt")
+            outcomes.append((order, gap_ms, codes, saved, done))
+    finally:
+        server.kill()
+        server.wait()
     failed = [o for o in outcomes if o[2] != [EXIT_PREEMPTED] * WORLD or o[3] != o[4]]
     assert not failed, (f"{len(TRIES) - len(failed)} of {len(TRIES)} tries saved; failed "
                         f"(order, gap ms, exit codes, saved iteration, last iteration): "
@@ -202,5 +224,5 @@ def test_a_signal_after_the_saves_grace_period_kills(tmp_path):
     assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM
 
 
-if __name__ == "__main__":  # the agent of one try: python this_file ROOT REPORT_FD
-    _agent(sys.argv[1], int(sys.argv[2]))
+if __name__ == "__main__":  # the agents' parent: python this_file (ROOT lines on stdin)
+    _serve()

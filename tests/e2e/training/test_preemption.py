@@ -61,7 +61,7 @@ def test_slurms_sigterm_saves_the_current_iteration_and_load_continues_bit_exact
     torchrun forwards its own SIGTERM a few ms later; the repeat must not kill the save."""
     ckpt = tmp_path / "ckpt"
     process, log = start(FLAGS + ["--save", str(ckpt)], nproc=2, tmp_path=tmp_path,
-                         name="interrupted")
+                         name="interrupted", launcher="torchrun")
     _wait_for(lambda: len(_records(log)) >= 3, "3 logged iterations", process)
     workers = _workers(process.pid)
     assert len(workers) == 2, workers

@@ -53,7 +53,7 @@ def test_torchrun_root_cause_is_the_failing_rank(tmp_path, fail_rank):
     script.write_text(_SCRIPT.format(rank=fail_rank))
     run = launch([*TINY_MODEL, "--pipeline-model-parallel-size", "2", "--train-iters", "2"],
                  nproc=4, tmp_path=tmp_path, name=f"fail{fail_rank}", log=False,
-                 script=str(script), timeout=120)
+                 script=str(script), timeout=120, launcher="torchrun")
     assert run.returncode != 0, run.describe()
     output = run.stdout + run.stderr
     root = output.split("Root Cause (first observed failure):", 1)
