@@ -4,7 +4,8 @@ timeout (the one torchrun launcher of the tests and benchmarks).
 Two launchers, one interface. ``launcher="zygote"`` (the tests' default) is
 :mod:`odc_pp.testing.zygote`: torchrun's worker environment, with the ranks forked from one
 process that imported torch and megatron-core once per test session
-(:mod:`odc_pp.testing.zygote_server`; a tiny run's time was mostly those imports). ``launcher="torchrun"`` is ``python -m torch.distributed.run`` itself: the tests of
+(:mod:`odc_pp.testing.zygote_server`; a tiny run's time was mostly those imports).
+``launcher="torchrun"`` is ``python -m torch.distributed.run`` itself: the tests of
 launcher behaviour (restarts, signals, torchelastic's failure report and error files) and
 the benchmarks use it, and any ``torchrun=`` options imply it."""
 
@@ -97,7 +98,8 @@ def _zygote_server(environment: dict[str, str]) -> str:
     _SERVER.clear()
     directory = tempfile.TemporaryDirectory(prefix="odc-pp-zygote-")
     path = os.path.join(directory.name, "zygote.sock")
-    server = subprocess.Popen([sys.executable, "-m", "odc_pp.testing.zygote_server", path],
+    server = subprocess.Popen([sys.executable, "-m", "odc_pp.testing.zygote_server", "serve",
+                               path],
                               cwd=ROOT, env=environment, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     ready = server.stdout.readline()  # (after the imports: seconds)
@@ -126,7 +128,7 @@ def start(flags: list[str], *, nproc: int, tmp_path, name: str, log: bool = True
     environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
                        PYTHONWARNINGS="ignore", TORCHELASTIC_ERROR_FILE="", **(env or {}))
     if torchrun is None and launcher == "zygote":
-        prefix = ["-m", "odc_pp.testing.zygote", "--server", _zygote_server(environment)]
+        prefix = ["-m", "odc_pp.testing.zygote_server", "launch", _zygote_server(environment)]
     command = [sys.executable, *prefix, "--nproc-per-node", str(nproc),
                *([script] if script else entry or ENTRY), *flags]
     if log_path:

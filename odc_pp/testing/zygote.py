@@ -5,8 +5,8 @@ Why: a tiny end-to-end run spends most of its time importing torch and megatron-
 (about 4 s of CPU per process on this machine, more than ten iterations of the tiny GPT),
 and torchrun starts every rank, and itself, from a fresh interpreter. This launcher imports
 them once and forks the ranks from that process, so an 8-rank run pays the imports once
-instead of nine times; through :mod:`odc_pp.testing.zygote_server` (``--server SOCKET``,
-what the tests use) a whole test session pays them once.
+instead of nine times; through :mod:`odc_pp.testing.zygote_server` (what the tests use) a
+whole test session pays them once.
 
 What a rank sees is what torchrun's worker sees: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``,
@@ -250,11 +250,7 @@ def run(command: Command, watch=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--server"]:  # a client of odc_pp.testing.zygote_server
-        from .zygote_server import request
-        return request(argv[1], argv[2:])
-    command = parse(argv)
+    command = parse(sys.argv[1:] if argv is None else argv)
     preload()
     return run(command)
 

@@ -1,6 +1,7 @@
 """One preloaded zygote for a whole test session: ``python -m odc_pp.testing.zygote_server
-SOCKET`` imports :data:`odc_pp.testing.zygote.PRELOAD` once, then serves launches;
-``python -m odc_pp.testing.zygote --server SOCKET --nproc-per-node N ...`` is a launch.
+serve SOCKET`` imports :data:`odc_pp.testing.zygote.PRELOAD` once, then serves launches;
+``python -m odc_pp.testing.zygote_server launch SOCKET --nproc-per-node N (-m MODULE |
+SCRIPT) ARGS...`` is a launch (the arguments of :mod:`odc_pp.testing.zygote`).
 
 A launch is a small client process (no torch import) that hands the server its command
 line, working directory, environment and its stdin / stdout / stderr (passed as file
@@ -27,7 +28,7 @@ import sys
 
 from .zygote import parse, preload, run
 
-__all__ = ["request", "serve"]
+__all__ = ["main", "request", "serve"]
 
 _HEADER = 10
 """Digits of the request's length prefix."""
@@ -131,7 +132,19 @@ def serve(path: str) -> None:
             os.unlink(path)
 
 
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "serve":
+        serve(argv[1])
+        return 0
+    if len(argv) >= 2 and argv[0] == "launch":
+        return request(argv[1], argv[2:])
+    print("usage: python -m odc_pp.testing.zygote_server (serve SOCKET | launch SOCKET "
+          "--nproc-per-node N (-m MODULE | SCRIPT) ARGS...)", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    status = main(sys.argv[1:])
     sys.stdout.flush()
-    os._exit(0)
+    sys.stderr.flush()
+    os._exit(status)  # (no module teardown: seconds for the server, nothing for a client)

@@ -62,7 +62,7 @@ def _run(launcher: list[str], script, mode: str, out, timeout=120):
 
 def _launchers() -> dict[str, list[str]]:
     return {"zygote": ["odc_pp.testing.zygote"],
-            "server": ["odc_pp.testing.zygote", "--server", _zygote_server(ENV)],
+            "server": ["odc_pp.testing.zygote_server", "launch", _zygote_server(ENV)],
             "torchrun": ["torch.distributed.run", "--standalone"]}
 
 

@@ -177,7 +177,10 @@ def test_model_with_the_flag_is_the_plain_model_with_norm_weights_plus_one(resul
     result = results[case]
     assert result["initial_zero"], result
     assert result["loss_difference"] <= 1e-5, result
-    assert result["grad_difference"] <= 1e-6, result
+    # float32 rounding only: (1 + w) * x and the plain weight's product round apart and
+    # the difference grows through the layers (1.07e-6 = 9 ulp seen on llama_qk); a wrong
+    # formula is off by O(1)
+    assert result["grad_difference"] <= 5e-6, result
     assert any(name.endswith("decoder.final_layernorm.weight") for name in result["norms"])
     if "llama_qk" in case:
         assert any("q_layernorm" in name for name in result["norms"])
