@@ -60,6 +60,10 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "runtime_cpu.json"))
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed rounds, one more step of every configuration "
+                             "under torch.profiler: per rank, the ops' self CPU time, the "
+                             "top ops, and the time outside ops per microbatch")
     return parser.parse_args(argv)
 
 
@@ -212,6 +216,30 @@ def bench_torch(name, cache, microbatches, args):
     return Runner({"schedule": name}, run, chunks, native_autograd=True)
 
 
+def profile_one_step(runner, microbatches: int, top: int = 15) -> dict:
+    """One step under torch.profiler (CPU): wall, the summed self time of the top-level
+    ops (aten, and gloo's collectives as torch records them), the rest per microbatch
+    (Python: the runtime, autograd's engine, the schedule's interpreter), the top ops by
+    self time; every rank's, gathered."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        runner.run_once()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    ops = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in events),
+                 key=lambda item: -item[1])
+    in_ops = sum(seconds for _, seconds, _ in ops)
+    mine = {"wall_s": wall, "ops_self_s": in_ops,
+            "outside_ops_per_microbatch_ms": 1e3 * (wall - in_ops) / microbatches,
+            "top_ops": [{"op": k, "self_s": round(t, 5), "calls": c} for k, t, c in ops[:top]]}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {"ranks": gathered}
+
+
 def check_same_gradients(runners):
     """Record, in each torch row, how far its gradients are from ours on the same chunks
     (proves both compute the same minibatch; the losses use the same normalisation
@@ -280,6 +308,9 @@ def run_benchmark(args):
     for runner in runners:
         if runner.profiler is not None:
             runner.predict()
+    if args.profile:
+        for runner in runners:
+            runner.row["profile"] = profile_one_step(runner, args.microbatches)
     check_same_gradients(runners)
     rows = []
     for runner in runners:
