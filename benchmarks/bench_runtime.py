@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -60,6 +61,11 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "runtime_cpu.json"))
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--native-linears", default="",
+                        help="comma-separated schedules also run with the linears' native "
+                             "autograd (weight gradients in B, no deferral; W actions find "
+                             "nothing to do): rows '<name>+native-linears' isolate the cost "
+                             "of the deferrable linears")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, one more step of every configuration "
                              "under torch.profiler: per rank, the ops' self CPU time, the "
@@ -235,6 +241,14 @@ def profile_one_step(runner, microbatches: int, top: int = 15) -> dict:
     mine = {"wall_s": wall, "ops_self_s": in_ops,
             "outside_ops_per_microbatch_ms": 1e3 * (wall - in_ops) / microbatches,
             "top_ops": [{"op": k, "self_s": round(t, 5), "calls": c} for k, t, c in ops[:top]]}
+    actions: dict[str, float] = {}  # torch.distributed.pipelining's PP:<stage><kind><mb>
+    for event in events:
+        match = re.fullmatch(r"PP:\d+([A-Z]+)\d+", event.key)
+        if match:
+            actions[match.group(1)] = actions.get(match.group(1), 0.0) \
+                + event.cpu_time_total / 1e6
+    if actions:
+        mine["pipelining_actions_s"] = actions
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {"ranks": gathered}
@@ -290,6 +304,11 @@ def run_benchmark(args):
                                   costs=plan_costs), plan_costs)
         runner, costs = bench_ours(name, schedule, cache, microbatches, args)
         runners.append(runner)
+        if name in args.native_linears.split(","):
+            native = bench_ours(name, schedule, cache, microbatches, args)[0]
+            native.native_autograd = True
+            native.row["schedule"] = f"{name}+native-linears"
+            runners.append(native)
         if name == "zb-h1":
             zb_h1_costs = costs
     if zb_h1_costs is not None:
