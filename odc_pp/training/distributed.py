@@ -28,8 +28,8 @@ from ..layout import DataParallelMode, ParallelLayout
 from ..runtime.p2p_channels import Communicator, PipelineChannels, create_pipeline_channels
 from ..runtime.warmup import warm_up
 
-__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "local_device",
-           "warm_up_topology", "all_ranks_true"]
+__all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "elastic_restart_store",
+           "local_device", "warm_up_topology", "all_ranks_true"]
 
 
 @dataclass(frozen=True)
@@ -193,11 +193,33 @@ def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
         backend = "gloo"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    timeout = datetime.timedelta(minutes=timeout_minutes)
     if not dist.is_initialized():
+        store = elastic_restart_store(timeout)
+        if store is not None:
+            extra["store"] = store
         dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                                timeout=datetime.timedelta(minutes=timeout_minutes),
-                                **extra)
+                                timeout=timeout, **extra)
     return device
+
+
+def elastic_restart_store(timeout: datetime.timedelta):
+    """On a torchelastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) whose workers use the
+    agent's store (``TORCHELASTIC_USE_AGENT_STORE``): that store under a prefix of its own
+    restart, else None (``init_process_group`` connects as usual).
+
+    Why: torchrun's c10d rendezvous shares one TCPStore server across restarts, and the
+    workers' client does not prefix it per attempt (torch 2.13's ``_create_c10d_store``
+    assumes a new store per retry), so a restarted rank could read the gloo address a
+    rank of the killed round published under the same key, connect to a dead port and
+    fail in ``connectFullMesh`` ("Connection refused"): tests/e2e/training/
+    test_elastic_restart.py did, in most runs."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"odc-pp/elastic_restart_{restart}", store)
 
 
 def warm_up_topology(topo: "Topology", *, timeout_s: float, ops=None,

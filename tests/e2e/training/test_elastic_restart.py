@@ -3,7 +3,9 @@
 agent is killed with its workers; the surviving agent restarts its workers at world size 2,
 which resume from the newest checkpoint in --save (resharded dp 4 -> 2, the global batch
 kept) and finish. Their losses after the restart equal a run resumed by hand from the same
-checkpoint at world size 2."""
+checkpoint at world size 2. (Until odc_pp.training.distributed.elastic_restart_store, most
+runs failed in gloo's connectFullMesh at the restart: torchrun shares its store across
+restarts without a per-attempt prefix.)"""
 
 from __future__ import annotations
 
@@ -59,14 +61,6 @@ def _kill_node(process) -> None:
             pass
 
 
-def _xfail_if_gloo_reconnect(text: str) -> None:
-    """Known flake (3 of 6 runs on the loaded 2-core host): after the kill, the restarted
-    ranks fail in torch's gloo init (``connectFullMesh ... Connection refused`` / ``Connect
-    timeout``) before odc-pp's code runs; not yet understood (a stale rendezvous member?)."""
-    if "connectFullMesh" in text:
-        pytest.xfail("torch elastic restart: gloo connectFullMesh failed at re-init")
-
-
 def test_killed_node_restarts_at_a_smaller_world_and_matches_a_manual_resume(tmp_path):
     ckpt = tmp_path / "ckpt"
     flags = FLAGS + ["--save", str(ckpt), "--save-interval", "2"]
@@ -90,17 +84,11 @@ def test_killed_node_restarts_at_a_smaller_world_and_matches_a_manual_resume(tmp
                   survivor, timeout=400)
         _kill_node(doomed)  # the node goes away with its 2 workers
         doomed.communicate()
-        try:
-            run = finish(survivor, log, name="elastic", timeout=300)
-        except AssertionError as exc:  # timed out
-            _xfail_if_gloo_reconnect(str(exc))
-            raise
+        run = finish(survivor, log, name="elastic", timeout=300)
     finally:
         for process in (survivor, doomed):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-    if run.returncode != 0:
-        _xfail_if_gloo_reconnect(run.stderr)
     assert run.returncode == 0, run.describe()
     assert re.search(r"elastic restart \d: resuming from the newest verified checkpoint in "
                      r"--save", run.stdout), run.describe()
