@@ -66,6 +66,10 @@ def parse_args(argv=None):
                              "autograd (weight gradients in B, no deferral; W actions find "
                              "nothing to do): rows '<name>+native-linears' isolate the cost "
                              "of the deferrable linears")
+    parser.add_argument("--bare", action="store_true",
+                        help="also time each local chunk's forward and full backward on "
+                             "microbatch 0 outside the runtime (median of 5): with the "
+                             "profiled action costs, the runtime's overhead per action")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, one more step of every configuration "
                              "under torch.profiler: per rank, the ops' self CPU time, the "
@@ -222,6 +226,38 @@ def bench_torch(name, cache, microbatches, args):
     return Runner({"schedule": name}, run, chunks, native_autograd=True)
 
 
+def bare_compute(runner, microbatch, reps: int = 5) -> dict:
+    """Per local chunk: its forward and its full backward (input and weight gradients) on
+    ``microbatch`` outside the runtime, median seconds of ``reps``, beside the action
+    costs the runtime's profiler measured for that stage (F, and B + W); every rank's."""
+    costs = runner.profiler.cost_model()
+    mine = {}
+    for chunk in runner.chunks:
+        forward, backward = [], []
+        for _ in range(reps):
+            hidden = None
+            if not chunk.is_first:
+                shape, dtype = chunk.input_shape(microbatch)
+                hidden = torch.randn(shape, dtype=dtype, requires_grad=True)
+            start = time.perf_counter()
+            out = chunk(hidden, microbatch)
+            middle = time.perf_counter()
+            torch.autograd.backward(out, torch.ones_like(out))
+            forward.append(middle - start)
+            backward.append(time.perf_counter() - middle)
+        chunk.zero_grad(set_to_none=True)
+        def of(values, stage=chunk.stage):
+            return values[stage] if isinstance(values, list) else values
+
+        mine[chunk.stage] = {"bare_f_s": statistics.median(forward),
+                             "bare_bw_s": statistics.median(backward),
+                             "runtime_f_s": of(costs.t_f),
+                             "runtime_b_plus_w_s": of(costs.t_b) + of(costs.t_w)}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {str(stage): value for ranks in gathered for stage, value in ranks.items()}
+
+
 def profile_one_step(runner, microbatches: int, top: int = 15) -> dict:
     """One step under torch.profiler (CPU): wall, the summed self time of the top-level
     ops (aten, and gloo's collectives as torch records them), the rest per microbatch
@@ -330,6 +366,10 @@ def run_benchmark(args):
     if args.profile:
         for runner in runners:
             runner.row["profile"] = profile_one_step(runner, args.microbatches)
+    if args.bare:
+        for runner in runners:
+            if runner.profiler is not None:
+                runner.row["bare"] = bare_compute(runner, microbatches[0])
     check_same_gradients(runners)
     rows = []
     for runner in runners:
