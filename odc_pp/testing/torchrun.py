@@ -97,6 +97,9 @@ def _zygote_server(environment: dict[str, str]) -> str:
         return os.path.join(_SERVER[1].name, "zygote.sock")
     _SERVER.clear()
     directory = tempfile.TemporaryDirectory(prefix="odc-pp-zygote-")
+    if len(directory.name) > 80 and os.path.isdir("/tmp"):  # a Unix socket's path: < 108 B
+        directory.cleanup()
+        directory = tempfile.TemporaryDirectory(prefix="odc-pp-zygote-", dir="/tmp")
     path = os.path.join(directory.name, "zygote.sock")
     server = subprocess.Popen([sys.executable, "-m", "odc_pp.testing.zygote_server", "serve",
                                path],
