@@ -104,8 +104,10 @@ def parse(argv: list[str]) -> Command:
 
 
 def preload() -> None:
-    """Import :data:`PRELOAD`; refuse to go on with a second thread (fork safety)."""
+    """Import :data:`PRELOAD`; refuse to go on with a second thread or an initialised CUDA
+    context (fork safety: a forked rank could not use either)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available(): no CUDA init
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -114,6 +116,10 @@ def preload() -> None:
     if threading.active_count() != 1:
         raise RuntimeError(f"odc_pp.testing.zygote: {threading.active_count()} threads after "
                            "the imports; forking would copy their locks")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("odc_pp.testing.zygote: CUDA was initialised by the imports; a "
+                           "forked rank could not use it")
 
 
 def _rank_environment(rank: int, world_size: int, port: int, run_id: str) -> dict[str, str]:
