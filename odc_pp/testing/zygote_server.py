@@ -32,6 +32,8 @@ __all__ = ["main", "request", "serve"]
 
 _HEADER = 10
 """Digits of the request's length prefix."""
+REQUEST_TIMEOUT_S = 30.0
+"""Longest the server waits for a connected client's whole request."""
 
 
 def request(path: str, argv: list[str]) -> int:
@@ -113,9 +115,11 @@ def serve(path: str) -> None:
             if listener not in ready:
                 continue
             conn, _ = listener.accept()
+            conn.settimeout(REQUEST_TIMEOUT_S)  # a client that never finishes its request
             try:
                 message, fds = _receive(conn)
-            except (ConnectionError, ValueError) as exc:
+                conn.settimeout(None)
+            except (OSError, ValueError) as exc:
                 print(f"odc_pp.testing.zygote_server: a bad request ({exc})", file=sys.stderr,
                       flush=True)
                 conn.close()
