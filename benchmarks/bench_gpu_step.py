@@ -80,10 +80,15 @@ VARIANTS = {"unpacked-expandable": ("unpacked", EXPANDABLE, []),
             "lbmini-packed-expandable": ("lbmini-packed", EXPANDABLE, []),
             "full-1f1b-expandable": ("full-1f1b", EXPANDABLE, []),
             "full-1f1b-unfused-ce": ("full-1f1b", None, UNFUSED),
-            "lbmini-packed-unfused-ce": ("lbmini-packed", None, UNFUSED)}
+            "lbmini-packed-unfused-ce": ("lbmini-packed", None, UNFUSED),
+            "full-1f1b-layer": ("full-1f1b", None, ["--odc-param-residency", "layer"])}
 """A/B runs: a run's flags under another environment (the caching allocator's expandable
 segments: variable shapes without cudaMalloc/cudaFree churn near the memory limit) or
-with extra flags (the unfused output layer + loss)."""
+with extra flags (the unfused output layer + loss; FSDP-style per-layer parameter
+residency). Any run name + ``-profile`` runs it under ``gpu_step_profile.py`` (iterations
+3-4 under torch.profiler; the summary goes into the row's ``profile``)."""
+PROFILED = (3, 5)
+"""The profiled iterations [start, stop) of a ``-profile`` run."""
 
 
 def write_rows(path: str, shape: dict, count: int, seed: int = 0) -> None:
@@ -129,12 +134,21 @@ def summarize(records: list[dict], peak_tflops: float | None) -> dict:
 
 
 def odc_run(name: str, flags: list[str], *, iters: int, work: str, timeout_s: float,
-            peak_tflops: float | None, env: dict | None = None) -> dict:
+            peak_tflops: float | None, env: dict | None = None,
+            profile: bool = False) -> dict:
     log_json = os.path.join(work, f"{name}.jsonl")
-    cmd = [sys.executable, "pretrain_gpt.py", *flags, "--train-iters", str(iters),
+    entry = ["pretrain_gpt.py"]
+    if profile:
+        iters = max(iters, PROFILED[1] + 1)
+        entry = ["benchmarks/gpu_step_profile.py", "--out", os.path.join(work, f"{name}.json"),
+                 "--start", str(PROFILED[0]), "--stop", str(PROFILED[1]), "--"]
+    cmd = [sys.executable, *entry, *flags, "--train-iters", str(iters),
            "--log-json", log_json]
     status, output = _run(cmd, timeout_s, os.path.join(work, f"{name}.log"), env)
     result = {"flags": flags, "exit": status, **({"env": env} if env else {})}
+    if profile and os.path.exists(os.path.join(work, f"{name}.json")):
+        with open(os.path.join(work, f"{name}.json")) as handle:
+            result["profile"] = json.load(handle)
     if os.path.exists(log_json):
         with open(log_json) as handle:
             records = [json.loads(line) for line in handle if '"loss"' in line]
@@ -192,10 +206,12 @@ def main(argv=None) -> int:
             result["runs"][name] = hf_run(shape, rows, iters=args.iters, work=work,
                                           timeout_s=left - 5, peak_tflops=peak)
         else:
-            base, env, extra = VARIANTS.get(name, (name, None, []))
+            profile = name.endswith("-profile")
+            base, env, extra = VARIANTS.get(name.removesuffix("-profile"),
+                                            (name.removesuffix("-profile"), None, []))
             flags = model_flags(shape) + table[base] + extra
             row = odc_run(name, flags, iters=args.iters, work=work, timeout_s=left - 5,
-                          peak_tflops=peak, env=env)
+                          peak_tflops=peak, env=env, profile=profile)
             if not args.no_dry_run and name in ("full-1f1b", "full-zbv", "lbmini-packed") and \
                     deadline - time.monotonic() > 30:
                 row["dry_run"] = dry_run(name, flags, work=work, memory_gb=memory_gb,

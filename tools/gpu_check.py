@@ -31,6 +31,8 @@ Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME``
   ``LOSS_RTOL`` / ``LOSS_ATOL``.
 * ``train-pp2-nccl``: pp=2 over NCCL (1F1B and ZB-V, bf16, packed) with two GPUs; on one
   it records ``train_pp2_nccl_skipped`` (NCCL refuses two ranks on one GPU).
+* ``train-dp2-shared``: dp=2 with ODC over CUDA IPC and LB-Mini packed rows, both ranks on
+  one GPU (gloo for the collectives), losses equal to the same flags on CPU.
 * ``train-offload``: the offload schedule (``--cpu-offload``); the log's peak memory is the
   caching allocator's peak *reservation*.
 * ``train-zb-auto``: ZB-auto re-planned from measured costs (CUDA-event action timings).
@@ -242,6 +244,28 @@ def _stage_pp2_nccl(context: Context) -> list[Check]:
     return checks
 
 
+def _stage_dp2_shared(context: Context) -> list[Check]:
+    """pretrain_gpt.py at dp=2 (ODC over CUDA IPC, LB-Mini packed rows) with both ranks on
+    one GPU (gloo for the collectives), against the same flags on CPU: equal losses. No
+    timing: the two ranks share the GPU (issue 29, Deliver 5)."""
+    flags = PARITY_MODEL + ["--pipeline-schedule", "1f1b", "--dp-mode", "odc",
+                            "--load-balance", "lb-mini", "--packed-attention", "dense"]
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    gpu = _train(context, "train-dp2-shared-gpu", flags, timeout_s=100, nproc=2, env=env)
+    cpu = _train(context, "train-dp2-shared-cpu", flags, timeout_s=80, nproc=2,
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    checks = [_training_check("train_dp2_odc_one_gpu", *gpu, 5),
+              _training_check("train_dp2_odc_cpu", *cpu, 5)]
+    ipc = "falling back to --dp-mode collective" not in gpu[1]
+    if all(check.passed for check in checks):
+        ok, detail = compare_losses([r["loss"] for r in cpu[2]], [r["loss"] for r in gpu[2]])
+        ok, detail = ok and ipc, f"{'CUDA IPC' if ipc else 'NOT CUDA IPC (fell back)'}; {detail}"
+    else:
+        ok, detail = False, "a run failed (see the two checks above)"
+    return checks + [Check(name="train_dp2_odc_one_gpu_matches_cpu", passed=ok,
+                           detail=detail)]
+
+
 def _stage_pytest(context: Context) -> list[Check]:
     status, output = run_command(
         context, "pytest-gpu",
@@ -392,6 +416,8 @@ STAGES: tuple[Stage, ...] = (
           timeout_s=550, run=_stage_parity),
     Stage(name="train-pp2-nccl", summary="pretrain_gpt.py: pp=2 over NCCL (two GPUs)",
           timeout_s=560, run=_stage_pp2_nccl),
+    Stage(name="train-dp2-shared", summary="pretrain_gpt.py: dp=2 ODC, two ranks on one GPU "
+          "vs CPU", timeout_s=420, run=_stage_dp2_shared),
     Stage(name="train-offload", summary="pretrain_gpt.py: offload schedule, reserved memory",
           timeout_s=560, run=_stage_offload),
     Stage(name="train-zb-auto", summary="pretrain_gpt.py: zb-auto re-planned from events",
