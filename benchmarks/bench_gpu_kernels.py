@@ -10,7 +10,8 @@ the output and every input gradient):
 
 * ``rmsnorm``: ``odc_pp.megatron.rms_norm.rms_norm`` (``F.rms_norm`` on CUDA) vs
   ``LigerRMSNormFunction`` (casting mode ``llama``);
-* ``swiglu``: ``odc_pp.megatron.swiglu.swiglu`` (saves ``[gate | up]``) vs
+* ``swiglu``: ``odc_pp.megatron.swiglu.swiglu`` (saves ``[gate | up]``) and its Triton
+  kernels (``odc_pp.megatron.swiglu_triton``, ``ours_triton``) vs
   ``LigerSiLUMulFunction`` on the two halves (made contiguous: megatron's fc1 output is one
   ``[gate | up]`` tensor);
 * ``rope``: megatron's unfused ``_apply_rotary_pos_emb_bshd`` on ``[s, b, heads, d]`` q and k
@@ -19,8 +20,8 @@ the output and every input gradient):
   ``LigerFusedLinearCrossEntropyFunction`` (sum reduction) vs the unfused output layer +
   fp32 cross entropy.
 
-Liger comes from its wheel (``pip install --no-index --find-links .whl liger-kernel``; a
-pure-Python package of Triton kernels); without it only our rows are measured. ``--device
+Liger comes from its wheel (``pip install --no-deps --no-index --find-links .whl
+liger-kernel``; a pure-Python package of Triton kernels); without it only our rows are measured. ``--device
 cpu --tiny`` runs our rows at a small shape (a self-test of the script). Output: ``--out``
 (JSON).
 """
@@ -93,6 +94,9 @@ def implementations(shape: dict, kernel: str, liger: dict | None, device) -> dic
             out["liger"] = lambda x, w: (liger["rms"].apply(x, w, 1e-5, 0.0, "llama", False),)
     elif kernel == "swiglu":
         out["ours"] = lambda x: (swiglu(x),)
+        if device.type == "cuda":
+            from odc_pp.megatron.swiglu_triton import fused_swiglu
+            out["ours_triton"] = lambda x: (fused_swiglu(x),)
         if liger:
             out["liger"] = lambda x: (liger["swiglu"].apply(*(c.contiguous() for c in
                                                               x.chunk(2, dim=-1))),)
@@ -100,9 +104,9 @@ def implementations(shape: dict, kernel: str, liger: dict | None, device) -> dic
         from megatron.core.models.common.embeddings.rope_utils import (
             _apply_rotary_pos_emb_bshd)
         freqs = _rope_freqs(shape, device)
+        # megatron's rotary embedding is fp32 (cos/sin are cast to the activations' dtype)
         out["ours"] = lambda q, k: tuple(_apply_rotary_pos_emb_bshd(
-            t, freqs[:, None, None, :].to(t.dtype if t.dtype != torch.float32 else
-                                          torch.float32)) for t in (q, k))
+            t, freqs[:, None, None, :]) for t in (q, k))
         if liger:
             def liger_rope(q, k):
                 cos, sin = freqs.cos()[None].to(q.dtype), freqs.sin()[None].to(q.dtype)

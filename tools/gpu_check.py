@@ -246,10 +246,11 @@ def _stage_pp2_nccl(context: Context) -> list[Check]:
 
 def _stage_dp2_shared(context: Context) -> list[Check]:
     """pretrain_gpt.py at dp=2 (ODC over CUDA IPC, LB-Mini packed rows) with both ranks on
-    one GPU (gloo for the collectives), against the same flags on CPU: equal losses. No
+    one GPU (``--distributed-backend gloo``), against the same flags on CPU: equal losses. No
     timing: the two ranks share the GPU (issue 29, Deliver 5)."""
     flags = PARITY_MODEL + ["--pipeline-schedule", "1f1b", "--dp-mode", "odc",
-                            "--load-balance", "lb-mini", "--packed-attention", "dense"]
+                            "--load-balance", "lb-mini", "--packed-attention", "dense",
+                            "--distributed-backend", "gloo"]
     env = {"CUDA_VISIBLE_DEVICES": "0"}
     gpu = _train(context, "train-dp2-shared-gpu", flags, timeout_s=100, nproc=2, env=env)
     cpu = _train(context, "train-dp2-shared-cpu", flags, timeout_s=80, nproc=2,

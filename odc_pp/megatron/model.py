@@ -43,6 +43,7 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
 from .full_recompute import apply_full_recompute
+from .swiglu import use_fused_swiglu
 from .linear_cross_entropy import FUSED_CROSS_ENTROPY, linear_cross_entropy, \
     use_fused_cross_entropy
 from .packed_attention import PACKED_KERNELS, PackedSegments, short_row_segments
@@ -144,6 +145,9 @@ class ModelConfig:
     fused_cross_entropy: str = "auto"
     """Output layer + loss over token chunks without the full logits
     (:mod:`odc_pp.megatron.linear_cross_entropy`): auto (CUDA), on or off."""
+    fused_swiglu: str = "auto"
+    """SwiGLU by the Triton kernels of :mod:`odc_pp.megatron.swiglu_triton`: auto (CUDA,
+    where they run), on (an error where they cannot) or off."""
 
     def __post_init__(self) -> None:
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
@@ -157,7 +161,8 @@ class ModelConfig:
                               ("position_embedding_type", POSITION_EMBEDDINGS),
                               ("attention_backend", ATTENTION_BACKENDS),
                               ("packed_attention", PACKED_KERNELS),
-                              ("fused_cross_entropy", FUSED_CROSS_ENTROPY)):
+                              ("fused_cross_entropy", FUSED_CROSS_ENTROPY),
+                              ("fused_swiglu", FUSED_CROSS_ENTROPY)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got "
                                  f"{getattr(self, name)!r}")
@@ -441,6 +446,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                                      sequence_parallel=tensor_parallel.sequence_parallel,
                                      zero_centered_gamma=config.apply_layernorm_1p,
                                      swiglu=config.activation == "swiglu",
+                                     fused_swiglu=config.activation == "swiglu" and
+                                     use_fused_swiglu(config.fused_swiglu, config.device),
                                      cp_group=cp_group, cp_comm_type=cp_comm_type)
     chunks = []
     for chunk in range(num_chunks):

@@ -37,7 +37,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
                               qk_layernorm: bool = False,
                               sequence_parallel: bool = False,
                               zero_centered_gamma: bool = False,
-                              swiglu: bool = False,
+                              swiglu: bool = False, fused_swiglu: bool = False,
                               cp_group=None, cp_comm_type: str = "p2p") -> ModuleSpec:
     """megatron's ``get_gpt_layer_local_spec(normalization=, qk_layernorm=)`` with
     deferrable linears.
@@ -56,7 +56,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     stores its weight zero-centred and scales by ``1 + weight``. ``swiglu``: the MLP's
     activation is :class:`~odc_pp.megatron.swiglu.SwiGLU`, which saves only the fc1
     output, as Megatron's default fused bias-SwiGLU (the TransformerConfig needs
-    ``use_te_activation_func=True``). ``cp_group``: a
+    ``use_te_activation_func=True``); ``fused_swiglu``: by its Triton kernels
+    (:mod:`~odc_pp.megatron.swiglu_triton`). ``cp_group``: a
     context-parallel group of more than one rank: the core attention is
     :class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention` over it
     (``cp_comm_type`` ``p2p`` ring or ``a2a``), whatever ``core_attention`` says.
@@ -90,7 +91,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     mlp.linear_fc1 = DeferrableColumnParallelLinear
     mlp.linear_fc2 = DeferrableRowParallelLinear
     if swiglu:
-        mlp.activation_func = SwiGLU
+        mlp.activation_func = ModuleSpec(module=SwiGLU, params={"fused": fused_swiglu})
     if recompute_lgd:
         apply_recompute_lgd(spec)
     return spec

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SwiGLU", "swiglu"]
+__all__ = ["SwiGLU", "swiglu", "use_fused_swiglu"]
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -39,11 +39,29 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     return _SwiGLUFunction.apply(x)
 
 
-class SwiGLU(nn.Module):
-    """The MLP activation module (``config`` is megatron's TransformerConfig, unused)."""
+def use_fused_swiglu(setting: str, device: str | torch.device) -> bool:
+    """``--fused-swiglu``: whether the MLP runs the Triton kernels
+    (:mod:`odc_pp.megatron.swiglu_triton`). ``auto``: where they run and match the eager
+    path (CUDA with Triton); ``on``: there, else a ValueError saying why not; ``off``."""
+    if setting == "off":
+        return False
+    from .swiglu_triton import fused_swiglu_problem
+    problem = fused_swiglu_problem(torch.device(device))
+    if problem is not None and setting == "on":
+        raise ValueError(f"--fused-swiglu on: {problem}")
+    return problem is None
 
-    def __init__(self, config=None) -> None:
+
+class SwiGLU(nn.Module):
+    """The MLP activation module (``config`` is megatron's TransformerConfig, unused);
+    ``fused``: the Triton kernels (:func:`use_fused_swiglu` decided they run here)."""
+
+    def __init__(self, config=None, fused: bool = False) -> None:
         super().__init__()
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.is_cuda:
+            from .swiglu_triton import fused_swiglu
+            return fused_swiglu(x)
         return swiglu(x)

@@ -17,7 +17,8 @@ Contract:
   are in are killed;
 * the children fork from a forkserver that imported :data:`PRELOAD` once per parent
   process (a fresh interpreter per child spent most of a small test importing torch and
-  megatron-core); each child takes the parent's current environment, working directory and
+  megatron-core), or, where a CUDA device is visible, start fresh ("spawn": a process that
+  initialised CUDA cannot fork a child that uses it); each child takes the parent's current environment, working directory and
   ``sys.path``, as a spawned one would;
 * a child leaves with ``os._exit`` once its result is flushed into the queue's pipe and
   every rank passed a final barrier: torch 2.13's CPU build sometimes aborts during
@@ -68,6 +69,12 @@ class LaunchConfig:
             raise ValueError(f"threads_per_rank must be >= 1, got {self.threads_per_rank}")
 
 
+def _cuda_visible() -> bool:
+    """A CUDA device is visible (by NVML where torch can, without initialising CUDA)."""
+    import torch
+    return torch.cuda.is_available()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -116,8 +123,11 @@ def run_workers(fn: Callable, world_size: int, *args: Any, config: LaunchConfig 
     config = config or LaunchConfig()
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # (read when the server starts: once)
+    if _cuda_visible():  # importing megatron-core in the server may initialise CUDA,
+        context = mp.get_context("spawn")  # which no forked child could use again
+    else:
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)  # (read when the server starts: once)
     results = context.Queue()
     port = free_port()
     environment = dict(os.environ)

@@ -117,6 +117,10 @@ class ModelArgs:
     on CUDA in bf16, else FlexAttention on CUDA, else a dense mask), varlen, flex or dense
     (docs/gpu.md). Under auto or varlen, unpacked rows shorter than --seq-length also
     run varlen (one document per row) where it applies."""
+    fused_swiglu: str = "auto"
+    """--swiglu's activation as one Triton kernel per direction: auto (on CUDA where the
+    kernel runs and matches the eager path), on (an error where it cannot), off
+    (odc_pp/megatron/swiglu_triton.py)."""
     fused_cross_entropy: str = "auto"
     """The output layer and the loss in one pass over token chunks, never holding the
     tokens x vocabulary logits: auto (on CUDA), on, off. The output layer's weight
@@ -182,6 +186,10 @@ class ParallelArgs:
     fp32: half its bytes. The owners' accumulators and the optimizer stay fp32."""
     distributed_timeout_minutes: float = 5.0
     """Longest wait on a peer before the job fails."""
+    distributed_backend: str = "nccl"
+    """Megatron's flag: the collectives' backend on GPUs, nccl (gloo for CPU tensors
+    beside it) or gloo (CUDA tensors too: slower, but it runs ranks that share one GPU,
+    which NCCL refuses). CPU runs use gloo whatever it says."""
 
     @property
     def mode(self) -> DataParallelMode:

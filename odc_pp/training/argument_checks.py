@@ -39,6 +39,8 @@ CHOICES = {
     "exit_signal": ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
     "packed_attention": ("auto", "varlen", "flex", "dense"),
     "fused_cross_entropy": ("auto", "on", "off"),
+    "fused_swiglu": ("auto", "on", "off"),
+    "distributed_backend": ("nccl", "gloo"),
 }
 
 

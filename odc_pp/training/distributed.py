@@ -29,7 +29,7 @@ from ..runtime.p2p_channels import Communicator, PipelineChannels, create_pipeli
 from ..runtime.warmup import warm_up
 
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "elastic_restart_store",
-           "local_device", "shares_device", "warm_up_topology", "all_ranks_true"]
+           "local_device", "warm_up_topology", "all_ranks_true"]
 
 
 @dataclass(frozen=True)
@@ -175,28 +175,18 @@ def local_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % count)
 
 
-def shares_device(env: DistEnv) -> bool:
-    """More ranks on this host than visible GPUs: some ranks share one (a test layout;
-    NCCL refuses it, so the collectives run on gloo, CUDA tensors included)."""
-    return env.local_world_size > torch.cuda.device_count()
-
-
-def init_distributed(env: DistEnv, *, timeout_minutes: float) -> torch.device:
+def init_distributed(env: DistEnv, *, timeout_minutes: float,
+                     backend: str = "nccl") -> torch.device:
     """gloo on CPU, nccl on GPU (:func:`local_device`); every collective times out. On
     GPU the device goes to ``init_process_group`` as ``device_id`` (torch >= 2.3), so
-    NCCL creates each group's communicator eagerly. Ranks sharing a GPU
-    (:func:`shares_device`) use gloo for CUDA tensors too."""
+    NCCL creates each group's communicator eagerly. ``backend`` (Megatron's
+    ``--distributed-backend``) ``gloo``: gloo for CUDA tensors too, e.g. for ranks that
+    share one GPU, which NCCL refuses (the data-parallel transport stays CUDA IPC)."""
     extra = {}
     if torch.cuda.is_available():
         device = local_device(env.local_rank)
         torch.cuda.set_device(device)
-        if shares_device(env):  # NCCL refuses two ranks on one GPU
-            backend = "gloo"
-            if env.rank == 0:
-                print(f"odc-pp: {env.local_world_size} ranks share "
-                      f"{torch.cuda.device_count()} GPU(s): gloo for collectives "
-                      "(no timing claim)", flush=True)
-        else:
+        if backend != "gloo":
             backend = "cpu:gloo,cuda:nccl"
             parameters = inspect.signature(dist.init_process_group).parameters
             if "device_id" in parameters or any(p.kind is p.VAR_KEYWORD

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
             print(note, flush=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
-        device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes)
+        device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes,
+                                  backend=args.parallel.distributed_backend)
         if device.type == "cpu":  # no page faults for re-allocated activations
             keep_freed_host_memory()
         topo = Topology.build(env.rank, layout, device, tied_last_stage=tied_last_stage(

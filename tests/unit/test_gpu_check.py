@@ -38,7 +38,7 @@ def test_stages_cover_the_issue_in_order_and_fit_ten_minutes():
     assert gpu_check.stage_names() == [
         "attention", "hf-config", "setup", "build", "device-choice", "pytest-gpu",
         "bench-transport", "train-zbv-bf16", "train-zbv-bf16-packed", "train-1f1b-fp32",
-        "train-pp2-nccl", "train-offload", "train-zb-auto", "step", "bench-tp"]
+        "train-pp2-nccl", "train-dp2-shared", "train-offload", "train-zb-auto", "step", "bench-tp"]
     assert all(stage.timeout_s <= 600 for stage in gpu_check.STAGES)
     with pytest.raises(ValueError, match="timeout_s"):
         gpu_check.Stage(name="x", summary="x", timeout_s=601, run=lambda context: [])

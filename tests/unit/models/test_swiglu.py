@@ -37,3 +37,17 @@ def test_saves_only_its_input():
     fc1_output = x * 1.0  # what linear_fc1 hands the activation
     assert saved_bytes(swiglu, fc1_output) == fc1_output.untyped_storage().nbytes()
     assert saved_bytes(_unfused, fc1_output) == 1.5 * fc1_output.untyped_storage().nbytes()
+
+
+def test_fused_swiglu_flag_off_the_gpu():
+    """--fused-swiglu: auto keeps the eager path where the Triton kernels cannot run (CPU),
+    on is one error saying why, off never asks; a fused module on a CPU tensor runs the
+    eager function."""
+    from odc_pp.megatron.swiglu import SwiGLU, use_fused_swiglu
+
+    assert use_fused_swiglu("auto", "cpu") is False
+    assert use_fused_swiglu("off", "cuda") is False
+    with pytest.raises(ValueError, match="--fused-swiglu on: .*(Triton|CUDA)"):
+        use_fused_swiglu("on", "cpu")
+    x = torch.randn(2, 3, 2 * 16)
+    assert torch.equal(SwiGLU(fused=True)(x), swiglu(x))

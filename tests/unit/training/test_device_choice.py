@@ -43,6 +43,22 @@ def test_init_distributed_binds_the_one_visible_device_eagerly(monkeypatch):
     assert calls["init"]["backend"] == "cpu:gloo,cuda:nccl"
 
 
+def test_distributed_backend_gloo_runs_cuda_tensors_on_gloo(monkeypatch):
+    """--distributed-backend gloo (Megatron's flag) on GPUs: one gloo backend for CPU and
+    CUDA tensors and no device_id (which would make NCCL communicators), e.g. for two
+    ranks sharing one GPU."""
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(set=device))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.update(init=kw))
+    device = init_distributed(DistEnv(rank=1, world_size=2, local_rank=1,
+                                      local_world_size=2), timeout_minutes=1, backend="gloo")
+    assert device == torch.device("cuda", 0)
+    assert calls["init"]["backend"] == "gloo" and "device_id" not in calls["init"]
+
+
 def test_init_distributed_on_cpu_passes_no_device(monkeypatch):
     calls = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
