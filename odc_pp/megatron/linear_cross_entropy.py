@@ -149,7 +149,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         token_weights = torch.ones(batch * seq, device=x.device,
                                    dtype=torch.promote_types(x.dtype, torch.float32))
     else:
+        # the loss mask lives on the host: a blocking copy would synchronise F's stream
         token_weights = token_weights.reshape(-1).to(
-            device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
+            device=x.device, dtype=torch.promote_types(x.dtype, torch.float32),
+            non_blocking=True)
     losses = _LinearCrossEntropy.apply(x, weight, flat_labels, token_weights)
     return losses.view(batch, seq)

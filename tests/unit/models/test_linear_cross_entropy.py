@@ -68,3 +68,34 @@ def test_held_bytes_formula_is_what_backward_keeps():
     # token weights fp32 (4 bytes a token); the formula's 8 per token also covers the
     # fp32 losses the caller holds
     assert kept + 4 * tokens == lce.held_bytes(tokens, h, vocab, 2, 2)
+
+
+def test_host_loss_mask_moves_without_blocking():
+    """The loss mask comes from the host (the runtime keeps microbatches on the CPU): its
+    copy to the device is non_blocking, since a blocking one synchronises the stream inside
+    F (the GPU sync test of issue 29 failed there). Shown with the model on the meta
+    device: every host-to-device copy of the call is recorded."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from odc_pp.megatron.linear_cross_entropy import linear_cross_entropy
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.blocking = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu" \
+                    and kwargs.get("device") not in (None, torch.device("cpu")) \
+                    and not kwargs.get("non_blocking", False):
+                self.blocking.append(tuple(args[0].shape))
+            return func(*args, **kwargs)
+
+    hidden = torch.randn(16, 2, 8, device="meta")
+    weight = torch.randn(32, 8, device="meta")
+    labels = torch.randint(0, 32, (2, 16), device="meta")
+    mask = torch.ones(2, 16)
+    with Copies() as copies:
+        linear_cross_entropy(hidden, weight, labels, mask)
+    assert copies.blocking == []
