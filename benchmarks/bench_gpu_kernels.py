@@ -14,8 +14,8 @@ the output and every input gradient):
   kernels (``odc_pp.megatron.swiglu_triton``, ``ours_triton``) vs
   ``LigerSiLUMulFunction`` on the two halves (made contiguous: megatron's fc1 output is one
   ``[gate | up]`` tensor);
-* ``rope``: megatron's unfused ``_apply_rotary_pos_emb_bshd`` on ``[s, b, heads, d]`` q and k
-  vs ``LigerRopeFunction`` (``[b, heads, s, d]``, cos/sin of the same frequencies);
+* ``rope``: megatron's unfused ``_apply_rotary_pos_emb_bshd`` on ``[s, b, heads, d]`` q and k,
+  and the Triton kernels (``odc_pp.megatron.rope_triton``, ``ours_triton``), vs ``LigerRopeFunction`` (``[b, heads, s, d]``, cos/sin of the same frequencies);
 * ``linear_ce``: ``odc_pp.megatron.linear_cross_entropy.linear_cross_entropy`` vs
   ``LigerFusedLinearCrossEntropyFunction`` (sum reduction) vs the unfused output layer +
   fp32 cross entropy.
@@ -107,6 +107,11 @@ def implementations(shape: dict, kernel: str, liger: dict | None, device) -> dic
         # megatron's rotary embedding is fp32 (cos/sin are cast to the activations' dtype)
         out["ours"] = lambda q, k: tuple(_apply_rotary_pos_emb_bshd(
             t, freqs[:, None, None, :]) for t in (q, k))
+        if device.type == "cuda":  # cos/sin once per microbatch, as the model computes them
+            from odc_pp.megatron.rope_triton import RotaryInAttention
+            rotary = RotaryInAttention(None, freqs[:, None, None, :])
+            rotary.cos_sin()
+            out["ours_triton"] = rotary.apply
         if liger:
             def liger_rope(q, k):
                 cos, sin = freqs.cos()[None].to(q.dtype), freqs.sin()[None].to(q.dtype)

@@ -116,6 +116,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from .packed_attention import PackedSegments, packed_attention, packed_causal_mask
 from .rms_norm import RMSNorm, RMSNorm1P
+from .rope_triton import RotaryInAttention
 
 __all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
@@ -442,7 +443,10 @@ class SdpaDotProductAttention(DotProductAttention):
     :func:`~odc_pp.megatron.packed_attention.packed_attention` (varlen / FlexAttention /
     dense mask, no ``s x s`` mask on the flash paths); otherwise megatron's boolean mask
     (True: may NOT attend). GQA through ``enable_gqa`` (K/V never expanded). Same math as
-    :class:`HostDotProductAttention`."""
+    :class:`HostDotProductAttention`. A
+    :class:`~odc_pp.megatron.rope_triton.RotaryInAttention` around the mask: queries and
+    keys are rotated here first (``--fused-rope``; megatron was given no rotary
+    embedding)."""
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
@@ -450,6 +454,9 @@ class SdpaDotProductAttention(DotProductAttention):
             raise ValueError("SdpaDotProductAttention takes packed sequences as "
                              "PackedSegments (segment ids), not PackedSeqParams, and no "
                              "attention bias")
+        if isinstance(attention_mask, RotaryInAttention):  # --fused-rope
+            query, key = attention_mask.apply(query, key)
+            attention_mask = attention_mask.mask
         seq_q, batch = query.shape[0], query.shape[1]
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))

@@ -43,6 +43,7 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
                      rotary_embedding, deferrable_output_layer,
                      singleton_process_groups)
 from .full_recompute import apply_full_recompute
+from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
 from .linear_cross_entropy import FUSED_CROSS_ENTROPY, linear_cross_entropy, \
     use_fused_cross_entropy
@@ -148,6 +149,10 @@ class ModelConfig:
     fused_swiglu: str = "auto"
     """SwiGLU by the Triton kernels of :mod:`odc_pp.megatron.swiglu_triton`: auto (CUDA,
     where they run), on (an error where they cannot) or off."""
+    fused_rope: str = "auto"
+    """RoPE by the Triton kernels of :mod:`odc_pp.megatron.rope_triton`, inside the SDPA
+    core attention: auto (CUDA, where they run, without Transformer Engine's fused RoPE
+    and context parallelism), on (an error where they cannot) or off."""
 
     def __post_init__(self) -> None:
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
@@ -162,7 +167,8 @@ class ModelConfig:
                               ("attention_backend", ATTENTION_BACKENDS),
                               ("packed_attention", PACKED_KERNELS),
                               ("fused_cross_entropy", FUSED_CROSS_ENTROPY),
-                              ("fused_swiglu", FUSED_CROSS_ENTROPY)):
+                              ("fused_swiglu", FUSED_CROSS_ENTROPY),
+                              ("fused_rope", FUSED_CROSS_ENTROPY)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got "
                                  f"{getattr(self, name)!r}")
@@ -330,6 +336,8 @@ class GPTChunk(torch.nn.Module):
             mask = causal_mask(seq_len, device)
         rotary = None if self.inv_freq is None else rotary_embedding(
             self.inv_freq, positions, same_rows=_same_rows(microbatch.position_ids))
+        if rotary is not None and self.fused_rope:  # the SDPA core attention rotates q, k
+            mask, rotary = RotaryInAttention(mask, rotary), None
         if rotary is not None and rotary.shape[1] > 1 and self.model.config.apply_rope_fusion:
             raise ValueError("fused RoPE (Transformer Engine) takes one position vector per "
                              "microbatch; packed rows with their own position ids need the "
@@ -449,6 +457,9 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                                      fused_swiglu=config.activation == "swiglu" and
                                      use_fused_swiglu(config.fused_swiglu, config.device),
                                      cp_group=cp_group, cp_comm_type=cp_comm_type)
+    fused_rope = (config.position_embedding_type == "rope" and config.core_attention == "sdpa"
+                  and cp_group is None and not rope_fusion_available(config.device)
+                  and use_fused_rope(config.fused_rope, config.device))
     chunks = []
     for chunk in range(num_chunks):
         stage = stage_of(placement, pp_size, pp_rank, chunk)
@@ -480,6 +491,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
                              tensor_parallel=tensor_parallel)
         gpt_chunk.context_parallel = cp_group is not None
         gpt_chunk.full_length = config.max_sequence_length
+        gpt_chunk.fused_rope = fused_rope
         gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
             config.fused_cross_entropy, config.device, tensor_parallel=tensor_parallel.size)
         gpt_chunk.to(device=config.device, dtype=config.dtype)

@@ -121,6 +121,12 @@ class ModelArgs:
     """--swiglu's activation as one Triton kernel per direction: auto (on CUDA where the
     kernel runs and matches the eager path), on (an error where it cannot), off
     (odc_pp/megatron/swiglu_triton.py)."""
+    fused_rope: str = "auto"
+    """RoPE (--position-embedding-type rope) as one Triton kernel per direction, applied in
+    the SDPA core attention with cos/sin computed once per microbatch: auto (on CUDA where
+    the kernel runs and matches megatron's formula, unless Transformer Engine's fused RoPE
+    is installed or context parallelism splits the sequence), on (an error where it
+    cannot), off (odc_pp/megatron/rope_triton.py)."""
     fused_cross_entropy: str = "auto"
     """The output layer and the loss in one pass over token chunks, never holding the
     tokens x vocabulary logits: auto (on CUDA), on, off. The output layer's weight

@@ -40,6 +40,7 @@ CHOICES = {
     "packed_attention": ("auto", "varlen", "flex", "dense"),
     "fused_cross_entropy": ("auto", "on", "off"),
     "fused_swiglu": ("auto", "on", "off"),
+    "fused_rope": ("auto", "on", "off"),
     "distributed_backend": ("nccl", "gloo"),
 }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .megatron_example_flags import EXAMPLE_FLAGS, NATIVE_VALUES, PREFIX_FLAGS
-from .megatron_flag_kinds import PastedFlag, honoured, mapped, rejected
+from .megatron_flag_kinds import PastedFlag, honoured, mapped, noop, rejected
 
 __all__ = ["PastedFlag", "PASTED_FLAGS", "PREFIX_FLAGS", "Translation", "answer_for",
            "outcome", "translate", "translate_all"]
@@ -41,14 +41,16 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
     "--untie-embeddings-and-output-weights": mapped(
         "input embeddings and the output layer are separate weights (tied without it, as "
         "in Megatron; with --hf-checkpoint as its config says)", "--untie-embeddings"),
-    "--no-rope-fusion": honoured(
-        "RoPE is unfused on CPU; on GPU it is fused only when Transformer Engine is installed"),
+    "--no-rope-fusion": mapped(
+        "RoPE runs megatron's unfused formula (no Transformer Engine or Triton kernel)",
+        "--fused-rope", "off"),
     "--no-position-embedding": honoured(
         "--position-embedding-type rope adds no learned position embedding"),
     "--accumulate-allreduce-grads-in-fp32": honoured(
         "gradients are always accumulated and reduced in fp32"),
-    "--no-gradient-accumulation-fusion": honoured(
-        "odc-pp never uses the fused (apex) weight-gradient accumulation"),
+    "--no-gradient-accumulation-fusion": noop(
+        "odc-pp needs no apex: on CUDA its weight-gradient GEMM adds into the fp32 main_grad "
+        "itself (the sum Megatron's fusion computes; the flag does not turn it off)"),
     "--no-masked-softmax-fusion": honoured("odc-pp never uses the fused masked softmax"),
     "--no-bias-gelu-fusion": honoured("odc-pp never uses the fused bias-GeLU"),
     "--no-bias-dropout-fusion": honoured("odc-pp never uses the fused bias-dropout-add"),
