@@ -21,7 +21,7 @@ EXTERNAL_FLAGS = {
     "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
     # tar (docs/gpu.md's device command), pytest, pip
     "--exclude", "--durations", "--timeout", "--no-build-isolation", "--no-deps", "--no-index",
-    "--find-links",
+    "--find-links", "--python-version", "--only-binary",
     # torchrun elastic, SLURM
     "--max-restarts", "--gpus-per-task", "--signal", "--ntasks-per-node", "--nodes",
     "--requeue", "--job-name", "--time", "--kill-on-bad-exit",
