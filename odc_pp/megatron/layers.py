@@ -30,6 +30,7 @@ through a global. The layer spec that plugs these in is :mod:`odc_pp.megatron.sp
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,10 @@ def _accumulating_gemm(device: torch.device, dtype: torch.dtype, out_dtype: torc
                 ok = bool(torch.allclose(c, expected, rtol=1e-4, atol=1e-4))
             except (RuntimeError, TypeError):
                 ok = False
+            if not ok:
+                warnings.warn(f"torch {torch.__version__} on {device} has no GEMM that adds "
+                              f"a {dtype} product into {out_dtype} (addmm out_dtype): "
+                              "weight gradients are computed, then added", stacklevel=2)
         _ACCUMULATING_GEMM[key] = ok
     return _ACCUMULATING_GEMM[key]
 
