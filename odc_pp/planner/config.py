@@ -109,7 +109,8 @@ class Prediction:
     tokens_per_s: float
     breakdown: dict[str, float]
     """Seconds per step: compute (busiest rank's own work), bubble (pipeline idle),
-    dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic)."""
+    dp_wait (waiting for slower replicas), comm (exposed data-parallel traffic),
+    optimizer (a rank's optimizer step over its owned shard)."""
     peak_memory_gb: list[float]
     """Predicted peak per pipeline rank (model state, activations, last rank's logits)."""
     fits: bool

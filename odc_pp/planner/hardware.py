@@ -8,6 +8,7 @@ Dense bf16 peak from NVIDIA's datasheets; host link = PCIe x16 effective bandwid
 * a100: A100-SXM4-80GB, 312 TFLOP/s, 80 GB, PCIe Gen4 25 GB/s, NVLink3 240 GB/s
 * h100: H100-SXM5-80GB, 989 TFLOP/s, 80 GB, PCIe Gen5 50 GB/s, NVLink4 360 GB/s
 * h200: H200-SXM-141GB, 989 TFLOP/s, 141 GB, PCIe Gen5 50 GB/s, NVLink4 360 GB/s
+HBM bandwidth (datasheets): A100 2,039 GB/s, H100 SXM 3,350 GB/s, H200 4,800 GB/s.
 
 Inter-node: one HDR (200 Gb/s, A100) / NDR (400 Gb/s, H100/H200) InfiniBand NIC per GPU,
 about 80 % effective: 20 / 40 GB/s.
@@ -18,7 +19,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Hardware", "PRESETS"]
+__all__ = ["Hardware", "PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY"]
+
+OPTIMIZER_BYTES_PER_PARAM = 28
+"""Bytes a fused AdamW step moves per owned parameter: it reads the fp32 gradient,
+master weight and two moments (16) and writes the master weight and moments (12)."""
+STREAM_EFFICIENCY = 0.59
+"""Fraction of the datasheet HBM bandwidth the optimizer's multi-tensor kernels reach.
+Calibrated on one measurement: H200, 1.92e9 owned parameters at dp=1, 19.05 ms of
+``multi_tensor_apply`` kernels per step (benchmarks/results/gpu_step_h200.json,
+``earlier_runs.full-1f1b-profile-run6``), i.e. 28 x 1.92e9 B / 19.05 ms = 2.82 TB/s of
+4.8."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -45,6 +56,9 @@ class Hardware:
     """Effective inter-node bandwidth per device, GB/s; None: unknown (one node)."""
     half_efficiency_tokens: float = 1024.0
     """Tokens per microbatch at which a layer reaches half of ``mfu`` x peak."""
+    memory_gbps: float | None = None
+    """Device memory (HBM) bandwidth from the datasheet, GB/s; None: unknown (the
+    optimizer step is left out of the predicted step)."""
 
     def __post_init__(self) -> None:
         numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps,
@@ -57,6 +71,15 @@ class Hardware:
         if not 0 < self.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
 
+    def optimizer_seconds(self, owned_params: float) -> float:
+        """One fused AdamW step over ``owned_params`` fp32 parameters: it streams
+        :data:`OPTIMIZER_BYTES_PER_PARAM` per parameter at :data:`STREAM_EFFICIENCY` of
+        ``memory_gbps`` (0 when the bandwidth is unknown)."""
+        if self.memory_gbps is None:
+            return 0.0
+        return owned_params * OPTIMIZER_BYTES_PER_PARAM / (
+            self.memory_gbps * 1e9 * STREAM_EFFICIENCY)
+
     def flops_per_s(self, tokens: float) -> float:
         """Achieved FLOP/s of one device on a microbatch of ``tokens`` tokens (the
         planner's efficiency curve: ``mfu x tokens / (tokens + half_efficiency_tokens)``
@@ -67,10 +90,13 @@ class Hardware:
 
 PRESETS = {
     "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
-                     host_link_gbps=25.0, tp_link_gbps=240.0, internode_gbps=20.0),
+                     host_link_gbps=25.0, tp_link_gbps=240.0, internode_gbps=20.0,
+                     memory_gbps=2039.0),
     "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0,
+                     memory_gbps=3350.0),
     "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0,
+                     memory_gbps=4800.0),
 }
 """Presets (``--preset`` / ``--cluster``)."""

@@ -17,10 +17,12 @@ LEGEND = (
     "--max-tokens-per-microbatch of packed rows (-: unpacked, mb samples per microbatch); "
     "mb: --micro-batch-size;",
     "  rc: --recompute-lgd (y: on); tok/s: predicted tokens per second (sample tokens, no "
-    "padding); step ms: predicted optimizer step = comp + bubble + dpwait + comm;",
+    "padding); step ms: predicted step = comp + bubble + dpwait + comm + opt;",
     "  comp: the busiest rank's own F/B/W work (with cp: 1/cp of it plus the exposed "
     "ring K/V transfers); bubble: pipeline idle; dpwait: waiting for "
-    "slower replicas; comm: exposed data-parallel gradient traffic (over dp x cp);",
+    "slower replicas; comm: exposed data-parallel gradient traffic (over dp x cp); "
+    "opt: the optimizer step of a rank's owned shard (fused AdamW at the GPU's memory "
+    "bandwidth);",
     "  mem GB: predicted peak of the fullest pipeline rank (the dry run's memory model of "
     "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within --memory-gb.")
 """The legend printed under the table: every column."""
@@ -33,7 +35,7 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
     lines = [f"{'#':>3} {'tp':>2} {'cp':>2} {'pp':>2} {'dp':>3} {'schedule':<11} "
              f"{'dp-mode':<10} {'balance':<8} {'cap':>6} {'mb':>2} {'rc':>2} {'tok/s':>10} "
              f"{'step ms':>9} "
-             f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'mem GB':>7} "
+             f"{'comp':>7} {'bubble':>7} {'dpwait':>7} {'comm':>7} {'opt':>6} {'mem GB':>7} "
              f"{'MFU':>5} fits"]
     shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
                            else [])
@@ -47,6 +49,7 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
             f"{'y' if c.recompute else '-':>2} "
             f"{pred.tokens_per_s:>10.0f} {pred.step_s * 1e3:>9.1f} {b['compute'] * 1e3:>7.1f} "
             f"{b['bubble'] * 1e3:>7.1f} {b['dp_wait'] * 1e3:>7.1f} {b['comm'] * 1e3:>7.1f} "
+            f"{b.get('optimizer', 0.0) * 1e3:>6.1f} "
             f"{max(pred.peak_memory_gb):>7.1f} {pred.mfu:>5.1%} {'yes' if pred.fits else 'NO'}")
     if shown:
         lines += ["", *LEGEND, ""]

@@ -24,7 +24,10 @@ balance, packing and token cap) is predicted as follows, deterministically:
    inter-node link). ODC: the step waits once for the slowest replica. Collective: the
    replicas run in lock step, each microbatch as slow as its slowest replica's.
 4. Data-parallel gradient traffic that is not overlapped is added: collective all-reduce
-   (2 (dp-1)/dp of the stage's bf16 gradients), ODC reduce-scatter ((dp-1)/dp).
+   (2 (dp-1)/dp of the stage's bf16 gradients), ODC reduce-scatter ((dp-1)/dp). So is the
+   optimizer step of a rank's owned shard (:meth:`Hardware.optimizer_seconds`: a fused
+   AdamW streaming its fp32 state at the device's memory bandwidth; the ranks step after
+   the minibatch, without post-validation).
 5. Peak memory per pipeline rank: ``PlanConfig.rank_memory`` of the printed flags when
    given -- ``odc-pp plan`` gives the dry run's memory model
    (:func:`odc_pp.training.plan_memory.rank_peaks`: the same state formulas and schedule
@@ -247,6 +250,13 @@ def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
     return 2 * share if cand.dp_mode.is_collective else share
 
 
+def _optimizer_seconds(config: PlanConfig, cand: Candidate) -> float:
+    """A rank's optimizer step: its owned shard of the parameters (the model spread evenly
+    over tp x pp, the optimizer state sharded over dp x cp)."""
+    owned = config.model.params() / (cand.tp * cand.pp * cpm.sharding_group(cand.dp, cand.cp))
+    return config.cluster.optimizer_seconds(owned)
+
+
 def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
     """Model state of a rank (planner.memory's formulas; the model's parameters spread
     evenly over the stages)."""
@@ -358,7 +368,8 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     parts, units, biggest, real_tokens, flops = _simulated(config, cand, link, offload)
     step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)
-    step_s = step + comm
+    optimizer = _optimizer_seconds(config, cand)
+    step_s = step + comm + optimizer
     flags = flags_of(config, cand)
     peaks = config.rank_memory(flags, config.gpus) if config.rank_memory is not None \
         else _peak_bytes(config, cand, units, biggest)
@@ -366,7 +377,7 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     return Prediction(candidate=cand, step_s=step_s,
                       tokens_per_s=float(np.mean(real_tokens)) / step_s,
                       breakdown={"compute": compute, "bubble": bubble, "dp_wait": wait,
-                                 "comm": comm},
+                                 "comm": comm, "optimizer": optimizer},
                       peak_memory_gb=[round(p / GB, 3) for p in peaks],
                       fits=bool(max(peaks) <= config.memory_bytes), mfu=mfu,
                       flags=flags)
