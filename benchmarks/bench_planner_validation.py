@@ -248,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repredict", default=None, metavar="FILE",
                         help="6b without re-running: the measured rows of FILE's "
                              "this_machine section, predicted again by the current model")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="with --repredict: calibrate again on this machine (two ranks "
+                             "at once) and predict the stored rows with it; the stored "
+                             "calibration and errors are kept under 'previous'")
     parser.add_argument("--write-sample-cost", default=None,
                         help="with --measure: write the calibrated --sample-cost-model file")
     parser.add_argument("--output", default=None,
@@ -267,7 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.planner_measure import predict_section
 
         with open(args.repredict, encoding="utf-8") as handle:
-            doc["this_machine"] = predict_section(json.load(handle)["this_machine"])
+            section = json.load(handle)["this_machine"]
+        if args.recalibrate:
+            from benchmarks.planner_measure import calibrate_contended
+
+            section["previous"] = {
+                "calibration": section["calibration"],
+                "median_abs_error_pct": section["median_abs_error_pct"],
+                "worst_abs_error_pct": section["worst_abs_error_pct"],
+                "error_pct": {row["config"]: row["error_pct"] for row in section["rows"]}}
+            section["loadavg_calibration"] = os.getloadavg()
+            section["calibration"] = calibrate_contended()
+        doc["this_machine"] = predict_section(section)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1)

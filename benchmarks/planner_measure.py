@@ -2,10 +2,13 @@
 this machine (``bench_planner_validation.py --measure``). Quiet machine only: 2 ranks, 1
 thread each, a compute-dominated shape; nothing here has been run for a claim yet.
 
-1. Calibrate once per machine, from the profiler: one process runs the model (pp = 1,
-   zb-h1 so B and W are timed apart) on microbatches of several shapes;
+1. Calibrate once per machine, from the profiler: two processes at once (the measured
+   runs keep both cores busy: :func:`calibrate_contended`), each running the model (pp =
+   1, zb-h1 so B and W are timed apart) on microbatches of several shapes;
    :meth:`Profiler.sample_cost_model` fits seconds per token and per token^2 of a whole
-   microbatch (F + B + W), and the profiler's per-kind means give the F : B : W split.
+   microbatch (F + B + W), the profiler's per-kind means give the F : B : W split, and an
+   AdamW step over the model is timed (a rank steps 1/(pp x dp) of it after its
+   minibatch). The two ranks' fits are averaged.
 2. For each configuration (pp/dp, schedule, dp mode, load balance, length distribution),
    the prediction uses the exact plans pretrain_gpt.py makes (``BatchAssigner``) and the
    schedule it builds (``training_request``), simulated with the calibrated costs per
@@ -18,9 +21,9 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    error.
 
 Each microbatch is simulated at its own cost (``CostModel.microbatch_scale``), so uneven
-lengths leave the bubbles they make. Not modelled (the known weak points): the optimizer
-step and the loss all-reduce, pipeline transfer time (gloo, t_comm = 0), the embedding
-and output layer (layers split evenly over stages).
+lengths leave the bubbles they make. Not modelled (the known weak points): the loss
+all-reduce, pipeline transfer time (gloo, t_comm = 0), the embedding and output layer
+(layers split evenly over stages).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from odc_pp.testing.bench import load_1min, rotated
+
+ROOT = str(Path(__file__).resolve().parents[1])
 from odc_pp.testing.torchrun import launch
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
@@ -63,8 +68,13 @@ MEASURED = [f"{c}/seq1024" for c in CONFIGS] + [
 and a pipeline and a data-parallel pair at seq 512 (the budget of one quiet-machine run)."""
 
 
-def calibrate(seq_length: int = 1024) -> dict:
-    """(a, b, shares) from the profiler on one process (pp = 1)."""
+def calibrate(seq_length: int = 1024, group=None) -> dict:
+    """(a, b, c, shares, optimizer_s) from the profiler on one process (pp = 1; ``group``:
+    its own one-rank process group, default: a new one). ``optimizer_s``: one AdamW
+    step over the whole model's parameters (torch's default CPU implementation), the
+    median of 5."""
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -76,9 +86,11 @@ def calibrate(seq_length: int = 1024) -> dict:
     from odc_pp.schedule.lowering import lower_communication
 
     torch.set_num_threads(1)
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}",
-                                rank=0, world_size=1)
+    if group is None:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}",
+                                    rank=0, world_size=1)
+        group = dist.group.WORLD
     config = ModelConfig(vocab_size=512, hidden_size=256, num_layers=4, num_attention_heads=4,
                          max_sequence_length=seq_length)
     chunks = build_chunks(config, pp_rank=0, pp_size=1, process_groups=singleton_process_groups())
@@ -89,15 +101,50 @@ def calibrate(seq_length: int = 1024) -> dict:
                                labels=torch.randint(0, 512, s, generator=gen)) for s in shapes]
     schedule = lower_communication(generate("zb-h1", pp=1, num_microbatches=len(shapes)))
     profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
-                        pp_group=dist.group.WORLD)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+                        pp_group=group)
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=group)
     for _ in range(4):
         profiler.record(runtime.run_minibatch(schedule, microbatches), microbatches)
     fitted = profiler.sample_cost_model()
     kinds = profiler.local_costs()["stages"][0]
     total = kinds["F"] + kinds["B"] + kinds["W"]
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    optimizer, steps = torch.optim.AdamW(params, lr=1e-4), []
+    for _ in range(6):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        begin = time.perf_counter()
+        optimizer.step()
+        steps.append(time.perf_counter() - begin)
     return {"a": fitted.a, "b": fitted.b, "c": fitted.c,
-            "shares": {k: kinds[k] / total for k in ("F", "B", "W")}}
+            "shares": {k: kinds[k] / total for k in ("F", "B", "W")},
+            "optimizer_s": statistics.median(steps[1:])}
+
+
+def calibrate_contended(seq_length: int = 1024, ranks: int = 2) -> dict:
+    """:func:`calibrate` in ``ranks`` separate processes at once (1 thread each), as the
+    measured runs keep every core busy: the ranks contend for caches and memory
+    bandwidth, which a lone process does not see. The mean of the processes' fits."""
+    import subprocess
+
+    code = ("import json, sys; sys.path.insert(0, %r); "
+            "from benchmarks.planner_measure import calibrate; "
+            "print(json.dumps(calibrate(%d)))" % (ROOT, seq_length))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True, env=env, cwd=ROOT) for _ in range(ranks)]
+    fits = []
+    for process in processes:
+        out, _ = process.communicate(timeout=900)
+        if process.returncode != 0:
+            raise RuntimeError(f"calibration process exited with {process.returncode}")
+        fits.append(json.loads(out.strip().splitlines()[-1]))
+    mean = {key: statistics.fmean(f[key] for f in fits)
+            for key in ("a", "b", "c", "optimizer_s")}
+    mean["shares"] = {k: statistics.fmean(f["shares"][k] for f in fits)
+                      for k in ("F", "B", "W")}
+    mean["processes"] = ranks
+    return mean
 
 
 def predict(flags: list[str], calibration: dict, iterations: range) -> list[float]:
@@ -116,6 +163,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
     stages = pp * args.schedule.num_model_chunks
+    # each rank steps the optimizer over its share: 1/pp of the model, sharded over dp
+    optimizer = calibration.get("optimizer_s", 0.0) / (pp * dp)
     out = []
     for iteration in iterations:
         plan = planner.plan(iteration)
@@ -126,8 +175,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             per_microbatch.append([a * r * s * s + b * r * s + calibration["c"]
                                    for r, s in shapes])
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
-            out.append(_data_parallel_step(per_microbatch,
-                                           lock_step=args.parallel.mode.is_collective))
+            out.append(optimizer + _data_parallel_step(
+                per_microbatch, lock_step=args.parallel.mode.is_collective))
             continue
         if args.parallel.mode.is_collective and dp > 1:  # lock step
             per_microbatch = [[max(c[j] for c in per_microbatch)
@@ -141,7 +190,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             schedule = build(training_request(args.schedule, pp=pp,
                                               num_microbatches=len(costs_of)), CostModel())
             spans.append(simulate(schedule, costs).makespan)
-        out.append(max(spans))
+        out.append(max(spans) + optimizer)
     return out
 
 
@@ -168,7 +217,7 @@ def _run(flags: list[str], iters: int) -> list[float]:
 
 def measure_section(*, rounds: int = 3, iters: int = 4,
                     cost_file: str | None = None) -> dict:
-    calibration = calibrate()
+    calibration = calibrate_contended()
     if cost_file:  # the --sample-cost-model file every load-balance mode can use
         with open(cost_file, "w", encoding="utf-8") as handle:
             json.dump({"a": calibration["a"], "b": calibration["b"],

@@ -70,3 +70,16 @@ def test_padded_lb_mini_runs_unpacked_and_every_config_shares_the_path_flags():
 def test_data_parallel_step_odc_waits_once_collectives_every_microbatch(lock_step, expected):
     costs = [[3.0, 1.0, 1.0], [1.0, 2.0]]  # replica 0 has 3 microbatches, replica 1 two
     assert measure._data_parallel_step(costs, lock_step=lock_step) == expected
+
+
+def test_prediction_adds_each_ranks_share_of_the_optimizer_step():
+    """planner_measure.predict: a rank steps the optimizer over 1/(pp x dp) of the model
+    after its minibatch (issue 31's optimizer term); without the calibrated time nothing
+    is added."""
+    calibration = {"a": 4e-7, "b": 2e-4, "c": 0.01,
+                   "shares": {"F": 0.33, "B": 0.5, "W": 0.17}}
+    for name in ("pp2-1f1b/seq512", "dp2-odc-balanced/seq1024"):
+        flags = measure._configs()[name]
+        base = measure.predict(flags, calibration, range(1, 3))
+        stepped = measure.predict(flags, {**calibration, "optimizer_s": 0.08}, range(1, 3))
+        assert [s - b for s, b in zip(stepped, base)] == pytest.approx([0.04, 0.04])
