@@ -269,5 +269,49 @@ def predict_section(section: dict) -> dict:
                    predicted_per_iteration_s=predicted, error_pct=round(error, 2))
         errors.append(abs(error))
     section.update(median_abs_error_pct=statistics.median(errors),
-                   worst_abs_error_pct=max(errors))
+                   worst_abs_error_pct=max(errors), ranking=ranking(section["rows"]))
     return section
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 1.0
+
+
+def ranking(rows: list[dict]) -> dict:
+    """Per length distribution (the same job, alternative configurations): Spearman's
+    correlation of predicted and measured mean steps, the measured and predicted best,
+    and how much slower the predicted best measured than the measured best (issue 31's
+    bars: >= 0.9, within 3%)."""
+    out = {}
+    for lengths in LENGTHS:
+        group = [r for r in rows if r["config"].endswith("/" + lengths)]
+        if len(group) < 2:
+            continue
+        measured_best = min(group, key=lambda r: r["measured_mean_s"])
+        predicted_best = min(group, key=lambda r: r["predicted_s"])
+        out[lengths] = {
+            "configs": len(group),
+            "spearman": round(spearman([r["predicted_s"] for r in group],
+                                       [r["measured_mean_s"] for r in group]), 3),
+            "measured_best": measured_best["config"],
+            "predicted_best": predicted_best["config"],
+            "predicted_best_over_measured_best": round(
+                predicted_best["measured_mean_s"] / measured_best["measured_mean_s"], 4)}
+    return out

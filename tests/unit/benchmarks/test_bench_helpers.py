@@ -83,3 +83,17 @@ def test_prediction_adds_each_ranks_share_of_the_optimizer_step():
         base = measure.predict(flags, calibration, range(1, 3))
         stepped = measure.predict(flags, {**calibration, "optimizer_s": 0.08}, range(1, 3))
         assert [s - b for s, b in zip(stepped, base)] == pytest.approx([0.04, 0.04])
+
+
+def test_spearman_and_ranking_per_length_distribution():
+    assert measure.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert measure.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert measure.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9487, abs=1e-4)
+    rows = [{"config": "a/seq512", "predicted_s": 1.0, "measured_mean_s": 1.1},
+            {"config": "b/seq512", "predicted_s": 2.0, "measured_mean_s": 1.0},
+            {"config": "c/seq1024", "predicted_s": 1.0, "measured_mean_s": 1.0}]
+    out = measure.ranking(rows)
+    assert set(out) == {"seq512"}  # one configuration alone ranks nothing
+    assert out["seq512"]["spearman"] == pytest.approx(-1.0)
+    assert out["seq512"]["predicted_best"] == "a/seq512"
+    assert out["seq512"]["predicted_best_over_measured_best"] == pytest.approx(1.1)
