@@ -356,14 +356,14 @@ def machine_table(d: dict) -> list[str]:
         lines.append(f"| {row['config']} | {row['predicted_s']:.2f} | "
                      f"{row['measured_mean_s']:.2f} | {row['error_pct']:+.1f}% |")
     loads = [x for row in d["rows"] for x in row.get("load_1min", [])]
-    ranked = "; ".join(
-        f"{lengths}: Spearman {r['spearman']:.2f} over {r['configs']} configurations, the "
-        f"predicted best measured {100 * (r['predicted_best_over_measured_best'] - 1):.1f}% "
-        f"slower than the measured best" for lengths, r in d.get("ranking", {}).items())
+    ranked = ", ".join(
+        f"{lengths} {r['spearman']:.2f} (predicted best "
+        f"+{100 * (r['predicted_best_over_measured_best'] - 1):.1f}%)"
+        for lengths, r in d.get("ranking", {}).items())
     return lines + ["", f"Mean step over the same iterations, {d['rounds']} rounds, load "
                     f"{min(loads):.1f}-{max(loads):.1f}: median error "
                     f"{d['median_abs_error_pct']:.1f}%, worst {d['worst_abs_error_pct']:.1f}%."
-                    + (f" Ranking per length distribution: {ranked}." if ranked else "")]
+                    + (f" Spearman: {ranked}." if ranked else "")]
 
 
 def speed_evidence() -> str:
