@@ -2,13 +2,18 @@
 this machine (``bench_planner_validation.py --measure``). Quiet machine only: 2 ranks, 1
 thread each, a compute-dominated shape; nothing here has been run for a claim yet.
 
-1. Calibrate once per machine, from the profiler: two processes at once (the measured
-   runs keep both cores busy: :func:`calibrate_contended`), each running the model (pp =
-   1, zb-h1 so B and W are timed apart) on microbatches of several shapes;
-   :meth:`Profiler.sample_cost_model` fits seconds per token and per token^2 of a whole
-   microbatch (F + B + W), the profiler's per-kind means give the F : B : W split, and an
-   AdamW step over the model is timed (a rank steps 1/(pp x dp) of it after its
-   minibatch). The two ranks' fits are averaged.
+1. Calibrate once per machine, from the profiler, with the contention of the ranks that
+   will run and the allocator settings of CPU training (``keep_freed_host_memory``;
+   without them the page faults of large activations inflated the token^2 term 1.8x):
+   * for dp = 2 (pp = 1): two processes at once (:func:`calibrate_contended`), each
+     running the whole model (zb-h1 so B and W are timed apart) on microbatches of
+     several shapes; the two fits are averaged;
+   * for pp = 2: a real two-stage zb-h1 pipeline (:func:`calibrate_pipeline`), each rank
+     fitting its own stage; the token terms add up over the stages, and the per-row
+     constant is charged per virtual stage.
+   :meth:`Profiler.sample_cost_model` fits seconds per token, per token^2 and per row of
+   a microbatch; the profiler's per-kind means give the F : B : W split, and an AdamW
+   step is timed (a rank steps 1/(pp x dp) of the model after its minibatch).
 2. For each configuration (pp/dp, schedule, dp mode, load balance, length distribution),
    the prediction uses the exact plans pretrain_gpt.py makes (``BatchAssigner``) and the
    schedule it builds (``training_request``), simulated with the calibrated costs per
@@ -68,11 +73,12 @@ MEASURED = [f"{c}/seq1024" for c in CONFIGS] + [
 and a pipeline and a data-parallel pair at seq 512 (the budget of one quiet-machine run)."""
 
 
-def calibrate(seq_length: int = 1024, group=None) -> dict:
+def calibrate(seq_length: int = 1024, group=None, pp: int = 1) -> dict:
     """(a, b, c, shares, optimizer_s) from the profiler on one process (pp = 1; ``group``:
-    its own one-rank process group, default: a new one). ``optimizer_s``: one AdamW
-    step over the whole model's parameters (torch's default CPU implementation), the
-    median of 5."""
+    its own one-rank process group, default: a new one), or on this rank's stage of a
+    pipeline over the default group (``pp`` = its size). ``optimizer_s``: one AdamW
+    step over this rank's parameters (torch's default CPU implementation), the median
+    of 5."""
     import time
 
     import torch
@@ -85,28 +91,34 @@ def calibrate(seq_length: int = 1024, group=None) -> dict:
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower_communication
 
+    from odc_pp.runtime.host_memory import keep_freed_host_memory
+
     torch.set_num_threads(1)
-    if group is None:
+    keep_freed_host_memory()  # as CPU training does (pretrain_gpt.py): no page-fault storms
+    if pp > 1:
+        group = dist.group.WORLD
+    elif group is None:
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}",
                                     rank=0, world_size=1)
         group = dist.group.WORLD
     config = ModelConfig(vocab_size=512, hidden_size=256, num_layers=4, num_attention_heads=4,
                          max_sequence_length=seq_length)
-    chunks = build_chunks(config, pp_rank=0, pp_size=1, process_groups=singleton_process_groups())
+    chunks = build_chunks(config, pp_rank=dist.get_rank(group) if pp > 1 else 0, pp_size=pp,
+                          process_groups=singleton_process_groups())
     q = seq_length // 8
     shapes = [(1, q), (1, 4 * q), (1, 8 * q), (2, 2 * q), (4, q), (1, 6 * q)]
     gen = torch.Generator().manual_seed(0)
     microbatches = [Microbatch(tokens=torch.randint(0, 512, s, generator=gen),
                                labels=torch.randint(0, 512, s, generator=gen)) for s in shapes]
-    schedule = lower_communication(generate("zb-h1", pp=1, num_microbatches=len(shapes)))
+    schedule = lower_communication(generate("zb-h1", pp=pp, num_microbatches=len(shapes)))
     profiler = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
                         pp_group=group)
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=group)
     for _ in range(4):
         profiler.record(runtime.run_minibatch(schedule, microbatches), microbatches)
     fitted = profiler.sample_cost_model()
-    kinds = profiler.local_costs()["stages"][0]
+    (kinds,) = profiler.local_costs()["stages"].values()  # this rank's one stage
     total = kinds["F"] + kinds["B"] + kinds["W"]
     params = [p for chunk in chunks for p in chunk.parameters()]
     optimizer, steps = torch.optim.AdamW(params, lr=1e-4), []
@@ -119,6 +131,28 @@ def calibrate(seq_length: int = 1024, group=None) -> dict:
     return {"a": fitted.a, "b": fitted.b, "c": fitted.c,
             "shares": {k: kinds[k] / total for k in ("F", "B", "W")},
             "optimizer_s": statistics.median(steps[1:])}
+
+
+def _pipeline_rank(rank, world_size, seq_length):
+    return calibrate(seq_length, pp=world_size)
+
+
+def calibrate_pipeline(seq_length: int = 1024, pp: int = 2) -> dict:
+    """Per-stage costs measured in a real pipeline (zb-h1 over ``pp`` ranks, 1 thread
+    each): the ranks contend as the measured pipelines do, taking turns idling. ``a`` and
+    ``b``: the stages' sums (the whole model); ``c_stage``: the mean per-stage fixed cost
+    of a microbatch, which every virtual stage pays; ``optimizer_s``: the ranks' steps
+    summed (each steps its own parameters)."""
+    from odc_pp.testing.launch import LaunchConfig, run_workers
+
+    fits = run_workers(_pipeline_rank, pp, seq_length,
+                       config=LaunchConfig(timeout_s=900, threads_per_rank=1))
+    return {"a": sum(f["a"] for f in fits), "b": sum(f["b"] for f in fits),
+            "c_stage": statistics.fmean(f["c"] for f in fits),
+            "optimizer_s": sum(f["optimizer_s"] for f in fits),
+            "shares": {k: statistics.fmean(f["shares"][k] for f in fits)
+                       for k in ("F", "B", "W")},
+            "per_rank": fits, "pp": pp}
 
 
 def calibrate_contended(seq_length: int = 1024, ranks: int = 2) -> dict:
@@ -163,6 +197,10 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
     stages = pp * args.schedule.num_model_chunks
+    row_cost = calibration["c"]
+    if pp > 1 and "pipeline" in calibration:  # measured in a pipeline: per-stage costs
+        fit = calibration["pipeline"]
+        a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
     # each rank steps the optimizer over its share: 1/pp of the model, sharded over dp
     optimizer = calibration.get("optimizer_s", 0.0) / (pp * dp)
     out = []
@@ -172,8 +210,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         for groups in plan.replicas:
             shapes = [(1, sum(source.length(i) for i in g)) if planner.packed
                       else (len(g), max(source.length(i) for i in g)) for g in groups]
-            per_microbatch.append([a * r * s * s + b * r * s + calibration["c"]
-                                   for r, s in shapes])
+            per_microbatch.append([a * r * s * s + b * r * s + row_cost for r, s in shapes])
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
             out.append(optimizer + _data_parallel_step(
                 per_microbatch, lock_step=args.parallel.mode.is_collective))
@@ -218,6 +255,7 @@ def _run(flags: list[str], iters: int) -> list[float]:
 def measure_section(*, rounds: int = 3, iters: int = 4,
                     cost_file: str | None = None) -> dict:
     calibration = calibrate_contended()
+    calibration["pipeline"] = calibrate_pipeline()
     if cost_file:  # the --sample-cost-model file every load-balance mode can use
         with open(cost_file, "w", encoding="utf-8") as handle:
             json.dump({"a": calibration["a"], "b": calibration["b"],
