@@ -14,9 +14,9 @@ Placement: the rotation moves from megatron's ``SelfAttention`` into odc-pp's SD
 attention (:class:`~odc_pp.megatron.compat.SdpaDotProductAttention`): the model hands
 megatron no rotary embedding and wraps the attention mask in :class:`RotaryInAttention`,
 which the core attention unwraps -- a ModuleSpec extension, nothing patched. The
-rotation has no weights, so the B/W split is untouched. :func:`fused_rope_problem`
-checks the kernels once per device against the eager formula; where they fail, the
-model keeps megatron's path.
+rotation has no weights, so the B/W split is untouched. :data:`FUSED_ROPE` checks the
+kernels once per device against the eager formula (:mod:`odc_pp.megatron.kernel_choice`);
+where they fail, the model keeps megatron's path.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["RotaryInAttention", "fused_rope", "fused_rope_problem", "use_fused_rope"]
+from .kernel_choice import KernelCheck, compare, use_kernel
+
+__all__ = ["FUSED_ROPE", "RotaryInAttention", "eager_rope", "fused_rope", "use_fused_rope"]
 
 try:
     import triton
@@ -120,23 +122,9 @@ def eager_rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return t * cos + torch.cat((-second, first), dim=-1) * sin
 
 
-_PROBLEMS: dict = {}
-
-
-def fused_rope_problem(device: torch.device) -> str | None:
-    """None when the kernels run on ``device`` and match :func:`eager_rope` in fp32
-    (forward and backward, per-row angles, a head dim that is not a power of two), else
-    why not; checked once per device."""
-    if triton is None:
-        return "Triton is not installed"
-    if device.type != "cuda":
-        return f"the Triton kernels need a CUDA device, not {device.type}"
-    if str(device) not in _PROBLEMS:
-        _PROBLEMS[str(device)] = _check(device)
-    return _PROBLEMS[str(device)]
-
-
 def _check(device: torch.device) -> str | None:
+    """Forward and backward against :func:`eager_rope` in fp32: per-row angles, a head dim
+    that is not a power of two."""
     generator = torch.Generator().manual_seed(0)
     seq, batch, heads, dim = 37, 2, 3, 48
     t = torch.randn(seq, batch, heads, dim, generator=generator).to(device)
@@ -144,27 +132,20 @@ def _check(device: torch.device) -> str | None:
     positions = torch.randint(0, 4096, (seq, batch, 1, dim // 2), generator=generator)
     angles = (positions * 0.37).float().to(device)
     freqs = torch.cat((angles, angles), dim=-1)
-    try:
-        fused_t, eager_t = t.clone().requires_grad_(), t.clone().requires_grad_()
-        fused_out = fused_rope(fused_t, *RotaryInAttention(None, freqs).cos_sin())
-        eager_out = eager_rope(eager_t, freqs)
-        fused_out.backward(grad)
-        eager_out.backward(grad)
-    except Exception as exc:  # noqa: BLE001 - any failure keeps megatron's path
-        return f"the fused RoPE failed: {type(exc).__name__}: {exc}"[:300]
-    for name, a, b in (("output", fused_out, eager_out), ("gradient", fused_t.grad, eager_t.grad)):
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
-            return (f"the fused RoPE's {name} differs from the eager one by "
-                    f"{(a - b).abs().max().item():.3g}")
-    return None
+    fused_t, eager_t = t.clone().requires_grad_(), t.clone().requires_grad_()
+    fused_out = fused_rope(fused_t, *RotaryInAttention(None, freqs).cos_sin())
+    eager_out = eager_rope(eager_t, freqs)
+    fused_out.backward(grad)
+    eager_out.backward(grad)
+    return compare("RoPE", (("output", fused_out, eager_out),
+                            ("gradient", fused_t.grad, eager_t.grad)), tol=1e-4)
+
+
+FUSED_ROPE = KernelCheck("RoPE", _check)
+"""Whether the kernels run on a device (``FUSED_ROPE.problem(device)``)."""
 
 
 def use_fused_rope(setting: str, device: str | torch.device) -> bool:
     """``--fused-rope``: ``auto`` where the kernels run (CUDA with Triton), ``on`` there
     or a ValueError saying why not, ``off`` never."""
-    if setting == "off":
-        return False
-    problem = fused_rope_problem(torch.device(device))
-    if problem is not None and setting == "on":
-        raise ValueError(f"--fused-rope on: {problem}")
-    return problem is None
+    return use_kernel("--fused-rope", setting, device, FUSED_ROPE)

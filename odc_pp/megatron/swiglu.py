@@ -43,13 +43,9 @@ def use_fused_swiglu(setting: str, device: str | torch.device) -> bool:
     """``--fused-swiglu``: whether the MLP runs the Triton kernels
     (:mod:`odc_pp.megatron.swiglu_triton`). ``auto``: where they run and match the eager
     path (CUDA with Triton); ``on``: there, else a ValueError saying why not; ``off``."""
-    if setting == "off":
-        return False
-    from .swiglu_triton import fused_swiglu_problem
-    problem = fused_swiglu_problem(torch.device(device))
-    if problem is not None and setting == "on":
-        raise ValueError(f"--fused-swiglu on: {problem}")
-    return problem is None
+    from .kernel_choice import use_kernel
+    from .swiglu_triton import FUSED_SWIGLU
+    return use_kernel("--fused-swiglu", setting, device, FUSED_SWIGLU)
 
 
 class SwiGLU(nn.Module):

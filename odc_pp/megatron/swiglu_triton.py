@@ -16,16 +16,17 @@ megatron's fused fc1 output would need two copies in and a concatenation out; th
 indexes the halves of the one tensor instead.
 
 The kernels are pure functions of their inputs (no weights), so the B/W split is
-untouched. :func:`fused_swiglu_problem` checks the kernel once per device against the
-eager path; a failure there (no Triton, a compile error, a wrong value) keeps the eager
-path and says why.
+untouched. :data:`FUSED_SWIGLU` checks the kernels once per device against the eager path
+(:mod:`odc_pp.megatron.kernel_choice`); a failure there keeps the eager path and says why.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_swiglu", "fused_swiglu_problem"]
+from .kernel_choice import KernelCheck, compare
+
+__all__ = ["FUSED_SWIGLU", "fused_swiglu"]
 
 try:
     import triton
@@ -38,24 +39,25 @@ BLOCK = 1024
 
 if triton is not None:
     @triton.jit
-    def _swiglu_forward(x_ptr, out_ptr, ffn, BLOCK_SIZE: tl.constexpr):
+    def _gate_up(x_ptr, ffn, BLOCK_SIZE: tl.constexpr):
+        """This program's row, columns, mask and the fp32 gate and up halves."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         mask = cols < ffn
         base = x_ptr + row * 2 * ffn
         gate = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(base + ffn + cols, mask=mask, other=0.0).to(tl.float32)
+        return row, cols, mask, gate, up
+
+    @triton.jit
+    def _swiglu_forward(x_ptr, out_ptr, ffn, BLOCK_SIZE: tl.constexpr):
+        row, cols, mask, gate, up = _gate_up(x_ptr, ffn, BLOCK_SIZE)
         out = gate * tl.sigmoid(gate) * up
         tl.store(out_ptr + row * ffn + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _swiglu_backward(x_ptr, grad_ptr, dx_ptr, ffn, BLOCK_SIZE: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-        mask = cols < ffn
-        base = x_ptr + row * 2 * ffn
-        gate = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(base + ffn + cols, mask=mask, other=0.0).to(tl.float32)
+        row, cols, mask, gate, up = _gate_up(x_ptr, ffn, BLOCK_SIZE)
         grad = tl.load(grad_ptr + row * ffn + cols, mask=mask, other=0.0).to(tl.float32)
         sig = tl.sigmoid(gate)
         grad_gate = grad * up * sig * (1.0 + gate * (1.0 - sig))
@@ -95,24 +97,8 @@ class _FusedSwiGLU(torch.autograd.Function):
 
 def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``x = [gate | up]`` (last dimension) by the Triton kernels;
-    callers check :func:`fused_swiglu_problem` first."""
+    callers check :data:`FUSED_SWIGLU` first."""
     return _FusedSwiGLU.apply(x)
-
-
-_PROBLEMS: dict = {}
-
-
-def fused_swiglu_problem(device: torch.device) -> str | None:
-    """None when the fused kernels run on ``device`` and agree with the eager SwiGLU
-    (checked once per device, forward and backward, in fp32), else why not."""
-    if triton is None:
-        return "Triton is not installed"
-    if device.type != "cuda":
-        return f"the Triton kernels need a CUDA device, not {device.type}"
-    key = str(device)
-    if key not in _PROBLEMS:
-        _PROBLEMS[key] = _check(device)
-    return _PROBLEMS[key]
 
 
 def _eager(x: torch.Tensor) -> torch.Tensor:
@@ -121,19 +107,17 @@ def _eager(x: torch.Tensor) -> torch.Tensor:
 
 
 def _check(device: torch.device) -> str | None:
+    """Forward and backward against the eager formula in fp32."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 2 * 1100, generator=generator).to(device)  # not a BLOCK multiple
     grad = torch.randn(3, 5, 1100, generator=generator).to(device)
-    try:
-        fused_x = x.clone().requires_grad_()
-        eager_x = x.clone().requires_grad_()
-        fused_out, eager_out = fused_swiglu(fused_x), _eager(eager_x)
-        fused_out.backward(grad)
-        eager_out.backward(grad)
-    except Exception as exc:  # noqa: BLE001 - any failure keeps the eager path
-        return f"the fused SwiGLU failed: {type(exc).__name__}: {exc}"[:300]
-    for name, a, b in (("output", fused_out, eager_out), ("gradient", fused_x.grad, eager_x.grad)):
-        if not torch.allclose(a, b, rtol=1e-5, atol=1e-5):
-            return (f"the fused SwiGLU's {name} differs from the eager one by "
-                    f"{(a - b).abs().max().item():.3g}")
-    return None
+    fused_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fused_out, eager_out = fused_swiglu(fused_x), _eager(eager_x)
+    fused_out.backward(grad)
+    eager_out.backward(grad)
+    return compare("SwiGLU", (("output", fused_out, eager_out),
+                              ("gradient", fused_x.grad, eager_x.grad)), tol=1e-5)
+
+
+FUSED_SWIGLU = KernelCheck("SwiGLU", _check)
+"""Whether the kernels run on a device (``FUSED_SWIGLU.problem(device)``)."""

@@ -7,7 +7,8 @@ are printed, not asserted."""
 import pytest
 import torch
 
-from odc_pp.megatron.rope_triton import RotaryInAttention, fused_rope, use_fused_rope
+from odc_pp.megatron.rope_triton import FUSED_ROPE, RotaryInAttention, fused_rope, use_fused_rope
+from tests.gpu.cuda_timing import median_fwd_bwd_ms
 
 
 def _megatron(t, freqs):
@@ -26,23 +27,11 @@ def _fused(t, freqs):
     return fused_rope(t, *RotaryInAttention(None, freqs).cos_sin())
 
 
-def _time(fn, t, freqs, grad, repeats=20):
-    leaf = t.detach().clone().requires_grad_()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(leaf, freqs).backward(grad)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 @pytest.mark.gpu
 def test_triton_rope_matches_megatron_and_reference():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    assert FUSED_ROPE.problem(torch.device("cuda")) is None
     assert use_fused_rope("auto", "cuda") is True
     gen = torch.Generator(device="cuda").manual_seed(0)
     seq, batch, heads, dim = 512, 2, 6, 128
@@ -70,4 +59,5 @@ def test_triton_rope_matches_megatron_and_reference():
     angles = positions * (1.0 / 500000.0 ** (torch.arange(0, 128, 2, device="cuda") / 128))
     freqs = torch.cat((angles, angles), dim=-1)
     print(f"\nRoPE fwd+bwd of q, 8192 x 32 x 128 bf16: Triton "
-          f"{_time(_fused, q, freqs, g):.3f} ms, megatron {_time(_megatron, q, freqs, g):.3f} ms")
+          f"{median_fwd_bwd_ms(_fused, (q, freqs), g):.3f} ms, megatron "
+          f"{median_fwd_bwd_ms(_megatron, (q, freqs), g):.3f} ms")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from odc_pp.megatron.swiglu import SwiGLU, swiglu, use_fused_swiglu
+from tests.gpu.cuda_timing import median_fwd_bwd_ms
 
 
 def _run(fn, x, grad):
@@ -16,25 +17,12 @@ def _run(fn, x, grad):
     return out.detach().double(), leaf.grad.double()
 
 
-def _time(fn, x, grad, repeats=20):
-    leaf = x.clone().requires_grad_()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(leaf).backward(grad)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 @pytest.mark.gpu
 def test_triton_swiglu_matches_eager_and_reference():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from odc_pp.megatron.swiglu_triton import fused_swiglu, fused_swiglu_problem
-    assert fused_swiglu_problem(torch.device("cuda")) is None
+    from odc_pp.megatron.swiglu_triton import FUSED_SWIGLU, fused_swiglu
+    assert FUSED_SWIGLU.problem(torch.device("cuda")) is None
     assert use_fused_swiglu("auto", "cuda") is True
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(512, 2, 2 * 1400, device="cuda", generator=gen)
@@ -52,5 +40,6 @@ def test_triton_swiglu_matches_eager_and_reference():
     torch.testing.assert_close(module(xb).double(), fused[0], rtol=0, atol=0)
     big_x = torch.randn(8192, 2 * 14336, device="cuda", generator=gen).bfloat16()
     big_grad = torch.randn(8192, 14336, device="cuda", generator=gen).bfloat16()
-    print(f"\nSwiGLU fwd+bwd, 8192 x 14336 bf16: Triton {_time(fused_swiglu, big_x, big_grad):.3f}"
-          f" ms, eager {_time(swiglu, big_x, big_grad):.3f} ms")
+    print(f"\nSwiGLU fwd+bwd, 8192 x 14336 bf16: Triton "
+          f"{median_fwd_bwd_ms(fused_swiglu, (big_x,), big_grad):.3f} ms, eager "
+          f"{median_fwd_bwd_ms(swiglu, (big_x,), big_grad):.3f} ms")

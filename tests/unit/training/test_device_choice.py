@@ -27,15 +27,22 @@ def test_local_device_without_a_visible_gpu_says_so(monkeypatch):
         local_device(0)
 
 
-def test_init_distributed_binds_the_one_visible_device_eagerly(monkeypatch):
-    """SLURM --gpus-per-task=1: LOCAL_RANK=3 but one visible GPU -> cuda:0, passed to
-    init_process_group as device_id (NCCL then creates communicators eagerly)."""
+def _one_visible_gpu(monkeypatch) -> dict:
+    """CUDA available with one visible device; set_device and init_process_group record
+    their arguments in the returned dict."""
     calls = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(set=device))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.update(init=kw))
+    return calls
+
+
+def test_init_distributed_binds_the_one_visible_device_eagerly(monkeypatch):
+    """SLURM --gpus-per-task=1: LOCAL_RANK=3 but one visible GPU -> cuda:0, passed to
+    init_process_group as device_id (NCCL then creates communicators eagerly)."""
+    calls = _one_visible_gpu(monkeypatch)
     device = init_distributed(DistEnv(rank=3, world_size=4, local_rank=3,
                                       local_world_size=4), timeout_minutes=1)
     assert device == torch.device("cuda", 0) and calls["set"] == device
@@ -47,12 +54,7 @@ def test_distributed_backend_gloo_runs_cuda_tensors_on_gloo(monkeypatch):
     """--distributed-backend gloo (Megatron's flag) on GPUs: one gloo backend for CPU and
     CUDA tensors and no device_id (which would make NCCL communicators), e.g. for two
     ranks sharing one GPU."""
-    calls = {}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(set=device))
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.update(init=kw))
+    calls = _one_visible_gpu(monkeypatch)
     device = init_distributed(DistEnv(rank=1, world_size=2, local_rank=1,
                                       local_world_size=2), timeout_minutes=1, backend="gloo")
     assert device == torch.device("cuda", 0)
