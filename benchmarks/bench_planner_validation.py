@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.planner_measure import calibrate_contended, calibrate_pipeline
 
             section["previous"] = {
+                "earlier": section.get("previous"),
                 "calibration": section["calibration"],
                 "median_abs_error_pct": section["median_abs_error_pct"],
                 "worst_abs_error_pct": section["worst_abs_error_pct"],

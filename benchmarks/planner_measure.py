@@ -13,7 +13,10 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
      constant is charged per virtual stage.
    :meth:`Profiler.sample_cost_model` fits seconds per token, per token^2 and per row of
    a microbatch; the profiler's per-kind means give the F : B : W split, and an AdamW
-   step is timed (a rank steps 1/(pp x dp) of the model after its minibatch).
+   step is timed (a rank steps 1/(pp x dp) of the model after its minibatch), and so is a
+   two-rank gloo reduce-scatter of the model's gradients (collective mode pushes one
+   after every microbatch; its replicas run at most ``max_inflight_pushes`` microbatches
+   apart, :func:`_data_parallel_step`).
 2. For each configuration (pp/dp, schedule, dp mode, load balance, length distribution),
    the prediction uses the exact plans pretrain_gpt.py makes (``BatchAssigner``) and the
    schedule it builds (``training_request``), simulated with the calibrated costs per
@@ -130,7 +133,35 @@ def calibrate(seq_length: int = 1024, group=None, pp: int = 1) -> dict:
         steps.append(time.perf_counter() - begin)
     return {"a": fitted.a, "b": fitted.b, "c": fitted.c,
             "shares": {k: kinds[k] / total for k in ("F", "B", "W")},
-            "optimizer_s": statistics.median(steps[1:])}
+            "optimizer_s": statistics.median(steps[1:]),
+            "params": sum(p.numel() for p in params)}
+
+
+def _reduce_scatter_rank(rank, world_size, numel):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    flat, out, times = torch.randn(numel), torch.empty(numel // world_size), []
+    for _ in range(12):
+        dist.barrier()
+        begin = time.perf_counter()
+        dist.reduce_scatter_tensor(out, flat, async_op=True).wait()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times[2:])
+
+
+def calibrate_reduce_scatter(params: int, ranks: int = 2) -> float:
+    """Seconds of one gloo reduce-scatter of ``params`` fp32 gradients over ``ranks``
+    processes (1 thread each): what collective mode pushes after every microbatch. The
+    slowest rank's median of 10."""
+    from odc_pp.testing.launch import LaunchConfig, run_workers
+
+    numel = params - params % ranks
+    return max(run_workers(_reduce_scatter_rank, ranks, numel,
+                           config=LaunchConfig(timeout_s=300, threads_per_rank=1)))
 
 
 def _pipeline_rank(rank, world_size, seq_length):
@@ -175,6 +206,8 @@ def calibrate_contended(seq_length: int = 1024, ranks: int = 2) -> dict:
         fits.append(json.loads(out.strip().splitlines()[-1]))
     mean = {key: statistics.fmean(f[key] for f in fits)
             for key in ("a", "b", "c", "optimizer_s")}
+    mean["params"] = fits[0]["params"]
+    mean["reduce_scatter_s"] = calibrate_reduce_scatter(mean["params"], ranks)
     mean["shares"] = {k: statistics.fmean(f["shares"][k] for f in fits)
                       for k in ("F", "B", "W")}
     mean["processes"] = ranks
@@ -183,6 +216,7 @@ def calibrate_contended(seq_length: int = 1024, ranks: int = 2) -> dict:
 
 def predict(flags: list[str], calibration: dict, iterations: range) -> list[float]:
     """Predicted step seconds of each iteration of a 2-rank run of ``flags``."""
+    from odc_pp.odc.engine_config import OdcConfig
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.simulator import simulate
     from odc_pp.training.arguments import parse_args
@@ -203,6 +237,10 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
     # each rank steps the optimizer over its share: 1/pp of the model, sharded over dp
     optimizer = calibration.get("optimizer_s", 0.0) / (pp * dp)
+    # collective mode reduce-scatters the gradients after every microbatch (gloo's thread
+    # shares the busy cores, so the transfer is paid, not hidden)
+    push = calibration.get("reduce_scatter_s", 0.0) / pp \
+        if args.parallel.mode.is_collective and dp > 1 else 0.0
     out = []
     for iteration in iterations:
         plan = planner.plan(iteration)
@@ -210,10 +248,12 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         for groups in plan.replicas:
             shapes = [(1, sum(source.length(i) for i in g)) if planner.packed
                       else (len(g), max(source.length(i) for i in g)) for g in groups]
-            per_microbatch.append([a * r * s * s + b * r * s + row_cost for r, s in shapes])
+            per_microbatch.append([a * r * s * s + b * r * s + row_cost + push
+                                   for r, s in shapes])
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
             out.append(optimizer + _data_parallel_step(
-                per_microbatch, lock_step=args.parallel.mode.is_collective))
+                per_microbatch, in_flight=OdcConfig().max_inflight_pushes
+                if args.parallel.mode.is_collective else None))
             continue
         if args.parallel.mode.is_collective and dp > 1:  # lock step
             per_microbatch = [[max(c[j] for c in per_microbatch)
@@ -231,15 +271,23 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     return out
 
 
-def _data_parallel_step(costs: list[list[float]], *, lock_step: bool) -> float:
-    """Step seconds of dp replicas without a pipeline: ODC waits once per minibatch (the
-    slowest replica's sum); per-unit collectives wait at every microbatch (the sum over
-    microbatch positions of the slowest replica's; a replica with fewer microbatches
-    replays empty ones)."""
-    if not lock_step:
+def _data_parallel_step(costs: list[list[float]], *, in_flight: int | None) -> float:
+    """Step seconds of dp replicas without a pipeline. ODC (``in_flight`` None) waits once
+    per minibatch: the slowest replica's sum. Collective: each microbatch's gradient
+    reduce-scatter is asynchronous, and after issuing its j-th a replica waits for its
+    (j - in_flight)-th, which completes once every replica has issued it (the engine's
+    ``max_inflight_pushes``; 1 is lock step with one microbatch of slack). A replica with
+    fewer microbatches replays empty ones; the step ends when all have finished."""
+    if in_flight is None:
         return max(sum(c) for c in costs)
     depth = max(len(c) for c in costs)
-    return sum(max(c[j] if j < len(c) else 0.0 for c in costs) for j in range(depth))
+    done: list[list[float]] = [[] for _ in costs]
+    for j in range(depth):
+        released = max(d[j - in_flight] for d in done) if j >= in_flight else 0.0
+        for r, c in enumerate(costs):
+            previous = done[r][-1] if j else 0.0
+            done[r].append(max(previous + (c[j] if j < len(c) else 0.0), released))
+    return max(d[-1] for d in done)
 
 
 def _run(flags: list[str], iters: int) -> list[float]:

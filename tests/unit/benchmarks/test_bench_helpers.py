@@ -66,10 +66,27 @@ def test_padded_lb_mini_runs_unpacked_and_every_config_shares_the_path_flags():
         assert sweep.config_flags("packed", config)[:3] == sweep.PATHS["packed"]
 
 
-@pytest.mark.parametrize("lock_step, expected", [(False, 5.0), (True, 3.0 + 2.0 + 1.0)])
-def test_data_parallel_step_odc_waits_once_collectives_every_microbatch(lock_step, expected):
+@pytest.mark.parametrize("in_flight, expected", [(None, 5.0), (1, 5.0), (8, 5.0)])
+def test_data_parallel_step_odc_waits_once_collectives_every_microbatch(in_flight, expected):
     costs = [[3.0, 1.0, 1.0], [1.0, 2.0]]  # replica 0 has 3 microbatches, replica 1 two
-    assert measure._data_parallel_step(costs, lock_step=lock_step) == expected
+    assert measure._data_parallel_step(costs, in_flight=in_flight) == expected
+
+
+def test_collective_replicas_run_at_most_in_flight_microbatches_apart():
+    """A replica waits for its (j - in_flight)-th reduce-scatter after issuing its j-th,
+    so with one in flight a fast replica idles for the slow one's previous microbatch."""
+    costs = [[1.0, 1.0, 1.0, 1.0], [3.0, 3.0, 1.0, 1.0]]
+    # in flight 1: replica 0 is released at j=1 by replica 1's j=0 (3), then 6, 7; replica 1
+    # finishes 3, 6, 7, 8
+    assert measure._data_parallel_step(costs, in_flight=1) == 8.0
+    assert measure._data_parallel_step(costs, in_flight=None) == 8.0  # ODC: max of sums
+    uneven = [[1.0, 1.0, 1.0], [3.0, 0.5, 0.5]]
+    assert measure._data_parallel_step(uneven, in_flight=None) == 4.0
+    assert measure._data_parallel_step(uneven, in_flight=1) == 4.0
+    crossed = [[3.0, 0.1, 0.1], [0.1, 0.1, 3.0]]  # the slow microbatches two apart
+    assert measure._data_parallel_step(crossed, in_flight=1) == pytest.approx(6.0)
+    assert measure._data_parallel_step(crossed, in_flight=2) == pytest.approx(3.2)
+    assert measure._data_parallel_step(crossed, in_flight=None) == pytest.approx(3.2)
 
 
 def test_prediction_adds_each_ranks_share_of_the_optimizer_step():
