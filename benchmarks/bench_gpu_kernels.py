@@ -15,15 +15,16 @@ the output and every input gradient):
   ``LigerSiLUMulFunction`` on the two halves (made contiguous: megatron's fc1 output is one
   ``[gate | up]`` tensor);
 * ``rope``: megatron's unfused ``_apply_rotary_pos_emb_bshd`` on ``[s, b, heads, d]`` q and k,
-  and the Triton kernels (``odc_pp.megatron.rope_triton``, ``ours_triton``), vs ``LigerRopeFunction`` (``[b, heads, s, d]``, cos/sin of the same frequencies);
+  and the Triton kernels (``odc_pp.megatron.rope_triton``, ``ours_triton``), vs
+  ``LigerRopeFunction`` (``[b, heads, s, d]``, cos/sin of the same frequencies);
 * ``linear_ce``: ``odc_pp.megatron.linear_cross_entropy.linear_cross_entropy`` vs
   ``LigerFusedLinearCrossEntropyFunction`` (sum reduction) vs the unfused output layer +
   fp32 cross entropy.
 
-Liger comes from its wheel (``pip install --no-deps --no-index --find-links .whl
-liger-kernel``; a pure-Python package of Triton kernels); without it only our rows are measured. ``--device
-cpu --tiny`` runs our rows at a small shape (a self-test of the script). Output: ``--out``
-(JSON).
+Liger comes from its wheel (``python3 -m pip install --no-deps --no-index --find-links
+.whl liger-kernel``; a pure-Python package of Triton kernels); without it only our rows are
+measured. ``--device cpu --tiny`` runs our rows at a small shape (a self-test of the
+script). Output: ``--out`` (JSON).
 """
 
 from __future__ import annotations

@@ -217,7 +217,23 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
                           cp_group=topo.cp_group, cp_comm_type=parallel.cp_comm_type)
     if load_weights:
         load_initial_weights(chunks, model, config)
+    if topo.rank == 0 and topo.device.type == "cuda":
+        print(f"pretrain_gpt.py: kernels: {_kernel_summary(chunks)}", flush=True)
     return chunks
+
+
+def _kernel_summary(chunks: list[torch.nn.Module]) -> str:
+    """Which fused kernels the chunks run (--fused-swiglu, --fused-rope,
+    --fused-cross-entropy), for the log: a GPU run says what it measured."""
+    from odc_pp.megatron.swiglu import SwiGLU
+
+    swiglu = [m.fused for chunk in chunks for m in chunk.modules() if isinstance(m, SwiGLU)]
+    rope = any(getattr(chunk, "fused_rope", False) for chunk in chunks)
+    fused_ce = any(getattr(chunk, "fused_cross_entropy", False) for chunk in chunks)
+    return ", ".join([
+        f"swiglu {'triton' if swiglu and all(swiglu) else 'eager' if swiglu else '-'}",
+        f"rope {'triton' if rope else 'megatron'}",
+        f"cross entropy {'fused' if fused_ce else 'unfused'}"])
 
 
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
