@@ -41,6 +41,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from odc_pp.testing.bench import cuda_event_ms  # noqa: E402
+
 SHAPE = dict(tokens=8192, hidden=4096, ffn=14336, heads=32, groups=8, head_dim=128,
              vocab=128256)
 TINY = dict(tokens=256, hidden=64, ffn=176, heads=4, groups=2, head_dim=16, vocab=512)
@@ -157,25 +159,22 @@ def measure(fn, fp32_inputs, dtype, *, iters: int, reference=None) -> dict:
     cuda = leaves[0].is_cuda
     outputs = _run_once(fn, leaves, cotangents)  # warm-up (Triton compiles here)
     result = [o.float() for o in outputs] + [x.grad.float() for x in leaves]
-    times = []
+    def run():
+        for x in leaves:
+            x.grad = None  # host only: no kernel inside the timed window
+        _run_once(fn, leaves, cotangents)
+
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    for _ in range(iters):
-        for x in leaves:
-            x.grad = None
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            _run_once(fn, leaves, cotangents)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
+        times = cuda_event_ms(run, iters)
+    else:
+        import time
+        times = []
+        for _ in range(iters):
             begin = time.perf_counter()
-            _run_once(fn, leaves, cotangents)
+            run()
             times.append((time.perf_counter() - begin) * 1e3)
     row = {"ms": statistics.median(times), "ms_range": [min(times), max(times)]}
     if cuda:

@@ -13,9 +13,9 @@ ran it (its Table 5 gives ZB-1p the ZB-H1 bubble in every row: our zb-h1 generat
 ZB-2p as ZB-auto under a 2p memory limit with the paper's memory model (F +1, B -(1-r),
 W -r). ZB-1p and ZB-2p are also predicted from their steady period
 (``odc_pp.schedule.steady_state``: iterations overlap under the paper's post-validation,
-as in odc-pp's runtime), where the makespan is one iteration alone. Also reported: ZB-1p as our ZB-auto under a p limit, and the bubble-only model
-(1F1B measured x (1 - bubble) / (1 - bubble_1F1B) with the paper's Table 5 bubbles),
-the bar to beat, computed on the same rows. Memory: the simulated activation peak
+as in odc-pp's runtime), where the makespan is one iteration alone. Also reported: ZB-1p
+as our ZB-auto under a p limit, and the bubble-only model (1F1B measured x (1 - bubble)
+/ (1 - bubble_1F1B) with the paper's Table 5 bubbles), the bar to beat, computed on the same rows. Memory: the simulated activation peak
 (microbatch units, rank 0) turned into GB by the two baselines' measured peaks (1F1B and
 1F1B-interleaved give the static memory and the GB per microbatch of activations), then
 ZB-1p and ZB-2p predicted and compared with the paper's peaks.

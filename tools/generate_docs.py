@@ -376,7 +376,8 @@ def speed_evidence() -> str:
             "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
             ""]
     out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
-    out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated once (two processes at once):", ""]
+    out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated once "
+            "(two processes at once):", ""]
     machine = (validation or {}).get("this_machine")
     out += machine_table(machine) if machine else ["(not measured)"]
     return "\n".join(out)

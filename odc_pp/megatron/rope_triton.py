@@ -101,7 +101,9 @@ class RotaryInAttention:
     _cos_sin: tuple | None = field(default=None, repr=False)
 
     def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 ``cos`` and ``sin`` ``[s, b or 1, d / 2]``, computed once per microbatch."""
+        """fp32 ``cos`` and ``sin`` ``[s, b or 1, d / 2]``, computed once per microbatch and
+        held by it (2 x s x b' x d/2 x 4 bytes: 4 MiB at s 8192, b' 1, d 128; megatron's
+        path makes the same tensors in every layer, transiently)."""
         if self._cos_sin is None:
             half = self.freqs.shape[-1] // 2
             angles = self.freqs[:, :, 0, :half].float()
@@ -109,7 +111,13 @@ class RotaryInAttention:
         return self._cos_sin
 
     def apply(self, query: torch.Tensor, key: torch.Tensor):
-        """``(query, key)`` rotated (``[s, b, heads, d]`` each)."""
+        """``(query, key)`` rotated (``[s, b, heads, d]`` each). The kernel rotates the
+        whole head: a rotary embedding narrower than it (megatron's ``rotary_percent`` <
+        1, which odc-pp never sets) is an error, not a wrong rotation."""
+        if self.freqs.shape[-1] != query.shape[-1] or self.freqs.shape[-1] != key.shape[-1]:
+            raise ValueError(f"--fused-rope rotates whole heads: rotary width "
+                             f"{self.freqs.shape[-1]}, head dims {query.shape[-1]} / "
+                             f"{key.shape[-1]}; use --fused-rope off")
         cos, sin = self.cos_sin()
         return fused_rope(query, cos, sin), fused_rope(key, cos, sin)
 

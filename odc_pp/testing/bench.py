@@ -9,7 +9,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["load_1min", "spread", "rotated", "emit"]
+__all__ = ["load_1min", "spread", "rotated", "emit", "cuda_event_ms"]
 
 
 def load_1min() -> float:
@@ -42,3 +42,20 @@ def emit(doc: dict, *, out: str | None, as_json: bool) -> str:
     if as_json:
         print(text)
     return text
+
+
+def cuda_event_ms(run, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``run()``, timed by CUDA events on the
+    current stream (never the host clock): the kernels it queued, the end event waited
+    for before the next call."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times

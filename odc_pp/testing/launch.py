@@ -18,8 +18,8 @@ Contract:
 * the children fork from a forkserver that imported :data:`PRELOAD` once per parent
   process (a fresh interpreter per child spent most of a small test importing torch and
   megatron-core), or, where a CUDA device is visible, start fresh ("spawn": a process that
-  initialised CUDA cannot fork a child that uses it); each child takes the parent's current environment, working directory and
-  ``sys.path``, as a spawned one would;
+  initialised CUDA cannot fork a child that uses it); each child takes the parent's
+  current environment, working directory and ``sys.path``, as a spawned one would;
 * a child leaves with ``os._exit`` once its result is flushed into the queue's pipe and
   every rank passed a final barrier: torch 2.13's CPU build sometimes aborts during
   interpreter teardown after gloo use, which would fail a run that has succeeded. (Exiting

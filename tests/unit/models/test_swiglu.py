@@ -51,3 +51,13 @@ def test_fused_swiglu_flag_off_the_gpu():
         use_fused_swiglu("on", "cpu")
     x = torch.randn(2, 3, 2 * 16)
     assert torch.equal(SwiGLU(fused=True)(x), swiglu(x))
+
+
+def test_fused_rope_refuses_a_rotary_narrower_than_the_head():
+    """The Triton RoPE rotates whole heads; a narrower rotary embedding (megatron's
+    rotary_percent < 1) is one error naming the flag, never a wrong rotation."""
+    from odc_pp.megatron.rope_triton import RotaryInAttention
+
+    q, k = torch.randn(4, 1, 2, 16), torch.randn(4, 1, 1, 16)
+    with pytest.raises(ValueError, match="--fused-rope"):
+        RotaryInAttention(None, torch.randn(4, 1, 1, 8)).apply(q, k)
