@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import sys
 import time
@@ -95,7 +96,7 @@ class Runner:
         self.row, self.run, self.chunks = row, run, chunks
         self.native_autograd = native_autograd
         self.profiler, self.schedule = profiler, schedule
-        self.times = []
+        self.times, self.page_faults = [], []
 
     def predict(self):
         """Simulated makespan from the costs profiled on the timed steps (collective)."""
@@ -115,13 +116,18 @@ class Runner:
     def time_one_step(self):
         """Record the slowest rank's wall time of one minibatch."""
         dist.barrier()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         result = self.run_once()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        faults = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults],
+                              dtype=torch.float64)
         if self.profiler is not None:
             self.profiler.record(result)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(faults, op=dist.ReduceOp.MAX)
         self.times.append(float(elapsed))
+        self.page_faults.append(int(faults))
 
 
 class LayoutCache:
@@ -375,7 +381,9 @@ def run_benchmark(args):
     for runner in runners:
         row = dict(runner.row, measured_s=statistics.median(runner.times),
                    step_times_s=runner.times, measured_spread=spread(runner.times),
-                   load_1min=loads)
+                   load_1min=loads,
+                   # minor page faults of a step (the rank with most): fresh host pages
+                   page_faults=statistics.median(runner.page_faults))
         if "predicted_s" in row:
             row["efficiency"] = row["predicted_s"] / row["measured_s"]
         rows.append(row)

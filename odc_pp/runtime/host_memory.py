@@ -23,18 +23,21 @@ import ctypes.util
 
 __all__ = ["keep_freed_host_memory"]
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4
 """glibc's mallopt parameters (malloc.h)."""
 
 
 def keep_freed_host_memory(*, mmap_threshold: int = 32 * 2 ** 20,
                            trim_threshold: int = 2 ** 31 - 1,
-                           top_pad: int = 2 ** 30) -> bool:
+                           top_pad: int = 2 ** 30, mmap_max: int = 0) -> bool:
     """Serve blocks up to ``mmap_threshold`` bytes (glibc's largest) from the heap, trim
     its free top only beyond ``trim_threshold`` and grow it by ``top_pad`` extra (address
-    space; pages count only once touched). Process-wide; call before the big
-    allocations. False where the C library has no ``mallopt`` (not glibc): nothing
-    changed."""
+    space; pages count only once touched). ``mmap_max`` (glibc's ``M_MMAP_MAX``): at
+    most this many blocks mapped on their own at once; 0 serves the blocks above the
+    threshold (glibc's ceiling is 32 MiB) from the heap too, so an attention score
+    tensor of 64 MiB is reused after it is freed instead of mapped afresh. Process-wide;
+    call before the big allocations. False where the C library has no ``mallopt`` (not
+    glibc): nothing changed."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -44,4 +47,4 @@ def keep_freed_host_memory(*, mmap_threshold: int = 32 * 2 ** 20,
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in (
         (M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold),
-        (M_TOP_PAD, top_pad)))
+        (M_TOP_PAD, top_pad), (M_MMAP_MAX, mmap_max)))
