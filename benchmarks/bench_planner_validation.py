@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.repredict, encoding="utf-8") as handle:
             section = json.load(handle)["this_machine"]
         if args.recalibrate:
-            from benchmarks.planner_measure import calibrate_contended, calibrate_pipeline
+            from benchmarks.planner_measure import calibrate_all
 
             section["previous"] = {
                 "earlier": section.get("previous"),
@@ -282,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 "worst_abs_error_pct": section["worst_abs_error_pct"],
                 "error_pct": {row["config"]: row["error_pct"] for row in section["rows"]}}
             section["loadavg_calibration"] = os.getloadavg()
-            section["calibration"] = calibrate_contended()
-            section["calibration"]["pipeline"] = calibrate_pipeline()
+            section["calibration"] = calibrate_all()
         doc["this_machine"] = predict_section(section)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

@@ -404,6 +404,10 @@ def main(argv=None):
         if ours in by_name and theirs in by_name:
             summary[f"{ours}_vs_{theirs}_speedup"] = (by_name[theirs]["measured_s"]
                                                       / by_name[ours]["measured_s"])
+            # round by round (the same load): the median and range of the paired ratios
+            paired = [t / o for t, o in zip(by_name[theirs]["step_times_s"],
+                                            by_name[ours]["step_times_s"])]
+            summary[f"{ours}_vs_{theirs}_paired"] = spread(paired)
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
                           "backend": "gloo"},
@@ -415,7 +419,9 @@ def main(argv=None):
                      if "predicted_s" in row else "")
             print(f"{row['schedule']:28s} measured {row['measured_s']:.3f}s{extra}")
         for key, value in summary.items():
-            print(f"{key}: {value:.2f}x")
+            print(f"{key}: " + (f"{value:.2f}x" if isinstance(value, float) else
+                                f"median {value['median']:.2f}x, {value['min']:.2f}-"
+                                f"{value['max']:.2f}x"))
     return result
 
 

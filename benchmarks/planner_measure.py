@@ -29,9 +29,12 @@ thread each, a compute-dominated shape; nothing here has been run for a claim ye
    error.
 
 Each microbatch is simulated at its own cost (``CostModel.microbatch_scale``), so uneven
-lengths leave the bubbles they make. Not modelled (the known weak points): the loss
-all-reduce, pipeline transfer time (gloo, t_comm = 0), the embedding and output layer
-(layers split evenly over stages).
+lengths leave the bubbles they make. Where the calibration holds pretrain_gpt.py's own
+traces (:mod:`benchmarks.planner_trace`, one run per mode on another seed), those fits
+are used instead: per microbatch what the training loop pays (masks, loss, hooks, the
+engine and gloo beside it), per step what it spends outside its actions (optimizer, ODC
+sync, loss all-reduce), and each stage transfer's CPU time. Not modelled: the embedding
+and output layer apart from the layers (the pipeline fit is the mean of the two stages).
 """
 
 from __future__ import annotations
@@ -231,7 +234,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
     stages = pp * args.schedule.num_model_chunks
-    row_cost = calibration["c"]
+    row_cost, p2p = calibration["c"], CostModel()
     if pp > 1 and "pipeline" in calibration:  # measured in a pipeline: per-stage costs
         fit = calibration["pipeline"]
         a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
@@ -241,6 +244,13 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     # shares the busy cores, so the transfer is paid, not hidden)
     push = calibration.get("reduce_scatter_s", 0.0) / pp \
         if args.parallel.mode.is_collective and dp > 1 else 0.0
+    if "training" in calibration:  # fitted on pretrain_gpt.py's own trace (planner_trace)
+        mode = "pipeline" if pp > 1 else \
+            "collective" if args.parallel.mode.is_collective else "odc"
+        fit = calibration["training"][mode]
+        a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
+        optimizer, push = fit["fixed_s"], 0.0  # the step's own time; pushes are in the fit
+        p2p = CostModel(t_send_cpu=fit["send_s"], t_recv_cpu=fit["recv_s"])
     out = []
     for iteration in iterations:
         plan = planner.plan(iteration)
@@ -263,6 +273,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             mean = float(np.mean(costs_of))
             costs = CostModel(t_f=mean / stages * shares["F"], t_b=mean / stages * shares["B"],
                               t_w=mean / stages * shares["W"],
+                              t_send_cpu=p2p.t_send_cpu, t_recv_cpu=p2p.t_recv_cpu,
                               microbatch_scale=[c / mean for c in costs_of])
             schedule = build(training_request(args.schedule, pp=pp,
                                               num_microbatches=len(costs_of)), CostModel())
@@ -300,10 +311,22 @@ def _run(flags: list[str], iters: int) -> list[float]:
         return [r["step_s"] for r in run.records()]
 
 
-def measure_section(*, rounds: int = 3, iters: int = 4,
-                    cost_file: str | None = None) -> dict:
+def calibrate_all() -> dict:
+    """Every calibration the validation uses: the runtime's on hand-made microbatches
+    (:func:`calibrate_contended`, :func:`calibrate_pipeline`) and, which
+    :func:`predict` prefers, pretrain_gpt.py's own trace per mode
+    (:func:`benchmarks.planner_trace.calibrate_from_training`)."""
+    from benchmarks.planner_trace import calibrate_from_training
+
     calibration = calibrate_contended()
     calibration["pipeline"] = calibrate_pipeline()
+    calibration["training"] = calibrate_from_training(MODEL + LENGTHS["seq1024"])
+    return calibration
+
+
+def measure_section(*, rounds: int = 3, iters: int = 4,
+                    cost_file: str | None = None) -> dict:
+    calibration = calibrate_all()
     if cost_file:  # the --sample-cost-model file every load-balance mode can use
         with open(cost_file, "w", encoding="utf-8") as handle:
             json.dump({"a": calibration["a"], "b": calibration["b"],

@@ -1,0 +1,148 @@
+"""Calibrate the two-rank validation's model from pretrain_gpt.py's own trace (issue 31).
+
+:func:`benchmarks.planner_measure.calibrate` times the pipeline runtime on hand-made
+microbatches. The training loop pays more per microbatch (its masks, loss and hooks, the
+data-parallel engine beside it, the ranks contending as they do in the measured runs) and
+per step (the ODC sync, the loss all-reduce, the optimizer). So here one short
+``pretrain_gpt.py --trace`` run per mode, on its own seed (data the validated rows do
+not see), is read back:
+
+* per microbatch, the F + B + W of this rank less any wait for a peer, against the shape
+  the run planned (``BatchAssigner``, deterministic): the fit ``a`` (per token^2), ``b``
+  (per token), ``c`` (per microbatch; per stage in a pipeline) and the F : B : W shares;
+* per step, what the iteration spends outside its actions' span: the optimizer, the sync
+  and the reductions. Per rank its step less its own action span; the smallest over the
+  ranks (the others wait there for the slowest);
+* in a pipeline, each SEND/RECV action's own time (the stage transfer on gloo, CPU-bound).
+
+The first iteration is a warm-up and is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+__all__ = ["CALIBRATION_RUNS", "calibrate_from_training", "read_trace"]
+
+CALIBRATION_SEED = "97"
+"""The calibration runs' seed: other documents than the validated rows' (seed 11)."""
+CALIBRATION_RUNS = {
+    "odc": ["--dp-mode", "odc", "--load-balance", "none"],
+    "collective": ["--dp-mode", "collective", "--load-balance", "none"],
+    "pipeline": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
+}
+"""One calibration run per mode of the validated rows (2 ranks each)."""
+
+
+def read_trace(path: str) -> dict:
+    """``{rank: {iteration: record}}`` from a ``--trace`` file. A record: ``step_s``,
+    ``busy`` (``{microbatch: {kind: seconds}}``, each action less its wait), ``span_s``
+    (first action's start to last action's end) and ``p2p_s`` (``send``/``recv``: each
+    such action's duration less its wait)."""
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    out: dict = defaultdict(lambda: defaultdict(lambda: {
+        "busy": defaultdict(lambda: defaultdict(float)), "p2p_s": defaultdict(list),
+        "bounds": []}))
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        args, record = event["args"], out[event["pid"]][event["args"]["iteration"]]
+        seconds = event["dur"] / 1e6
+        if event["cat"] == "iteration":
+            record["step_s"] = seconds
+        elif event["cat"] == "compute":
+            kind = event["name"].split()[0]
+            record["busy"][args["microbatch"]][kind] += seconds - args["waited_ms"] / 1e3
+            record["bounds"] += [event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6]
+        elif event["cat"] in ("send_f", "send_b", "recv_f", "recv_b"):
+            record["p2p_s"][event["cat"][:4]].append(seconds - args["waited_ms"] / 1e3)
+            record["bounds"] += [event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6]
+    for ranks in out.values():
+        for record in ranks.values():
+            bounds = record.pop("bounds")
+            record["span_s"] = max(bounds) - min(bounds) if bounds else 0.0
+    return out
+
+
+def _shapes(flags: list[str], iterations: range) -> dict:
+    """``{(iteration, dp_rank): [(rows, tokens) per microbatch]}`` as the run planned."""
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.data_plan import BatchAssigner, build_source
+
+    args = parse_args(flags)
+    dp = args.resolve_layout(2).dp
+    pp = args.parallel.pipeline_model_parallel_size
+    source, _ = build_source(args)
+    planner = BatchAssigner(args, source, dp=dp, pp=pp)
+    shapes = {}
+    for iteration in iterations:
+        for replica, groups in enumerate(planner.plan(iteration).replicas):
+            shapes[(iteration, replica)] = [
+                (1, sum(source.length(i) for i in g)) if planner.packed
+                else (len(g), max(source.length(i) for i in g)) for g in groups]
+    return shapes
+
+
+def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
+    """The fit and fixed costs of one calibration run (see the module docstring)."""
+    from odc_pp.data.load_balance import fit_microbatch_costs
+
+    pp = 2 if "--pipeline-model-parallel-size" in flags else 1
+    shapes = _shapes(flags, range(1, iters))  # plan() counts iterations from 0
+    linear, quadratic, times, kinds = [], [], [], defaultdict(float)
+    p2p: dict[str, list[float]] = defaultdict(list)
+    per_rank_fixed: dict[int, list[float]] = defaultdict(list)
+    for rank, iterations in trace.items():
+        replica = 0 if pp > 1 else rank
+        for iteration, record in iterations.items():
+            if iteration < 2:  # warm-up
+                continue
+            for microbatch, busy in record["busy"].items():
+                rows, tokens = shapes[(iteration - 1, replica)][microbatch]
+                linear.append(rows * tokens)
+                quadratic.append(rows * tokens * tokens)
+                times.append(sum(busy.values()))
+                for kind, seconds in busy.items():
+                    kinds[kind] += seconds
+            per_rank_fixed[iteration].append(record["step_s"] - record["span_s"])
+            for direction, seconds in record["p2p_s"].items():
+                p2p[direction] += seconds
+    fit = fit_microbatch_costs(linear, quadratic, times, with_constant=True)
+    fixed = [min(values) for values in per_rank_fixed.values()]
+    total = sum(kinds.values())
+    kinds["B"] += kinds.pop("BW", 0.0)  # without a pipeline B and W run fused (BW)
+    shares = {k: kinds.get(k, 0.0) / total for k in ("F", "B", "W")}
+    scale = pp  # a stage's fit is per stage: the whole model is pp stages of it
+    return {"a": fit.a * scale, "b": fit.b * scale, "c_stage": fit.c,
+            "shares": shares, "fixed_s": statistics.median(fixed),
+            "send_s": statistics.median(p2p["send"]) if p2p["send"] else 0.0,
+            "recv_s": statistics.median(p2p["recv"]) if p2p["recv"] else 0.0,
+            "microbatches": len(times)}
+
+
+def calibrate_from_training(model: list[str], *, iters: int = 6) -> dict:
+    """One traced two-rank pretrain_gpt.py run per :data:`CALIBRATION_RUNS` mode of
+    ``model``'s flags (their seed replaced by :data:`CALIBRATION_SEED`); per mode the fit
+    of :func:`_fit_mode`."""
+    from odc_pp.testing.torchrun import launch
+
+    base = list(model)
+    if "--seed" in base:
+        base[base.index("--seed") + 1] = CALIBRATION_SEED
+    out = {}
+    for mode, extra in CALIBRATION_RUNS.items():
+        flags = base + extra
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = str(Path(tmp) / "calibration.json")
+            run = launch(flags + ["--train-iters", str(iters), "--trace", trace], nproc=2,
+                         tmp_path=Path(tmp), name=f"calibrate_{mode}", timeout=1800,
+                         launcher="torchrun")
+            if run.returncode != 0:
+                raise RuntimeError(run.describe())
+            out[mode] = _fit_mode(flags, read_trace(trace), iters)
+            out[mode]["flags"] = extra + ["--seed", CALIBRATION_SEED]
+    return out
