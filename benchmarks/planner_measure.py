@@ -33,8 +33,10 @@ lengths leave the bubbles they make. Where the calibration holds pretrain_gpt.py
 traces (:mod:`benchmarks.planner_trace`, one run per mode on another seed), those fits
 are used instead: per microbatch what the training loop pays (masks, loss, hooks, the
 engine and gloo beside it), per step what it spends outside its actions (optimizer, ODC
-sync, loss all-reduce), and each stage transfer's CPU time. Not modelled: the embedding
-and output layer apart from the layers (the pipeline fit is the mean of the two stages).
+sync, loss all-reduce), each stage transfer's CPU time, and a microbatch's fixed cost
+split into what it pays once (embedding, output layer, loss: on the first and last
+virtual stage) and per virtual stage. Not modelled: the embedding's and output layer's
+token-dependent costs apart from the layers' (spread evenly over the stages).
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
     stages = pp * args.schedule.num_model_chunks
-    row_cost, p2p = calibration["c"], CostModel()
+    row_cost, p2p, once = calibration["c"], CostModel(), 0.0
     if pp > 1 and "pipeline" in calibration:  # measured in a pipeline: per-stage costs
         fit = calibration["pipeline"]
         a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
@@ -248,7 +250,9 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         mode = "pipeline" if pp > 1 else \
             "collective" if args.parallel.mode.is_collective else "odc"
         fit = calibration["training"][mode]
-        a, b, shares, row_cost = fit["a"], fit["b"], fit["shares"], fit["c_stage"] * stages
+        a, b, shares = fit["a"], fit["b"], fit["shares"]
+        once = fit.get("c_model", 0.0)  # embedding, output layer, loss: first/last stage
+        row_cost = fit["c_stage"] * stages + once
         optimizer, push = fit["fixed_s"], 0.0  # the step's own time; pushes are in the fit
         p2p = CostModel(t_send_cpu=fit["send_s"], t_recv_cpu=fit["recv_s"])
     out = []
@@ -271,8 +275,11 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         spans = []
         for costs_of in per_microbatch:
             mean = float(np.mean(costs_of))
-            costs = CostModel(t_f=mean / stages * shares["F"], t_b=mean / stages * shares["B"],
-                              t_w=mean / stages * shares["W"],
+            per_stage = [(mean - once) / stages + (once / 2 if k in (0, stages - 1) else 0.0)
+                         for k in range(stages)]
+            costs = CostModel(t_f=[t * shares["F"] for t in per_stage],
+                              t_b=[t * shares["B"] for t in per_stage],
+                              t_w=[t * shares["W"] for t in per_stage],
                               t_send_cpu=p2p.t_send_cpu, t_recv_cpu=p2p.t_recv_cpu,
                               microbatch_scale=[c / mean for c in costs_of])
             schedule = build(training_request(args.schedule, pp=pp,

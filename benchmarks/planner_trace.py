@@ -9,7 +9,9 @@ not see), is read back:
 
 * per microbatch, the F + B + W of this rank less any wait for a peer, against the shape
   the run planned (``BatchAssigner``, deterministic): the fit ``a`` (per token^2), ``b``
-  (per token), ``c`` (per microbatch; per stage in a pipeline) and the F : B : W shares;
+  (per token), ``c`` (per microbatch) and the F : B : W shares. In a pipeline ``c`` is
+  split into what a microbatch pays once (embedding, output layer, loss: ``c_model``,
+  charged to the first and last virtual stage) and per virtual stage (``c_stage``);
 * per step, what the iteration spends outside its actions' span: the optimizer, the sync
   and the reductions. Per rank its step less its own action span; the smallest over the
   ranks (the others wait there for the slowest);
@@ -34,8 +36,12 @@ CALIBRATION_RUNS = {
     "odc": ["--dp-mode", "odc", "--load-balance", "none"],
     "collective": ["--dp-mode", "collective", "--load-balance", "none"],
     "pipeline": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
+    "pipeline_chunks": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                        "interleaved"],
 }
-"""One calibration run per mode of the validated rows (2 ranks each)."""
+"""One calibration run per mode of the validated rows (2 ranks each); the pipeline twice,
+with 2 and with 4 virtual stages, to tell a microbatch's fixed cost per model (embedding,
+output layer, loss) from its fixed cost per virtual stage (:func:`split_fixed`)."""
 
 
 def read_trace(path: str) -> dict:
@@ -92,6 +98,7 @@ def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
     from odc_pp.data.load_balance import fit_microbatch_costs
 
     pp = 2 if "--pipeline-model-parallel-size" in flags else 1
+    stages = 2 * pp if "interleaved" in flags else pp
     shapes = _shapes(flags, range(1, iters))  # plan() counts iterations from 0
     linear, quadratic, times, kinds = [], [], [], defaultdict(float)
     p2p: dict[str, list[float]] = defaultdict(list)
@@ -116,12 +123,23 @@ def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
     total = sum(kinds.values())
     kinds["B"] += kinds.pop("BW", 0.0)  # without a pipeline B and W run fused (BW)
     shares = {k: kinds.get(k, 0.0) / total for k in ("F", "B", "W")}
-    scale = pp  # a stage's fit is per stage: the whole model is pp stages of it
-    return {"a": fit.a * scale, "b": fit.b * scale, "c_stage": fit.c,
+    scale = stages  # a stage's fit is per stage: the whole model is that many of it
+    return {"a": fit.a * scale, "b": fit.b * scale, "c_stage": fit.c, "stages": stages,
             "shares": shares, "fixed_s": statistics.median(fixed),
             "send_s": statistics.median(p2p["send"]) if p2p["send"] else 0.0,
             "recv_s": statistics.median(p2p["recv"]) if p2p["recv"] else 0.0,
             "microbatches": len(times)}
+
+
+def split_fixed(two: dict, four: dict) -> tuple[float, float]:
+    """``(per model, per virtual stage)`` seconds of a microbatch's fixed cost from the
+    fits of a pipeline with 2 and with 4 virtual stages: the whole model's fixed cost is
+    ``model + stages x stage``, so the two runs give both (neither below 0)."""
+    total_two = two["c_stage"] * two["stages"]
+    total_four = four["c_stage"] * four["stages"]
+    per_stage = max(0.0, (total_four - total_two) / (four["stages"] - two["stages"]))
+    per_model = max(0.0, total_two - two["stages"] * per_stage)
+    return per_model, per_stage
 
 
 def calibrate_from_training(model: list[str], *, iters: int = 6) -> dict:
@@ -145,4 +163,6 @@ def calibrate_from_training(model: list[str], *, iters: int = 6) -> dict:
                 raise RuntimeError(run.describe())
             out[mode] = _fit_mode(flags, read_trace(trace), iters)
             out[mode]["flags"] = extra + ["--seed", CALIBRATION_SEED]
+    out["pipeline"]["c_model"], out["pipeline"]["c_stage"] = split_fixed(
+        out["pipeline"], out["pipeline_chunks"])
     return out
