@@ -318,22 +318,35 @@ def _run(flags: list[str], iters: int) -> list[float]:
         return [r["step_s"] for r in run.records()]
 
 
-def calibrate_all() -> dict:
+CALIBRATION_MODEL = MODEL + LENGTHS["seq1024"]
+"""The model and lengths of the traced calibration runs (their seed is their own)."""
+CALIBRATION_ITERS = 6
+
+
+def calibrate_all(*, training: bool = True) -> dict:
     """Every calibration the validation uses: the runtime's on hand-made microbatches
-    (:func:`calibrate_contended`, :func:`calibrate_pipeline`) and, which
+    (:func:`calibrate_contended`, :func:`calibrate_pipeline`) and (``training``), which
     :func:`predict` prefers, pretrain_gpt.py's own trace per mode
     (:func:`benchmarks.planner_trace.calibrate_from_training`)."""
     from benchmarks.planner_trace import calibrate_from_training
 
     calibration = calibrate_contended()
     calibration["pipeline"] = calibrate_pipeline()
-    calibration["training"] = calibrate_from_training(MODEL + LENGTHS["seq1024"])
+    if training:
+        calibration["training"] = calibrate_from_training(CALIBRATION_MODEL,
+                                                          iters=CALIBRATION_ITERS)
     return calibration
 
 
 def measure_section(*, rounds: int = 3, iters: int = 4,
                     cost_file: str | None = None) -> dict:
-    calibration = calibrate_all()
+    """Calibrate, then run every configuration ``rounds`` times, rotating. The traced
+    calibration runs (:mod:`benchmarks.planner_trace`) rotate with them, one per mode and
+    round, and are fitted pooled: machine drift over the ~20 minutes hits both alike."""
+    from benchmarks.planner_trace import (CALIBRATION_RUNS, calibration_flags,
+                                          fit_calibration, traced_run)
+
+    calibration = calibrate_all(training=False)
     if cost_file:  # the --sample-cost-model file every load-balance mode can use
         with open(cost_file, "w", encoding="utf-8") as handle:
             json.dump({"a": calibration["a"], "b": calibration["b"],
@@ -342,12 +355,20 @@ def measure_section(*, rounds: int = 3, iters: int = 4,
     runs: dict[str, list[list[float]]] = {}
     loads: dict[str, list[float]] = {}
     configs = _configs()
+    traces: dict[str, list[dict]] = {mode: [] for mode in CALIBRATION_RUNS}
+    jobs = list(configs) + [f"calibrate:{mode}" for mode in CALIBRATION_RUNS]
     for round_index in range(rounds):  # configurations alternate round by round
-        for name in rotated(list(configs), round_index):
+        for name in rotated(jobs, round_index):
+            if name.startswith("calibrate:"):
+                mode = name.split(":", 1)[1]
+                traces[mode].append(traced_run(calibration_flags(CALIBRATION_MODEL, mode),
+                                               CALIBRATION_ITERS))
+                continue
             loads.setdefault(name, []).append(load_1min())
             runs.setdefault(name, []).append(_run(configs[name], iters)[1:])
             print(f"round {round_index} {name}: {runs[name][-1]}", file=sys.stderr,
                   flush=True)
+    calibration["training"] = fit_calibration(CALIBRATION_MODEL, traces, CALIBRATION_ITERS)
     rows = []
     for name in configs:
         measured = [statistics.median(step[i] for step in runs[name])

@@ -28,7 +28,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-__all__ = ["CALIBRATION_RUNS", "calibrate_from_training", "read_trace"]
+__all__ = ["CALIBRATION_RUNS", "calibrate_from_training", "calibration_flags",
+           "fit_calibration", "read_trace", "split_fixed", "traced_run"]
 
 CALIBRATION_SEED = "97"
 """The calibration runs' seed: other documents than the validated rows' (seed 11)."""
@@ -93,8 +94,9 @@ def _shapes(flags: list[str], iterations: range) -> dict:
     return shapes
 
 
-def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
-    """The fit and fixed costs of one calibration run (see the module docstring)."""
+def _fit_mode(flags: list[str], traces: list[dict], iters: int) -> dict:
+    """The fit and fixed costs of the calibration runs ``traces`` of ``flags`` (see the
+    module docstring), their points pooled."""
     from odc_pp.data.load_balance import fit_microbatch_costs
 
     pp = 2 if "--pipeline-model-parallel-size" in flags else 1
@@ -102,8 +104,9 @@ def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
     shapes = _shapes(flags, range(1, iters))  # plan() counts iterations from 0
     linear, quadratic, times, kinds = [], [], [], defaultdict(float)
     p2p: dict[str, list[float]] = defaultdict(list)
-    per_rank_fixed: dict[int, list[float]] = defaultdict(list)
-    for rank, iterations in trace.items():
+    per_rank_fixed: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for run, rank, iterations in ((n, r, i) for n, trace in enumerate(traces)
+                                  for r, i in trace.items()):
         replica = 0 if pp > 1 else rank
         for iteration, record in iterations.items():
             if iteration < 2:  # warm-up
@@ -115,7 +118,7 @@ def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
                 times.append(sum(busy.values()))
                 for kind, seconds in busy.items():
                     kinds[kind] += seconds
-            per_rank_fixed[iteration].append(record["step_s"] - record["span_s"])
+            per_rank_fixed[(run, iteration)].append(record["step_s"] - record["span_s"])
             for direction, seconds in record["p2p_s"].items():
                 p2p[direction] += seconds
     fit = fit_microbatch_costs(linear, quadratic, times, with_constant=True)
@@ -123,8 +126,9 @@ def _fit_mode(flags: list[str], trace: dict, iters: int) -> dict:
     total = sum(kinds.values())
     kinds["B"] += kinds.pop("BW", 0.0)  # without a pipeline B and W run fused (BW)
     shares = {k: kinds.get(k, 0.0) / total for k in ("F", "B", "W")}
-    scale = stages  # a stage's fit is per stage: the whole model is that many of it
-    return {"a": fit.a * scale, "b": fit.b * scale, "c_stage": fit.c, "stages": stages,
+    # a rank's fit covers its chunks of a microbatch: the whole model is pp ranks of it
+    return {"a": fit.a * pp, "b": fit.b * pp, "c_stage": fit.c * pp / stages,
+            "stages": stages,
             "shares": shares, "fixed_s": statistics.median(fixed),
             "send_s": statistics.median(p2p["send"]) if p2p["send"] else 0.0,
             "recv_s": statistics.median(p2p["recv"]) if p2p["recv"] else 0.0,
@@ -135,34 +139,54 @@ def split_fixed(two: dict, four: dict) -> tuple[float, float]:
     """``(per model, per virtual stage)`` seconds of a microbatch's fixed cost from the
     fits of a pipeline with 2 and with 4 virtual stages: the whole model's fixed cost is
     ``model + stages x stage``, so the two runs give both (neither below 0)."""
-    total_two = two["c_stage"] * two["stages"]
+    total_two = two["c_stage"] * two["stages"]  # the whole model's, per microbatch
     total_four = four["c_stage"] * four["stages"]
     per_stage = max(0.0, (total_four - total_two) / (four["stages"] - two["stages"]))
     per_model = max(0.0, total_two - two["stages"] * per_stage)
     return per_model, per_stage
 
 
-def calibrate_from_training(model: list[str], *, iters: int = 6) -> dict:
-    """One traced two-rank pretrain_gpt.py run per :data:`CALIBRATION_RUNS` mode of
-    ``model``'s flags (their seed replaced by :data:`CALIBRATION_SEED`); per mode the fit
-    of :func:`_fit_mode`."""
-    from odc_pp.testing.torchrun import launch
-
+def calibration_flags(model: list[str], mode: str) -> list[str]:
+    """The flags of ``mode``'s calibration run: ``model`` with the calibration seed."""
     base = list(model)
     if "--seed" in base:
         base[base.index("--seed") + 1] = CALIBRATION_SEED
+    return base + CALIBRATION_RUNS[mode]
+
+
+def traced_run(flags: list[str], iters: int) -> dict:
+    """One two-rank ``pretrain_gpt.py --trace`` run of ``flags``: :func:`read_trace`'s
+    record of it."""
+    from odc_pp.testing.torchrun import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = str(Path(tmp) / "calibration.json")
+        run = launch(flags + ["--train-iters", str(iters), "--trace", trace], nproc=2,
+                     tmp_path=Path(tmp), name="calibrate", timeout=1800, launcher="torchrun")
+        if run.returncode != 0:
+            raise RuntimeError(run.describe())
+        return read_trace(trace)
+
+
+def fit_calibration(model: list[str], traces: dict[str, list[dict]], iters: int) -> dict:
+    """Per :data:`CALIBRATION_RUNS` mode the fit of its runs' ``traces`` pooled
+    (:func:`_fit_mode`), and the pipeline's fixed cost split (:func:`split_fixed`)."""
     out = {}
-    for mode, extra in CALIBRATION_RUNS.items():
-        flags = base + extra
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = str(Path(tmp) / "calibration.json")
-            run = launch(flags + ["--train-iters", str(iters), "--trace", trace], nproc=2,
-                         tmp_path=Path(tmp), name=f"calibrate_{mode}", timeout=1800,
-                         launcher="torchrun")
-            if run.returncode != 0:
-                raise RuntimeError(run.describe())
-            out[mode] = _fit_mode(flags, read_trace(trace), iters)
-            out[mode]["flags"] = extra + ["--seed", CALIBRATION_SEED]
-    out["pipeline"]["c_model"], out["pipeline"]["c_stage"] = split_fixed(
-        out["pipeline"], out["pipeline_chunks"])
+    for mode, runs in traces.items():
+        out[mode] = _fit_mode(calibration_flags(model, mode), runs, iters)
+        out[mode]["flags"] = CALIBRATION_RUNS[mode] + ["--seed", CALIBRATION_SEED]
+        out[mode]["runs"] = len(runs)
+    if "pipeline" in out and "pipeline_chunks" in out:
+        out["pipeline"]["c_model"], out["pipeline"]["c_stage"] = split_fixed(
+            out["pipeline"], out["pipeline_chunks"])
     return out
+
+
+def calibrate_from_training(model: list[str], *, iters: int = 6) -> dict:
+    """One traced two-rank run per :data:`CALIBRATION_RUNS` mode of ``model``'s flags
+    (their seed replaced by :data:`CALIBRATION_SEED`), fitted by
+    :func:`fit_calibration`. ``bench_planner_validation.py --measure`` instead runs them
+    in every round beside the measured rows (drift hits both alike)."""
+    traces = {mode: [traced_run(calibration_flags(model, mode), iters)]
+              for mode in CALIBRATION_RUNS}
+    return fit_calibration(model, traces, iters)

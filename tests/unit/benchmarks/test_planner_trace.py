@@ -59,7 +59,7 @@ def test_fit_recovers_the_costs_of_the_planned_shapes(tmp_path):
                     clock += share * cost
             events.append(_event(rank, iteration, "iteration", f"iteration {iteration}", 0,
                                  (clock + 0.02 + rank * 0.05) * 1e6))
-    fit = trace._fit_mode(flags, trace.read_trace(_write(tmp_path, events)), iters)
+    fit = trace._fit_mode(flags, [trace.read_trace(_write(tmp_path, events))], iters)
     assert (fit["a"], fit["b"], fit["c_stage"]) == pytest.approx((a, b, c), rel=1e-3)
     assert fit["shares"] == pytest.approx({"F": 0.3, "B": 0.5, "W": 0.2})
     assert fit["fixed_s"] == pytest.approx(0.02, abs=1e-5)
