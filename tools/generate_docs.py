@@ -183,18 +183,19 @@ def _loads(values: list[float]) -> str:
     return f"load {min(values):.1f}-{max(values):.1f}"
 
 
-def _runtime(d: dict) -> str:
-    s, eff = d["summary"], [r["efficiency"] for r in d["rows"] if r.get("efficiency")]
-    rows = {r["schedule"]: r for r in d["rows"]}
-    loads = d["rows"][0].get("load_1min")
-    zb = (f"; ZB-H2 {rows['1f1b']['measured_s'] / rows['zb-h2']['measured_s']:.2f}x 1F1B"
-          if "zb-h2" in rows and "1f1b" in rows else "")
-    return (f"pp=2, 2 ranks x 1 thread, seq {d['config']['seq']} hidden "
-            f"{d['config']['hidden']}, {d['config']['repeats']} rounds"
-            f"{', ' + _loads(loads) if loads else ''}: measured / simulated step "
-            f"{min(eff):.2f}-{max(eff):.2f}{zb}; ZB-V "
-            f"{s['zbv_vs_torch-ZBVZeroBubble_speedup']:.2f}x faster than PyTorch's "
-            f"ScheduleZBVZeroBubble on the same chunks")
+def _runtime_vs_torch(d: dict) -> str:
+    """Ours against PyTorch's zero-bubble schedules at every sequence length measured
+    (``runtime_cpu_vs_torch_seq*.json``; ``d``: the longest)."""
+    files = sorted((f for f in os.listdir(RESULTS) if f.startswith("runtime_cpu_vs_torch_seq")),
+                   key=lambda f: int(f.split("seq")[1].split(".")[0]))
+    cells = []
+    for run in map(_result, files):
+        s = run["summary"]
+        cells.append(f"seq {run['config']['seq']} "
+                     f"{s['zbv_vs_torch-ZBVZeroBubble_speedup']:.2f}x / "
+                     f"{s['interleaved_vs_torch-InterleavedZeroBubble_speedup']:.2f}x")
+    return (f"ZB-V / interleaved vs PyTorch's, same chunks, {d['config']['repeats']} "
+            f"rounds: " + ", ".join(cells))
 
 
 def _odc(d: dict) -> str:
@@ -275,7 +276,7 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "schedules_cpu.json": ("bench_schedules.py", _schedules),
     "paper_tables.json": ("bench_paper_tables.py", _paper),
     "v_schedules.json": ("bench_v_schedules.py", _v),
-    "runtime_cpu.json": ("bench_runtime.py", _runtime),
+    "runtime_cpu_vs_torch_seq2048.json": ("bench_runtime.py", _runtime_vs_torch),
     "odc_cpu.json": ("bench_odc.py", _odc),
     "transport_cpu_2ranks.json": ("bench_transport.py", _transport),
     "post_validation_cpu.json": ("bench_post_validation.py", _post_validation),
@@ -376,8 +377,8 @@ def speed_evidence() -> str:
             "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
             ""]
     out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
-    out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated once "
-            "(two processes at once):", ""]
+    out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated on "
+            "`pretrain_gpt.py` traces ([planner](docs/planner.md)):", ""]
     machine = (validation or {}).get("this_machine")
     out += machine_table(machine) if machine else ["(not measured)"]
     return "\n".join(out)
