@@ -34,8 +34,8 @@ traces (:mod:`benchmarks.planner_trace`, one run per mode on another seed), thos
 are used instead: per microbatch what the training loop pays (masks, loss, hooks, the
 engine and gloo beside it), per step what it spends outside its actions (optimizer, ODC
 sync, loss all-reduce), each stage transfer's CPU time, and a microbatch's fixed cost
-split into what it pays once (embedding, output layer, loss: on the first and last
-virtual stage) and per virtual stage. Not modelled: the embedding's and output layer's
+split into what every virtual stage pays and what does not grow with them (shared over
+the ranks). Not modelled: the embedding's and output layer's
 token-dependent costs apart from the layers' (spread evenly over the stages).
 """
 
@@ -251,7 +251,7 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
             "collective" if args.parallel.mode.is_collective else "odc"
         fit = calibration["training"][mode]
         a, b, shares = fit["a"], fit["b"], fit["shares"]
-        once = fit.get("c_model", 0.0)  # embedding, output layer, loss: first/last stage
+        once = fit.get("c_rank", 0.0)  # not growing with the virtual stages: per rank
         row_cost = fit["c_stage"] * stages + once
         optimizer, push = fit["fixed_s"], 0.0  # the step's own time; pushes are in the fit
         p2p = CostModel(t_send_cpu=fit["send_s"], t_recv_cpu=fit["recv_s"])
@@ -275,8 +275,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         spans = []
         for costs_of in per_microbatch:
             mean = float(np.mean(costs_of))
-            per_stage = [(mean - once) / stages + (once / 2 if k in (0, stages - 1) else 0.0)
-                         for k in range(stages)]
+            per_stage = [(mean - once) / stages + (once / pp if k < pp else 0.0)
+                         for k in range(stages)]  # stages 0..pp-1: one on every rank
             costs = CostModel(t_f=[t * shares["F"] for t in per_stage],
                               t_b=[t * shares["B"] for t in per_stage],
                               t_w=[t * shares["W"] for t in per_stage],

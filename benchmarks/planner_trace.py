@@ -10,8 +10,8 @@ not see), is read back:
 * per microbatch, the F + B + W of this rank less any wait for a peer, against the shape
   the run planned (``BatchAssigner``, deterministic): the fit ``a`` (per token^2), ``b``
   (per token), ``c`` (per microbatch) and the F : B : W shares. In a pipeline ``c`` is
-  split into what a microbatch pays once (embedding, output layer, loss: ``c_model``,
-  charged to the first and last virtual stage) and per virtual stage (``c_stage``);
+  split into what does not grow with the virtual stages (``c_rank``: each rank pays its
+  share once per microbatch) and what each virtual stage pays (``c_stage``);
 * per step, what the iteration spends outside its actions' span: the optimizer, the sync
   and the reductions. Per rank its step less its own action span; the smallest over the
   ranks (the others wait there for the slowest);
@@ -41,8 +41,9 @@ CALIBRATION_RUNS = {
                         "interleaved"],
 }
 """One calibration run per mode of the validated rows (2 ranks each); the pipeline twice,
-with 2 and with 4 virtual stages, to tell a microbatch's fixed cost per model (embedding,
-output layer, loss) from its fixed cost per virtual stage (:func:`split_fixed`)."""
+with 2 and with 4 virtual stages, to tell the part of a microbatch's fixed cost that does
+not grow with the virtual stages from the part each virtual stage pays
+(:func:`split_fixed`)."""
 
 
 def read_trace(path: str) -> dict:
@@ -136,14 +137,16 @@ def _fit_mode(flags: list[str], traces: list[dict], iters: int) -> dict:
 
 
 def split_fixed(two: dict, four: dict) -> tuple[float, float]:
-    """``(per model, per virtual stage)`` seconds of a microbatch's fixed cost from the
-    fits of a pipeline with 2 and with 4 virtual stages: the whole model's fixed cost is
-    ``model + stages x stage``, so the two runs give both (neither below 0)."""
+    """``(fixed, per virtual stage)`` seconds of a microbatch's fixed cost from the fits
+    of a pipeline with 2 and with 4 virtual stages: the whole model's fixed cost is
+    ``fixed + stages x stage``, so the two runs give both (neither below 0). Where the
+    ``fixed`` part falls the two runs cannot tell (in both it falls on both ranks
+    alike): :func:`~benchmarks.planner_measure.predict` shares it over the ranks."""
     total_two = two["c_stage"] * two["stages"]  # the whole model's, per microbatch
     total_four = four["c_stage"] * four["stages"]
     per_stage = max(0.0, (total_four - total_two) / (four["stages"] - two["stages"]))
-    per_model = max(0.0, total_two - two["stages"] * per_stage)
-    return per_model, per_stage
+    fixed = max(0.0, total_two - two["stages"] * per_stage)
+    return fixed, per_stage
 
 
 def calibration_flags(model: list[str], mode: str) -> list[str]:
@@ -177,7 +180,7 @@ def fit_calibration(model: list[str], traces: dict[str, list[dict]], iters: int)
         out[mode]["flags"] = CALIBRATION_RUNS[mode] + ["--seed", CALIBRATION_SEED]
         out[mode]["runs"] = len(runs)
     if "pipeline" in out and "pipeline_chunks" in out:
-        out["pipeline"]["c_model"], out["pipeline"]["c_stage"] = split_fixed(
+        out["pipeline"]["c_rank"], out["pipeline"]["c_stage"] = split_fixed(
             out["pipeline"], out["pipeline_chunks"])
     return out
 

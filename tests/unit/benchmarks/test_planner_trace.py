@@ -92,9 +92,9 @@ def test_prediction_uses_the_training_fit_and_the_steps_own_time():
                                       measure.predict(flags, calibration, range(1, 3)))) > 0
 
 
-def test_split_fixed_tells_the_per_model_cost_from_the_per_stage_cost():
+def test_split_fixed_tells_the_fixed_cost_from_the_per_stage_cost():
     """2 virtual stages at 12 ms each (24 ms a microbatch), 4 at 8 ms (32 ms): 4 ms per
-    virtual stage and 16 ms once per model (embedding, output layer, loss)."""
+    virtual stage and 16 ms that do not grow with them."""
     per_model, per_stage = trace.split_fixed({"c_stage": 0.012, "stages": 2},
                                              {"c_stage": 0.008, "stages": 4})
     assert (per_model, per_stage) == pytest.approx((0.016, 0.004))
@@ -102,14 +102,15 @@ def test_split_fixed_tells_the_per_model_cost_from_the_per_stage_cost():
                              {"c_stage": 0.005, "stages": 4}) == pytest.approx((0.024, 0.0))
 
 
-def test_the_per_model_cost_is_paid_once_however_many_virtual_stages():
-    """Moving a microbatch's fixed cost from per virtual stage to once per model makes an
+def test_the_fixed_cost_is_paid_once_however_many_virtual_stages():
+    """Moving a microbatch's fixed cost from per virtual stage to per rank makes an
     interleaved (4 virtual stages) pipeline cheaper and a 2-stage one no dearer."""
     shares = {"F": 0.33, "B": 0.5, "W": 0.17}
-    staged = {"a": 4e-7, "b": 2e-4, "c_stage": 0.008, "c_model": 0.0, "shares": shares,
+    staged = {"a": 4e-7, "b": 2e-4, "c_stage": 0.008, "c_rank": 0.0, "shares": shares,
               "fixed_s": 0.0, "send_s": 0.0, "recv_s": 0.0}
-    once = dict(staged, c_stage=0.0, c_model=0.016)
-    for name, cheaper in (("pp2-interleaved/seq1024", True), ("pp2-1f1b/seq512", False)):
+    once = dict(staged, c_stage=0.0, c_rank=0.016)
+    for name, cheaper in (("pp2-interleaved/seq1024", True), ("pp2-zbv/seq1024", True),
+                          ("pp2-1f1b/seq512", False)):
         flags = measure._configs()[name]
         times = [measure.predict(flags, {"a": 1, "b": 1, "c": 1, "shares": shares,
                                          "training": {"pipeline": fit}}, range(1, 3))
