@@ -24,6 +24,7 @@ sequence length here because torch.distributed.pipelining requires static shapes
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import resource
@@ -89,6 +90,31 @@ def make_data(args):
             for _ in range(args.microbatches)]
 
 
+class GcClock:
+    """Seconds and passes of Python's garbage collector (``gc.callbacks``) since the last
+    :meth:`take`: a pause of the cyclic collector lands on whichever step trips it."""
+
+    def __init__(self):
+        self.seconds, self.passes, self._began = 0.0, 0, None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self.passes += 1
+            self._began = None
+
+    def take(self) -> tuple[float, int]:
+        out = (self.seconds, self.passes)
+        self.seconds, self.passes = 0.0, 0
+        return out
+
+
+GC_CLOCK = GcClock()
+
+
 class Runner:
     """One benchmarked configuration: ``run()`` does one minibatch on this rank."""
 
@@ -96,7 +122,7 @@ class Runner:
         self.row, self.run, self.chunks = row, run, chunks
         self.native_autograd = native_autograd
         self.profiler, self.schedule = profiler, schedule
-        self.times, self.page_faults = [], []
+        self.times, self.page_faults, self.gc_seconds = [], [], []
 
     def predict(self):
         """Simulated makespan from the costs profiled on the timed steps (collective)."""
@@ -117,17 +143,19 @@ class Runner:
         """Record the slowest rank's wall time of one minibatch."""
         dist.barrier()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        GC_CLOCK.take()
         start = time.perf_counter()
         result = self.run_once()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        faults = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults],
-                              dtype=torch.float64)
+        faults = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+                               GC_CLOCK.take()[0]], dtype=torch.float64)
         if self.profiler is not None:
             self.profiler.record(result)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         dist.all_reduce(faults, op=dist.ReduceOp.MAX)
         self.times.append(float(elapsed))
-        self.page_faults.append(int(faults))
+        self.page_faults.append(int(faults[0]))
+        self.gc_seconds.append(float(faults[1]))
 
 
 class LayoutCache:
@@ -383,7 +411,10 @@ def run_benchmark(args):
                    step_times_s=runner.times, measured_spread=spread(runner.times),
                    load_1min=loads,
                    # minor page faults of a step (the rank with most): fresh host pages
-                   page_faults=statistics.median(runner.page_faults))
+                   page_faults=statistics.median(runner.page_faults),
+                   # seconds of Python's cyclic garbage collector inside a step (the rank
+                   # with most)
+                   gc_s=spread(runner.gc_seconds))
         if "predicted_s" in row:
             row["efficiency"] = row["predicted_s"] / row["measured_s"]
         rows.append(row)

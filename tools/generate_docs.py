@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from typing import Callable
@@ -185,13 +186,16 @@ def _loads(values: list[float]) -> str:
 
 def _runtime_vs_torch(d: dict) -> str:
     """Ours against PyTorch's zero-bubble schedules at every sequence length measured
-    (``runtime_cpu_vs_torch_seq*.json``; ``d``: the longest)."""
-    files = sorted((f for f in os.listdir(RESULTS) if f.startswith("runtime_cpu_vs_torch_seq")),
-                   key=lambda f: int(f.split("seq")[1].split(".")[0]))
+    (``runtime_cpu_vs_torch_seq<S>[_<run>].json``; ``d``: the seq-2048 run)."""
+    runs = sorted((int(m.group(1)), m.group(2) or "", m.group(0))
+                  for m in map(re.compile(r"runtime_cpu_vs_torch_seq(\d+)(?:_(\w+))?\.json")
+                               .fullmatch, os.listdir(RESULTS)) if m)
     cells = []
-    for run in map(_result, files):
-        s = run["summary"]
-        cells.append(f"seq {run['config']['seq']} "
+    for seq, label, name in runs:
+        run = _result(name)
+        s, rounds = run["summary"], run["config"]["repeats"]
+        other = f" ({label}, {rounds} rounds)" if label else ""
+        cells.append(f"seq {seq}{other} "
                      f"{s['zbv_vs_torch-ZBVZeroBubble_speedup']:.2f}x / "
                      f"{s['interleaved_vs_torch-InterleavedZeroBubble_speedup']:.2f}x")
     return (f"ZB-V / interleaved vs PyTorch's, same chunks, {d['config']['repeats']} "
