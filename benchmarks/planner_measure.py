@@ -32,8 +32,9 @@ Each microbatch is simulated at its own cost (``CostModel.microbatch_scale``), s
 lengths leave the bubbles they make. Where the calibration holds pretrain_gpt.py's own
 traces (:mod:`benchmarks.planner_trace`, one run per mode on another seed), those fits
 are used instead: per microbatch what the training loop pays (masks, loss, hooks, the
-engine and gloo beside it), per step what it spends outside its actions (optimizer, ODC
-sync, loss all-reduce), each stage transfer's CPU time, and a microbatch's fixed cost
+engine beside it; collective mode: ODC's fit plus its measured reduce-scatter after every
+microbatch), per step what it spends outside its actions (optimizer, ODC sync, loss
+all-reduce), each stage transfer's CPU time, and a microbatch's fixed cost
 split into what every virtual stage pays and what does not grow with them (shared over
 the ranks). Not modelled: the embedding's and output layer's
 token-dependent costs apart from the layers' (spread evenly over the stages).
@@ -249,11 +250,14 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     if "training" in calibration:  # fitted on pretrain_gpt.py's own trace (planner_trace)
         mode = "pipeline" if pp > 1 else \
             "collective" if args.parallel.mode.is_collective else "odc"
-        fit = calibration["training"][mode]
+        # collective computes as ODC does, and pays its measured reduce-scatter after every
+        # microbatch (``push``, gloo's thread on the busy cores) beside its own step time
+        fit = calibration["training"]["odc" if mode == "collective" else mode]
         a, b, shares = fit["a"], fit["b"], fit["shares"]
         once = fit.get("c_rank", 0.0)  # not growing with the virtual stages: per rank
         row_cost = fit["c_stage"] * stages + once
-        optimizer, push = fit["fixed_s"], 0.0  # the step's own time; pushes are in the fit
+        optimizer = calibration["training"][mode]["fixed_s"]  # the step's own time
+        push = push if mode == "collective" else 0.0
         p2p = CostModel(t_send_cpu=fit["send_s"], t_recv_cpu=fit["recv_s"])
     out = []
     for iteration in iterations:

@@ -119,3 +119,19 @@ def test_the_fixed_cost_is_paid_once_however_many_virtual_stages():
             assert all(o < s - 0.05 for s, o in zip(*times))
         else:
             assert all(o <= s + 1e-3 for s, o in zip(*times))
+
+
+def test_collective_pays_its_reduce_scatter_after_every_microbatch():
+    """Collective mode computes as ODC does (ODC's fit) and pays the measured gradient
+    reduce-scatter after every microbatch: with more push time the prediction grows by at
+    least the push times the microbatches of the slowest replica's critical path."""
+    shares = {"F": 0.33, "B": 0.67, "W": 0.0}
+    fit = {"a": 4e-7, "b": 2e-4, "c_stage": 0.01, "shares": shares, "fixed_s": 0.01,
+           "send_s": 0.0, "recv_s": 0.0}
+    calibration = {"a": 1.0, "b": 1.0, "c": 1.0, "shares": shares, "reduce_scatter_s": 0.0,
+                   "training": {"odc": dict(fit), "collective": dict(fit, a=1.0)}}
+    flags = measure._configs()["dp2-collective-balanced/seq512"]
+    base = measure.predict(flags, calibration, range(1, 3))
+    assert all(s < 5.0 for s in base)  # ODC's fit, not the collective run's a = 1
+    pushed = measure.predict(flags, {**calibration, "reduce_scatter_s": 0.02}, range(1, 3))
+    assert all(p - b >= 0.02 * 2 for p, b in zip(pushed, base))
