@@ -142,20 +142,20 @@ class Runner:
     def time_one_step(self):
         """Record the slowest rank's wall time of one minibatch."""
         dist.barrier()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         GC_CLOCK.take()
         start = time.perf_counter()
         result = self.run_once()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        faults = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-                               GC_CLOCK.take()[0]], dtype=torch.float64)
+        elapsed = time.perf_counter() - start
+        # [step seconds, minor page faults, seconds in the garbage collector]: the max rank
+        measured = torch.tensor([elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                                 - faults_before, GC_CLOCK.take()[0]], dtype=torch.float64)
         if self.profiler is not None:
             self.profiler.record(result)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        dist.all_reduce(faults, op=dist.ReduceOp.MAX)
-        self.times.append(float(elapsed))
-        self.page_faults.append(int(faults[0]))
-        self.gc_seconds.append(float(faults[1]))
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+        self.times.append(float(measured[0]))
+        self.page_faults.append(int(measured[1]))
+        self.gc_seconds.append(float(measured[2]))
 
 
 class LayoutCache:

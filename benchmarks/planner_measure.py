@@ -1,6 +1,6 @@
 """Item 6b of issue 22: the planner's pipeline model against measured two-rank runs on
 this machine (``bench_planner_validation.py --measure``). Quiet machine only: 2 ranks, 1
-thread each, a compute-dominated shape; nothing here has been run for a claim yet.
+thread each, a compute-dominated shape (results: planner_validation.json this_machine).
 
 1. Calibrate once per machine, from the profiler, with the contention of the ranks that
    will run and the allocator settings of CPU training (``keep_freed_host_memory``;
@@ -230,6 +230,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     from odc_pp.training.schedules import training_request
     from odc_pp.training.data_plan import BatchAssigner, build_source
 
+    from benchmarks.planner_trace import planned_shapes
+
     args = parse_args(flags)
     dp = args.resolve_layout(2).dp
     pp = args.parallel.pipeline_model_parallel_size
@@ -264,10 +266,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         plan = planner.plan(iteration)
         per_microbatch = []  # [replica][microbatch] -> seconds of F + B + W, whole model
         for groups in plan.replicas:
-            shapes = [(1, sum(source.length(i) for i in g)) if planner.packed
-                      else (len(g), max(source.length(i) for i in g)) for g in groups]
             per_microbatch.append([a * r * s * s + b * r * s + row_cost + push
-                                   for r, s in shapes])
+                                   for r, s in planned_shapes(planner, source, groups)])
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
             out.append(optimizer + _data_parallel_step(
                 per_microbatch, in_flight=OdcConfig().max_inflight_pushes

@@ -29,7 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 
 __all__ = ["CALIBRATION_RUNS", "calibrate_from_training", "calibration_flags",
-           "fit_calibration", "read_trace", "split_fixed", "traced_run"]
+           "fit_calibration", "planned_shapes", "read_trace", "split_fixed",
+           "traced_run"]
 
 CALIBRATION_SEED = "97"
 """The calibration runs' seed: other documents than the validated rows' (seed 11)."""
@@ -76,8 +77,17 @@ def read_trace(path: str) -> dict:
     return out
 
 
-def _shapes(flags: list[str], iterations: range) -> dict:
-    """``{(iteration, dp_rank): [(rows, tokens) per microbatch]}`` as the run planned."""
+def planned_shapes(planner, source, groups) -> list[tuple[int, int]]:
+    """``(rows, tokens)`` of each microbatch of one replica's ``groups`` as the run
+    builds them: a packed row holds its samples back to back, an unpacked microbatch pads
+    to its longest sample."""
+    return [(1, sum(source.length(i) for i in g)) if planner.packed
+            else (len(g), max(source.length(i) for i in g)) for g in groups]
+
+
+def _planned_run(flags: list[str], iterations: range) -> tuple[dict, int, int]:
+    """``({(iteration, dp_rank): shapes}, pp, virtual stages)`` of a two-rank run of
+    ``flags`` as it plans (:func:`planned_shapes`)."""
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.data_plan import BatchAssigner, build_source
 
@@ -86,13 +96,10 @@ def _shapes(flags: list[str], iterations: range) -> dict:
     pp = args.parallel.pipeline_model_parallel_size
     source, _ = build_source(args)
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
-    shapes = {}
-    for iteration in iterations:
-        for replica, groups in enumerate(planner.plan(iteration).replicas):
-            shapes[(iteration, replica)] = [
-                (1, sum(source.length(i) for i in g)) if planner.packed
-                else (len(g), max(source.length(i) for i in g)) for g in groups]
-    return shapes
+    shapes = {(iteration, replica): planned_shapes(planner, source, groups)
+              for iteration in iterations
+              for replica, groups in enumerate(planner.plan(iteration).replicas)}
+    return shapes, pp, pp * args.schedule.num_model_chunks
 
 
 def _fit_mode(flags: list[str], traces: list[dict], iters: int) -> dict:
@@ -100,9 +107,8 @@ def _fit_mode(flags: list[str], traces: list[dict], iters: int) -> dict:
     module docstring), their points pooled."""
     from odc_pp.data.load_balance import fit_microbatch_costs
 
-    pp = 2 if "--pipeline-model-parallel-size" in flags else 1
-    stages = 2 * pp if "interleaved" in flags else pp
-    shapes = _shapes(flags, range(1, iters))  # plan() counts iterations from 0
+    # plan() counts iterations from 0, the trace from 1
+    shapes, pp, stages = _planned_run(flags, range(1, iters))
     linear, quadratic, times, kinds = [], [], [], defaultdict(float)
     p2p: dict[str, list[float]] = defaultdict(list)
     per_rank_fixed: dict[tuple[int, int], list[float]] = defaultdict(list)

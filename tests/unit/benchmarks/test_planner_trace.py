@@ -45,7 +45,7 @@ def test_fit_recovers_the_costs_of_the_planned_shapes(tmp_path):
     ranks of step less span (the faster replica waits for the slower one)."""
     flags = measure.MODEL + trace.CALIBRATION_RUNS["odc"]
     iters, (a, b, c) = 4, (3e-7, 2e-4, 0.01)
-    shapes = trace._shapes(flags, range(1, iters))
+    shapes, _, _ = trace._planned_run(flags, range(1, iters))
     events = []
     for rank in (0, 1):
         for iteration in range(1, iters + 1):
