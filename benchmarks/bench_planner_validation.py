@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="6b: calibrate once, then measure two-rank configs (quiet "
                              "machine only)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --measure: rounds of every configuration, rotating (the "
+                             "per-iteration median over them is reported)")
     parser.add_argument("--repredict", default=None, metavar="FILE",
                         help="6b without re-running: the measured rows of FILE's "
                              "this_machine section, predicted again by the current model")
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         from benchmarks.planner_measure import measure_section
 
-        doc["this_machine"] = measure_section(cost_file=args.write_sample_cost)
+        doc["this_machine"] = measure_section(rounds=args.rounds,
+                                             cost_file=args.write_sample_cost)
     elif args.repredict:
         from benchmarks.planner_measure import predict_section
 
