@@ -85,7 +85,10 @@ def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
                      balance=args.data.load_balance, packed=packed,
                      token_cap=args.data.max_tokens_per_microbatch if packed else None,
                      recompute=args.model.recompute_lgd,
-                     micro_batch=1 if packed else args.data.micro_batch_size)
+                     micro_batch=1 if packed else args.data.micro_batch_size,
+                     offload_chunks=tuple(args.schedule.offload_chunks)
+                     if family(name).offloads and args.schedule.offload_chunks else None,
+                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
 
 
 def _ints(text: str) -> tuple[int, ...]:

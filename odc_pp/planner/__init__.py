@@ -1,8 +1,8 @@
 """Planning from closed forms, before anything runs: the activation-memory formulas
-(:mod:`odc_pp.planner.memory`) and the offload/recompute tuner
-(:mod:`odc_pp.planner.offload_tuner`, ``odc-pp tune-offload``), which picks a schedule,
-offload and recompute setting per device from the simulator of :mod:`odc_pp.schedule`,
-and the performance model behind ``odc-pp plan`` (:mod:`odc_pp.planner.inputs`: the
+(:mod:`odc_pp.planner.memory`), the performance model behind ``odc-pp plan`` and its
+view with tp and pp fixed, the offload/recompute tuner
+(:mod:`odc_pp.planner.offload_tuner`, ``odc-pp tune-offload``: the same search ranks a
+schedule, offload and recompute setting per device) (:mod:`odc_pp.planner.inputs`: the
 model to plan and length distributions; :mod:`odc_pp.planner.search`: the prediction and
 search; :mod:`odc_pp.planner.report`: its table; the command itself, which reads models from HF configs or training flags, is
 :mod:`odc_pp.plan_command` at the tools level).

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from odc_pp.layout import DataParallelMode
+from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family
 
 from .hardware import Hardware
@@ -54,6 +55,13 @@ class PlanConfig:
     rough estimate of the module docstring (step 5)."""
     workers: int = 1
     """Processes that evaluate the candidates (the result does not depend on it)."""
+    flash_attention: bool = True
+    """Attention without the ``5 a s / h`` score activations (flash / SDPA kernels)."""
+    plan_costs: CostModel | None = None
+    """The ``--cost-model`` the training frontend will plan schedules with (None: its
+    default, ``CostModel()``); every candidate's schedule is built from it."""
+    plan_costs_path: str | None = None
+    """That file's path, repeated as ``--cost-model`` in every candidate's flags."""
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Not an input: what the search computed once for this config (sampled plans, stage
     times, each candidate's simulated minibatches), shared with the copies ``replace``
@@ -95,9 +103,33 @@ class Candidate:
     """Context-parallel size (each row split over cp ranks, ring attention)."""
     micro_batch: int = 1
     """Samples per unpacked microbatch (--micro-batch-size: rows padded to the longest)."""
+    offload_chunks: tuple[int, ...] | None = None
+    """--offload-chunks of an offloading family (None: all its chunks); see
+    :attr:`offloaded`."""
+    keep_sp_input_for_w: bool = False
+    """--keep-sp-input-for-w (tp > 1): B keeps W's gathered inputs instead of W
+    re-gathering them."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
+        fam = family(self.schedule)
+        if self.offload_chunks is not None and (
+                not fam.offloads or not self.offload_chunks or
+                not set(self.offload_chunks) <= set(range(fam.default_chunks))):
+            raise ValueError(f"--offload-chunks {list(self.offload_chunks)} needs an "
+                             f"offloading schedule and chunks in 0..{fam.default_chunks - 1}"
+                             f" (schedule {self.schedule})")
+        if self.keep_sp_input_for_w and self.tp == 1:
+            raise ValueError("--keep-sp-input-for-w needs a tensor-parallel size > 1")
+
+    @property
+    def offloaded(self) -> tuple[int, ...]:
+        """The local chunks whose activations go to host memory (empty: none)."""
+        fam = family(self.schedule)
+        if not fam.offloads:
+            return ()
+        return tuple(self.offload_chunks) if self.offload_chunks is not None \
+            else tuple(range(fam.default_chunks))
 
 
 @dataclass(kw_only=True)

@@ -23,6 +23,8 @@ sequence of a microbatch is split into 2N chunks and CP rank ``i`` holds chunks 
 
 from __future__ import annotations
 
+import math
+
 from .hardware import Hardware
 from .inputs import ModelSpec
 
@@ -58,7 +60,8 @@ def ring_link(cluster: Hardware, *, tp: int, cp: int) -> float:
     """Bytes/s of the ring's link: NVLink when tp x cp ranks fit a node, else
     inter-node (the preset's NVLink when it has no inter-node figure)."""
     inside = tp * cp <= cluster.gpus_per_node or cluster.internode_gbps is None
-    return (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
+    gbps = cluster.tp_link_gbps if inside else cluster.internode_gbps
+    return (gbps or math.inf) * GB  # unknown (a measured machine): not costed
 
 
 def attention_flops(model: ModelSpec, rows: int, length: int) -> tuple[float, float]:

@@ -1,51 +1,38 @@
 """``odc-pp tune-offload``: pick the pipeline schedule, activation-offload ratio and
 recompute option with the best predicted step time that fits a device memory budget.
 
-Estimates (per transformer layer, micro-batch size b, sequence s, hidden h, heads a, MLP
-width f (``--ffn-hidden-size``, 4h by default), query width q = a x kv_channels, key/value
-width k = query groups x kv_channels, vocabulary V, ``bytes_per_value`` = 2 for 16-bit
-training; the shape is :class:`odc_pp.planner.model.ModelShape`):
+A view of the planner (:mod:`odc_pp.planner.search`) with tp and pp fixed and every
+sample at ``--seq-length``: one search, one cost model, one memory model. The view gives
+the planner its own axes as explicit candidates (:func:`candidates_of`): every
+deterministic schedule family of the registry (``odc_pp.schedule.generators.families``;
+zb-auto is left out: training re-plans it from measured costs, so the simulated order is
+not what runs), with and without ``--recompute-lgd``, for a family that offloads every
+non-empty set of ``--offload-chunks``, and at tp > 1 with W's sequence-parallel inputs
+re-gathered or kept (``--keep-sp-input-for-w``). :func:`odc_pp.planner.search.rank`
+predicts each as ``odc-pp plan`` does:
 
-* FLOPs: :meth:`ModelShape.layer_flops` (Megatron-LM's formula: ``2 b s (2 h q + 2 h k +
-  2 h f)`` in each of F, B and W, ``3 h f`` with SwiGLU, plus attention ``4 b s^2 q`` in F
-  and twice that in B); times = FLOPs / (peak x MFU). Recomputing layernorm/GeLU/dropout
-  adds 5 % of the forward time to B.
-* activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", 16-bit, no tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes
-  for a GPT (f = 4h, q = k = h); in general ``s b h (10 + 4 q/h + 4 k/h + 2 (f/h) (g + 1))``
-  with g = 2 fc1 outputs per MLP unit under SwiGLU (1 without): the layernorm inputs and
-  dropout masks (10), Q, K, V and the projection input (4 q/h + 4 k/h), fc1's output and
-  the activation's output (2 (f/h) (g + 1)). The ``5 a s / h`` attention-matrix term is
-  dropped with flash attention (default); recomputing layernorm, GeLU and dropout drops
-  the two layernorm inputs (4 sbh), the activation's output (2 f/h sbh) and the dropout
-  masks (2 sbh): 34 -> 20 for a GPT.
-* model state: :meth:`ModelShape.layer_params` per layer plus ``V h`` for the embedding
-  (first stage) and output layer (last stage); 2 bytes of 16-bit parameters, 4 of fp32
-  gradients and 12 of fp32 master weights + Adam moments, the latter 12 sharded over the
-  data-parallel ranks (ODC shards parameters/optimizer state).
+* F/B/W seconds: Megatron-LM's FLOPs per layer (:meth:`ModelShape.layer_flops`:
+  ``2 b s (2 h q + 2 h k + 2 h f)`` in each of F, B and W, ``3 h f`` with SwiGLU, plus
+  attention ``4 b s^2 q`` in F and twice that in B) over the cluster's achieved FLOP/s
+  (:meth:`Hardware.flops_per_s`), divided by tp, plus the tensor-parallel collectives;
+  the output layer on the last stage; recomputing layernorm/GeLU/dropout adds 5 % of
+  the forward time to B.
+* the schedule ``pretrain_gpt.py`` builds from the printed flags (its ``--cost-model``,
+  passed here as ``--cost-model``), simulated, with the stage transfers, each offloaded
+  microbatch-chunk's activations crossing the host link (``--preset``'s PCIe figure) and
+  the optimizer step of the rank's shard added.
+* memory per rank: model state (bf16 parameters, fp32 gradients, fp32 master + Adam
+  sharded over dp; the embedding on the first stage, the output layer on the last) plus
+  the simulator's activation peak (what an OFFLOAD moved out does not count until its
+  RELOAD) times a microbatch-chunk's bytes
+  (:func:`odc_pp.planner.memory.layer_activation_bytes`: Korthikanti et al. 2022,
+  ``s b h (34 + 5 a s / h)`` for a GPT, the attention term dropped with flash attention),
+  and the last stage's fp32 logits.
 
-Hardware: a preset of :mod:`odc_pp.planner.hardware` (``--preset``), or ``--measure`` instead times a matmul and a host-memory copy on this machine.
-
-Tensor parallelism (``--devices N --tp-sizes 1,2,4,8``): at equal device count each tp
-size gets ``pp = N / tp`` and every candidate below; for tp > 1 with
-``--sequence-parallel``, re-gathering W's inputs and keeping them
-(``--keep-sp-input-for-w``). Per rank the layer FLOPs and parameters divide by tp, the
-activations by tp under SP (without SP the 10 sbh outside the tensor-parallel regions
-stay whole: sbh (10 + 24/t), Korthikanti et al.), and F/B/W gain the ring collectives of
-:func:`odc_pp.schedule.costs.tensor_parallel_comm_seconds` over the NVLink bandwidth
-(presets: A100 NVLink3 240 GB/s, H100/H200 NVLink4 360 GB/s effective per direction);
-keeping W's inputs holds ``2 (1 - 1/t) sbh`` bytes per layer from B to W.
-
-Candidates are exactly what ``pretrain_gpt.py`` can run: every deterministic schedule
-family of the registry (``odc_pp.schedule.generators.families``; zb-auto is left out:
-training re-plans it from measured costs, so the simulated order is not what runs), with and without
-``--recompute-lgd``, and for a family that offloads every non-empty set of
-``--offload-chunks``. Each candidate's schedule is built by
-``odc_pp.schedule.build.build`` -- the builder the training frontend
-calls -- from the cost model the frontend will plan with (its ``--cost-model`` file,
-passed here as ``--cost-model``; default: the frontend's default cost model), and timed
-by the simulator under the estimated costs above. The printed flags therefore select
-the very schedule whose step time is reported.
+Hardware: a preset of :mod:`odc_pp.planner.hardware` (``--preset``), or ``--measure``
+instead times a matmul and a host-memory copy on this machine (links between GPUs are then
+unknown and not costed). ``--devices N --tp-sizes 1,2,4,8`` ranks each tp size at
+``pp = N / tp`` together.
 """
 
 from __future__ import annotations
@@ -53,26 +40,27 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
+
+from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
                                         check_work)
-from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
-from odc_pp.schedule.build import ScheduleRequest, build
+from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import FAMILIES, family
-from odc_pp.schedule.placement import rank_stages
-from odc_pp.schedule.simulator import simulate
 
+from .config import Candidate, PlanConfig, Prediction
 from .hardware import PRESETS, Hardware
-from .memory import Workload, layer_activation_bytes, planned_state_bytes
+from .inputs import ModelSpec
+from .memory import Workload
 from .model import ModelShape
+from .search import rank
 
-__all__ = ["OffloadChoice", "TunerConfig", "tune", "tune_devices",
-           "estimate_costs", "candidate_request", "format_ranking", "measure_hardware",
-           "main"]
+__all__ = ["OffloadChoice", "TunerConfig", "tune", "tune_devices", "plan_config",
+           "candidates_of", "format_ranking", "measure_hardware", "main"]
 
 GB = 1e9
 
@@ -82,15 +70,15 @@ class TunerConfig:
     """What to tune for."""
 
     shape: Workload
-    """Model shape and microbatch size."""
+    """Model shape, sequence length (every sample's) and microbatch size."""
     hardware: Hardware
-    """Compute speed and host link."""
+    """Compute speed and links."""
     pp: int
     """Pipeline ranks."""
     num_microbatches: int
     """Microbatches per iteration (per data-parallel rank)."""
     dp: int = 1
-    """Data-parallel ranks sharing the optimizer state."""
+    """Data-parallel ranks sharing the optimizer state (ODC)."""
     memory_budget_gb: float | None = None
     """Usable device memory per rank (default: the hardware's memory)."""
     schedules: tuple[str, ...] = tuple(f.name for f in FAMILIES if not f.searched)
@@ -102,21 +90,18 @@ class TunerConfig:
     plan_costs_path: str | None = None
     """Path of that ``--cost-model`` file, repeated in the printed flags (None: no file)."""
     tp: int = 1
-    """Tensor-parallel ranks per stage."""
-    sequence_parallel: bool = False
-    """``--sequence-parallel`` (needs tp > 1)."""
+    """Tensor-parallel ranks per stage (tp > 1 runs sequence parallel, as the planner
+    plans it)."""
     keep_sp_input_for_w: bool = False
-    """``--keep-sp-input-for-w`` (needs sequence_parallel)."""
+    """``--keep-sp-input-for-w`` (needs tp > 1)."""
 
     def __post_init__(self) -> None:
         heads = self.shape.model.num_attention_heads
         if self.tp < 1 or heads % self.tp or self.shape.model.query_groups % self.tp:
             raise ValueError(f"tensor-parallel size {self.tp} must be >= 1 and divide "
                              f"--num-attention-heads {heads} and the query groups")
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence parallelism needs a tensor-parallel size > 1")
-        if self.keep_sp_input_for_w and not self.sequence_parallel:
-            raise ValueError("keeping W's inputs needs sequence parallelism")
+        if self.keep_sp_input_for_w and self.tp == 1:
+            raise ValueError("keeping W's inputs needs a tensor-parallel size > 1")
         if self.tp > 1 and self.hardware.tp_link_gbps is None:
             raise ValueError("tensor parallelism needs the NVLink bandwidth: use a --preset "
                              "or give --tp-link-gbps")
@@ -126,7 +111,7 @@ class TunerConfig:
             raise ValueError(f"--num-microbatches {self.num_microbatches} must be >= --pp "
                              f"{self.pp}")
         if self.memory_budget_gb is not None and not (
-                math.isfinite(self.memory_budget_gb) and self.memory_budget_gb > 0):
+                np.isfinite(self.memory_budget_gb) and self.memory_budget_gb > 0):
             raise ValueError(f"--memory-budget-gb must be a finite number > 0, got "
                              f"{self.memory_budget_gb}")
         for name in self.schedules:
@@ -153,16 +138,16 @@ class OffloadChoice:
     recompute: bool
     """``--recompute-lgd``."""
     step_s: float
-    """Simulated step time under the estimated costs."""
+    """The planner's predicted step (pipeline, data-parallel traffic, optimizer)."""
     peak_memory_gb: float
     """Largest per-rank peak (model state + activations)."""
     fits: bool
     """The peak fits the memory budget."""
     bubble_rate: float
-    """Simulated bubble rate."""
+    """Idle share of the busiest rank's pipeline span."""
     flags: list[str] = field(default_factory=list)
     """``pretrain_gpt.py`` flags that build exactly this candidate's schedule (add the
-    data flags and run on pp x dp ranks)."""
+    data flags and run on tp x pp x dp ranks)."""
     per_rank_peak_gb: list[float] = field(default_factory=list)
     """Per-rank peaks."""
     tp: int = 1
@@ -171,99 +156,57 @@ class OffloadChoice:
     """Pipeline size."""
     sequence_parallel: bool = False
     keep_sp_input_for_w: bool = False
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """The planner's step breakdown (seconds): compute, bubble, dp_wait, comm, optimizer."""
 
 
-def training_flags(config: TunerConfig, name: str, *, offload_chunks: tuple[int, ...],
-                   recompute: bool) -> list[str]:
-    """The ``pretrain_gpt.py`` flags of one candidate: schedule, pipeline, model shape and
-    batch (``--global-batch-size`` = micro batch x microbatches x dp)."""
-    shape, model = config.shape, config.shape.model
-    global_batch = shape.micro_batch_size * config.num_microbatches * config.dp
-    out = ["--pipeline-schedule", name,
-           "--num-model-chunks", str(family(name).default_chunks),
-           "--pipeline-model-parallel-size", str(config.pp),
-           *model.megatron_flags(),
-           "--seq-length", str(shape.seq_length),
-           "--micro-batch-size", str(shape.micro_batch_size),
-           "--global-batch-size", str(global_batch)]
-    if offload_chunks:
-        out += ["--cpu-offload", "--offload-chunks", *map(str, offload_chunks)]
-    if recompute:
-        out.append("--recompute-lgd")
-    if config.tp > 1:
-        out += ["--tensor-model-parallel-size", str(config.tp)]
-    if config.sequence_parallel:
-        out.append("--sequence-parallel")
-    if config.keep_sp_input_for_w:
-        out.append("--keep-sp-input-for-w")
-    if config.plan_costs_path is not None:
-        out += ["--cost-model", config.plan_costs_path]
+def plan_config(config: TunerConfig) -> PlanConfig:
+    """The planner's inputs of this view: one replica layout (tp, pp, dp) of ODC, every
+    sample ``--seq-length`` long, ``micro batch x microbatches x dp`` samples a step."""
+    shape = config.shape
+    model = ModelSpec(**{f.name: getattr(shape.model, f.name) for f in fields(ModelShape)},
+                      seq_length=shape.seq_length)
+    return PlanConfig(model=model, cluster=config.hardware,
+                      gpus=config.tp * config.pp * config.dp,
+                      global_batch=shape.micro_batch_size * config.num_microbatches * config.dp,
+                      lengths=np.array([shape.seq_length]),
+                      memory_gb=config.budget_bytes / GB, tp_sizes=(config.tp,),
+                      schedules=config.schedules, dp_modes=(DataParallelMode.ODC,), samples=1,
+                      flash_attention=shape.flash_attention, plan_costs=config.plan_costs,
+                      plan_costs_path=config.plan_costs_path)
+
+
+def candidates_of(config: TunerConfig) -> list[Candidate]:
+    """The view's candidates: schedule family x offload chunks x recompute at the
+    config's tp, pp and dp (families whose chunks do not divide the layers, or that need
+    more microbatches, are left out)."""
+    out = []
+    for recompute in (False, True):
+        for name in config.schedules:
+            fam = family(name)
+            if config.shape.model.num_layers % (config.pp * fam.default_chunks) or \
+                    config.num_microbatches < fam.microbatches_per_rank * config.pp:
+                continue
+            for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [None]:
+                out.append(Candidate(
+                    tp=config.tp, pp=config.pp, dp=config.dp, schedule=name,
+                    dp_mode=DataParallelMode.ODC, balance="none", packed=False,
+                    token_cap=None, recompute=recompute,
+                    micro_batch=config.shape.micro_batch_size, offload_chunks=chunks,
+                    keep_sp_input_for_w=config.keep_sp_input_for_w))
     return out
 
 
-def estimate_costs(config: TunerConfig, schedule: str, *, recompute: bool
-                   ) -> tuple[CostModel, float, list[float]]:
-    """(cost model in seconds, activation bytes of one microbatch-chunk, static bytes per
-    rank) for ``schedule``."""
-    shape, hw, model = config.shape, config.hardware, config.shape.model
-    fam = family(schedule)
-    chunks = fam.default_chunks
-    stages = config.pp * chunks
-    if model.num_layers % stages:
-        raise ValueError(f"--num-layers {model.num_layers} is not divisible by pp x chunks "
-                         f"= {stages} (schedule {schedule})")
-    layers = model.num_layers // stages
-    tp = config.tp
-    flops_f, flops_b, flops_w = model.layer_flops(shape.micro_batch_size, shape.seq_length)
-    speed = hw.peak_tflops * 1e12 * hw.mfu * tp  # one tp rank does 1/tp of the FLOPs
-    tokens, h = shape.seq_length * shape.micro_batch_size, model.hidden_size
-    comm_f, comm_b, comm_w = tensor_parallel_comm_seconds(
-        tokens=tokens, hidden=h, bytes_per_value=shape.bytes_per_value, tp=tp,
-        link_bytes_per_s=(hw.tp_link_gbps or 0.0) * GB,
-        sequence_parallel=config.sequence_parallel,
-        keep_sp_input_for_w=config.keep_sp_input_for_w)
-    t_f = layers * (flops_f / speed + comm_f)
-    t_b = layers * (flops_b / speed + comm_b) + (0.05 * t_f if recompute else 0.0)
-    t_w = layers * (flops_w / speed + comm_w)
-    chunk_bytes = layers * layer_activation_bytes(
-        shape, recompute=recompute, tp=tp, sequence_parallel=config.sequence_parallel)
-    # --keep-sp-input-for-w: B gathers the two column-parallel inputs, W frees them
-    kept = (2 * (1 - 1 / tp) * tokens * h * shape.bytes_per_value * layers / chunk_bytes
-            if config.keep_sp_input_for_w else 0.0)
-    costs = CostModel(t_f=t_f, t_b=t_b, t_w=t_w, t_comm=0.0,
-                      offload_bandwidth=hw.host_link_gbps * GB / chunk_bytes,
-                      mem_f=1.0, mem_b=kept, mem_w=-1.0 - kept)
-    layer_params, embedding = model.layer_params() / tp, model.vocab_size * h / tp
-    static = [float(planned_state_bytes(
-        [layers * layer_params + embedding * (stage in (0, stages - 1))
-         for stage in rank_stages(fam.placement, config.pp, chunks, rank)], dp=config.dp))
-        for rank in range(config.pp)]
-    return costs, chunk_bytes, static
-
-
-def candidate_request(config: TunerConfig, name: str, *,
-                      offload_chunks: tuple[int, ...] = ()) -> ScheduleRequest:
-    """The compute-only request of the schedule ``pretrain_gpt.py`` builds for this
-    candidate (build it with ``config.plan_costs``, the frontend's planning cost model)."""
-    return ScheduleRequest.of(name, pp=config.pp, num_microbatches=config.num_microbatches,
-                              offload_chunks=list(offload_chunks), communication=False)
-
-
-def _evaluate(config: TunerConfig, name: str, chunks: tuple[int, ...],
-              recompute: bool) -> OffloadChoice:
-    costs, chunk_bytes, static = estimate_costs(config, name, recompute=recompute)
-    schedule = build(candidate_request(config, name, offload_chunks=chunks), config.plan_costs)
-    result = simulate(schedule, costs)
-    peaks = [static[r] + result.peak_activation[r] * chunk_bytes for r in range(config.pp)]
-    peak = max(peaks)
-    return OffloadChoice(schedule=name, num_chunks=schedule.num_chunks, offload_chunks=chunks,
-                     recompute=recompute, step_s=result.makespan, peak_memory_gb=peak / GB,
-                     fits=peak <= config.budget_bytes, bubble_rate=result.bubble_rate,
-                     flags=training_flags(config, name, offload_chunks=chunks,
-                                          recompute=recompute),
-                     per_rank_peak_gb=[p / GB for p in peaks], tp=config.tp, pp=config.pp,
-                     sequence_parallel=config.sequence_parallel,
-                     keep_sp_input_for_w=config.keep_sp_input_for_w)
+def _choice(pred: Prediction) -> OffloadChoice:
+    cand, parts = pred.candidate, pred.breakdown
+    span = parts["compute"] + parts["bubble"]
+    return OffloadChoice(schedule=cand.schedule, num_chunks=family(cand.schedule).default_chunks,
+                         offload_chunks=cand.offloaded, recompute=cand.recompute,
+                         step_s=pred.step_s, peak_memory_gb=max(pred.peak_memory_gb),
+                         fits=pred.fits, bubble_rate=parts["bubble"] / span if span else 0.0,
+                         flags=pred.flags, per_rank_peak_gb=list(pred.peak_memory_gb),
+                         tp=cand.tp, pp=cand.pp, sequence_parallel=cand.tp > 1,
+                         keep_sp_input_for_w=cand.keep_sp_input_for_w, breakdown=dict(parts))
 
 
 def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
@@ -272,22 +215,13 @@ def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
 
 
 def tune(config: TunerConfig) -> list[OffloadChoice]:
-    """Every candidate, best first: those that fit the budget by predicted step time,
-    then those that do not by peak memory."""
-    candidates = []
-    for recompute in (False, True):
-        for name in config.schedules:
-            fam = family(name)
-            if config.shape.model.num_layers % (config.pp * fam.default_chunks) or \
-                    config.num_microbatches < fam.microbatches_per_rank * config.pp:
-                continue
-            for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [()]:
-                candidates.append(_evaluate(config, name, chunks, recompute))
-    if not candidates:
+    """Every candidate, best first (the planner's order): those that fit the budget by
+    predicted step time, then those that do not by peak memory."""
+    cands = candidates_of(config)
+    if not cands:
         raise ValueError(f"--num-layers {config.shape.model.num_layers} is not divisible by pp "
                          f"{config.pp} (or 2 x pp) for any schedule")
-    return sorted(candidates, key=lambda c: (not c.fits, c.step_s if c.fits
-                                             else c.peak_memory_gb))
+    return [_choice(pred) for pred in rank(plan_config(config), cands)]
 
 
 def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
@@ -296,8 +230,6 @@ def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
     of :func:`tune` for each tp size with ``pp = devices / tp`` (tp > 1: sequence
     parallel, W's inputs re-gathered or kept), ranked together. Sizes that do not divide
     the devices, the heads or the layers are skipped."""
-    from dataclasses import replace
-
     candidates = []
     for tp in sorted(set(tp_sizes)):
         if tp < 1 or devices % tp or config.shape.model.num_attention_heads % tp or \
@@ -306,10 +238,8 @@ def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
         pp = devices // tp
         if config.num_microbatches < pp:
             continue
-        variants = [(False, False)] if tp == 1 else [(True, False), (True, True)]
-        for sequence_parallel, keep in variants:
-            sized = replace(config, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
-                            keep_sp_input_for_w=keep)
+        for keep in [False] if tp == 1 else [False, True]:
+            sized = replace(config, tp=tp, pp=pp, keep_sp_input_for_w=keep)
             try:
                 candidates += tune(sized)
             except ValueError:  # no schedule divides the layers at this pp

@@ -32,16 +32,24 @@ balance, packing and token cap) is predicted as follows, deterministically:
    given -- ``odc-pp plan`` gives the dry run's memory model
    (:func:`odc_pp.training.plan_memory.rank_peaks`: the same state formulas and schedule
    walk, so the plan's fits/does-not-fit is the dry run's); without it (library callers
-   below the training layer) a rough estimate: bf16 parameters, fp32 gradients, fp32
-   master + Adam sharded over dp, the logits of the last stage, and the simulator's
-   activation peak (microbatch chunks) times the largest microbatch chunk's bytes
-   (tune-offload's formula).
+   below the training layer, ``odc-pp tune-offload``) a rough estimate: bf16
+   parameters, fp32 gradients, fp32 master + Adam sharded over dp (the embedding on the
+   first stage, the output layer on the last), the logits of the last stage, and the
+   simulator's activation peak (microbatch chunks; an offloaded chunk leaves the device
+   when its OFFLOAD completes) times the largest microbatch chunk's bytes.
+
+Offloading candidates (``--cpu-offload --offload-chunks``) move each offloaded
+microbatch-chunk's activations over the host link (``Hardware.host_link_gbps``) and back,
+overlapping compute as the simulator's host-link stream does. ``odc-pp tune-offload`` is
+a view of this search (:func:`rank` of its own candidates at a fixed tp and pp).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import math
 import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -58,30 +66,38 @@ from . import context_parallel as cpm
 from .candidates import MEGATRON_SOURCE, candidates, megatron_default
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .inputs import ModelSpec
-from .memory import Workload, layer_activation_bytes, planned_state_bytes
+from .rough_memory import chunk_bytes, memory_units, peak_bytes
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
-           "megatron_default", "flags_of", "MEGATRON_SOURCE", "candidates", "SCHEDULES"]
+           "megatron_default", "flags_of", "MEGATRON_SOURCE", "candidates", "SCHEDULES",
+           "rank", "request_of", "pipeline_costs"]
 
-def pipeline_time(request: ScheduleRequest, costs: CostModel):
+def pipeline_time(request: ScheduleRequest, costs: CostModel,
+                  plan_costs: CostModel | None = None):
     """The simulated pipeline of the schedule ``pretrain_gpt.py`` builds for ``request``
-    (compute-only: ``communication=False``): (SimResult, Schedule). The one pipeline model
-    of the planner and its validation."""
-    compiled = _planned(request)
+    (compute-only: ``communication=False``) from its planning cost model ``plan_costs``
+    (its ``--cost-model``; None: the default): (SimResult, Schedule). The one pipeline
+    model of the planner, its validation and ``odc-pp tune-offload``."""
+    key = "" if plan_costs is None else json.dumps(plan_costs.to_dict(), sort_keys=True)
+    compiled = _planned(request, key)
     return simulate(compiled, costs), compiled.schedule
 
 
-def _request(cand: Candidate, num_microbatches: int, offload) -> ScheduleRequest:
-    """The compute-only request of candidate ``cand`` at ``num_microbatches``."""
+def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
+    """The compute-only request of candidate ``cand`` at ``num_microbatches`` (what
+    ``pretrain_gpt.py`` builds from :func:`flags_of`, less its communication)."""
     return ScheduleRequest.of(cand.schedule, pp=cand.pp, num_microbatches=num_microbatches,
-                              offload_chunks=offload, communication=False)
+                              offload_chunks=list(cand.offloaded) or None,
+                              communication=False)
 
 
 @functools.lru_cache(maxsize=4096)
-def _planned(request: ScheduleRequest):
-    """Schedules are planned with the frontend's default cost model, so one per request,
-    compiled once for the simulator (which does not modify them)."""
-    return compile_schedule(build(request, CostModel()))
+def _planned(request: ScheduleRequest, plan_costs: str):
+    """Schedules are planned with the frontend's cost model (``plan_costs``: its JSON,
+    empty for the default), so one per request, compiled once for the simulator (which
+    does not modify them)."""
+    costs = CostModel.from_dict(json.loads(plan_costs)) if plan_costs else CostModel()
+    return compile_schedule(build(request, costs))
 
 
 def _sample_cost(model: ModelSpec) -> AttentionCost:
@@ -106,7 +122,7 @@ def _stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     attention per document); computed once per shape and layout."""
     cache = config.memo.setdefault("stage_times", {})
     key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
-           rows, length, documents)
+           cand.keep_sp_input_for_w, rows, length, documents)
     if key not in cache:
         cache[key] = _compute_stage_times(config, cand, rows, length, documents)
     return cache[key]
@@ -132,8 +148,9 @@ def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length:
         flops_per_s=speed / cand.tp)
     cf, cb, cw = tensor_parallel_comm_seconds(
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
-        link_bytes_per_s=cluster.tp_link_gbps * GB, sequence_parallel=cand.tp > 1,
-        keep_sp_input_for_w=False)
+        link_bytes_per_s=(cluster.tp_link_gbps or math.inf) * GB,
+        sequence_parallel=cand.tp > 1,
+        keep_sp_input_for_w=cand.keep_sp_input_for_w)
     t_f = layers * (f / speed + cf + ring_f)
     t_b = layers * (b / speed + cb + ring_b) + (0.05 * layers * f / speed if cand.recompute
                                                  else 0.0)
@@ -152,7 +169,7 @@ def _replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, 
     per layout and replica: schedules of the same chunk count share them)."""
     cache = config.memo.setdefault("replica_costs", {})
     key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
-           link, memory, tuple(shapes))
+           cand.keep_sp_input_for_w, bool(cand.offloaded), link, memory, tuple(shapes))
     if key not in cache:
         times = [_stage_times(config, cand, rows, length, docs)
                  for rows, length, docs in shapes]
@@ -185,9 +202,12 @@ def _scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     tokens = float(np.mean([r * s for r, s, _ in shapes]))
     comm = tokens * config.model.hidden_size * 2 / (cand.tp * cand.cp) / link \
         if cand.pp > 1 else 0.0
+    # an offloaded microbatch-chunk's activations cross the host link each way
+    host = config.cluster.host_link_gbps * GB / chunk_bytes(config, cand, tokens) \
+        if cand.offloaded else None
     return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
                      mem_f=memory[0], mem_b=memory[1], mem_w=memory[2],
-                     microbatch_scale=scale)
+                     microbatch_scale=scale, offload_bandwidth=host)
 
 
 def _plans(config: PlanConfig, cand: Candidate, cost_model) -> list:
@@ -239,13 +259,26 @@ def _draw_plans(config: PlanConfig, cand: Candidate, cost_model) -> list[_Drawn]
     return out
 
 
+def _link_bytes(config: PlanConfig, inside: bool) -> float:
+    """Bytes/s between two GPUs of the job: NVLink inside a node, else the inter-node
+    link; unknown (a measured machine has neither figure): not costed."""
+    cluster = config.cluster
+    gbps = cluster.tp_link_gbps if inside else cluster.internode_gbps
+    return (gbps or math.inf) * GB
+
+
+def _pipeline_link(config: PlanConfig, cand: Candidate) -> float:
+    """The link between a candidate's pipeline stages (:func:`_link_bytes`)."""
+    return _link_bytes(config, cand.tp * cand.cp * cand.pp <= config.cluster.gpus_per_node)
+
+
 def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
     group = cpm.sharding_group(cand.dp, cand.cp)  # gradients are summed over dp x cp
     if group == 1:
         return 0.0
     grads = config.model.params() / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
     inside = cand.tp * cand.pp * group <= config.cluster.gpus_per_node
-    link = (config.cluster.tp_link_gbps if inside else config.cluster.internode_gbps) * GB
+    link = _link_bytes(config, inside)
     share = (group - 1) / group * grads / link
     return 2 * share if cand.dp_mode.is_collective else share
 
@@ -257,21 +290,11 @@ def _optimizer_seconds(config: PlanConfig, cand: Candidate) -> float:
     return config.cluster.optimizer_seconds(owned)
 
 
-def _static_bytes(config: PlanConfig, cand: Candidate) -> float:
-    """Model state of a rank (planner.memory's formulas; the model's parameters spread
-    evenly over the stages)."""
-    chunks = family(cand.schedule).default_chunks
-    per_chunk = config.model.params() / (cand.tp * cand.pp * chunks)
-    return float(planned_state_bytes([per_chunk] * chunks,
-                                     dp=cpm.sharding_group(cand.dp, cand.cp),
-                                     one_sided=not cand.dp_mode.is_collective))
-
-
-def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
-                    offload: list[int] | None) -> tuple[tuple[float, ...], list]:
+def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
+                    link: float) -> tuple[tuple[float, ...], list]:
     """((step, compute, bubble, dp wait) seconds, simulations) of one planned minibatch
     (``per_replica``: each replica's microbatch shapes)."""
-    memory = (1.0, 0.0, -1.0)
+    memory = memory_units(config, cand)
     if cand.dp_mode.is_collective:
         counts = {len(s) for s in per_replica}
         if len(counts) != 1:
@@ -287,7 +310,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
         widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
                   for j in range(count)]
         lock = _scaled_costs(config, cand, widest, slowest, link, memory)
-        sim, _ = pipeline_time(_request(cand, count, offload), lock)
+        sim, _ = pipeline_time(request_of(cand, count), lock, config.plan_costs)
         busy = max(sim.busy)
         # each replica's own work on its busiest rank; the rest of lock step is waiting
         chunks = family(cand.schedule).default_chunks
@@ -295,8 +318,9 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
                               for c in own]))
         return (sim.makespan, min(work, busy), sim.makespan - busy,
                 max(0.0, busy - work)), [sim]
-    sims = [pipeline_time(_request(cand, len(shapes), offload),
-                          _replica_costs(config, cand, shapes, link, memory))[0]
+    sims = [pipeline_time(request_of(cand, len(shapes)),
+                          _replica_costs(config, cand, shapes, link, memory),
+                          config.plan_costs)[0]
             for shapes in per_replica]
     spans = [sim.makespan for sim in sims]
     return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
@@ -304,24 +328,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list, link
             max(spans) - float(np.mean(spans))), sims
 
 
-def _peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
-                biggest: int) -> list[float]:
-    """Predicted peak bytes per pipeline rank: model state, activations (``units``
-    microbatch chunks of the largest microbatch) and the last rank's fp32 logits."""
-    model = config.model
-    fam = family(cand.schedule)
-    shape = Workload(model=model, seq_length=biggest)
-    chunk_bytes = model.num_layers / (cand.pp * fam.default_chunks) * layer_activation_bytes(
-        shape, recompute=cand.recompute, tp=cand.tp, sequence_parallel=cand.tp > 1)
-    if fam.offloads:  # offloaded chunks stay on the host between F and B
-        chunk_bytes *= 0.5
-    chunk_bytes *= cpm.activation_share(cand.cp)
-    peaks = [float(_static_bytes(config, cand) + u * chunk_bytes) for u in units]
-    peaks[-1] += biggest * model.vocab_size * 4 / cand.tp * cpm.activation_share(cand.cp)
-    return peaks
-
-
-def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tuple:
+def _simulated(config: PlanConfig, cand: Candidate, link: float) -> tuple:
     """(per minibatch (step, compute, bubble, dp wait), activation units per rank, the
     biggest microbatch's tokens, real tokens and model FLOPs per minibatch) of the
     sampled minibatches; simulated once per candidate."""
@@ -332,7 +339,7 @@ def _simulated(config: PlanConfig, cand: Candidate, link: float, offload) -> tup
     model = config.model
     parts, units, biggest, real_tokens, flops = [], np.zeros(cand.pp), 0, [], []
     for drawn in _plans(config, cand, _sample_cost(model)):
-        times, sims = _minibatch_step(config, cand, drawn.shapes, link, offload)
+        times, sims = _minibatch_step(config, cand, drawn.shapes, link)
         parts.append(times)
         for sim in sims:
             units = np.maximum(units, sim.peak_activation)
@@ -349,7 +356,8 @@ def _check_memo(config: PlanConfig) -> None:
     if config.memo.get("checked") is config:  # checked once per config object
         return
     inputs = repr((config.model, config.cluster, config.gpus, config.global_batch,
-                   config.samples, config.seed)) + \
+                   config.samples, config.seed, config.flash_attention,
+                   config.plan_costs)) + \
         hashlib.sha256(np.ascontiguousarray(config.lengths).tobytes()).hexdigest()
     if config.memo.get("inputs") != inputs:
         config.memo.clear()
@@ -361,18 +369,15 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     """The prediction of one candidate (ValueError: the candidate cannot run)."""
     _check_memo(config)
     model, cluster = config.model, config.cluster
-    fam = family(cand.schedule)
-    inside = cand.tp * cand.cp * cand.pp <= cluster.gpus_per_node
-    link = (cluster.tp_link_gbps if inside else cluster.internode_gbps) * GB
-    offload = list(range(fam.default_chunks)) if fam.offloads else None
-    parts, units, biggest, real_tokens, flops = _simulated(config, cand, link, offload)
+    link = _pipeline_link(config, cand)
+    parts, units, biggest, real_tokens, flops = _simulated(config, cand, link)
     step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
     comm = _dp_comm(config, cand)
     optimizer = _optimizer_seconds(config, cand)
     step_s = step + comm + optimizer
     flags = flags_of(config, cand)
     peaks = config.rank_memory(flags, config.gpus) if config.rank_memory is not None \
-        else _peak_bytes(config, cand, units, biggest)
+        else peak_bytes(config, cand, units, biggest)
     mfu = float(np.mean(flops)) / (step_s * config.gpus * cluster.peak_tflops * 1e12)
     return Prediction(candidate=cand, step_s=step_s,
                       tokens_per_s=float(np.mean(real_tokens)) / step_s,
@@ -405,9 +410,12 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         flags.append("--sequence-parallel")
     if cand.recompute:
         flags.append("--recompute-lgd")
-    if fam.offloads:
-        flags += ["--cpu-offload", "--offload-chunks",
-                  *map(str, range(fam.default_chunks))]
+    if cand.keep_sp_input_for_w:
+        flags.append("--keep-sp-input-for-w")
+    if cand.offloaded:
+        flags += ["--cpu-offload", "--offload-chunks", *map(str, cand.offloaded)]
+    if config.plan_costs_path is not None:
+        flags += ["--cost-model", config.plan_costs_path]
     return flags
 
 
@@ -443,7 +451,7 @@ def _may_fit(config: PlanConfig, cand: Candidate) -> bool:
         return True
     _, units, biggest, _, _ = original
     peaks = config.rank_memory(flags_of(config, cand), config.gpus) \
-        if config.rank_memory is not None else _peak_bytes(config, cand, units, biggest)
+        if config.rank_memory is not None else peak_bytes(config, cand, units, biggest)
     return max(peaks) <= config.memory_bytes
 
 
@@ -468,6 +476,41 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
         out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
     return out, default
+
+
+def rank(config: PlanConfig, cands: list[Candidate]) -> list[Prediction]:
+    """Given candidates (a view's axes, e.g. ``odc-pp tune-offload``'s), each predicted as
+    it is (no recompute retry; those that cannot run are left out), ordered as
+    :func:`plan` orders them; with ``config.rank_memory`` the fastest, until
+    :data:`REFINED` fit, take their memory from it."""
+    rough = replace(config, rank_memory=None)
+    out = _order([pred for pred in map(functools.partial(_predict_or_none, rough), cands)
+                  if pred is not None])
+    if config.rank_memory is None:
+        return out
+    refined, fitting = [], 0
+    for pred in out:
+        if fitting < REFINED:
+            pred = predict(config, pred.candidate)
+            fitting += pred.fits
+        refined.append(pred)
+    return _order(refined)
+
+
+def _predict_or_none(config: PlanConfig, cand: Candidate) -> Prediction | None:
+    try:
+        return predict(config, cand)
+    except ValueError:  # shape the schedule or sample assignment rejects
+        return None
+
+
+def pipeline_costs(config: PlanConfig, cand: Candidate) -> CostModel:
+    """The costs the first replica of the first sampled minibatch is simulated with (its
+    own microbatches; collective lock step aside): what a test re-simulates."""
+    _check_memo(config)
+    shapes = _plans(config, cand, _sample_cost(config.model))[0].shapes[0]
+    return _replica_costs(config, cand, shapes, _pipeline_link(config, cand),
+                          memory_units(config, cand))
 
 
 def _predict_all(config: PlanConfig, cands: list[Candidate]) -> list[Prediction | None]:
@@ -521,4 +564,5 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
-            cand.token_cap or 0, cand.micro_batch, cand.recompute)
+            cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
+            cand.keep_sp_input_for_w)

@@ -38,9 +38,9 @@ def test_a_recompute_retry_is_never_faster_and_peaks_like_the_original():
             base, retry = predict(config, cand), predict(config, again)
         except ValueError:
             continue
-        link, offload = 0.0, None  # cached: the arguments are not read again
-        units = _simulated(config, cand, link, offload)[1]
-        assert np.array_equal(units, _simulated(config, again, link, offload)[1]), cand
+        link = 0.0  # cached: the argument is not read again
+        units = _simulated(config, cand, link)[1]
+        assert np.array_equal(units, _simulated(config, again, link)[1]), cand
         assert retry.step_s >= base.step_s, cand
         checked += 1
     assert checked > 10

@@ -9,7 +9,9 @@ from odc_pp.schedule.lowering import lower_communication
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.model import ModelShape
 from odc_pp.planner.memory import Workload, layer_activation_bytes
-from odc_pp.planner.offload_tuner import TunerConfig, candidate_request, estimate_costs, main, tune
+from odc_pp.planner.offload_tuner import (TunerConfig, candidates_of, main, plan_config,
+                                          tune)
+from odc_pp.planner.search import pipeline_costs, request_of
 from odc_pp.schedule.simulator import simulate
 
 SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
@@ -43,6 +45,21 @@ def _frontend(flags: list[str], *, dp: int):
     schedule = build(training_request(args.schedule, pp=pp, num_microbatches=num_microbatches),
                      load_cost_model(args.schedule))
     return args, num_microbatches, schedule
+
+
+def _candidate(config: TunerConfig, row: dict):
+    """The view's candidate of a ranked row (its schedule, offload chunks, recompute)."""
+    def key(schedule, offloaded, recompute, keep):
+        return schedule, tuple(offloaded), recompute, keep
+    wanted = key(row["schedule"], row["offload_chunks"], row["recompute"],
+                 row["keep_sp_input_for_w"])
+    return next(c for c in candidates_of(config)
+                if key(c.schedule, c.offloaded, c.recompute, c.keep_sp_input_for_w) == wanted)
+
+
+def _pipeline_s(row: dict) -> float:
+    """A ranked row's pipeline span: its step less data-parallel traffic and optimizer."""
+    return row["step_s"] - row["breakdown"]["comm"] - row["breakdown"]["optimizer"]
 
 
 def _config(preset: str, budget: float, **extra) -> TunerConfig:
@@ -79,16 +96,15 @@ def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_cos
             row["schedule"], row["num_chunks"], row["recompute"])
         assert tuple(args.schedule.offload_chunks or ()) == tuple(row["offload_chunks"])
         assert num_microbatches == config.num_microbatches
-        simulated = build(candidate_request(config, row["schedule"],
-                                            offload_chunks=tuple(row["offload_chunks"])),
-                          config.plan_costs)
+        cand = _candidate(config, row)
+        simulated = build(request_of(cand, config.num_microbatches), config.plan_costs)
         # the frontend runs it with explicit communication (same compute order)
         assert built.ranks == lower_communication(simulated).ranks, row["flags"]
         if row["offload_chunks"]:
             offloaded = {a.chunk for a in built.actions() if a.kind is ActionKind.OFFLOAD}
             assert offloaded == set(row["offload_chunks"])
-        costs, _, _ = estimate_costs(config, row["schedule"], recompute=row["recompute"])
-        assert simulate(built, costs).makespan == pytest.approx(row["step_s"], rel=1e-12)
+        costs = pipeline_costs(plan_config(config), cand)
+        assert simulate(built, costs).makespan == pytest.approx(_pipeline_s(row), rel=1e-9)
 
 
 def test_printed_best_line_is_the_top_candidate(capsys):
@@ -103,20 +119,19 @@ def test_printed_best_line_is_the_top_candidate(capsys):
 def test_presets_print_a_ranked_table_whose_top_choice_fits(preset, capsys):
     assert main(SHAPE + ["--preset", preset, "--memory-budget-gb", "60"]) == 0
     out = capsys.readouterr().out
-    assert "step (ms)" in out and "best: --pipeline-schedule" in out
+    best_line = next(line for line in out.splitlines() if line.startswith("best: "))
+    assert "step (ms)" in out and "--pipeline-schedule" in best_line
     config = _config(preset, 60)
     ranking = tune(config)
     best = ranking[0]
     assert best.fits and best.peak_memory_gb <= 60
     fitting = [c for c in ranking if c.fits]
     assert [c.step_s for c in fitting] == sorted(c.step_s for c in fitting)
-    # re-check the top choice independently: the frontend's schedule in the simulator
-    args, _, schedule = _frontend(best.flags, dp=1)
-    costs, chunk_bytes, static = estimate_costs(config, args.schedule.pipeline_schedule,
-                                                recompute=args.model.recompute_lgd)
-    sim = simulate(schedule, costs)
-    peak = max(s + p * chunk_bytes for s, p in zip(static, sim.peak_activation))
-    assert peak <= 60e9 and sim.makespan == pytest.approx(best.step_s)
+    # re-check the top choice: the frontend's schedule of its flags in the simulator
+    _, _, schedule = _frontend(best.flags, dp=1)
+    row = vars(best)
+    sim = simulate(schedule, pipeline_costs(plan_config(config), _candidate(config, row)))
+    assert sim.makespan == pytest.approx(_pipeline_s(row))
 
 
 def test_tight_budget_trades_speed_for_memory(capsys):
@@ -179,19 +194,23 @@ def _tp_config(**changes):
                           "num_microbatches": 32, **changes})
 
 
-def test_keeping_sp_inputs_trades_w_time_for_memory():
-    from odc_pp.planner.offload_tuner import estimate_costs
+def _costs(config: TunerConfig, schedule: str, *, recompute: bool = False) -> CostModel:
+    cand = next(c for c in candidates_of(config) if c.schedule == schedule and
+                c.recompute == recompute and not c.offloaded)
+    return pipeline_costs(plan_config(config), cand)
 
-    regather, chunk, _ = estimate_costs(_tp_config(tp=2, pp=4, sequence_parallel=True),
-                                        "zb-h1", recompute=False)
-    keep, chunk_keep, _ = estimate_costs(
-        _tp_config(tp=2, pp=4, sequence_parallel=True, keep_sp_input_for_w=True), "zb-h1",
-        recompute=False)
-    assert keep.t_w < regather.t_w and keep.t_f == regather.t_f and chunk_keep == chunk
+
+def test_keeping_sp_inputs_trades_w_time_for_memory():
+    from odc_pp.planner.memory import layer_activation_bytes
+
+    regather = _costs(_tp_config(tp=2, pp=4), "zb-h1")
+    keep = _costs(_tp_config(tp=2, pp=4, keep_sp_input_for_w=True), "zb-h1")
+    assert all(k < r for k, r in zip(keep.t_w, regather.t_w)) and keep.t_f == regather.t_f
     assert regather.mem_b == 0 and keep.mem_b > 0 and keep.mem_w == -1 - keep.mem_b
-    # SP splits all activations; without SP the non-TP regions stay whole
-    no_sp, chunk_no_sp, _ = estimate_costs(_tp_config(tp=2, pp=4), "zb-h1", recompute=False)
-    assert chunk < chunk_no_sp < 2 * chunk
+    # kept: W's two gathered inputs, 2 (1 - 1/tp) s h 16-bit values per layer, in chunks
+    chunk = layer_activation_bytes(Workload(model=_GPT, seq_length=8192), recompute=False,
+                                   tp=2, sequence_parallel=True)
+    assert keep.mem_b == pytest.approx(2 * 0.5 * 8192 * 4096 * 2 / chunk)
 
 
 def test_tuner_ranks_tp_against_pp_and_offload_at_equal_devices():
@@ -241,19 +260,28 @@ def test_llama_shape_uses_its_mlp_width_gating_and_gqa():
                        vocab_size=V)
     config = TunerConfig(shape=Workload(model=llama, seq_length=s), hardware=PRESETS["h100"],
                          pp=4, num_microbatches=8)
-    costs, chunk_bytes, static = estimate_costs(config, "1f1b", recompute=False)
+    from odc_pp.planner.rough_memory import chunk_bytes, static_bytes
+
+    plan = plan_config(config)
+    cand = next(c for c in candidates_of(config) if c.schedule == "1f1b" and not c.recompute)
+    costs = pipeline_costs(plan, cand)
     k = h // a * g
     dense = 2 * b * s * (2 * h * h + 2 * h * k + 3 * h * f)
-    speed = 989e12 * 0.45
+    speed = 989e12 * 0.45 * s / (s + 1024)  # the planner's efficiency curve at s tokens
     per_stage = layers // 4
-    assert costs.t_f == pytest.approx(per_stage * (dense + 4 * b * s * s * h) / speed)
-    assert costs.t_w == pytest.approx(per_stage * dense / speed)
-    assert chunk_bytes == pytest.approx(
+    logits = 2 * b * s * h * V / speed  # the output layer's, in each of F, B and W
+    assert costs.t_f[0] == pytest.approx(per_stage * (dense + 4 * b * s * s * h) / speed)
+    assert costs.t_f[-1] == pytest.approx(costs.t_f[0] + logits)
+    assert costs.t_w[0] == pytest.approx(per_stage * dense / speed)
+    assert chunk_bytes(plan, cand, s) == pytest.approx(
         per_stage * s * b * h * (10 + 4 + 4 * k / h + 2 * (f / h) * 3))
     layer_params = 2 * h * h + 2 * h * k + 3 * h * f + 4 * h
     bytes_per_param = 2 + 4 + 12
+    static = static_bytes(plan, cand)
     assert static[1] == pytest.approx(per_stage * layer_params * bytes_per_param)
+    # the embedding on the first stage, the (untied) output layer on the last
     assert static[0] == pytest.approx((per_stage * layer_params + V * h) * bytes_per_param)
+    assert static[3] == static[0]
     # the 4h-MLP MHA estimate it replaces (12 h^2 + 13 h) was 8% low on the layer weights
     assert layer_params / (12 * h * h + 13 * h) == pytest.approx(1.0831, abs=1e-4)
     flags = tune(config)[0].flags
