@@ -11,7 +11,7 @@ __all__ = ["main"]
 # subcommand -> module whose ``main(argv)`` runs it (imported lazily: keeps start-up fast)
 SUBCOMMANDS = {
     "schedule": "odc_pp.schedule.cli",
-    "tune-offload": "odc_pp.planner.offload_tuner",
+    "tune-offload": "odc_pp.training.tune_offload_command",
     "plan": "odc_pp.plan_command",
     "memory": "odc_pp.training.dry_run",
 }

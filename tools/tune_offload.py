@@ -7,7 +7,7 @@
 
 import sys
 
-from odc_pp.planner.offload_tuner import main
+from odc_pp.training.tune_offload_command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from odc_pp.schedule.costs import tensor_parallel_activation_factor
 
@@ -254,7 +254,13 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
     from odc_pp.schedule.ir import COMM_KINDS, ActionKind as K
     from odc_pp.schedule.simulator import simulate
 
-    sim = simulate(schedule, costs or CostModel())
+    costs = costs or CostModel()
+    if costs.offload_bandwidth is None and any(
+            a.kind is K.OFFLOAD for actions in schedule.ranks for a in actions):
+        # the walk needs only the order of completions: offload at F's pace, as the
+        # uniform default times the compute (a job without --cost-model has no figure)
+        costs = replace(costs, offload_bandwidth=1.0)
+    sim = simulate(schedule, costs)
     actions = schedule.ranks[rank]
     state = {"activations": 0, "w_held": 0, "sends": 0, "receives": 0, "offload_device": 0}
     live_sends: list[float] = []  # completion times of held sends

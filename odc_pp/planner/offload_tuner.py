@@ -42,6 +42,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -94,6 +95,10 @@ class TunerConfig:
     plans it)."""
     keep_sp_input_for_w: bool = False
     """``--keep-sp-input-for-w`` (needs tp > 1)."""
+    rank_memory: Callable[[list[str], int], list[float]] | None = None
+    """(a candidate's flags, GPUs) -> peak bytes per pipeline rank: ``odc-pp
+    tune-offload`` gives the dry run's memory model, as ``odc-pp plan`` does; None: the
+    planner's own estimate (:mod:`odc_pp.planner.rough_memory`)."""
 
     def __post_init__(self) -> None:
         heads = self.shape.model.num_attention_heads
@@ -173,7 +178,7 @@ def plan_config(config: TunerConfig) -> PlanConfig:
                       memory_gb=config.budget_bytes / GB, tp_sizes=(config.tp,),
                       schedules=config.schedules, dp_modes=(DataParallelMode.ODC,), samples=1,
                       flash_attention=shape.flash_attention, plan_costs=config.plan_costs,
-                      plan_costs_path=config.plan_costs_path)
+                      plan_costs_path=config.plan_costs_path, rank_memory=config.rank_memory)
 
 
 def candidates_of(config: TunerConfig) -> list[Candidate]:
@@ -221,7 +226,7 @@ def tune(config: TunerConfig) -> list[OffloadChoice]:
     if not cands:
         raise ValueError(f"--num-layers {config.shape.model.num_layers} is not divisible by pp "
                          f"{config.pp} (or 2 x pp) for any schedule")
-    return [_choice(pred) for pred in rank(plan_config(config), cands)]
+    return [_choice(pred) for pred in rank(plan_config(config), cands, refine=None)]
 
 
 def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
@@ -350,7 +355,10 @@ def _plan_costs(path: str | None) -> CostModel:
         raise ValueError(f"--cost-model {path!r}: {exc}") from exc
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *,
+         rank_memory: Callable[[list[str], int], list[float]] | None = None) -> int:
+    """The command (``odc_pp.training.tune_offload_command`` passes the dry run's memory
+    model as ``rank_memory``; without it the planner's own estimate)."""
     args = _parser().parse_args(argv)
     try:
         if args.measure == (args.preset is not None):
@@ -377,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                              num_microbatches=args.num_microbatches,
                              memory_budget_gb=args.memory_budget_gb,
                              plan_costs=_plan_costs(args.cost_model),
-                             plan_costs_path=args.cost_model)
+                             plan_costs_path=args.cost_model, rank_memory=rank_memory)
         if args.devices is None:
             ranking = tune(config)
         else:

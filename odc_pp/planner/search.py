@@ -478,11 +478,12 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     return out, default
 
 
-def rank(config: PlanConfig, cands: list[Candidate]) -> list[Prediction]:
+def rank(config: PlanConfig, cands: list[Candidate], *,
+         refine: int | None = REFINED) -> list[Prediction]:
     """Given candidates (a view's axes, e.g. ``odc-pp tune-offload``'s), each predicted as
     it is (no recompute retry; those that cannot run are left out), ordered as
-    :func:`plan` orders them; with ``config.rank_memory`` the fastest, until
-    :data:`REFINED` fit, take their memory from it."""
+    :func:`plan` orders them; with ``config.rank_memory`` the fastest, until ``refine``
+    fit (None: every one), take their memory from it."""
     rough = replace(config, rank_memory=None)
     out = _order([pred for pred in map(functools.partial(_predict_or_none, rough), cands)
                   if pred is not None])
@@ -490,7 +491,7 @@ def rank(config: PlanConfig, cands: list[Candidate]) -> list[Prediction]:
         return out
     refined, fitting = [], 0
     for pred in out:
-        if fitting < REFINED:
+        if refine is None or fitting < refine:
             pred = predict(config, pred.candidate)
             fitting += pred.fits
         refined.append(pred)

@@ -305,3 +305,23 @@ def test_llama_flags_of_the_command_line():
     flags = " ".join(json.loads(out.getvalue())[0]["flags"])
     assert "--ffn-hidden-size 3584 --group-query-attention --num-query-groups 4 --swiglu" \
         in flags
+
+
+def test_the_command_reports_the_dry_runs_memory(capsys):
+    """``odc-pp tune-offload`` (the tools-level command) takes every candidate's peak from
+    the dry run's memory model of its printed flags, as ``odc-pp plan`` does: offloading
+    rows included (the dry run's schedule walk used to fail on them without a
+    --cost-model)."""
+    from odc_pp.training.plan_memory import rank_peaks
+    from odc_pp.training.tune_offload_command import main as command
+
+    argv = SHAPE + ["--preset", "h100", "--memory-budget-gb", "70", "--json", "--top", "100"]
+    assert command(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["offload_chunks"] for r in rows)
+    for row in rows:
+        peaks = rank_peaks(row["flags"], row["tp"] * row["pp"])
+        assert row["per_rank_peak_gb"] == pytest.approx([p / 1e9 for p in peaks], abs=1e-3)
+        assert row["fits"] == (max(peaks) <= 70e9)
+    fitting = [r["step_s"] for r in rows if r["fits"]]
+    assert fitting == sorted(fitting) and rows[0]["fits"]
