@@ -19,11 +19,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Hardware", "PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY"]
+__all__ = ["Hardware", "PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY",
+           "EMBEDDING_GRAD_BYTES", "OUTPUT_GRAD_BYTES"]
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """Bytes a fused AdamW step moves per owned parameter: it reads the fp32 gradient,
 master weight and two moments (16) and writes the master weight and moments (12)."""
+EMBEDDING_GRAD_BYTES = 12
+"""Bytes a microbatch's embedding backward moves per embedding element: its dense bf16
+gradient written (2), read back (2) and added into the fp32 ``main_grad`` (4 read, 4
+written) -- megatron's embedding backs into a dense ``[V, h]`` tensor."""
+OUTPUT_GRAD_BYTES = 10
+"""Bytes the output layer's weight gradient moves per element and microbatch beyond its
+GEMM: the bf16 product read (2) and added into the fp32 ``main_grad`` (4 read, 4
+written)."""
 STREAM_EFFICIENCY = 0.59
 """Fraction of the datasheet HBM bandwidth the optimizer's multi-tensor kernels reach.
 Calibrated on one measurement: H200, 1.92e9 owned parameters at dp=1, 19.05 ms of
@@ -73,12 +82,15 @@ class Hardware:
 
     def optimizer_seconds(self, owned_params: float) -> float:
         """One fused AdamW step over ``owned_params`` fp32 parameters: it streams
-        :data:`OPTIMIZER_BYTES_PER_PARAM` per parameter at :data:`STREAM_EFFICIENCY` of
-        ``memory_gbps`` (0 when the bandwidth is unknown)."""
+        :data:`OPTIMIZER_BYTES_PER_PARAM` per parameter (:meth:`stream_seconds`)."""
+        return self.stream_seconds(owned_params * OPTIMIZER_BYTES_PER_PARAM)
+
+    def stream_seconds(self, moved_bytes: float) -> float:
+        """A memory-bound pass that reads and writes ``moved_bytes`` in all, at
+        :data:`STREAM_EFFICIENCY` of ``memory_gbps`` (0 when the bandwidth is unknown)."""
         if self.memory_gbps is None:
             return 0.0
-        return owned_params * OPTIMIZER_BYTES_PER_PARAM / (
-            self.memory_gbps * 1e9 * STREAM_EFFICIENCY)
+        return moved_bytes / (self.memory_gbps * 1e9 * STREAM_EFFICIENCY)
 
     def flops_per_s(self, tokens: float) -> float:
         """Achieved FLOP/s of one device on a microbatch of ``tokens`` tokens (the

@@ -16,7 +16,9 @@ balance, packing and token cap) is predicted as follows, deterministically:
    (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`). With context
    parallelism (cp > 1) a rank computes 1/cp of it plus the exposed ring transfers
    (:mod:`odc_pp.planner.context_parallel`: every CP formula), holds 1/cp of the
-   activations and shards the optimizer state over dp x cp.
+   activations and shards the optimizer state over dp x cp. The W of the first and last
+   stage also streams the embedding's dense gradient and the output layer's product into
+   the fp32 ``main_grad`` (:meth:`Hardware.stream_seconds`, memory-bound).
 3. Each replica's pipeline is the schedule ``pretrain_gpt.py`` builds
    (:func:`~odc_pp.schedule.build.build`), simulated
    (:func:`~odc_pp.schedule.simulator.simulate`) with the replica's mean microbatch costs
@@ -65,6 +67,7 @@ from odc_pp.schedule.simulator import compile_schedule, simulate
 from . import context_parallel as cpm
 from .candidates import MEGATRON_SOURCE, candidates, megatron_default
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
+from .hardware import EMBEDDING_GRAD_BYTES, OUTPUT_GRAD_BYTES
 from .inputs import ModelSpec
 from .rough_memory import chunk_bytes, memory_units, peak_bytes
 
@@ -156,10 +159,14 @@ def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length:
                                                  else 0.0)
     t_w = layers * (w / speed + cw)
     logits = 2.0 * tokens * model.hidden_size * model.vocab_size / speed
+    table = model.vocab_size * model.hidden_size / cand.tp  # a rank's embedding elements
     out = [[t_f] * stages, [t_b] * stages, [t_w] * stages]
     out[0][-1] += logits
     out[1][-1] += logits
-    out[2][-1] += logits
+    # W of the output layer: its GEMM, then the bf16 product added into the fp32
+    # main_grad; of the embedding: its dense gradient, then the same add (memory-bound)
+    out[2][-1] += logits + cluster.stream_seconds(table * OUTPUT_GRAD_BYTES)
+    out[2][0] += cluster.stream_seconds(table * EMBEDDING_GRAD_BYTES)
     return out[0], out[1], out[2]
 
 

@@ -44,7 +44,13 @@ def test_the_step_includes_the_optimizer_of_the_owned_shard():
     unknown = predict(_config(dataclasses.replace(h200, memory_gbps=None)),
                       _candidate(pp=2, dp=2))
     assert unknown.breakdown["optimizer"] == 0.0
-    assert pred.step_s - unknown.step_s == pytest.approx(pred.breakdown["optimizer"])
+    # the rest of the difference: the embedding's and output layer's main_grad adds
+    # (test below), also streamed at the known bandwidth
+    pipeline = [sum(pred.breakdown[k] for k in ("compute", "bubble", "dp_wait", "comm"))
+                for pred in (pred, unknown)]
+    assert pred.step_s - unknown.step_s == pytest.approx(
+        pred.breakdown["optimizer"] + pipeline[0] - pipeline[1])
+    assert pipeline[0] > pipeline[1]
     wider = predict(config, _candidate(pp=4, dp=1))
     assert wider.breakdown["optimizer"] == pytest.approx(pred.breakdown["optimizer"])
 
@@ -60,3 +66,25 @@ def test_calibration_matches_the_h200_profile():
     predicted_s = PRESETS["h200"].optimizer_seconds(params)
     assert predicted_s == pytest.approx(measured_s, rel=0.05)
     assert OPTIMIZER_BYTES_PER_PARAM * params / measured_s / 1e12 == pytest.approx(2.8, rel=0.05)
+
+
+def test_the_embedding_and_output_layer_add_their_gradients_into_main_grad():
+    """Per microbatch, the first stage's W also streams the embedding's dense gradient
+    into the fp32 main_grad, and the last stage's W the output layer's bf16 product
+    (memory-bound, at the same efficiency as the optimizer); middle stages pay neither,
+    and an unknown bandwidth leaves both out."""
+    from odc_pp.planner.hardware import EMBEDDING_GRAD_BYTES, OUTPUT_GRAD_BYTES
+    from odc_pp.planner.search import pipeline_costs
+
+    h200 = PRESETS["h200"]
+    cand = Candidate(tp=1, pp=4, dp=1, schedule="1f1b", dp_mode="odc", balance="none",
+                     packed=False, token_cap=None)
+    costs = pipeline_costs(_config(h200), cand)
+    blind = pipeline_costs(_config(dataclasses.replace(h200, memory_gbps=None)), cand)
+    table = MODEL.vocab_size * MODEL.hidden_size
+    assert costs.t_w[1] == costs.t_w[2] == blind.t_w[1]
+    assert costs.t_w[0] - blind.t_w[0] == pytest.approx(
+        h200.stream_seconds(table * EMBEDDING_GRAD_BYTES))
+    assert costs.t_w[3] - blind.t_w[3] == pytest.approx(
+        h200.stream_seconds(table * OUTPUT_GRAD_BYTES))
+    assert costs.t_w[0] > costs.t_w[1] and costs.t_f == blind.t_f
