@@ -245,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="6b: calibrate once, then measure two-rank configs (quiet "
                              "machine only)")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="with --measure: rounds of every configuration, rotating (the "
-                             "per-iteration median over them is reported)")
+                             "per-iteration median over them is reported; 3 rounds kept "
+                             "single-iteration outliers of up to 40%%, ~4 min a round)")
     parser.add_argument("--repredict", default=None, metavar="FILE",
                         help="6b without re-running: the measured rows of FILE's "
                              "this_machine section, predicted again by the current model")

@@ -342,7 +342,7 @@ def calibrate_all(*, training: bool = True) -> dict:
     return calibration
 
 
-def measure_section(*, rounds: int = 3, iters: int = 4,
+def measure_section(*, rounds: int = 5, iters: int = 4,
                     cost_file: str | None = None) -> dict:
     """Calibrate, then run every configuration ``rounds`` times, rotating. The traced
     calibration runs (:mod:`benchmarks.planner_trace`) rotate with them, one per mode and
