@@ -98,14 +98,19 @@ def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chu
 
 
 def chunk_bytes(model, *, tokens: int, layers: int, last: bool, tp: int,
-                vocab_size: int) -> ChunkBytes:
+                vocab_size: int, fused_loss: bool = False) -> ChunkBytes:
     """Per-microbatch bytes of one chunk (the dry run's measured quantities) for a
-    microbatch of ``tokens`` tokens, bf16 (module docstring)."""
+    microbatch of ``tokens`` tokens, bf16 (module docstring). ``fused_loss``: the last
+    chunk runs ``--fused-cross-entropy`` (the dry run's GPU default at tp = 1):
+    :func:`_fused_loss_bytes` instead of the logits."""
     h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
     c = COEFFICIENTS[bool(model.recompute_lgd)]
     per_layer = (c.h_split * h + c.ffn_split * ffn) / tp + c.h_replicated * h
     saved = 2 * h / tp + layers * per_layer  # the chunk's input (embedding or received)
     w_held = layers * (4 * h + (9 * h + 6 * ffn) / tp)
+    if last and fused_loss:
+        return _fused_loss_bytes(tokens=tokens, saved=saved, w_held=w_held, h=h,
+                                 vocab_size=vocab_size)
     if last:
         saved += (4 * vocab_size + 2 * h) / tp  # fp32 logits, final norm
         w_held += (2 * vocab_size + 2 * h) / tp
@@ -120,6 +125,25 @@ def chunk_bytes(model, *, tokens: int, layers: int, last: bool, tp: int,
     return ChunkBytes(saved=int(tokens * saved), w_held=int(tokens * w_held),
                       transient_f=int(tokens * transient_f),
                       transient_b=int(tokens * transient_b))
+
+
+def _fused_loss_bytes(*, tokens: int, saved: float, w_held: float, h: int,
+                      vocab_size: int) -> ChunkBytes:
+    """The last chunk under ``--fused-cross-entropy`` (tp = 1, bf16;
+    :mod:`odc_pp.megatron.linear_cross_entropy`): from F to B it holds ``held_bytes``
+    (the input gradient, the output layer's ``V x h`` weight gradient, the per-token loss
+    and weight) instead of the fp32 logits; in F, one token chunk's logits (compute dtype,
+    fp32 log-softmax, their gradient: 8 bytes each) beside the weight gradient being
+    accumulated and the input gradient; in B, the scaled weight and input gradients. The
+    output layer's weight gradient is computed in F, so W holds nothing for it."""
+    from odc_pp.megatron.linear_cross_entropy import chunk_tokens, held_bytes
+
+    held = held_bytes(tokens, h, vocab_size, 2, 2)
+    weight_grad, input_grad = vocab_size * h * 2, tokens * h * 2
+    transient_f = 8 * vocab_size * chunk_tokens(tokens, vocab_size) + weight_grad + input_grad
+    transient_b = max(weight_grad + input_grad, tokens * (w_held - saved + 32 * h))
+    return ChunkBytes(saved=int(tokens * saved + held), w_held=int(tokens * w_held),
+                      transient_f=int(transient_f), transient_b=int(transient_b))
 
 
 _NO_MEMORY_EFFECT = ("--load-balance", "--dp-mode")
@@ -182,6 +206,8 @@ def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
     layers = model.num_layers // (pp * chunks)
     tied = not model.untie_embeddings and pp * chunks > 1  # the output copy: out of the norm
     message = 2 * tokens * model.hidden_size // (tp if args.parallel.sequence_parallel else 1)
+    # the dry run models a GPU job: --fused-cross-entropy auto is on there (never under tp)
+    fused_loss = model.fused_cross_entropy != "off" and tp == 1
     peaks = []
     embedding = -(-vocab // tp) * model.hidden_size  # per use where untied (residency)
     for pp_rank in range(pp):
@@ -202,7 +228,7 @@ def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
-                             vocab_size=vocab) for is_last in last]
+                             vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
         if residency == "layer" and dp * cp > 1:  # a layer and its neighbour, gathered
             pair = 2 * layer_params(model, tp=tp) * units.param_bytes
             sizes = [dataclasses.replace(
