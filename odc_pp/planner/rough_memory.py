@@ -62,11 +62,16 @@ def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
 def peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
                biggest: int) -> list[float]:
     """Predicted peak bytes per pipeline rank: model state, activations (``units``
-    microbatch chunks of the largest microbatch) and the last rank's fp32 logits."""
+    microbatch chunks of the largest microbatch) and, on the rank holding the last stage,
+    the fp32 logits."""
     # ``units`` counts what the simulator keeps on the device: an offloaded chunk leaves
     # when its OFFLOAD completes and returns when its RELOAD starts
     chunk = chunk_bytes(config, cand, biggest)
     peaks = [static + u * chunk for static, u in zip(static_bytes(config, cand), units)]
-    peaks[-1] += biggest * config.model.vocab_size * 4 / cand.tp * \
+    fam = family(cand.schedule)
+    last = cand.pp * fam.default_chunks - 1  # the rank holding it (rank 0 in a V)
+    holder = next(rank for rank in range(cand.pp) if last in rank_stages(
+        fam.placement, cand.pp, fam.default_chunks, rank))
+    peaks[holder] += biggest * config.model.vocab_size * 4 / cand.tp * \
         cpm.activation_share(cand.cp)
     return peaks

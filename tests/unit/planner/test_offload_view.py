@@ -83,3 +83,22 @@ def test_tune_offload_rows_are_the_plan_commands_predictions():
     offloads = {c.offloaded for c in candidates_of(tuner) if c.schedule == "offload"}
     assert offloads == {(0,), (1,), (0, 1)}
     assert plan_config(tuner).gpus == 4 and plan_config(tuner).global_batch == 8
+
+
+def test_the_logits_are_counted_on_the_rank_holding_the_last_stage():
+    """In a V placement the last stage is on rank 0: the planner's own estimate puts the
+    fp32 logits there, not on the last pipeline rank."""
+    from odc_pp.planner.rough_memory import chunk_bytes, static_bytes
+    from odc_pp.planner.search import _pipeline_link, _simulated
+
+    config = _plan_config()
+    for schedule, holder in (("zbv", 0), ("1f1b", 3)):
+        cand = Candidate(**{**vars(_offload()), "schedule": schedule})
+        pred = predict(config, cand)
+        _, units, biggest, _, _ = _simulated(config, cand, _pipeline_link(config, cand))
+        chunk = chunk_bytes(config, cand, biggest)
+        extra = [p * 1e9 - (s + u * chunk) for p, s, u in
+                 zip(pred.peak_memory_gb, static_bytes(config, cand), units)]
+        logits = biggest * SHAPE["vocab_size"] * 4
+        assert extra[holder] == pytest.approx(logits, rel=1e-3), (schedule, extra)
+        assert all(abs(e) < 1e-3 * logits for r, e in enumerate(extra) if r != holder)
