@@ -248,7 +248,9 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
     categories (activations, w_held, sends, receives, offload_device, transient) at the
     moment their sum peaks. Sends are dropped as :meth:`PeerTransport.reap_sends` does:
     at the first comm group starting after the send completed in the schedule's
-    simulation (``costs``: the cost model; default uniform).
+    simulation (``costs``: the cost model; default uniform). An OFFLOAD's activations stay
+    on the device (``offload_device``) until its copy completes in the simulation (the
+    host link of ``costs``; without one, one forward's time per chunk).
     ``receives_preposted``: every receive buffer exists from the minibatch's start (gloo)."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.ir import COMM_KINDS, ActionKind as K
@@ -264,6 +266,7 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
     actions = schedule.ranks[rank]
     state = {"activations": 0, "w_held": 0, "sends": 0, "receives": 0, "offload_device": 0}
     live_sends: list[float] = []  # completion times of held sends
+    live_offloads: list[tuple[float, int]] = []  # (completion, bytes) of copies to host
     if receives_preposted:
         state["receives"] = message_bytes * sum(
             a.kind in (K.RECV_F, K.RECV_B) for a in actions)
@@ -277,6 +280,9 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
             live_sends = [t for t in live_sends if t > now]
         previous_comm = is_comm
         state["sends"] = len(live_sends) * message_bytes
+        # an offloaded chunk's activations leave the device when its copy completes
+        live_offloads = [(t, b) for t, b in live_offloads if t > sim.start[action]]
+        state["offload_device"] = sum(b for _, b in live_offloads)
         transient = 0
         if kind is K.F:
             state["activations"] += chunks[c].saved
@@ -298,6 +304,8 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
             state["w_held"] -= chunks[c].w_held
         elif kind is K.OFFLOAD:
             state["activations"] -= chunks[c].saved
+            live_offloads.append((sim.end[action], chunks[c].saved))
+            state["offload_device"] += chunks[c].saved
         elif kind is K.RELOAD:
             state["activations"] += chunks[c].saved
         elif kind in (K.SEND_F, K.SEND_B):

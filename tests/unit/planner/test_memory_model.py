@@ -66,3 +66,22 @@ def test_bf16_main_grad_is_megatrons_grad_reduce_in_bf16():
         state = state_bytes(sizes)
         assert state["weight_grads"] == (0 if dp == 1 else 2 * params)
         assert sum(state.values()) == (18 * params if dp == 1 else 4 * params + 18 * params // dp)
+
+
+def test_offloaded_activations_stay_on_the_device_until_their_copy_completes():
+    """The runtime frees an offloaded chunk's device memory when the copy to the host
+    completes, not when OFFLOAD is issued: at the peak, a chunk whose copy is still in
+    flight is on the device (``offload_device``); the walk used to drop it at issue."""
+    from odc_pp.schedule.costs import CostModel
+
+    pp, m = 4, 8
+    request = ScheduleRequest.of("offload", pp=pp, num_microbatches=m, offload_chunks=[0, 1])
+    schedule = build(request, CostModel(offload_bandwidth=1.0))
+    sizes = [ChunkBytes(saved=100, w_held=0)] * 2
+    for rank in range(pp):
+        def peak(bandwidth):
+            out = schedule_peak(schedule, rank, sizes, message_bytes=0,
+                                costs=CostModel(offload_bandwidth=bandwidth))
+            return sum(out.values()), out["offload_device"]
+        fast, slow = peak(1000.0), peak(0.01)
+        assert slow[0] >= fast[0] and slow[1] == 100, (rank, fast, slow)
