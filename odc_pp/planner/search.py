@@ -81,9 +81,22 @@ def pipeline_time(request: ScheduleRequest, costs: CostModel,
     (compute-only: ``communication=False``) from its planning cost model ``plan_costs``
     (its ``--cost-model``; None: the default): (SimResult, Schedule). The one pipeline
     model of the planner, its validation and ``odc-pp tune-offload``."""
-    key = "" if plan_costs is None else json.dumps(plan_costs.to_dict(), sort_keys=True)
-    compiled = _planned(request, key)
+    compiled = _planned(request, _costs_key(plan_costs))
     return simulate(compiled, costs), compiled.schedule
+
+
+def _costs_key(plan_costs: CostModel | None) -> str:
+    """:func:`_planned`'s key of a planning cost model (its JSON; empty: the default)."""
+    return "" if plan_costs is None else json.dumps(plan_costs.to_dict(), sort_keys=True)
+
+
+def _simulate_planned(config: PlanConfig, request: ScheduleRequest, costs: CostModel):
+    """:func:`pipeline_time`'s simulation with ``config``'s planning cost model, its key
+    computed once per config (this runs for every replica of every candidate)."""
+    key = config.memo.get("plan_costs_key")
+    if key is None:
+        key = config.memo["plan_costs_key"] = _costs_key(config.plan_costs)
+    return simulate(_planned(request, key), costs)
 
 
 def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
@@ -317,7 +330,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
         widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
                   for j in range(count)]
         lock = _scaled_costs(config, cand, widest, slowest, link, memory)
-        sim, _ = pipeline_time(request_of(cand, count), lock, config.plan_costs)
+        sim = _simulate_planned(config, request_of(cand, count), lock)
         busy = max(sim.busy)
         # each replica's own work on its busiest rank; the rest of lock step is waiting
         chunks = family(cand.schedule).default_chunks
@@ -325,9 +338,8 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
                               for c in own]))
         return (sim.makespan, min(work, busy), sim.makespan - busy,
                 max(0.0, busy - work)), [sim]
-    sims = [pipeline_time(request_of(cand, len(shapes)),
-                          _replica_costs(config, cand, shapes, link, memory),
-                          config.plan_costs)[0]
+    sims = [_simulate_planned(config, request_of(cand, len(shapes)),
+                              _replica_costs(config, cand, shapes, link, memory))
             for shapes in per_replica]
     spans = [sim.makespan for sim in sims]
     return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
