@@ -72,6 +72,10 @@ def parse_args(argv=None):
                         help="also time each local chunk's forward and full backward on "
                              "microbatch 0 outside the runtime (median of 5): with the "
                              "profiled action costs, the runtime's overhead per action")
+    parser.add_argument("--pool", nargs="+", metavar="JSON",
+                        help="measure nothing: pool the round-by-round ratios of these "
+                             "results (same code, several runs) per sequence length, with "
+                             "a bootstrap 95%% interval of the median")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, one more step of every configuration "
                              "under torch.profiler: per rank, the ops' self CPU time, the "
@@ -123,6 +127,9 @@ class Runner:
         self.native_autograd = native_autograd
         self.profiler, self.schedule = profiler, schedule
         self.times, self.page_faults, self.gc_seconds = [], [], []
+        self.cpu_seconds = []
+        """Per step, the CPU seconds (user + system, every thread) of all ranks summed:
+        the work a runtime does, whatever the waits and the machine's other load."""
 
     def predict(self):
         """Simulated makespan from the costs profiled on the timed steps (collective)."""
@@ -142,20 +149,25 @@ class Runner:
     def time_one_step(self):
         """Record the slowest rank's wall time of one minibatch."""
         dist.barrier()
-        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = resource.getrusage(resource.RUSAGE_SELF)
         GC_CLOCK.take()
         start = time.perf_counter()
         result = self.run_once()
         elapsed = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
         # [step seconds, minor page faults, seconds in the garbage collector]: the max rank
-        measured = torch.tensor([elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                                 - faults_before, GC_CLOCK.take()[0]], dtype=torch.float64)
+        measured = torch.tensor([elapsed, after.ru_minflt - before.ru_minflt,
+                                 GC_CLOCK.take()[0]], dtype=torch.float64)
+        cpu = torch.tensor([after.ru_utime + after.ru_stime - before.ru_utime
+                            - before.ru_stime], dtype=torch.float64)
         if self.profiler is not None:
             self.profiler.record(result)
         dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
         self.times.append(float(measured[0]))
         self.page_faults.append(int(measured[1]))
         self.gc_seconds.append(float(measured[2]))
+        self.cpu_seconds.append(float(cpu[0]))
 
 
 class LayoutCache:
@@ -386,8 +398,15 @@ def run_benchmark(args):
                                    costs=zb_h1_costs), zb_h1_costs)
         runners.append(bench_ours("zb-auto-replanned", replanned, cache, microbatches,
                                   args)[0])
-    for name in ("torch-ZBVZeroBubble", "torch-InterleavedZeroBubble"):
-        runners.append(bench_torch(name, cache, microbatches, args))
+    requested = set(args.schedules.split(","))
+    for name, counterparts in (("torch-ZBVZeroBubble", {"zbv"}),
+                               ("torch-InterleavedZeroBubble", {"interleaved", "zb-h1"})):
+        if requested & counterparts:  # only the rows a summary compares
+            runners.append(bench_torch(name, cache, microbatches, args))
+    # one untimed round of every configuration after all were built: the heap grows to
+    # what the largest needs and the warm-ups' order leaves no configuration first alone
+    for runner in runners:
+        runner.run_once()
     # rounds over every configuration, so load from other processes hits all alike
     loads = []
     for round_index in range(args.repeats):
@@ -412,26 +431,81 @@ def run_benchmark(args):
                    load_1min=loads,
                    # minor page faults of a step (the rank with most): fresh host pages
                    page_faults=statistics.median(runner.page_faults),
+                   page_faults_rounds=runner.page_faults,
                    # seconds of Python's cyclic garbage collector inside a step (the rank
                    # with most)
-                   gc_s=spread(runner.gc_seconds))
+                   gc_s=spread(runner.gc_seconds),
+                   # CPU seconds of a step, all ranks summed (user + system)
+                   cpu_s=spread(runner.cpu_seconds))
         if "predicted_s" in row:
             row["efficiency"] = row["predicted_s"] / row["measured_s"]
         rows.append(row)
     return rows
 
 
+# ----- pooling runs ---------------------------------------------------------------------
+PAIRS = (("zbv", "torch-ZBVZeroBubble"), ("interleaved", "torch-InterleavedZeroBubble"))
+
+
+def _bootstrap_median(values: list[float], reps: int = 4000, seed: int = 0) -> list[float]:
+    """The 2.5th and 97.5th percentiles of the median of ``values`` resampled (seeded)."""
+    import random
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(reps))
+    return [round(medians[int(0.025 * reps)], 4), round(medians[int(0.975 * reps)], 4)]
+
+
+def pool(paths: list[str]) -> dict:
+    """Per sequence length and pair: every round's ratio (their step / ours, and their
+    CPU seconds / ours where recorded) over all ``paths``, its median, bootstrap
+    interval, the share of rounds at >= 1.0, and each run's own median."""
+    import json
+
+    pooled: dict = {}
+    for path in paths:
+        with open(path) as handle:
+            doc = json.load(handle)
+        rows = {row["schedule"]: row for row in doc["rows"]}
+        for ours, theirs in PAIRS:
+            if ours not in rows or theirs not in rows:
+                continue
+            entry = pooled.setdefault(f"seq{doc['config']['seq']}", {}).setdefault(
+                f"{ours}_vs_{theirs}", {"runs": {}, "wall": [], "cpu": []})
+            wall = [t / o for t, o in zip(rows[theirs]["step_times_s"],
+                                          rows[ours]["step_times_s"])]
+            entry["wall"] += wall
+            entry["runs"][os.path.basename(path)] = round(statistics.median(wall), 4)
+            if "cpu_s" in rows[ours]:
+                entry["cpu"] += [t / o for t, o in zip(rows[theirs]["cpu_s"]["rounds"],
+                                                       rows[ours]["cpu_s"]["rounds"])]
+    for pairs in pooled.values():
+        for entry in pairs.values():
+            for key in ("wall", "cpu"):
+                values = entry.pop(key)
+                if values:
+                    entry[key] = {"rounds": len(values),
+                                  "median": round(statistics.median(values), 4),
+                                  "ci95": _bootstrap_median(values),
+                                  "share_at_least_1": round(
+                                      sum(v >= 1.0 for v in values) / len(values), 3)}
+    return {"pooled_from": [os.path.basename(p) for p in paths], "pooled": pooled}
+
+
 # ----- driver -------------------------------------------------------------------------
 def main(argv=None):
     args = parse_args(argv)
+    if args.pool:
+        result = pool(args.pool)
+        emit(result, out=args.out, as_json=True)
+        return result
     rows = run_workers(worker, args.pp, args,
                        config=LaunchConfig(timeout_s=3600, process_group_timeout_s=300,
                                            threads_per_rank=args.threads))[0]
     by_name = {row["schedule"]: row for row in rows}
     summary = {}
-    for ours, theirs in (("zbv", "torch-ZBVZeroBubble"),
-                         ("interleaved", "torch-InterleavedZeroBubble"),
-                         ("zb-h1", "torch-InterleavedZeroBubble")):
+    for ours, theirs in PAIRS + (("zb-h1", "torch-InterleavedZeroBubble"),):
         if ours in by_name and theirs in by_name:
             summary[f"{ours}_vs_{theirs}_speedup"] = (by_name[theirs]["measured_s"]
                                                       / by_name[ours]["measured_s"])
@@ -439,6 +513,10 @@ def main(argv=None):
             paired = [t / o for t, o in zip(by_name[theirs]["step_times_s"],
                                             by_name[ours]["step_times_s"])]
             summary[f"{ours}_vs_{theirs}_paired"] = spread(paired)
+            # the same for the CPU seconds a step costs (their work / ours)
+            summary[f"{ours}_vs_{theirs}_cpu_paired"] = spread(
+                [t / o for t, o in zip(by_name[theirs]["cpu_s"]["rounds"],
+                                       by_name[ours]["cpu_s"]["rounds"])])
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
                           "backend": "gloo"},

@@ -28,12 +28,16 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4
 
 
 def keep_freed_host_memory(*, mmap_threshold: int = 32 * 2 ** 20,
-                           trim_threshold: int = 2 ** 31 - 1,
+                           trim_threshold: int = -1,
                            top_pad: int = 2 ** 30, mmap_max: int = 0) -> bool:
     """Serve blocks up to ``mmap_threshold`` bytes (glibc's largest) from the heap, trim
     its free top only beyond ``trim_threshold`` and grow it by ``top_pad`` extra (address
-    space; pages count only once touched). ``mmap_max`` (glibc's ``M_MMAP_MAX``): at
-    most this many blocks mapped on their own at once; 0 serves the blocks above the
+    space; pages count only once touched). ``trim_threshold`` -1 is glibc's ``SIZE_MAX``:
+    never trim. The largest positive value ``mallopt`` takes (2 GiB - 1) is not enough: at
+    seq 2048 in ``benchmarks/bench_runtime.py`` rank 0's heap is 4.5 GiB, a step's end
+    frees a top above 2 GiB, glibc gives it back, and the next step faults it in again
+    (30,000-180,000 minor faults in such a step). ``mmap_max`` (glibc's ``M_MMAP_MAX``):
+    at most this many blocks mapped on their own at once; 0 serves the blocks above the
     threshold (glibc's ceiling is 32 MiB) from the heap too, so an attention score
     tensor of 64 MiB is reused after it is freed instead of mapped afresh. Process-wide;
     call before the big allocations. False where the C library has no ``mallopt`` (not
