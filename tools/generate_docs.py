@@ -185,21 +185,17 @@ def _loads(values: list[float]) -> str:
 
 
 def _runtime_vs_torch(d: dict) -> str:
-    """Ours against PyTorch's zero-bubble schedules at every sequence length measured
-    (``runtime_cpu_vs_torch_seq<S>[_<run>].json``; ``d``: the seq-2048 run)."""
-    runs = sorted((int(m.group(1)), m.group(2) or "", m.group(0))
-                  for m in map(re.compile(r"runtime_cpu_vs_torch_seq(\d+)(?:_(\w+))?\.json")
-                               .fullmatch, os.listdir(RESULTS)) if m)
+    """Ours against PyTorch's zero-bubble schedules, every run at the same code pooled
+    round by round per sequence length (``bench_runtime.py --pool``)."""
     cells = []
-    for seq, label, name in runs:
-        run = _result(name)
-        s, rounds = run["summary"], run["config"]["repeats"]
-        other = f" ({label}, {rounds} rounds)" if label else ""
-        cells.append(f"seq {seq}{other} "
-                     f"{s['zbv_vs_torch-ZBVZeroBubble_speedup']:.2f}x / "
-                     f"{s['interleaved_vs_torch-InterleavedZeroBubble_speedup']:.2f}x")
-    return (f"ZB-V / interleaved vs PyTorch's, same chunks, {d['config']['repeats']} "
-            f"rounds: " + ", ".join(cells))
+    for seq, pairs in sorted(d["pooled"].items(), key=lambda item: int(item[0][3:])):
+        zbv = pairs["zbv_vs_torch-ZBVZeroBubble"]["wall"]
+        inter = pairs["interleaved_vs_torch-InterleavedZeroBubble"]["wall"]
+        cells.append(f"seq {seq[3:]} {zbv['median']:.2f}x / {inter['median']:.2f}x "
+                     f"({zbv['rounds']} rounds, 95% CI of ZB-V {zbv['ci95'][0]:.2f}-"
+                     f"{zbv['ci95'][1]:.2f})")
+    return (f"ZB-V / interleaved vs PyTorch's, same chunks, paired round medians of "
+            f"{len(d['pooled_from'])} runs pooled: " + ", ".join(cells))
 
 
 def _odc(d: dict) -> str:
@@ -280,7 +276,7 @@ ROWS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "schedules_cpu.json": ("bench_schedules.py", _schedules),
     "paper_tables.json": ("bench_paper_tables.py", _paper),
     "v_schedules.json": ("bench_v_schedules.py", _v),
-    "runtime_cpu_vs_torch_seq2048.json": ("bench_runtime.py", _runtime_vs_torch),
+    "runtime_cpu_vs_torch_pooled.json": ("bench_runtime.py", _runtime_vs_torch),
     "odc_cpu.json": ("bench_odc.py", _odc),
     "transport_cpu_2ranks.json": ("bench_transport.py", _transport),
     "post_validation_cpu.json": ("bench_post_validation.py", _post_validation),
