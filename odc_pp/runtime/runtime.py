@@ -151,6 +151,19 @@ class MinibatchResult:
     from the same global state)."""
 
 
+def _check_request(schedule: Schedule, microbatches: Sequence[Microbatch],
+                   forward_only: bool) -> None:
+    """ValueError naming the schedule where it cannot run these microbatches."""
+    if forward_only and any(a.kind not in (ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F)
+                            for a in schedule.actions()):
+        raise ValueError(f"forward_only: schedule {schedule.name!r} has actions other than "
+                         f"F / SEND_F / RECV_F (make it with "
+                         f"odc_pp.schedule.lowering.forward_only)")
+    if len(microbatches) != schedule.num_microbatches:
+        raise ValueError(f"schedule {schedule.name!r} expects {schedule.num_microbatches} "
+                         f"microbatches, got {len(microbatches)}")
+
+
 class PipelineRuntime:
     """Runs this rank's (``pp_group`` rank) actions of the schedules it is given on
     ``chunks``. The weight-gradient queue is bound to the chunks once, here.
@@ -227,17 +240,8 @@ class PipelineRuntime:
         :func:`~odc_pp.schedule.lowering.forward_only`): F without autograd, nothing kept
         for a backward, no gradients finished; ``loss_sum`` is the masked token-loss sum.
         """
-        if forward_only and any(a.kind not in (ActionKind.F, ActionKind.SEND_F,
-                                               ActionKind.RECV_F)
-                                for a in schedule.actions()):
-            raise ValueError(f"forward_only: schedule {schedule.name!r} has actions other "
-                             f"than F / SEND_F / RECV_F (make it with "
-                             f"odc_pp.schedule.lowering.forward_only)")
+        _check_request(schedule, microbatches, forward_only)
         self._forward_only = forward_only
-        if len(microbatches) != schedule.num_microbatches:
-            raise ValueError(f"schedule {schedule.name!r} expects "
-                             f"{schedule.num_microbatches} microbatches, "
-                             f"got {len(microbatches)}")
         self._use(schedule)
         self.dp_hooks.begin_minibatch(max_microbatches=max_microbatches,
                                       num_microbatches=len(microbatches))
@@ -246,20 +250,8 @@ class PipelineRuntime:
         self._begin(microbatches, global_num_tokens)
         started = time.perf_counter()
         self._clock.restart()
-        index = 0
-        while index < len(self.actions):
-            group_end = self._comm_group_end(index)
-            if group_end > index:
-                self._run_comm_group(self.actions[index:group_end], started)
-                index = group_end
-                continue
-            action = self.actions[index]
-            if forward_only:
-                with torch.no_grad():
-                    self._timed([action], self._run_action, started)
-            else:
-                self._timed([action], self._run_action, started)
-            index += 1
+        with torch.no_grad() if forward_only else contextlib.nullcontext():
+            self._run_actions(started)
         self._finish()
         if not forward_only:
             self._gradients_final()
@@ -274,6 +266,18 @@ class PipelineRuntime:
             validated=self._report.validated, repeat=self._report.repeat)
 
     # ----- phases ----------------------------------------------------------------
+    def _run_actions(self, started: float) -> None:
+        """Every action of this rank in order; adjacent communication runs as a group."""
+        index = 0
+        while index < len(self.actions):
+            group_end = self._comm_group_end(index)
+            if group_end > index:
+                self._run_comm_group(self.actions[index:group_end], started)
+                index = group_end
+                continue
+            self._timed([self.actions[index]], self._run_action, started)
+            index += 1
+
     def _use(self, schedule: Schedule) -> None:
         """Check ``schedule`` against the chunks and the group; take this rank's actions."""
         if schedule is self.schedule:
