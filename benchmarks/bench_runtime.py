@@ -46,15 +46,20 @@ OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-
         "offload", "dualpipev"]
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_shape_arguments(parser, *, repeats: int = 3) -> None:
+    """The pipeline, model and data shape of a runtime benchmark, and its rounds."""
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (>= 3)")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (>= 3)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_shape_arguments(parser)
     parser.add_argument("--schedules", default=",".join(OURS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--release-host-memory", action="store_true",
@@ -122,8 +127,11 @@ GC_CLOCK = GcClock()
 class Runner:
     """One benchmarked configuration: ``run()`` does one minibatch on this rank."""
 
-    def __init__(self, row, run, chunks, *, native_autograd, profiler=None, schedule=None):
+    def __init__(self, row, run, chunks, *, native_autograd, profiler=None, schedule=None,
+                 group=None):
         self.row, self.run, self.chunks = row, run, chunks
+        self.group = group
+        """The ranks that run this configuration (None: the world)."""
         self.native_autograd = native_autograd
         self.profiler, self.schedule = profiler, schedule
         self.times, self.page_faults, self.gc_seconds = [], [], []
@@ -148,7 +156,7 @@ class Runner:
 
     def time_one_step(self):
         """Record the slowest rank's wall time of one minibatch."""
-        dist.barrier()
+        dist.barrier(group=self.group)
         before = resource.getrusage(resource.RUSAGE_SELF)
         GC_CLOCK.take()
         start = time.perf_counter()
@@ -162,8 +170,8 @@ class Runner:
                             - before.ru_stime], dtype=torch.float64)
         if self.profiler is not None:
             self.profiler.record(result)
-        dist.all_reduce(measured, op=dist.ReduceOp.MAX)
-        dist.all_reduce(cpu)
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(cpu, group=self.group)
         self.times.append(float(measured[0]))
         self.page_faults.append(int(measured[1]))
         self.gc_seconds.append(float(measured[2]))
@@ -171,8 +179,14 @@ class Runner:
 
 
 class LayoutCache:
-    def __init__(self, args, groups):
+    """The chunks of each (chunk count, placement) on this rank of ``pp_group`` (None: the
+    world), built once and shared by every configuration of that layout."""
+
+    def __init__(self, args, groups, pp_group=None, channels=None):
         self.args, self.groups, self.chunks = args, groups, {}
+        self.pp_group = pp_group if pp_group is not None else dist.group.WORLD
+        self.channels = channels
+        """Our runtime's point-to-point groups (None: made from ``pp_group``)."""
 
     def get(self, num_chunks, placement):
         from odc_pp.megatron.model import ModelConfig, build_chunks
@@ -183,7 +197,7 @@ class LayoutCache:
             config = ModelConfig(vocab_size=128, hidden_size=self.args.hidden,
                                  num_layers=self.args.layers, num_attention_heads=4,
                                  max_sequence_length=self.args.seq)
-            self.chunks[key] = build_chunks(config, pp_rank=dist.get_rank(),
+            self.chunks[key] = build_chunks(config, pp_rank=dist.get_rank(self.pp_group),
                                             pp_size=self.args.pp, num_chunks=num_chunks,
                                             placement=placement, process_groups=self.groups)
         return self.chunks[key]
@@ -195,9 +209,11 @@ def bench_ours(name, schedule, cache, microbatches, args):
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
 
     chunks = cache.get(schedule.num_chunks, schedule.placement)
-    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
+    group = cache.pp_group
+    runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=group,
+                              channels=cache.channels)
     warmup = Profiler(ProfilerConfig(warmup_minibatches=1), schedule=schedule,
-                      pp_group=dist.group.WORLD)
+                      pp_group=group)
 
     def run():
         for chunk in chunks:
@@ -209,10 +225,10 @@ def bench_ours(name, schedule, cache, microbatches, args):
     sample = torch.zeros(args.seq, args.batch, args.hidden)
     t_comm = warmup.measure_comm(sample)
     profiler = Profiler(ProfilerConfig(warmup_minibatches=0), schedule=schedule,
-                        pp_group=dist.group.WORLD)
+                        pp_group=group)
     profiler.t_comm = t_comm
     runner = Runner({"schedule": name}, run, chunks, native_autograd=False,
-                    profiler=profiler, schedule=schedule)
+                    profiler=profiler, schedule=schedule, group=group)
     return runner, warmup.cost_model()
 
 
@@ -248,7 +264,7 @@ def bench_torch(name, cache, microbatches, args):
     # runtime shape inference: with static input_args/output_args, torch 2.13's
     # zero-bubble schedules leave weight gradients unset (checked in check_torch_grads)
     stages = [PipelineStage(_TorchStageModule(chunk), chunk.stage, num_stages,
-                            torch.device("cpu")) for chunk in chunks]
+                            torch.device("cpu"), group=cache.pp_group) for chunk in chunks]
 
     def loss_fn(logits, target):
         return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
@@ -269,7 +285,8 @@ def bench_torch(name, cache, microbatches, args):
         schedule.step(*inputs, target=labels if has_last else None)
 
     run()  # warmup
-    return Runner({"schedule": name}, run, chunks, native_autograd=True)
+    return Runner({"schedule": name}, run, chunks, native_autograd=True,
+                  group=cache.pp_group)
 
 
 def bare_compute(runner, microbatch, reps: int = 5) -> dict:
