@@ -429,7 +429,27 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     tensor_parallel = tensor_parallel or TensorParallel()
     if cp_group is not None and dist.get_world_size(cp_group) == 1:
         cp_group = None
-    tp_size = tensor_parallel.size
+    _check_layout(config, tensor_parallel.size, pp_rank=pp_rank, pp_size=pp_size,
+                  num_chunks=num_chunks)
+    placement = Placement(placement)
+    prepare_megatron_for_device(config.device, seed=seed)
+    build = _ChunkBuild(
+        config=config, seed=seed, num_stages=pp_size * num_chunks,
+        tensor_parallel=tensor_parallel, cp_group=cp_group,
+        groups=process_groups if process_groups is not None else
+        singleton_process_groups(tp=tensor_parallel.group),
+        spec=_layer_spec(config, tensor_parallel, cp_group, cp_comm_type),
+        fused_rope=(config.position_embedding_type == "rope"
+                    and config.core_attention == "sdpa" and cp_group is None
+                    and not rope_fusion_available(config.device)
+                    and use_fused_rope(config.fused_rope, config.device)))
+    return [build.chunk(stage_of(placement, pp_size, pp_rank, chunk))
+            for chunk in range(num_chunks)]
+
+
+def _check_layout(config: ModelConfig, tp_size: int, *, pp_rank: int, pp_size: int,
+                  num_chunks: int) -> None:
+    """ValueError where the model does not split over this layout."""
     groups_per_rank = config.num_query_groups or config.num_attention_heads
     for what, value in (("num_attention_heads", config.num_attention_heads),
                         ("num_query_groups", groups_per_rank),
@@ -442,41 +462,53 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         raise ValueError(f"pp_rank {pp_rank} outside 0..{pp_size - 1}")
     if num_chunks < 1:
         raise ValueError("num_chunks must be >= 1")
-    placement = Placement(placement)
-    num_stages = pp_size * num_chunks
-    prepare_megatron_for_device(config.device, seed=seed)
-    groups = process_groups if process_groups is not None else \
-        singleton_process_groups(tp=tensor_parallel.group)
-    spec = deferrable_gpt_layer_spec(recompute_lgd=config.recompute_lgd,
-                                     core_attention=config.core_attention,
-                                     normalization=config.normalization,
-                                     qk_layernorm=config.qk_layernorm,
-                                     sequence_parallel=tensor_parallel.sequence_parallel,
-                                     zero_centered_gamma=config.apply_layernorm_1p,
-                                     swiglu=config.activation == "swiglu",
-                                     fused_swiglu=config.activation == "swiglu" and
-                                     use_fused_swiglu(config.fused_swiglu, config.device),
-                                     cp_group=cp_group, cp_comm_type=cp_comm_type)
-    fused_rope = (config.position_embedding_type == "rope" and config.core_attention == "sdpa"
-                  and cp_group is None and not rope_fusion_available(config.device)
-                  and use_fused_rope(config.fused_rope, config.device))
-    chunks = []
-    for chunk in range(num_chunks):
-        stage = stage_of(placement, pp_size, pp_rank, chunk)
-        layers = stage_layers(config.num_layers, num_stages, stage)
+
+
+def _layer_spec(config: ModelConfig, tensor_parallel: TensorParallel, cp_group,
+                cp_comm_type: str):
+    """The transformer layer's ModuleSpec for this model and layout."""
+    swiglu = config.activation == "swiglu"
+    return deferrable_gpt_layer_spec(
+        recompute_lgd=config.recompute_lgd, core_attention=config.core_attention,
+        normalization=config.normalization, qk_layernorm=config.qk_layernorm,
+        sequence_parallel=tensor_parallel.sequence_parallel,
+        zero_centered_gamma=config.apply_layernorm_1p, swiglu=swiglu,
+        fused_swiglu=swiglu and use_fused_swiglu(config.fused_swiglu, config.device),
+        cp_group=cp_group, cp_comm_type=cp_comm_type)
+
+
+@dataclass(kw_only=True)
+class _ChunkBuild:
+    """What every chunk of one :func:`build_chunks` call shares: the model, its seed, the
+    virtual stage count, the tp and cp layout, megatron's process groups, the layer's
+    ModuleSpec, and whether q and k rotate in the Triton RoPE kernel."""
+
+    config: ModelConfig
+    seed: int
+    num_stages: int
+    tensor_parallel: TensorParallel
+    cp_group: object
+    groups: object
+    spec: object
+    fused_rope: bool
+
+    def chunk(self, stage: int) -> GPTChunk:
+        """The chunk holding virtual ``stage``, initialised."""
+        config, tensor_parallel = self.config, self.tensor_parallel
+        last = stage == self.num_stages - 1
+        layers = stage_layers(config.num_layers, self.num_stages, stage)
         model = new_gpt_model(_transformer_config(config, len(layers), tensor_parallel),
-                              spec,
-                              vocab_size=config.vocab_size,
+                              self.spec, vocab_size=config.vocab_size,
                               max_sequence_length=config.max_sequence_length,
-                              pre_process=stage == 0, post_process=stage == num_stages - 1,
-                              process_groups=groups,
+                              pre_process=stage == 0, post_process=last,
+                              process_groups=self.groups,
                               position_embedding_type=config.position_embedding_type,
                               rotary_base=config.rotary_base,
-                              tie_embeddings=config.tie_embeddings and num_stages == 1)
+                              tie_embeddings=config.tie_embeddings and self.num_stages == 1)
         inv_freq = None
         if config.position_embedding_type == "rope":
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
-        if stage == num_stages - 1:
+        if last:
             deferrable_output_layer(model)
         if config.recompute_method is not None:
             apply_full_recompute(model.decoder, config.recompute_method,
@@ -484,24 +516,29 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         for module in model.modules():
             if hasattr(module, "keep_sp_input_for_w"):
                 module.keep_sp_input_for_w = tensor_parallel.keep_sp_input_for_w
-        gpt_chunk = GPTChunk(model, stage=stage, num_stages=num_stages, layers=layers,
+        gpt_chunk = GPTChunk(model, stage=stage, num_stages=self.num_stages, layers=layers,
                              inv_freq=inv_freq,
                              implicit_causal=config.core_attention == "sdpa",
                              packed_kernel=config.packed_attention,
                              tensor_parallel=tensor_parallel)
-        gpt_chunk.context_parallel = cp_group is not None
-        gpt_chunk.full_length = config.max_sequence_length
-        gpt_chunk.fused_rope = fused_rope
-        gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
-            config.fused_cross_entropy, config.device, tensor_parallel=tensor_parallel.size)
-        gpt_chunk.to(device=config.device, dtype=config.dtype)
-        gpt_chunk.tied_across_stages = config.tie_embeddings and num_stages > 1
-        if gpt_chunk.tied_across_stages and stage == num_stages - 1:
-            gpt_chunk.model.output_layer.weight.shared_embedding = True
-        initialize_parameters(gpt_chunk, config, seed)
+        self._configure(gpt_chunk, last)
+        initialize_parameters(gpt_chunk, config, self.seed)
         reduce_partial_grads(gpt_chunk.global_named_parameters(), tensor_parallel)
-        chunks.append(gpt_chunk)
-    return chunks
+        return gpt_chunk
+
+    def _configure(self, gpt_chunk: GPTChunk, last: bool) -> None:
+        """Kernels, device, dtype and the tied-embedding mark of a built chunk."""
+        config = self.config
+        gpt_chunk.context_parallel = self.cp_group is not None
+        gpt_chunk.full_length = config.max_sequence_length
+        gpt_chunk.fused_rope = self.fused_rope
+        gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
+            config.fused_cross_entropy, config.device,
+            tensor_parallel=self.tensor_parallel.size)
+        gpt_chunk.to(device=config.device, dtype=config.dtype)
+        gpt_chunk.tied_across_stages = config.tie_embeddings and self.num_stages > 1
+        if gpt_chunk.tied_across_stages and last:
+            gpt_chunk.model.output_layer.weight.shared_embedding = True
 
 
 def _transformer_config(config: ModelConfig, num_layers: int,

@@ -252,17 +252,10 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
     on the device (``offload_device``) until its copy completes in the simulation (the
     host link of ``costs``; without one, one forward's time per chunk).
     ``receives_preposted``: every receive buffer exists from the minibatch's start (gloo)."""
-    from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.ir import COMM_KINDS, ActionKind as K
     from odc_pp.schedule.simulator import simulate
 
-    costs = costs or CostModel()
-    if costs.offload_bandwidth is None and any(
-            a.kind is K.OFFLOAD for actions in schedule.ranks for a in actions):
-        # the walk needs only the order of completions: offload at F's pace, as the
-        # uniform default times the compute (a job without --cost-model has no figure)
-        costs = replace(costs, offload_bandwidth=1.0)
-    sim = simulate(schedule, costs)
+    sim = simulate(schedule, _walk_costs(schedule, costs))
     actions = schedule.ranks[rank]
     state = {"activations": 0, "w_held": 0, "sends": 0, "receives": 0, "offload_device": 0}
     live_sends: list[float] = []  # completion times of held sends
@@ -296,23 +289,47 @@ def schedule_peak(schedule, rank: int, chunks: list[ChunkBytes], *, message_byte
         total = sum(state.values()) + transient
         if total > peak:
             peak, at_peak = total, dict(state, transient=transient)
-        if kind in (K.B, K.BW):
-            state["activations"] -= chunks[c].saved
-            if kind is K.B:
-                state["w_held"] += chunks[c].w_held
-        elif kind is K.W:
-            state["w_held"] -= chunks[c].w_held
-        elif kind is K.OFFLOAD:
-            state["activations"] -= chunks[c].saved
-            live_offloads.append((sim.end[action], chunks[c].saved))
-            state["offload_device"] += chunks[c].saved
-        elif kind is K.RELOAD:
-            state["activations"] += chunks[c].saved
-        elif kind in (K.SEND_F, K.SEND_B):
-            live_sends.append(sim.end[action])
+        _after(action, chunks[c], state, end=sim.end[action], live_sends=live_sends,
+               live_offloads=live_offloads)
         if kind in (K.F, K.B, K.BW) and _consumes_message(schedule, rank, action):
             state["receives"] -= message_bytes
     return at_peak
+
+
+def _walk_costs(schedule, costs):
+    """The cost model :func:`schedule_peak` simulates (default uniform). The walk needs
+    only the order of completions, so without a host-link figure (a job without
+    --cost-model) an OFFLOAD is timed at F's pace, as the uniform default times compute."""
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.ir import ActionKind as K
+
+    costs = costs or CostModel()
+    if costs.offload_bandwidth is None and any(
+            a.kind is K.OFFLOAD for actions in schedule.ranks for a in actions):
+        costs = replace(costs, offload_bandwidth=1.0)
+    return costs
+
+
+def _after(action, chunk: ChunkBytes, state: dict[str, int], *, end: float,
+           live_sends: list[float], live_offloads: list[tuple[float, int]]) -> None:
+    """What ``action`` (ending at ``end`` in the simulation) frees or keeps once it ran."""
+    from odc_pp.schedule.ir import ActionKind as K
+
+    kind = action.kind
+    if kind in (K.B, K.BW):
+        state["activations"] -= chunk.saved
+        if kind is K.B:
+            state["w_held"] += chunk.w_held
+    elif kind is K.W:
+        state["w_held"] -= chunk.w_held
+    elif kind is K.OFFLOAD:
+        state["activations"] -= chunk.saved
+        live_offloads.append((end, chunk.saved))
+        state["offload_device"] += chunk.saved
+    elif kind is K.RELOAD:
+        state["activations"] += chunk.saved
+    elif kind in (K.SEND_F, K.SEND_B):
+        live_sends.append(end)
 
 
 def _consumes_message(schedule, rank: int, action) -> bool:

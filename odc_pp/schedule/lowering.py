@@ -58,15 +58,37 @@ def lower_communication(schedule: Schedule, *, recv_lookahead: int = 1) -> Sched
                          "lower_communication expects a compute-only schedule")
     if recv_lookahead < 0:
         raise ValueError(f"recv_lookahead must be >= 0, got {recv_lookahead}")
-    position = {}  # (rank, kind group, chunk, mb) -> index in the rank's list
+    sends, pairs = _messages(schedule, _consumer_positions(schedule))
+    inserts = _recv_slots(schedule, pairs, recv_lookahead)
+    lowered = schedule.copy(ranks=[[] for _ in range(schedule.pp)])
+    for rank, actions in enumerate(schedule.ranks):
+        out = lowered.ranks[rank]
+        for index, action in enumerate(actions):
+            out.extend(recv for _, _, recv in sorted(inserts[rank].get(index, []),
+                                                     key=lambda item: item[:2]))
+            out.append(action)
+            if (rank, index) in sends:
+                out.append(sends[(rank, index)])
+    return lowered
+
+
+def _consumer_positions(schedule: Schedule) -> dict[tuple[int, str, int, int], int]:
+    """(rank, "F" or "B", chunk, microbatch) -> index of that compute in the rank's list."""
+    position = {}
     for rank, actions in enumerate(schedule.ranks):
         for index, action in enumerate(actions):
             group = "F" if action.kind is ActionKind.F else (
                 "B" if action.kind in _BACKWARD else None)
             if group:
                 position[(rank, group, action.chunk, action.microbatch)] = index
+    return position
 
-    # messages per ordered pair, in send order
+
+def _messages(schedule: Schedule, position: dict
+              ) -> tuple[dict[tuple[int, int], Action],
+                         dict[tuple[int, int], list[tuple[int, Action]]]]:
+    """The SEND after each producing compute, keyed (rank, index), and per ordered rank
+    pair the (consumer index, RECV) of every message, in send order."""
     pairs: dict[tuple[int, int], list[tuple[int, Action]]] = {}
     sends: dict[tuple[int, int], Action] = {}
     for rank, actions in enumerate(schedule.ranks):
@@ -85,7 +107,14 @@ def lower_communication(schedule: Schedule, *, recv_lookahead: int = 1) -> Sched
             recv = Action(rank=dst, kind=recv_kind, chunk=chunk,
                           microbatch=action.microbatch, peer=rank)
             pairs.setdefault((rank, dst), []).append((consumer, recv))
+    return sends, pairs
 
+
+def _recv_slots(schedule: Schedule, pairs: dict, lookahead: int
+                ) -> list[dict[int, list[tuple[int, int, Action]]]]:
+    """Per rank, index -> the RECVs to insert before it, as (order, src, RECV): each
+    hoisted ``lookahead`` computes ahead of its consumer, and never after a later
+    message's RECV from the same sender."""
     compute_index = [[i for i, a in enumerate(actions) if a.kind in COMPUTE_KINDS]
                      for actions in schedule.ranks]
     inserts: list[dict[int, list[tuple[int, int, Action]]]] = [{} for _ in schedule.ranks]
@@ -93,24 +122,14 @@ def lower_communication(schedule: Schedule, *, recv_lookahead: int = 1) -> Sched
         later = None
         placed = []
         for consumer, recv in reversed(messages):
-            slot = _hoisted_slot(compute_index[dst], consumer, recv_lookahead)
+            slot = _hoisted_slot(compute_index[dst], consumer, lookahead)
             if later is not None:
                 slot = min(slot, later)
             later = slot
             placed.append((slot, recv))
         for seq, (slot, recv) in enumerate(reversed(placed)):
             inserts[dst].setdefault(slot, []).append((seq, src, recv))
-
-    lowered = schedule.copy(ranks=[[] for _ in range(schedule.pp)])
-    for rank, actions in enumerate(schedule.ranks):
-        out = lowered.ranks[rank]
-        for index, action in enumerate(actions):
-            out.extend(recv for _, _, recv in sorted(inserts[rank].get(index, []),
-                                                     key=lambda item: item[:2]))
-            out.append(action)
-            if (rank, index) in sends:
-                out.append(sends[(rank, index)])
-    return lowered
+    return inserts
 
 
 def _hoisted_slot(compute_positions: list[int], consumer: int, lookahead: int) -> int:
