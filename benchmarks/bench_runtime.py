@@ -49,6 +49,8 @@ from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
 OURS = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
         "offload", "dualpipev"]
+"""Our rows by default; ``NAME+fill`` (any but offload) adds NAME re-planned from the
+measured costs with its gaps filled (``replanned``)."""
 
 
 def add_shape_arguments(parser, *, repeats: int = 3) -> None:
@@ -237,6 +239,68 @@ def bench_ours(name, schedule, cache, microbatches, args):
     return runner, warmup.cost_model()
 
 
+FILL_EVALUATIONS = 3000
+"""Candidate moves of the gap-filling pass for the ``+fill`` rows."""
+
+
+def measured_memory_costs(schedule, warm_costs, cache, microbatches):
+    """``warm_costs`` with the memory deltas measured on one minibatch of ``schedule`` with
+    activation tracking (the share of a microbatch's activations its W holds); the times
+    stay the untracked warm-up's (tracking slows the actions). Collective."""
+    import dataclasses
+
+    from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
+
+    chunks = cache.get(schedule.num_chunks, schedule.placement)
+    tracked = PipelineRuntime(RuntimeConfig(track_activations=True), chunks=chunks,
+                              pp_group=cache.pp_group, channels=cache.channels)
+    profiler = Profiler(ProfilerConfig(warmup_minibatches=0), schedule=schedule,
+                        pp_group=cache.pp_group)
+    for chunk in chunks:
+        chunk.zero_grad(set_to_none=True)
+    profiler.record(tracked.run_minibatch(schedule, microbatches))
+    profiler.t_comm = warm_costs.t_comm
+    memory = profiler.cost_model()
+    return dataclasses.replace(warm_costs, mem_f=memory.mem_f, mem_b=memory.mem_b,
+                               mem_w=memory.mem_w)
+
+
+def bench_filled(name, cache, microbatches, args):
+    """The Runner of ``name`` = ``base+fill``: ``base`` re-planned as training would after
+    profiling. The uniform-cost plan runs the warm-up; from its measured per-stage times
+    and memory deltas (``measured_memory_costs``) ``base`` is planned again, and both
+    plans get their gaps filled (``generators.gaps``; the re-plan within the family's
+    memory cap, the uniform plan within its own peak under the measured costs); the one
+    with the shorter simulated step runs. Every rank
+    gets the same gathered costs, so the same plan. The row records the costs and the
+    simulated steps."""
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.generators.gaps import fill_gaps
+    from odc_pp.schedule.lowering import lower
+    from odc_pp.schedule.simulator import simulate
+    from odc_pp.schedule.validate import peak_memory
+
+    base = name.partition("+")[0]
+    unit = CostModel(offload_bandwidth=1.0)
+    uniform = generate(base, pp=args.pp, num_microbatches=args.microbatches, costs=unit)
+    warm_costs = bench_ours(base, lower(uniform, unit), cache, microbatches, args)[1]
+    costs = measured_memory_costs(lower(uniform, unit), warm_costs, cache, microbatches)
+    plans = [lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
+                            costs=costs, fill_gaps=FILL_EVALUATIONS), costs),
+             lower(fill_gaps(uniform, costs, memory_limit=max(peak_memory(uniform, costs)),
+                             max_evaluations=FILL_EVALUATIONS), costs)]
+    steps = [simulate(plan, costs).makespan for plan in plans]
+    schedule = plans[steps.index(min(steps))]
+    runner = bench_ours(name, schedule, cache, microbatches, args)[0]
+    runner.row.update(plan_costs=costs.to_dict(), gap_fill=schedule.meta.get("gap_fill"),
+                      simulated_s={"uniform_plan": simulate(lower(uniform, costs),
+                                                            costs).makespan,
+                                   "replanned_filled": steps[0],
+                                   "uniform_plan_filled": steps[1]})
+    return runner
+
+
 class _TorchStageModule(torch.nn.Module):
     """A GPTChunk as torch.distributed.pipelining expects: tensors in, tensor out."""
 
@@ -364,7 +428,9 @@ def check_same_gradients(runners):
     because every microbatch has the same token count)."""
     by_name = {runner.row["schedule"]: runner for runner in runners}
     for theirs_name, ours_name in (("torch-ZBVZeroBubble", "zbv"),
-                                   ("torch-InterleavedZeroBubble", "interleaved")):
+                                   ("torch-InterleavedZeroBubble", "interleaved"),
+                                   ("torch-ZBVZeroBubble", "zbv+fill"),
+                                   ("torch-InterleavedZeroBubble", "interleaved+fill")):
         if theirs_name not in by_name or ours_name not in by_name:
             continue
         ours, theirs = by_name[ours_name], by_name[theirs_name]
@@ -403,6 +469,9 @@ def run_benchmark(args):
     microbatches = make_data(args)
     runners, zb_h1_costs = [], None
     for name in args.schedules.split(","):
+        if name.endswith("+fill"):
+            runners.append(bench_filled(name, cache, microbatches, args))
+            continue
         plan_costs = CostModel(offload_bandwidth=1.0)
         schedule = lower(generate(name, pp=args.pp, num_microbatches=args.microbatches,
                                   costs=plan_costs), plan_costs)
@@ -421,8 +490,9 @@ def run_benchmark(args):
         runners.append(bench_ours("zb-auto-replanned", replanned, cache, microbatches,
                                   args)[0])
     requested = set(args.schedules.split(","))
-    for name, counterparts in (("torch-ZBVZeroBubble", {"zbv"}),
-                               ("torch-InterleavedZeroBubble", {"interleaved", "zb-h1"})):
+    for name, counterparts in (("torch-ZBVZeroBubble", {"zbv", "zbv+fill"}),
+                               ("torch-InterleavedZeroBubble",
+                                {"interleaved", "zb-h1", "interleaved+fill"})):
         if requested & counterparts:  # only the rows a summary compares
             runners.append(bench_torch(name, cache, microbatches, args))
     # one untimed round of every configuration after all were built: the heap grows to
@@ -466,7 +536,9 @@ def run_benchmark(args):
 
 
 # ----- pooling runs ---------------------------------------------------------------------
-PAIRS = (("zbv", "torch-ZBVZeroBubble"), ("interleaved", "torch-InterleavedZeroBubble"))
+PAIRS = (("zbv", "torch-ZBVZeroBubble"), ("interleaved", "torch-InterleavedZeroBubble"),
+         ("zbv+fill", "torch-ZBVZeroBubble"),
+         ("interleaved+fill", "torch-InterleavedZeroBubble"))
 
 
 def _bootstrap_median(values: list[float], reps: int = 4000, seed: int = 0) -> list[float]:

@@ -31,8 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_runtime import (LayoutCache, add_shape_arguments, bench_ours,  # noqa: E402
-                           bench_torch, make_data)
+from bench_runtime import (LayoutCache, add_shape_arguments, bench_filled,  # noqa: E402
+                           bench_ours, bench_torch, make_data)
 from odc_pp.testing.bench import emit, load_1min, spread  # noqa: E402
 from odc_pp.testing.launch import LaunchConfig, run_workers  # noqa: E402
 
@@ -42,6 +42,10 @@ THEIRS = {"zbv": "torch-ZBVZeroBubble", "interleaved": "torch-InterleavedZeroBub
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedule", choices=sorted(THEIRS), default="zbv")
+    parser.add_argument("--fill", action="store_true",
+                        help="run ours re-planned from measured costs with its gaps filled "
+                             "(bench_runtime.bench_filled: what training runs after "
+                             "profiling) instead of the uniform-cost plan")
     add_shape_arguments(parser, repeats=7)
     parser.add_argument("--out", default=os.path.join(
         ROOT, "benchmarks", "results", "runtime_cpu_isolated.json"))
@@ -63,6 +67,8 @@ def _build(args, pair: int, group, channels):
     microbatches = make_data(args)
     if pair == 1:
         return bench_torch(THEIRS[args.schedule], cache, microbatches, args)
+    if args.fill:
+        return bench_filled(f"{args.schedule}+fill", cache, microbatches, args)
     costs = CostModel(offload_bandwidth=1.0)
     schedule = lower(generate(args.schedule, pp=args.pp,
                               num_microbatches=args.microbatches, costs=costs), costs)
@@ -108,6 +114,9 @@ def worker(rank, world_size, args):
     dist.all_gather_object(gathered, {"times": runner.times, "cpu": runner.cpu_seconds,
                                       "faults": runner.page_faults, "loads": loads,
                                       "idle_cpu_s": process_cpu - own,
+                                      "plan": {k: v for k, v in runner.row.items()
+                                               if k in ("plan_costs", "gap_fill",
+                                                        "simulated_s")},
                                       "grad_sums": sums.tolist()})
     return gathered if rank == 0 else None
 
@@ -115,14 +124,15 @@ def worker(rank, world_size, args):
 def _summary(args, gathered) -> dict:
     pp = args.pp
     rows = {}
-    for pair, name in enumerate((args.schedule, THEIRS[args.schedule])):
+    mine = args.schedule + ("+fill" if args.fill else "")
+    for pair, name in enumerate((mine, THEIRS[args.schedule])):
         first = gathered[pair * pp]
-        rows[name] = {"schedule": name, "measured_s": statistics.median(first["times"]),
+        rows[name] = {"schedule": name, **first["plan"], "measured_s": statistics.median(first["times"]),
                       "step_times_s": first["times"], "cpu_s": spread(first["cpu"]),
                       "page_faults_rounds": first["faults"],
                       "idle_cpu_s_per_rank": [round(g["idle_cpu_s"], 3)
                                               for g in gathered[pair * pp:(pair + 1) * pp]]}
-    ours, theirs = rows[args.schedule], rows[THEIRS[args.schedule]]
+    ours, theirs = rows[mine], rows[THEIRS[args.schedule]]
     worst, nonzero = 0.0, 0
     for rank in range(pp):
         a = torch.tensor(gathered[rank]["grad_sums"])
@@ -156,7 +166,8 @@ def main(argv=None):
             print(f"{row['schedule']:28s} measured {row['measured_s']:.3f}s  "
                   f"cpu {row['cpu_s']['median']:.2f}s  faults {row['page_faults_rounds']}  "
                   f"idle cpu/rank {row['idle_cpu_s_per_rank']}")
-        print(f"{args.schedule} vs {THEIRS[args.schedule]}: {s['speedup']:.2f}x, paired "
+        print(f"{result['rows'][0]['schedule']} vs {THEIRS[args.schedule]}: "
+              f"{s['speedup']:.2f}x, paired "
               f"median {s['paired']['median']:.2f}x ({s['paired']['min']:.2f}-"
               f"{s['paired']['max']:.2f}), cpu paired {s['cpu_paired']['median']:.2f}x; "
               f"gradient sums within {result['grad_sum_max_rel_diff']:.1e} "

@@ -317,6 +317,7 @@ class PipelineRuntime:
         self._ready_to_send: dict[tuple, torch.Tensor] = {}
         self._pending_recv: dict[tuple, object] = {}
         self.store.reset_peak()
+        self.wgrad_queue.claim()  # chunks shared with another runtime (benchmarks)
         self.wgrad_queue.reset_held_bytes()
         self.transport.max_inflight_sends = 0
         if self._prepost:

@@ -27,6 +27,7 @@ class WeightGradQueue:
         self._active: Key | None = None
         self.bound_layers: dict[int, int] = {}
         """Deferrable layers bound per local chunk (0: that chunk's wgrads stay in B)."""
+        self._layers: list[torch.nn.Module] = []
         self.held_bytes: dict[Key, int] = defaultdict(int)
         """Bytes of non-parameter tensors (saved inputs, output gradients) the deferred
         work of each (chunk, microbatch) holds from its B to its W; the profiler turns
@@ -40,9 +41,19 @@ class WeightGradQueue:
         for sub in module.modules():
             if hasattr(sub, "wgrad_queue") and hasattr(sub, "native_autograd"):
                 sub.wgrad_queue = self
+                self._layers.append(sub)
                 bound += 1
         self.bound_layers[chunk] = bound
         return bound
+
+    def claim(self) -> None:
+        """Bind the layers ``attach`` bound back to this queue if a later runtime built on
+        the same chunks took them (each runtime claims its chunks when a minibatch
+        starts; otherwise its B would run the weight gradients at once, into the other
+        runtime's idle queue, and its W would find nothing to run)."""
+        if self._layers and self._layers[0].wgrad_queue is not self:
+            for layer in self._layers:
+                layer.wgrad_queue = self
 
     @property
     def is_deferring(self) -> bool:

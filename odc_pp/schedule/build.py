@@ -42,7 +42,7 @@ class ScheduleRequest:
     """Cap on each rank's activation memory in the cost model's units (None: none)."""
     options: tuple[tuple[str, object], ...] = ()
     """Generator options as sorted (name, value) pairs (zb-auto: ``objective``,
-    ``max_evaluations``)."""
+    ``max_evaluations``; any family but offload: ``fill_gaps``)."""
     offload: tuple[int, ...] | str = ALL_CHUNKS
     """Chunks whose saved activations go to host memory, for an offloading family:
     ``ALL_CHUNKS``, ``PLANNED_CHUNKS`` or a tuple of chunks (empty: no offload passes).
@@ -71,11 +71,13 @@ class ScheduleRequest:
 
     @classmethod
     def of(cls, name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
-           offload_chunks=None, search: dict | None = None, **fields) -> ScheduleRequest:
+           offload_chunks=None, search: dict | None = None, fill_gaps: int = 0,
+           **fields) -> ScheduleRequest:
         """The request for family ``name`` (ValueError for an unknown one).
         ``offload_chunks``: a list of chunks, or None / empty for every local chunk;
         ``search``: ``objective`` / ``max_evaluations`` for a searched family (zb-auto),
-        ignored by the others (None values are dropped)."""
+        ignored by the others (None values are dropped); ``fill_gaps``: candidate moves of
+        the gap-filling pass (``generators.gaps``; 0: none)."""
         fam = family(name)
         if offload_chunks and "offload" in fields:
             raise ValueError("give offload_chunks or offload, not both")
@@ -83,6 +85,8 @@ class ScheduleRequest:
             fields["offload"] = tuple(offload_chunks)
         kept = tuple(sorted((k, v) for k, v in (search or {}).items() if v is not None)) \
             if fam.searched else ()
+        if fill_gaps:
+            kept = tuple(sorted(kept + (("fill_gaps", int(fill_gaps)),)))
         return cls(family=fam, pp=pp, num_microbatches=num_microbatches,
                    num_chunks=fam.default_chunks if num_chunks is None else num_chunks,
                    options=kept, **fields)

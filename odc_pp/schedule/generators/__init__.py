@@ -14,6 +14,7 @@ from ..ir import Schedule
 from ..placement import Placement
 from ..validate import peak_memory
 from .families import FAMILIES, FAMILY_NAMES, Family, family
+from .gaps import fill_gaps
 
 __all__ = ["FAMILY_NAMES", "FAMILIES", "Family", "family", "generate", "generate_family",
            "default_chunks"]
@@ -87,7 +88,10 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     families with a fixed pattern (``memory_controlled`` False in the registry) reject a
     limit below their peak, memory-controlled ones build within ``min(nominal, limit)``.
     Options: ``group_size`` for interleaved/offload; zb-auto forwards ``objective`` and
-    ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``. Turning a
+    ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``; every family but
+    the offloading one takes ``fill_gaps`` (candidate moves, 0: off): the family's schedule
+    is then passed through ``gaps.fill_gaps`` under ``costs``, within the family's memory
+    cap (a fixed pattern: its own peak, so the fill never adds memory). Turning a
     name into the schedule a program runs (lowered) is ``odc_pp.schedule.build.build``.
     """
     return generate_family(family(name), pp=pp, num_microbatches=num_microbatches,
@@ -102,6 +106,10 @@ def generate_family(fam: Family, *, pp: int, num_microbatches: int,
     name = fam.name
     num_chunks = fam.default_chunks if num_chunks is None else num_chunks
     _check_shape(fam, pp, num_microbatches, num_chunks)
+    fill = options.pop("fill_gaps", 0) or 0
+    if fill and fam.offloads:
+        raise ValueError(f"{name} does not take fill_gaps: its OFFLOAD/RELOAD timing is "
+                         "planned with the order it builds")
     _check_options(fam, options)
     costs = CostModel() if costs is None else costs
     if not isinstance(costs, CostModel):
@@ -120,4 +128,9 @@ def generate_family(fam: Family, *, pp: int, num_microbatches: int,
     schedule = fam.builder(pp, num_microbatches, num_chunks, costs, limit, options)
     if not fam.memory_controlled:
         _check_fixed_memory(schedule, costs, memory_limit)
+    if fill:
+        own_peak = max(peak_memory(schedule, costs))
+        cap = limit if fam.memory_controlled and limit is not None else own_peak
+        schedule = fill_gaps(schedule, costs, memory_limit=max(cap, own_peak),
+                             max_evaluations=fill)
     return schedule

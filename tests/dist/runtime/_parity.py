@@ -76,7 +76,16 @@ def build_schedule(name: str, pp: int, num_microbatches: int):
 
     base, _, option = name.partition("+")
     costs = CostModel(offload_bandwidth=1.0)
-    schedule = generate(base, pp=pp, num_microbatches=num_microbatches, costs=costs)
+    if option == "fill":  # gaps filled under unequal (CPU seq-2048-like) costs, one rank
+        # 5% slower (the first at pp=2, the last at pp=4: both leave gaps a W fills)
+        t_f = [1.05 if rank == (0 if pp == 2 else pp - 1) else 1.0 for rank in range(pp)]
+        costs = CostModel(t_f=t_f, t_b=[1.7 * t for t in t_f], t_w=0.27, mem_f=1.0,
+                          mem_b=-2 / 3, mem_w=-1 / 3)
+        schedule = generate(base, pp=pp, num_microbatches=num_microbatches, costs=costs,
+                            fill_gaps=2000)
+        assert schedule.meta["gap_fill"]["moves"] > 0, name
+    else:
+        schedule = generate(base, pp=pp, num_microbatches=num_microbatches, costs=costs)
     return lower(schedule, costs, post_validation=option == "pv")
 
 

@@ -3,7 +3,8 @@ single-process run (3 AdamW steps, microbatches of different sequence lengths).
 ``+pv``: post-validated AdamW with clipping vs synchronous clipping; ``+hdr``: shapes
 travel as headers instead of being derived from the microbatch; ``hand-*``: hand-written
 compute-only schedules lowered by ``lower_communication``;
-``+bf16``: bfloat16 parameters against a bfloat16 single-process run."""
+``+bf16``: bfloat16 parameters against a bfloat16 single-process run; ``+fill``: W's
+moved into the gaps unequal costs leave (``generators.gaps``)."""
 
 import json
 
@@ -30,9 +31,9 @@ def _check(report, names):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv", "zbv+hdr", "hand-v",
-                                           "zbv+bf16"]),
+                                           "zbv+bf16", "interleaved+fill", "zbv+fill"]),
                                       (4, ["1f1b+pv", "interleaved+hdr", "dualpipev+hdr",
-                                           "hand-zb", "zb-h2+bf16"])])
+                                           "hand-zb", "zb-h2+bf16", "1f1b+fill"])])
 def test_schedules_match_single_process(tmp_path, pp, extra):
     names = SCHEDULES + extra
     out = tmp_path / "parity.json"

@@ -49,6 +49,25 @@ def test_deferred_wgrad_runs_at_flush_and_matches_autograd():
     assert len(queue) == 0
 
 
+def test_a_queue_claims_back_chunks_a_later_runtime_bound():
+    """Two runtimes on the same chunks (a benchmark comparing schedules): the one that
+    runs must defer into its own queue, or its B runs W at once and its W finds nothing."""
+    from odc_pp.megatron.layers import _DeferrableLinearFunction
+
+    module = torch.nn.Module()
+    module.layer = torch.nn.Module()
+    module.layer.wgrad_queue, module.layer.native_autograd = None, False
+    first, second = WeightGradQueue(), WeightGradQueue()
+    assert first.attach(0, module) == 1 and second.attach(0, module) == 1
+    first.claim()
+    x, weight, bias, upstream = _linear_problem()
+    out = _DeferrableLinearFunction.apply(x, weight, bias, module.layer, None)
+    with first.deferring(chunk=0, microbatch=0):
+        out.backward(upstream)
+    assert weight.grad is None and first.pending_keys() == [(0, 0)]
+    assert first.flush(0, 0) == 1 and weight.grad is not None
+
+
 def test_held_bytes_count_distinct_fake_tensors_of_one_shape():
     """The memory dry run's fake tensors all have storage address 0: two equal-shape
     tensors held by one deferred W are still two (and a view of one is not a third)."""
