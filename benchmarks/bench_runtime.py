@@ -266,38 +266,29 @@ def measured_memory_costs(schedule, warm_costs, cache, microbatches):
 
 
 def bench_filled(name, cache, microbatches, args):
-    """The Runner of ``name`` = ``base+fill``: ``base`` re-planned as training would after
-    profiling. The uniform-cost plan runs the warm-up; from its measured per-stage times
-    and memory deltas (``measured_memory_costs``) ``base`` is planned again, and both
-    plans get their gaps filled (``generators.gaps``; the re-plan within the family's
-    memory cap, the uniform plan within its own peak under the measured costs); the one
-    with the shorter simulated step runs. Every rank
-    gets the same gathered costs, so the same plan. The row records the costs and the
-    simulated steps."""
+    """The Runner of ``name`` = ``base+fill``: ``base`` re-planned as training does after
+    profiling with ``--fill-pipeline-gaps``. The uniform-cost plan runs the warm-up; from
+    its measured per-stage times and memory deltas (``measured_memory_costs``) ``base`` is
+    generated again with its gaps filled (``generate(..., fill_gaps=)``: within the
+    family's memory cap, a fixed pattern's own peak). Every rank gets the same gathered
+    costs, so the same plan. The row records the costs and the simulated steps."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.generators.gaps import fill_gaps
     from odc_pp.schedule.lowering import lower
     from odc_pp.schedule.simulator import simulate
-    from odc_pp.schedule.validate import peak_memory
 
     base = name.partition("+")[0]
     unit = CostModel(offload_bandwidth=1.0)
-    uniform = generate(base, pp=args.pp, num_microbatches=args.microbatches, costs=unit)
-    warm_costs = bench_ours(base, lower(uniform, unit), cache, microbatches, args)[1]
-    costs = measured_memory_costs(lower(uniform, unit), warm_costs, cache, microbatches)
-    plans = [lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
-                            costs=costs, fill_gaps=FILL_EVALUATIONS), costs),
-             lower(fill_gaps(uniform, costs, memory_limit=max(peak_memory(uniform, costs)),
-                             max_evaluations=FILL_EVALUATIONS), costs)]
-    steps = [simulate(plan, costs).makespan for plan in plans]
-    schedule = plans[steps.index(min(steps))]
+    uniform = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
+                             costs=unit), unit)
+    warm_costs = bench_ours(base, uniform, cache, microbatches, args)[1]
+    costs = measured_memory_costs(uniform, warm_costs, cache, microbatches)
+    schedule = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
+                              costs=costs, fill_gaps=FILL_EVALUATIONS), costs)
     runner = bench_ours(name, schedule, cache, microbatches, args)[0]
-    runner.row.update(plan_costs=costs.to_dict(), gap_fill=schedule.meta.get("gap_fill"),
-                      simulated_s={"uniform_plan": simulate(lower(uniform, costs),
-                                                            costs).makespan,
-                                   "replanned_filled": steps[0],
-                                   "uniform_plan_filled": steps[1]})
+    runner.row.update(plan_costs=costs.to_dict(), gap_fill=schedule.meta["gap_fill"],
+                      simulated_s={"uniform_plan": simulate(uniform, costs).makespan,
+                                   "filled_plan": simulate(schedule, costs).makespan})
     return runner
 
 

@@ -9,6 +9,8 @@ so 1F1B's peak of ``pp`` microbatches equals ``2 pp`` V-chunk units.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..costs import CostModel
 from ..ir import Schedule
 from ..placement import Placement
@@ -91,7 +93,8 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``; every family but
     the offloading one takes ``fill_gaps`` (candidate moves, 0: off): the family's schedule
     is then passed through ``gaps.fill_gaps`` under ``costs``, within the family's memory
-    cap (a fixed pattern: its own peak, so the fill never adds memory). Turning a
+    cap (a fixed pattern: its own peak, so the fill never adds memory; see ``_filled``).
+    Turning a
     name into the schedule a program runs (lowered) is ``odc_pp.schedule.build.build``.
     """
     return generate_family(family(name), pp=pp, num_microbatches=num_microbatches,
@@ -129,8 +132,28 @@ def generate_family(fam: Family, *, pp: int, num_microbatches: int,
     if not fam.memory_controlled:
         _check_fixed_memory(schedule, costs, memory_limit)
     if fill:
-        own_peak = max(peak_memory(schedule, costs))
-        cap = limit if fam.memory_controlled and limit is not None else own_peak
-        schedule = fill_gaps(schedule, costs, memory_limit=max(cap, own_peak),
-                             max_evaluations=fill)
+        schedule = _filled(fam, schedule, (pp, num_microbatches, num_chunks), costs, limit,
+                           options, fill)
     return schedule
+
+
+def _filled(fam: Family, schedule: Schedule, shape: tuple, costs: CostModel,
+            limit: float | None, options: dict, budget: int) -> Schedule:
+    """``schedule`` with its gaps filled under ``costs`` (``gaps.fill_gaps``), or, when
+    that is shorter, the family's plan for uniform times (same memory deltas) filled: a
+    cost-aware generator serves its own objective (the V families: the worst bubble),
+    which need not be the step time. A searched family (zb-auto) keeps its own plan. Each
+    is filled within the family's cap, a fixed pattern within its own peak."""
+    candidates = [schedule]
+    if not fam.searched:
+        uniform = dataclasses.replace(costs, t_f=1.0, t_b=1.0, t_w=1.0)
+        other = fam.builder(*shape, uniform, limit, options)
+        if other.ranks != schedule.ranks:
+            candidates.append(other)
+    filled = []
+    for candidate in candidates:
+        own_peak = max(peak_memory(candidate, costs))
+        cap = limit if fam.memory_controlled and limit is not None else own_peak
+        filled.append(fill_gaps(candidate, costs, memory_limit=max(cap, own_peak),
+                                max_evaluations=budget))
+    return min(filled, key=lambda s: s.meta["gap_fill"]["makespan"])

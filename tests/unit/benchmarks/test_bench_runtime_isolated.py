@@ -34,8 +34,5 @@ def test_the_replanned_interleaved_with_filled_gaps_computes_the_same_gradients(
     ours = result["rows"][0]
     assert ours["schedule"] == "interleaved+fill"
     assert ours["plan_costs"]["mem_b"] < 0  # W's share measured, not assumed
-    assert ours["gap_fill"]["evaluations"] >= 0
-    assert min(ours["simulated_s"]["replanned_filled"],
-               ours["simulated_s"]["uniform_plan_filled"]) <= \
-        ours["simulated_s"]["uniform_plan"] + 1e-9
+    assert ours["simulated_s"]["filled_plan"] <= ours["simulated_s"]["uniform_plan"] + 1e-9
     assert result["grad_sum_max_rel_diff"] <= 1e-6
