@@ -239,10 +239,6 @@ def bench_ours(name, schedule, cache, microbatches, args):
     return runner, warmup.cost_model()
 
 
-FILL_EVALUATIONS = 3000
-"""Candidate moves of the gap-filling pass for the ``+fill`` rows."""
-
-
 def measured_memory_costs(schedule, warm_costs, cache, microbatches):
     """``warm_costs`` with the memory deltas measured on one minibatch of ``schedule`` with
     activation tracking (the share of a microbatch's activations its W holds); the times
@@ -274,6 +270,7 @@ def bench_filled(name, cache, microbatches, args):
     costs, so the same plan. The row records the costs and the simulated steps."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
+    from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS
     from odc_pp.schedule.lowering import lower
     from odc_pp.schedule.simulator import simulate
 
@@ -284,7 +281,7 @@ def bench_filled(name, cache, microbatches, args):
     warm_costs = bench_ours(base, uniform, cache, microbatches, args)[1]
     costs = measured_memory_costs(uniform, warm_costs, cache, microbatches)
     schedule = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
-                              costs=costs, fill_gaps=FILL_EVALUATIONS), costs)
+                              costs=costs, fill_gaps=DEFAULT_FILL_EVALUATIONS), costs)
     runner = bench_ours(name, schedule, cache, microbatches, args)[0]
     runner.row.update(plan_costs=costs.to_dict(), gap_fill=schedule.meta["gap_fill"],
                       simulated_s={"uniform_plan": simulate(uniform, costs).makespan,

@@ -223,8 +223,13 @@ class ScheduleArgs:
     cost_model: str | None = None
     """JSON file of a CostModel for schedule generation (default: measured/uniform)."""
     profile_iters: int = 2
-    """zb-auto: iterations profiled (the first one as warm-up when > 1) before re-planning
-    the schedule from the measured per-stage costs; 0 keeps the initial plan."""
+    """zb-auto and --fill-pipeline-gaps: iterations profiled (the first one as warm-up when
+    > 1) before re-planning the schedule from the measured per-stage costs; 0 keeps the
+    initial plan."""
+    fill_pipeline_gaps: bool = False
+    """Move weight-gradient work (W) into the schedule's idle gaps, within its memory cap
+    (a fixed pattern: its own peak), and re-plan so from the costs measured over
+    --profile-iters (any schedule but offload; the losses stay the same)."""
 
 
 @dataclass(kw_only=True)

@@ -195,6 +195,9 @@ def _validate_run(args) -> list[str]:
         problems.append("--pack-sequences and --no-pack-sequences contradict each other")
     if args.schedule.profile_iters < 0:
         problems.append("--profile-iters must be >= 0")
+    if args.schedule.fill_pipeline_gaps and args.schedule.pipeline_schedule == "offload":
+        problems.append("--fill-pipeline-gaps does not apply to --pipeline-schedule offload "
+                        "(its OFFLOAD/RELOAD timing is planned with the order it builds)")
     if not (math.isfinite(args.optimizer.lr) and args.optimizer.lr >= 0):
         problems.append(f"--lr {args.optimizer.lr} must be finite and >= 0")
     elif not (math.isfinite(args.optimizer.min_lr) and 0 <= args.optimizer.min_lr <= args.optimizer.lr):

@@ -1,11 +1,12 @@
-"""ZB-auto re-planning from measured costs (``--pipeline-schedule zb-auto``).
+"""Re-planning from measured costs (``--pipeline-schedule zb-auto``, or any schedule with
+``--fill-pipeline-gaps``).
 
-The first ``--profile-iters`` iterations run the ZB-auto plan made for the initial cost
+The first ``--profile-iters`` iterations run the plan made for the initial cost
 model (``--cost-model`` or uniform costs) while a :class:`~odc_pp.runtime.Profiler`
 records every action's busy time (the first iteration is a warm-up when there are
 several) and the neighbour transfer time. Then every rank all-gathers every rank's
 per-stage means (all pp x dp ranks: the replicas of a stage are averaged), so all ranks
-hold the same :class:`~odc_pp.schedule.costs.CostModel` and plan ZB-auto from it
+hold the same :class:`~odc_pp.schedule.costs.CostModel` and plan from it
 deterministically (the search is bounded by evaluations, never by time) -- the same
 schedule on every data-parallel replica, which collective data parallelism needs (the
 ranks check this with ``check_same_schedule``: an all-gather of ``Schedule.digest``).
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from odc_pp.dtypes import float_dtype
 from odc_pp.runtime.profiler import Profiler, ProfilerConfig, merge_measurements
 
-__all__ = ["ZbAutoReplanner", "check_same_schedule", "check_same_digest"]
+__all__ = ["Replanner", "check_same_schedule", "check_same_digest"]
 
 
 def check_same_schedule(schedule, group=None, *, what: str = "schedule") -> str:
@@ -51,14 +52,16 @@ def check_same_digest(digest: str, group=None, *, what: str, hint: str) -> str:
     return digest
 
 
-class ZbAutoReplanner:
-    """Profiles the first iterations, then swaps in the re-planned ZB-auto schedule."""
+class Replanner:
+    """Profiles the first iterations, then swaps in the schedule re-planned from them."""
 
     def __init__(self, args, topo) -> None:
         self.args = args
         self.topo = topo
         self.profiler: Profiler | None = None
-        self.done = args.schedule.pipeline_schedule != "zb-auto" or args.schedule.profile_iters == 0
+        replans = (args.schedule.pipeline_schedule == "zb-auto"
+                   or args.schedule.fill_pipeline_gaps)
+        self.done = not replans or args.schedule.profile_iters == 0
         self.recorded = 0
 
     def observe(self, parts, result, *, max_microbatches: int, out=None) -> bool:
@@ -93,14 +96,17 @@ class ZbAutoReplanner:
         measured = merge_measurements(gathered, num_stages)
         old = parts.schedules.plan(num_microbatches)
         new = parts.schedules.plan(num_microbatches, measured)
-        check_same_schedule(new, what="re-planned zb-auto schedule")
+        name = args.schedule.pipeline_schedule
+        check_same_schedule(new, what=f"re-planned {name} schedule")
         parts.schedules.replan(measured)  # every schedule rebuilt lazily from these costs
         if topo.rank == 0 and out is not None:
             before = simulate(old, measured).makespan
             after = simulate(new, measured).makespan
             stages = ", ".join(f"{f * 1e3:.2f}/{b * 1e3:.2f}/{w * 1e3:.2f}" for f, b, w in
                                zip(measured.t_f, measured.t_b, measured.t_w))
-            print(f"zb-auto re-planned from measured costs (T_F/T_B/T_W ms per stage: "
+            filled = new.meta.get("gap_fill")
+            moves = f"; {filled['moves']} W's moved into gaps" if filled else ""
+            print(f"{name} re-planned from measured costs (T_F/T_B/T_W ms per stage: "
                   f"{stages}; T_comm {measured.t_comm * 1e3:.2f} ms): predicted step time "
                   f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms at {num_microbatches} "
-                  f"microbatches", file=out, flush=True)
+                  f"microbatches{moves}", file=out, flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.costs import CostModel
+from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS
 from odc_pp.schedule.ir import Schedule
 
 from .arguments import ScheduleArgs
@@ -19,13 +20,16 @@ def training_request(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
                      post_validation: bool = False) -> ScheduleRequest:
     """The request ``pretrain_gpt.py`` runs for these flags: compute (with any
     OFFLOAD/RELOAD of --offload-chunks), explicit communication and, with
-    ``post_validation``, each rank's POST_VALIDATION point."""
+    ``post_validation``, each rank's POST_VALIDATION point; with --fill-pipeline-gaps, W's
+    moved into its gaps."""
     return ScheduleRequest.of(schedule.pipeline_schedule, pp=pp,
                               num_microbatches=num_microbatches,
                               num_chunks=schedule.num_model_chunks,
                               memory_limit=schedule.memory_limit,
                               offload_chunks=schedule.offload_chunks,
-                              post_validation=post_validation)
+                              post_validation=post_validation,
+                              fill_gaps=DEFAULT_FILL_EVALUATIONS
+                              if schedule.fill_pipeline_gaps else 0)
 
 
 class Schedules:
@@ -67,8 +71,8 @@ class Schedules:
         return self._get(num_microbatches, forward_only=True)
 
     def replan(self, costs: CostModel) -> None:
-        """Switch to ``costs`` (ZB-auto's measured costs): every schedule is rebuilt
-        lazily from them."""
+        """Switch to ``costs`` (the measured costs ZB-auto and --fill-pipeline-gaps re-plan
+        from): every schedule is rebuilt lazily from them."""
         self.costs = costs
         self._cache.clear()
 

@@ -47,7 +47,7 @@ from .plan_memory import param_residency
 from .hooks import TrainingHooks
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
-from .replanning import ZbAutoReplanner, check_same_digest
+from .replanning import Replanner, check_same_digest
 from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
                          peak_memory_mb)
@@ -219,7 +219,7 @@ class Trainer:
         self.skipped_since_log = 0
         """Skipped steps since the last log record (Megatron's "number of skipped
         iterations")."""
-        self.replanner = ZbAutoReplanner(args, topo)
+        self.replanner = Replanner(args, topo)
         self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
         self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
         self.pending: StepStats | None = None
@@ -333,7 +333,7 @@ class Trainer:
     # ----- around the step ------------------------------------------------------------
 
     def _observe(self, stats: StepStats) -> None:
-        """After every step: the schedule picture, ZB-auto re-planning, progress and the
+        """After every step: the schedule picture, re-planning, progress and the
         throughput window."""
         if self.render_pending:  # the schedule rank 0's pipeline just ran
             self._render_schedule()

@@ -153,6 +153,18 @@ def test_zb_auto_replans_and_post_validation_skips_and_clips(clip_inject_referen
     assert sum(clipped) >= 3, "the clip did not bind: the test would not exercise the redo"
 
 
+def test_fill_pipeline_gaps_replans_and_keeps_the_losses(reference, tmp_path):
+    """pp=2 interleaved with --fill-pipeline-gaps: re-planned once from the costs measured
+    in iterations 1-2 (W's moved into the gaps), the same losses as the single process."""
+    run = launch(TINY_MODEL + PP2 + ["--pipeline-schedule", "interleaved",
+                                     "--fill-pipeline-gaps", "--profile-iters", "2"],
+                 nproc=2, tmp_path=tmp_path, name="fill_gaps")
+    assert run.returncode == 0, run.describe()
+    assert run.stdout.count("interleaved re-planned from measured costs") == 1, run.describe()
+    assert "W's moved into gaps" in run.stdout, run.describe()
+    _assert_same_losses(run.losses(), reference, "interleaved/fill-pipeline-gaps")
+
+
 def test_resume_reproduces_uninterrupted_losses(zbv_odc, tmp_path):
     uninterrupted, _ = zbv_odc
     assert uninterrupted.returncode == 0, uninterrupted.describe()

@@ -52,6 +52,8 @@ def test_defaults_fill_in():
     (["--cpu-offload"], ["--cpu-offload", "--pipeline-schedule"]),
     (["--min-lr", "1"], ["--min-lr"]),
     (["--profile-iters", "-1"], ["--profile-iters"]),
+    (["--pipeline-schedule", "offload", "--cpu-offload", "--fill-pipeline-gaps"],
+     ["--fill-pipeline-gaps", "--pipeline-schedule offload"]),
     (["--save-interval", "3"], ["--save-interval", "--save"]),
     (["--pipeline-schedule", "1f1b", "--num-model-chunks", "2"], ["--num-model-chunks"]),
 ])
