@@ -263,23 +263,26 @@ def measured_memory_costs(schedule, warm_costs, cache, microbatches):
 
 def bench_filled(name, cache, microbatches, args):
     """The Runner of ``name`` = ``base+fill``: ``base`` re-planned as training does after
-    profiling with ``--fill-pipeline-gaps``. The uniform-cost plan runs the warm-up; from
-    its measured per-stage times and memory deltas (``measured_memory_costs``) ``base`` is
-    generated again with its gaps filled (``generate(..., fill_gaps=)``: within the
-    family's memory cap, a fixed pattern's own peak). Every rank gets the same gathered
+    profiling with ``--fill-pipeline-gaps``. The uniform-cost plan (BW split) runs the
+    warm-up; from its measured per-stage times and memory deltas (``measured_memory_costs``)
+    ``base`` is generated again with its gaps filled (``generate(..., fill_gaps=)``: within
+    the family's memory cap, a fixed pattern's own peak). Every rank gets the same gathered
     costs, so the same plan. The row records the costs and the simulated steps."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS
+    from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS, split_fused
     from odc_pp.schedule.lowering import lower
     from odc_pp.schedule.simulator import simulate
 
     base = name.partition("+")[0]
     unit = CostModel(offload_bandwidth=1.0)
-    uniform = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
-                             costs=unit), unit)
-    warm_costs = bench_ours(base, uniform, cache, microbatches, args)[1]
-    costs = measured_memory_costs(uniform, warm_costs, cache, microbatches)
+    plan = generate(base, pp=args.pp, num_microbatches=args.microbatches, costs=unit)
+    uniform = lower(plan, unit)
+    # profiled with every BW as B then W (the same arithmetic), so that B and W are
+    # measured apart rather than each taken as half of BW
+    split = lower(plan.copy(ranks=split_fused(plan)), unit)
+    warm_costs = bench_ours(base, split, cache, microbatches, args)[1]
+    costs = measured_memory_costs(split, warm_costs, cache, microbatches)
     schedule = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
                               costs=costs, fill_gaps=DEFAULT_FILL_EVALUATIONS), costs)
     runner = bench_ours(name, schedule, cache, microbatches, args)[0]

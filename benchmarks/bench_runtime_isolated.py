@@ -95,8 +95,11 @@ def worker(rank, world_size, args):
     groups = [dist.new_group(ranks) for ranks in pipelines]
     channels = create_pipeline_channels(pipelines)  # every rank, both pipelines
     pair = rank // pp
-    runner = _build(args, pair, groups[pair], channels)
-    runner.run_once()  # one more untimed step of each pair
+    for turn in (0, 1):  # one pair builds (and profiles its warm-up) while the other waits
+        if turn == pair:
+            runner = _build(args, pair, groups[pair], channels)
+            runner.run_once()  # one more untimed step of each pair
+        dist.barrier()
     cpu_start = resource.getrusage(resource.RUSAGE_SELF)
     loads = []
     for round_index in range(args.repeats):
