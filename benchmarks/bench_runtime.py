@@ -267,7 +267,9 @@ def bench_filled(name, cache, microbatches, args):
     warm-up; from its measured per-stage times and memory deltas (``measured_memory_costs``)
     ``base`` is generated again with its gaps filled (``generate(..., fill_gaps=)``: within
     the family's memory cap, a fixed pattern's own peak). Every rank gets the same gathered
-    costs, so the same plan. The row records the costs and the simulated steps."""
+    costs, so the same plan. ``args.memory_limit`` (if any) is the re-plan's
+    ``--memory-limit`` (microbatch-chunk units under the measured deltas). The row records
+    the costs, the limit, the simulated steps and activation peaks."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS, split_fused
@@ -283,10 +285,14 @@ def bench_filled(name, cache, microbatches, args):
     split = lower(plan.copy(ranks=split_fused(plan)), unit)
     warm_costs = bench_ours(base, split, cache, microbatches, args)[1]
     costs = measured_memory_costs(split, warm_costs, cache, microbatches)
+    limit = getattr(args, "memory_limit", None)
     schedule = lower(generate(base, pp=args.pp, num_microbatches=args.microbatches,
-                              costs=costs, fill_gaps=DEFAULT_FILL_EVALUATIONS), costs)
+                              costs=costs, memory_limit=limit,
+                              fill_gaps=DEFAULT_FILL_EVALUATIONS), costs)
     runner = bench_ours(name, schedule, cache, microbatches, args)[0]
     runner.row.update(plan_costs=costs.to_dict(), gap_fill=schedule.meta["gap_fill"],
+                      memory_limit=schedule.meta.get("memory_limit"),
+                      peak_activation_units=simulate(schedule, costs).peak_activation,
                       simulated_s={"uniform_plan": simulate(uniform, costs).makespan,
                                    "filled_plan": simulate(schedule, costs).makespan})
     return runner

@@ -46,6 +46,10 @@ def parse_args(argv=None):
                         help="run ours re-planned from measured costs with its gaps filled "
                              "(bench_runtime.bench_filled: what training runs after "
                              "profiling) instead of the uniform-cost plan")
+    parser.add_argument("--memory-limit", type=float, default=None,
+                        help="with --fill: the re-plan's --memory-limit, in microbatch-chunk "
+                             "activations under the measured memory deltas (default: the "
+                             "family's cap, ZB-V 2 pp)")
     add_shape_arguments(parser, repeats=7)
     parser.add_argument("--out", default=os.path.join(
         ROOT, "benchmarks", "results", "runtime_cpu_isolated.json"))
@@ -53,6 +57,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.repeats < 3:
         parser.error("--repeats: at least 3 rounds")
+    if args.memory_limit is not None and not args.fill:
+        parser.error("--memory-limit: only with --fill (the uniform plan is PyTorch's order)")
     return args
 
 
@@ -117,9 +123,13 @@ def worker(rank, world_size, args):
     dist.all_gather_object(gathered, {"times": runner.times, "cpu": runner.cpu_seconds,
                                       "faults": runner.page_faults, "loads": loads,
                                       "idle_cpu_s": process_cpu - own,
+                                      # the process's peak resident memory, warm-up and
+                                      # (ours with --fill) the profiling steps included
+                                      "max_rss_mib": end.ru_maxrss / 1024,
                                       "plan": {k: v for k, v in runner.row.items()
                                                if k in ("plan_costs", "gap_fill",
-                                                        "simulated_s")},
+                                                        "simulated_s", "memory_limit",
+                                                        "peak_activation_units")},
                                       "grad_sums": sums.tolist()})
     return gathered if rank == 0 else None
 
@@ -134,7 +144,9 @@ def _summary(args, gathered) -> dict:
                       "step_times_s": first["times"], "cpu_s": spread(first["cpu"]),
                       "page_faults_rounds": first["faults"],
                       "idle_cpu_s_per_rank": [round(g["idle_cpu_s"], 3)
-                                              for g in gathered[pair * pp:(pair + 1) * pp]]}
+                                              for g in gathered[pair * pp:(pair + 1) * pp]],
+                      "max_rss_mib_per_rank": [round(g["max_rss_mib"])
+                                               for g in gathered[pair * pp:(pair + 1) * pp]]}
     ours, theirs = rows[mine], rows[THEIRS[args.schedule]]
     worst, nonzero = 0.0, 0
     for rank in range(pp):
@@ -168,7 +180,8 @@ def main(argv=None):
         for row in result["rows"]:
             print(f"{row['schedule']:28s} measured {row['measured_s']:.3f}s  "
                   f"cpu {row['cpu_s']['median']:.2f}s  faults {row['page_faults_rounds']}  "
-                  f"idle cpu/rank {row['idle_cpu_s_per_rank']}")
+                  f"idle cpu/rank {row['idle_cpu_s_per_rank']}  "
+                  f"max RSS MiB/rank {row['max_rss_mib_per_rank']}")
         print(f"{result['rows'][0]['schedule']} vs {THEIRS[args.schedule]}: "
               f"{s['speedup']:.2f}x, paired "
               f"median {s['paired']['median']:.2f}x ({s['paired']['min']:.2f}-"
