@@ -196,12 +196,10 @@ def _runtime_vs_torch(d: dict) -> str:
                                       ("zbv+fill", "torch-ZBVZeroBubble"),
                                       ("interleaved", "torch-InterleavedZeroBubble"),
                                       ("interleaved+fill", "torch-InterleavedZeroBubble"))}
-        cells.append(f"seq {seq[3:]} ZB-V {ratio['zbv']:.2f}x -> {ratio['zbv+fill']:.2f}x, "
-                     f"interleaved {ratio['interleaved']:.2f}x -> "
-                     f"{ratio['interleaved+fill']:.2f}x")
-    return ("ours / PyTorch's zero-bubble runtime, same chunks, each in its own processes, "
-            "paired round medians, as planned -> re-planned with gaps filled "
-            "(`--fill-pipeline-gaps`): " + "; ".join(cells))
+        cells.append(f"seq {seq[3:]} ZB-V {ratio['zbv']:.2f}->{ratio['zbv+fill']:.2f}x, "
+                     f"interleaved {ratio['interleaved']:.2f}->{ratio['interleaved+fill']:.2f}x")
+    return ("ours / PyTorch's, same chunks, own processes, paired medians, their order -> "
+            "`--fill-pipeline-gaps`: " + "; ".join(cells))
 
 
 def _odc(d: dict) -> str:

@@ -42,6 +42,7 @@ from ..ir import Action, ActionKind, Placement, Schedule
 from ..simulator import OBJECTIVES, score, simulate
 from ._engine import EngineConfig, EngineStalled, run_engine
 from .classic import one_f_one_b, zb_h1, zb_h2
+from .gaps import split_fused
 
 __all__ = ["zb_auto", "makespan_lower_bound", "stage_span_lower_bound",
            "bubble_lower_bound", "default_memory_limit", "default_max_evaluations"]
@@ -211,24 +212,9 @@ def _bound(pp, num_microbatches, costs, memory_limit, objective) -> float:
 
 
 # ----- candidates -------------------------------------------------------------------
-def _split_fused(schedule: Schedule) -> list[list[Action]]:
-    """Each BW as B then W (never slower: W may then fill a gap)."""
-    out = []
-    for actions in schedule.ranks:
-        rank = []
-        for a in actions:
-            if a.kind is ActionKind.BW:
-                rank.append(Action(rank=a.rank, kind=ActionKind.B, microbatch=a.microbatch))
-                rank.append(Action(rank=a.rank, kind=ActionKind.W, microbatch=a.microbatch))
-            else:
-                rank.append(a)
-        out.append(rank)
-    return out
-
-
 def _hand_built(pp: int, m: int, costs: CostModel, limit: float) -> list[tuple[str, list]]:
     inflight = max(1, min(2 * pp - 1, int(limit / costs.mem_f + _TOL)))
-    return [("1f1b", _split_fused(one_f_one_b(pp, m))), ("zb-h1", zb_h1(pp, m).ranks),
+    return [("1f1b", split_fused(one_f_one_b(pp, m))), ("zb-h1", zb_h1(pp, m).ranks),
             ("zb-h2", zb_h2(pp, m, inflight=inflight).ranks)]
 
 
