@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-evaluations", type=bounded_int(1, 10 ** 6), default=None,
                         help="candidates zb-auto scores (default: scaled to pp x "
                              "microbatches); the result depends only on the inputs")
+    parser.add_argument("--fill-gaps", type=bounded_int(0, 10 ** 6), default=0,
+                        help="move W's into the schedule's idle gaps under these costs, "
+                             "scoring at most this many candidate moves (0: off; training's "
+                             "--fill-pipeline-gaps uses 3000; not with offload)")
     parser.add_argument("--lower", action="store_true",
                         help="insert explicit SEND/RECV (and offload) before simulating")
     parser.add_argument("--compare", action="store_true",
@@ -141,6 +145,7 @@ def _report(args, schedule, sim) -> dict:
         "objective": schedule.meta.get("objective"),
         "evaluations": schedule.meta.get("evaluations"),
         "lower_bound": schedule.meta.get("lower_bound"), "lowered": bool(args.lower),
+        "gap_fill": schedule.meta.get("gap_fill"),
         "memory_deltas": {"F": args.mem_f, "B": args.mem_b, "W": args.mem_w},
         "digest": schedule.digest(),
         "actions": [a.to_dict() for a in schedule.actions()],
@@ -152,6 +157,7 @@ def _run_one(args, costs: CostModel) -> int:
         args.schedule, pp=args.pp, num_microbatches=args.microbatches, num_chunks=args.chunks,
         memory_limit=args.memory_limit,
         search={"objective": args.objective, "max_evaluations": args.max_evaluations},
+        fill_gaps=args.fill_gaps,
         offload=PLANNED_CHUNKS if args.lower else (), assumed_offload_bandwidth=None,
         communication=bool(args.lower))
     schedule = build(request, costs)

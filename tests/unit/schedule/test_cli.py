@@ -57,6 +57,7 @@ def test_compare_lists_every_family(capsys):
     ["--pp", "4", "--microbatches", "4", "--memory-limit", "0.5"],
     ["--pp", "4", "--microbatches", "4", "--render", "png"],
     ["--pp", "4", "--microbatches", "4", "--cost-comm", "-1"],
+    ["--pp", "2", "--microbatches", "4", "--schedule", "offload", "--fill-gaps", "10"],
 ])
 def test_bad_input_exits_2_without_traceback(argv, capsys):
     assert main(argv) == 2
@@ -178,3 +179,16 @@ def test_v_schedule_takes_any_memory_limit_and_rejects_one_below_the_minimum(cap
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("error:") == 1
     assert "--memory-limit" in captured.err and "at least 2" in captured.err
+
+
+def test_fill_gaps_shortens_1f1b_under_unequal_costs(capsys):
+    argv = ["--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--cost-f",
+            "1,1,1,1.05", "--cost-b", "1.7,1.7,1.7,1.79", "--cost-w", "0.27",
+            "--mem-b", "-0.667", "--mem-w", "-0.333", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--fill-gaps", "500"]) == 0
+    filled = json.loads(capsys.readouterr().out)
+    assert plain["gap_fill"] is None and filled["gap_fill"]["moves"] > 0
+    assert filled["makespan"] < plain["makespan"] * 0.99
+    assert max(filled["peak_activation"]) <= max(plain["peak_activation"]) + 1e-9
