@@ -455,15 +455,14 @@ def worker(rank, world_size, args):
     return rows if rank == 0 else None
 
 
-def run_benchmark(args):
-    from odc_pp.megatron.compat import singleton_process_groups
+def build_runners(args, cache, microbatches) -> list:
+    """Every requested configuration's Runner: ours (``NAME+fill`` re-planned, ``NAME`` at
+    uniform costs, with ``--native-linears`` twins), ZB-auto re-planned from ZB-H1's
+    profile, and PyTorch's rows that a summary compares."""
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower
 
-    groups = singleton_process_groups()
-    cache = LayoutCache(args, groups)
-    microbatches = make_data(args)
     runners, zb_h1_costs = [], None
     for name in args.schedules.split(","):
         if name.endswith("+fill"):
@@ -492,6 +491,15 @@ def run_benchmark(args):
                                 {"interleaved", "zb-h1", "interleaved+fill"})):
         if requested & counterparts:  # only the rows a summary compares
             runners.append(bench_torch(name, cache, microbatches, args))
+    return runners
+
+
+def run_benchmark(args):
+    from odc_pp.megatron.compat import singleton_process_groups
+
+    cache = LayoutCache(args, singleton_process_groups())
+    microbatches = make_data(args)
+    runners = build_runners(args, cache, microbatches)
     # one untimed round of every configuration after all were built: the heap grows to
     # what the largest needs and the warm-ups' order leaves no configuration first alone
     for runner in runners:

@@ -140,7 +140,8 @@ def _summary(args, gathered) -> dict:
     mine = args.schedule + ("+fill" if args.fill else "")
     for pair, name in enumerate((mine, THEIRS[args.schedule])):
         first = gathered[pair * pp]
-        rows[name] = {"schedule": name, **first["plan"], "measured_s": statistics.median(first["times"]),
+        rows[name] = {"schedule": name, **first["plan"],
+                      "measured_s": statistics.median(first["times"]),
                       "step_times_s": first["times"], "cpu_s": spread(first["cpu"]),
                       "page_faults_rounds": first["faults"],
                       "idle_cpu_s_per_rank": [round(g["idle_cpu_s"], 3)
