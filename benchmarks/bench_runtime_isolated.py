@@ -44,7 +44,8 @@ def parse_args(argv=None):
     parser.add_argument("--schedule", choices=sorted(THEIRS), default="zbv")
     parser.add_argument("--fill", action="store_true",
                         help="run ours re-planned from measured costs with its gaps filled "
-                             "(bench_runtime.bench_filled: what training runs after "
+                             "(bench_runtime.bench_filled: as training's "
+                             "--fill-pipeline-gaps, with measured memory deltas, after "
                              "profiling) instead of the uniform-cost plan")
     parser.add_argument("--memory-limit", type=float, default=None,
                         help="with --fill: the re-plan's --memory-limit, in microbatch-chunk "

@@ -101,8 +101,11 @@ class ScheduleRequest:
         return dataclasses.replace(self, num_microbatches=num_microbatches)
 
     def evaluation(self) -> ScheduleRequest:
-        """The forward-only variant (evaluation)."""
-        return dataclasses.replace(self, forward_only=True, post_validation=False)
+        """The forward-only variant (evaluation): no gap filling either (it only moves
+        W's, which a forward-only schedule drops)."""
+        options = tuple((k, v) for k, v in self.options if k != "fill_gaps")
+        return dataclasses.replace(self, forward_only=True, post_validation=False,
+                                   options=options)
 
 
 def _offload_chunks(request: ScheduleRequest, schedule: Schedule) -> list[int] | bool | None:
