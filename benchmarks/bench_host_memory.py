@@ -52,7 +52,7 @@ def _measure(args) -> dict:
     import torch.distributed as dist
 
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime.host_memory import keep_freed_host_memory
     from odc_pp.runtime.wgrad import WeightGradQueue
@@ -67,7 +67,7 @@ def _measure(args) -> dict:
                          max_sequence_length=args.seq)
     chunk = build_chunks(config, pp_rank=0, pp_size=1, num_chunks=1,
                          placement=list(Placement)[0],
-                         process_groups=singleton_process_groups())[0]
+                         process_groups=standalone_process_groups())[0]
     queue = WeightGradQueue()
     queue.attach(0, chunk)
     generator = torch.Generator().manual_seed(0)

@@ -101,7 +101,7 @@ def _layer_bytes(hidden: int, heads: int, seq: int, layers: int) -> tuple[int, i
     import torch.distributed as dist
 
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
 
@@ -111,7 +111,7 @@ def _layer_bytes(hidden: int, heads: int, seq: int, layers: int) -> tuple[int, i
                          params_dtype=MEASURE_DTYPE, hidden_dropout=MEASURE_DROPOUT,
                          attention_dropout=MEASURE_DROPOUT)
     chunks = build_chunks(config, pp_rank=0, pp_size=1,
-                          process_groups=singleton_process_groups())
+                          process_groups=standalone_process_groups())
     generator = torch.Generator().manual_seed(0)
     batch = [Microbatch(tokens=torch.randint(0, vocab, (1, seq), generator=generator),
                         labels=torch.randint(0, vocab, (1, seq), generator=generator),

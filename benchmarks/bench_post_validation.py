@@ -125,13 +125,13 @@ class Trainer:
 
 
 def worker(rank, world_size, args):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower
 
     torch.set_num_threads(args.threads)
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     microbatches = make_data(args)
     rows = []
     for name in args.schedules.split(","):

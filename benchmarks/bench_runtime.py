@@ -498,9 +498,9 @@ def build_runners(args, cache, microbatches) -> list:
 
 
 def run_benchmark(args):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
 
-    cache = LayoutCache(args, singleton_process_groups())
+    cache = LayoutCache(args, standalone_process_groups())
     microbatches = make_data(args)
     runners = build_runners(args, cache, microbatches)
     # one untimed round of every configuration after all were built: the heap grows to

@@ -65,12 +65,12 @@ def parse_args(argv=None):
 
 def _build(args, pair: int, group, channels):
     """This rank's runner: our runtime on pair 0, PyTorch's on pair 1."""
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower
 
-    cache = LayoutCache(args, singleton_process_groups(), pp_group=group, channels=channels)
+    cache = LayoutCache(args, standalone_process_groups(), pp_group=group, channels=channels)
     microbatches = make_data(args)
     if pair == 1:
         return bench_torch(THEIRS[args.schedule], cache, microbatches, args)

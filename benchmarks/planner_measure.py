@@ -94,7 +94,7 @@ def calibrate(seq_length: int = 1024, group=None, pp: int = 1) -> dict:
     import torch.distributed as dist
 
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
     from odc_pp.schedule.generators import generate
@@ -114,7 +114,7 @@ def calibrate(seq_length: int = 1024, group=None, pp: int = 1) -> dict:
     config = ModelConfig(vocab_size=512, hidden_size=256, num_layers=4, num_attention_heads=4,
                          max_sequence_length=seq_length)
     chunks = build_chunks(config, pp_rank=dist.get_rank(group) if pp > 1 else 0, pp_size=pp,
-                          process_groups=singleton_process_groups())
+                          process_groups=standalone_process_groups())
     q = seq_length // 8
     shapes = [(1, q), (1, 4 * q), (1, 8 * q), (2, 2 * q), (4, q), (1, 6 * q)]
     gen = torch.Generator().manual_seed(0)
@@ -232,9 +232,8 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
 
     from benchmarks.planner_trace import planned_shapes
 
-    args = parse_args(flags)
-    dp = args.resolve_layout(2).dp
-    pp = args.parallel.pipeline_model_parallel_size
+    job = parse_args(flags).resolve(2)
+    args, dp, pp, mode_of_job = job.args, job.layout.dp, job.layout.pp, job.layout.mode
     source, _ = build_source(args)
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     a, b, shares = calibration["a"], calibration["b"], calibration["shares"]
@@ -248,10 +247,10 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
     # collective mode reduce-scatters the gradients after every microbatch (gloo's thread
     # shares the busy cores, so the transfer is paid, not hidden)
     push = calibration.get("reduce_scatter_s", 0.0) / pp \
-        if args.parallel.mode.is_collective and dp > 1 else 0.0
+        if mode_of_job.is_collective and dp > 1 else 0.0
     if "training" in calibration:  # fitted on pretrain_gpt.py's own trace (planner_trace)
         mode = "pipeline" if pp > 1 else \
-            "collective" if args.parallel.mode.is_collective else "odc"
+            "collective" if mode_of_job.is_collective else "odc"
         # collective computes as ODC does, and pays its measured reduce-scatter after every
         # microbatch (``push``, gloo's thread on the busy cores) beside its own step time
         fit = calibration["training"]["odc" if mode == "collective" else mode]
@@ -271,9 +270,9 @@ def predict(flags: list[str], calibration: dict, iterations: range) -> list[floa
         if pp == 1:  # no pipeline: a replica's microbatches run back to back
             out.append(optimizer + _data_parallel_step(
                 per_microbatch, in_flight=OdcConfig().max_inflight_pushes
-                if args.parallel.mode.is_collective else None))
+                if mode_of_job.is_collective else None))
             continue
-        if args.parallel.mode.is_collective and dp > 1:  # lock step
+        if mode_of_job.is_collective and dp > 1:  # lock step
             per_microbatch = [[max(c[j] for c in per_microbatch)
                                for j in range(len(per_microbatch[0]))]]
         spans = []

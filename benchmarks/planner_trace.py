@@ -91,9 +91,8 @@ def _planned_run(flags: list[str], iterations: range) -> tuple[dict, int, int]:
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.data_plan import BatchAssigner, build_source
 
-    args = parse_args(flags)
-    dp = args.resolve_layout(2).dp
-    pp = args.parallel.pipeline_model_parallel_size
+    job = parse_args(flags).resolve(2)
+    args, dp, pp = job.args, job.layout.dp, job.layout.pp
     source, _ = build_source(args)
     planner = BatchAssigner(args, source, dp=dp, pp=pp)
     shapes = {(iteration, replica): planned_shapes(planner, source, groups)

@@ -146,6 +146,13 @@ class ParallelLayout:
         mode = DataParallelMode.parse(parallel.dp_mode)
         local_world = local_world or world
         per_host = dp
+        if parallel.dp_ranks_per_host is not None and (
+                parallel.dp_ranks_per_host < 1 or not mode.is_hierarchical):
+            raise ValueError("--dp-ranks-per-host needs --dp-mode hierarchical and must be "
+                             ">= 1")
+        if mode.is_hierarchical and cp > 1:
+            raise ValueError(f"--context-parallel-size {cp} needs --dp-mode odc or "
+                             f"collective (the gradients are summed over dp x cp)")
         if mode.is_hierarchical:
             per_host = parallel.dp_ranks_per_host or max(1, local_world // (pp * tp))
             if dp % per_host:
@@ -170,6 +177,14 @@ class ParallelLayout:
             f"possible here ({problem}): falling back to --dp-mode collective "
             f"(all-gather / reduce-scatter over NCCL)"))
 
+    def folded_context(self) -> ParallelLayout:
+        """The same world with context parallelism folded into data parallelism (cp = 1,
+        dp x cp replicas): one cp rank's memory (the dry run) is such a rank's."""
+        if self.cp == 1:
+            return self
+        return replace(self, dp=self.dp * self.cp, cp=1,
+                       ranks_per_host=self.ranks_per_host * self.cp)
+
     def rank(self, *, dp_rank: int, pp_rank: int, tp_rank: int = 0, cp_rank: int = 0) -> int:
         """The global rank at these coordinates."""
         return layout_rank(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank, pp=self.pp,
@@ -182,11 +197,13 @@ class ParallelLayout:
 
     def groups(self, *, tied_last_stage: int | None = None) -> dict[str, list[list[int]]]:
         """Members of every group the job makes, by kind, each list in creation order:
-        tp, pp, dp (and cp, dp-cp with cp > 1); hierarchical mode's dp-intra, dp-inter
+        tp, pp, dp (and cp, dp-cp with cp > 1); every rank alone (self: megatron's
+        groups of one, :func:`odc_pp.megatron.compat.process_group_collection`); hierarchical mode's dp-intra, dp-inter
         and norm groups; and with ``tied_last_stage`` (the pipeline rank of a model's
         last stage, whose output layer is tied to the first stage's embedding) the tied
         groups. Every rank creates every group, in this order."""
         groups = topology_groups(pp=self.pp, tp=self.tp, dp=self.dp, cp=self.cp)
+        groups["self"] = [[rank] for rank in range(self.world)]
         if self.mode.is_hierarchical:
             groups.update(self._hierarchical_groups())
         if tied_last_stage is not None:

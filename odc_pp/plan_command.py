@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from odc_pp.layout import DataParallelMode
 from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
 from odc_pp.planner.report import format_plan
@@ -81,7 +82,8 @@ def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
                          f"models {family(name).default_chunks}")
     packed = bool(args.data.pack_sequences and args.data.max_tokens_per_microbatch)
     return Candidate(tp=tp, cp=cp, pp=pp, dp=gpus // (tp * cp * pp), schedule=name,
-                     dp_mode=args.parallel.mode if "--dp-mode" in given else "collective",
+                     dp_mode=DataParallelMode.parse(args.parallel.dp_mode) if "--dp-mode" in given
+                     else "collective",
                      balance=args.data.load_balance, packed=packed,
                      token_cap=args.data.max_tokens_per_microbatch if packed else None,
                      recompute=args.model.recompute_lgd,

@@ -30,7 +30,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_checkpoint import export  # noqa: E402  (the one full-state assembler)
 
-from odc_pp.megatron.compat import singleton_process_groups  # noqa: E402
+from odc_pp.training.distributed import standalone_process_groups  # noqa: E402
 from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
 from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
 from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
@@ -100,7 +100,7 @@ def export_megatron(load: str, output: str, iteration: int | None = None) -> tup
     iteration, state = export(load, iteration)
     meta = read_meta(checkpoint_dir(load, iteration))
     _init_single_process_group()
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     config = model_config_from_meta(meta, tied=tied_in_meta(meta, state))
     if config.tie_embeddings:
         state = without_tied_copy(state, f"checkpoint {load} iteration {iteration}")

@@ -20,12 +20,13 @@ Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls 
     from odc_pp.megatron import ModelConfig, build_chunks
     from odc_pp.data import Microbatch
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
-    from odc_pp.schedule.generators import generate
-    from odc_pp.schedule.lowering import lower
+    from odc_pp.schedule.build import ScheduleRequest, build
+    from odc_pp.training.distributed import standalone_process_groups
 
-    schedule = lower(generate("zbv", pp=pp, num_microbatches=8))
+    schedule = build(ScheduleRequest.of("zbv", pp=pp, num_microbatches=8))
     chunks = build_chunks(ModelConfig(num_layers=8), pp_rank=rank, pp_size=pp,
-                          num_chunks=schedule.num_chunks, placement=schedule.placement)
+                          num_chunks=schedule.num_chunks, placement=schedule.placement,
+                          process_groups=standalone_process_groups())
     runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
     result = runtime.run_minibatch(schedule, microbatches)  # list[Microbatch], every rank
     optimizer.step(); optimizer.zero_grad()

@@ -11,7 +11,7 @@ RNG tracker for CPU / GPU              ``initialize_rng_tracker(inference_rng_tr
 (:func:`prepare_megatron_for_device`)  force_reset=)``; private
                                        ``_MODEL_PARALLEL_RNG_TRACKER_NAME``
 Explicit process groups, TP=CP=1       ``ProcessGroupCollection`` fields (tp, pp, cp,     0.16.1
-(:func:`singleton_process_groups`,     embd, pos_embd, mp, tp_cp, dp, dp_cp);
+(:func:`process_group_collection`,     embd, pos_embd, mp, tp_cp, dp, dp_cp);
 :func:`new_gpt_model`)                 ``GPTModel(pg_collection=)``
 Host attention                         ``DotProductAttention.forward`` arguments;         0.16.1
 (:class:`HostDotProductAttention`)     attributes ``softmax_scale``,
@@ -100,7 +100,7 @@ CUDA: :class:`SdpaDotProductAttention`, ``torch.nn.functional.scaled_dot_product
 :class:`~odc_pp.megatron.packed_attention.PackedSegments`: varlen flash attention,
 FlexAttention with a document mask, or the dense mask of :func:`packed_causal_mask` as the
 fallback, see :mod:`odc_pp.megatron.packed_attention`). ``parallel_state`` is never initialised: every module receives an
-explicit :class:`ProcessGroupCollection` (see :func:`singleton_process_groups`), so the
+explicit :class:`ProcessGroupCollection` (see :func:`process_group_collection`), so the
 runtime's pipeline layout is invisible to megatron (each chunk is a 1-stage model).
 """
 
@@ -118,7 +118,7 @@ from .packed_attention import PackedSegments, packed_attention, packed_causal_ma
 from .rms_norm import RMSNorm, RMSNorm1P
 from .rope_triton import RotaryInAttention
 
-__all__ = ["prepare_megatron_for_device", "singleton_process_groups", "causal_mask",
+__all__ = ["prepare_megatron_for_device", "process_group_collection", "causal_mask",
            "packed_causal_mask", "HostDotProductAttention", "SdpaDotProductAttention",
            "unfused_bias_dropout_add", "new_gpt_model", "gpt_chunk_forward", "rope_inv_freq",
            "rotary_embedding", "rope_fusion_available", "deferrable_output_layer",
@@ -146,26 +146,18 @@ def prepare_megatron_for_device(device: torch.device | str, *, seed: int = 1234)
         tracker.add(name, seed)
 
 
-def singleton_process_groups(*, tp=None):
-    """A ProcessGroupCollection whose groups hold only this process (CP=1), except the
-    tensor-parallel ones (tp, tp_cp, mp) when a ``tp`` group is given.
-
-    ``torch.distributed`` must be initialised. Collective over the default group: every
-    process calls ``new_group`` for every rank, as ``torch.distributed`` requires.
-    """
+def process_group_collection(own, *, tp=None):
+    """megatron's :class:`ProcessGroupCollection` for one of odc-pp's chunks: ``own`` (the
+    group of this process alone) for every group megatron sees (pp, cp, embd, dp: each
+    chunk is a one-stage, one-replica model to megatron), except the tensor-parallel ones
+    (tp, tp_cp, mp) when a ``tp`` group is given. Makes no group: the groups are made by
+    ``odc_pp.training.distributed.Topology.build`` (or, outside training,
+    ``odc_pp.training.distributed.standalone_process_groups``)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    if not dist.is_initialized():
-        raise ValueError("initialise torch.distributed (e.g. gloo) before building the model")
-    own_group = None
-    for rank in range(dist.get_world_size()):
-        group = dist.new_group([rank])
-        if rank == dist.get_rank():
-            own_group = group
-    tp = own_group if tp is None else tp
-    return ProcessGroupCollection(tp=tp, pp=own_group, cp=own_group, embd=own_group,
-                                  pos_embd=own_group, mp=tp, tp_cp=tp,
-                                  dp=own_group, dp_cp=own_group)
+    tp = own if tp is None else tp
+    return ProcessGroupCollection(tp=tp, pp=own, cp=own, embd=own, pos_embd=own, mp=tp,
+                                  tp_cp=tp, dp=own, dp_cp=own)
 
 
 def mlp_submodules(layer_spec):

@@ -40,8 +40,7 @@ from ..dtypes import float_dtype
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
-                     rotary_embedding, deferrable_output_layer,
-                     singleton_process_groups)
+                     rotary_embedding, deferrable_output_layer)
 from .full_recompute import apply_full_recompute
 from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
@@ -418,15 +417,19 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     ``tensor_parallel``: the tensor-parallel group and sequence-parallel setting
     (default tp = 1); every rank of the group builds the same stages and holds its shard
     of each parameter (:mod:`odc_pp.megatron.tp_layout`), initialised as the shard of
-    the tp = 1 model. ``process_groups``: megatron ProcessGroupCollection; default
-    :func:`~odc_pp.megatron.compat.singleton_process_groups` with ``tensor_parallel``'s
-    group as tp (collective: every rank must call ``build_chunks`` at the same point).
-    Needs ``torch.distributed``. ``cp_group``: the context-parallel group (None or one
+    the tp = 1 model. ``process_groups`` (required): megatron's ProcessGroupCollection,
+    made by :func:`~odc_pp.megatron.compat.process_group_collection` from groups someone
+    else made (training: ``Topology.megatron_groups``; scripts and tests:
+    ``odc_pp.training.distributed.standalone_process_groups``), its tp group
+    ``tensor_parallel``'s. Needs ``torch.distributed``. ``cp_group``: the context-parallel group (None or one
     rank: none); with more ranks every microbatch holds this rank's load-balanced part of
     the sequence (:mod:`odc_pp.megatron.context_parallel`) with explicit position ids,
     and the core attention is ``cp_comm_type`` ring (``p2p``) or all-to-all (``a2a``).
     """
     tensor_parallel = tensor_parallel or TensorParallel()
+    if process_groups is None:
+        raise ValueError("build_chunks needs process_groups: Topology.megatron_groups, or "
+                         "standalone_process_groups() outside training")
     if cp_group is not None and dist.get_world_size(cp_group) == 1:
         cp_group = None
     _check_layout(config, tensor_parallel.size, pp_rank=pp_rank, pp_size=pp_size,
@@ -436,8 +439,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     build = _ChunkBuild(
         config=config, seed=seed, num_stages=pp_size * num_chunks,
         tensor_parallel=tensor_parallel, cp_group=cp_group,
-        groups=process_groups if process_groups is not None else
-        singleton_process_groups(tp=tensor_parallel.group),
+        groups=process_groups,
         spec=_layer_spec(config, tensor_parallel, cp_group, cp_comm_type),
         fused_rope=(config.position_embedding_type == "rope"
                     and config.core_attention == "sdpa" and cp_group is None

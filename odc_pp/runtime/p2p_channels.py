@@ -63,11 +63,13 @@ class PipelineChannels:
 
 def create_pipeline_channels(pipelines: list[list[int]], *,
                              layout: ChannelLayout = ChannelLayout.DIRECTED,
-                             shared_groups: list | None = None) -> PipelineChannels | None:
+                             shared_groups: list | None = None,
+                             timeout=None) -> PipelineChannels | None:
     """Create the channel groups of every pipeline (global ranks per pipeline) and return
     this process's (None if it is in none). Collective: every process of the default group
     calls it with the same arguments, since ``dist.new_group`` must be called by all, in
-    the same order. SHARED reuses ``shared_groups`` (one pipeline group per pipeline)."""
+    the same order. SHARED reuses ``shared_groups`` (one pipeline group per pipeline).
+    ``timeout``: each group's (a ``timedelta``; None: torch's default)."""
     import torch.distributed as dist
 
     me = dist.get_rank()
@@ -79,7 +81,8 @@ def create_pipeline_channels(pipelines: list[list[int]], *,
             channels = PipelineChannels(ranks=list(ranks), layout=layout,
                                         shared_group=shared_groups[index])
         else:
-            groups = {pair: dist.new_group(sorted((ranks[pair[0]], ranks[pair[1]])))
+            groups = {pair: dist.new_group(sorted((ranks[pair[0]], ranks[pair[1]])),
+                                           timeout=timeout)
                       for pair in neighbour_pairs(len(ranks))}
             channels = PipelineChannels(ranks=list(ranks), layout=layout, groups=groups)
         if me in ranks:

@@ -9,14 +9,16 @@ combinations (:mod:`.argument_checks`) runs in ``TrainingArgs.__post_init__``; t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from odc_pp.data.tokenizers import tokenizer_type_for
-from odc_pp.layout import DataParallelMode, ParallelLayout
 from odc_pp.schedule.generators.families import family
 
 from .argument_checks import validate
 from .megatron_semantics import resolve_lengths
-from .rampup import rampup_of
+
+if TYPE_CHECKING:
+    from .job import Job
 
 __all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
            "DataArgs", "CheckpointArgs", "LoggingArgs", "RunArgs"]
@@ -196,12 +198,6 @@ class ParallelArgs:
     """Megatron's flag: the collectives' backend on GPUs, nccl (gloo for CPU tensors
     beside it) or gloo (CUDA tensors too: slower, but it runs ranks that share one GPU,
     which NCCL refuses). CPU runs use gloo whatever it says."""
-
-    @property
-    def mode(self) -> DataParallelMode:
-        """--dp-mode as given (the job's mode, after the CUDA-IPC fallback, is
-        ``Topology.layout.mode``)."""
-        return DataParallelMode.parse(self.dp_mode)
 
 
 @dataclass(kw_only=True)
@@ -495,50 +491,12 @@ class TrainingArgs:
             self.schedule.num_model_chunks = family(self.schedule.pipeline_schedule).default_chunks
         resolve_lengths(self)
 
-    def resolve_layout(self, world_size: int,
-                       local_world_size: int | None = None) -> ParallelLayout:
-        """The job's :class:`~odc_pp.layout.ParallelLayout` over ``world_size`` processes
-        (``local_world_size`` per host: torchrun --nproc-per-node), after checking every
-        flag combination that depends on the job's size (so it fails before the first
-        step, never during training); a ValueError naming the flags otherwise."""
-        layout = ParallelLayout.resolve(self.parallel, world_size, local_world_size)
-        self.check_layout(layout)
-        return layout
+    def resolve(self, world_size: int, local_world_size: int | None = None) -> Job:
+        """The :class:`~odc_pp.training.job.Job` of these flags over ``world_size``
+        processes (``local_world_size`` per host: torchrun --nproc-per-node), after every
+        check that depends on the job's size (so it fails before the first step, never
+        during training); a ValueError naming the flags otherwise. Call it once per entry
+        point; these args are not changed (the job holds its own resolved copy)."""
+        from .job import Job
 
-    def check_layout(self, layout: ParallelLayout) -> None:
-        """The data flags against ``layout`` (its data-parallel size and mode; Megatron's
-        default --global-batch-size is set here)."""
-        dp, tp = layout.dp, layout.tp
-        if self.data.global_batch_size is None:  # Megatron's default
-            self.data.global_batch_size = self.data.micro_batch_size * dp
-            self.resolution_notes.append(
-                f"note: no --global-batch-size: --micro-batch-size "
-                f"{self.data.micro_batch_size} x data-parallel size {dp} = "
-                f"{self.data.global_batch_size}, as Megatron")
-            resolve_lengths(self)
-        ramp = rampup_of(self.data)
-        problem = ramp.divisibility_problem(self.data.micro_batch_size, dp) if ramp else None
-        if problem:
-            raise ValueError(problem)
-        if self.model.hf_checkpoint is None and self.model.vocab_size is not None and \
-                self.model.vocab_size % tp:
-            raise ValueError(f"--vocab-size {self.model.vocab_size} is not divisible by "
-                             f"--tensor-model-parallel-size {tp}")
-        if dp > 1 and layout.mode.is_collective and self.data.load_balance == "lb-mini" and \
-                self.schedule.num_model_chunks > 1:
-            raise ValueError(
-                f"--dp-mode collective with --load-balance lb-mini needs equal microbatch "
-                f"counts on every replica when a pipeline rank runs several model chunks "
-                f"(--pipeline-schedule {self.schedule.pipeline_schedule}, {self.schedule.num_model_chunks} "
-                f"chunks): use --load-balance balanced or none, --dp-mode odc, or a "
-                f"one-chunk schedule")
-        if self.data.max_tokens_per_microbatch is None and \
-                self.data.global_batch_size % (self.data.micro_batch_size * dp):
-            raise ValueError(f"--global-batch-size {self.data.global_batch_size} must be a multiple "
-                             f"of --micro-batch-size {self.data.micro_batch_size} x data-parallel "
-                             f"size {dp} (or use --max-tokens-per-microbatch)")
-        if self.data.global_batch_size < dp:
-            raise ValueError(f"--global-batch-size {self.data.global_batch_size} is smaller than "
-                             f"the data-parallel size {dp}")
-
-
+        return Job.resolve(self, world_size, local_world_size)

@@ -195,9 +195,10 @@ def _validate_run(args) -> list[str]:
         problems.append("--pack-sequences and --no-pack-sequences contradict each other")
     if args.schedule.profile_iters < 0:
         problems.append("--profile-iters must be >= 0")
-    if args.schedule.fill_pipeline_gaps and args.schedule.pipeline_schedule == "offload":
-        problems.append("--fill-pipeline-gaps does not apply to --pipeline-schedule offload "
-                        "(its OFFLOAD/RELOAD timing is planned with the order it builds)")
+    if args.schedule.fill_pipeline_gaps and family(args.schedule.pipeline_schedule).offloads:
+        problems.append(f"--fill-pipeline-gaps does not apply to --pipeline-schedule "
+                        f"{args.schedule.pipeline_schedule} (its OFFLOAD/RELOAD timing is "
+                        f"planned with the order it builds)")
     if not (math.isfinite(args.optimizer.lr) and args.optimizer.lr >= 0):
         problems.append(f"--lr {args.optimizer.lr} must be finite and >= 0")
     elif not (math.isfinite(args.optimizer.min_lr) and 0 <= args.optimizer.min_lr <= args.optimizer.lr):
@@ -229,9 +230,6 @@ def _validate_run(args) -> list[str]:
             math.isfinite(args.run.exit_duration_in_mins) and args.run.exit_duration_in_mins > 0):
         problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
                         f"{args.run.exit_duration_in_mins}")
-    if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
-                                               not args.parallel.mode.is_hierarchical):
-        problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
     if args.parallel.distributed_timeout_minutes <= 0:
         problems.append("--distributed-timeout-minutes must be > 0")
     problems += wandb_problems(args.logging)

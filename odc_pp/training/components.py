@@ -16,16 +16,15 @@ from odc_pp.layout import ParallelLayout
 from odc_pp.optim.loss_scale import LossScaler, build_loss_scaler
 from odc_pp.optim.step import OptimizerStep
 from odc_pp.schedule.costs import CostModel, with_full_recompute
-from odc_pp.schedule.generators import family
-from odc_pp.schedule.ir import Placement, Schedule
-from odc_pp.schedule.placement import last_stage_rank
+from odc_pp.schedule.ir import Placement
 
 from .arguments import (ModelArgs, OptimizerArgs, ParallelArgs, ScheduleArgs, TrainingArgs,
                         loss_scale_config)
 from .distributed import Topology
-from .model_setup import load_initial_weights, model_config, ties_embeddings
+from .model_setup import load_initial_weights, model_config
 from .odc_settings import odc_config
 from .hooks import TrainingHooks
+from .job import Job
 from .optimizer_step import build_optimizer_step
 from .schedules import Schedules
 
@@ -34,8 +33,8 @@ if TYPE_CHECKING:
     from odc_pp.odc.sharded_optimizer import ShardedAdamW
     from odc_pp.runtime.runtime import PipelineRuntime
 
-__all__ = ["Components", "build_components", "load_cost_model", "placement_of",
-           "cuda_ipc_layout", "recompute_costs", "tied_last_stage"]
+__all__ = ["Components", "build_components", "load_cost_model", "cuda_ipc_layout",
+           "recompute_costs", "build_model", "build_engine", "build_optimizer"]
 
 
 @dataclass(kw_only=True)
@@ -58,8 +57,6 @@ class Components:
     optimizer_step: OptimizerStep
     """The step the runtime takes when a minibatch's gradients are final: synchronous, or
     post-validated (--enable-optimizer-post-validation)."""
-    last_schedule: Schedule | None = None
-    """The schedule the last iteration ran."""
     loss_scaler: LossScaler | None = None
     """--fp16: the loss scale (:mod:`odc_pp.optim.loss_scale`; checkpointed)."""
 
@@ -70,10 +67,6 @@ class Components:
 
     def close(self) -> None:
         self.engine.destroy()
-
-
-def placement_of(schedule_name: str) -> Placement:
-    return family(schedule_name).placement
 
 
 def load_cost_model(schedule: ScheduleArgs) -> CostModel:
@@ -87,10 +80,11 @@ def load_cost_model(schedule: ScheduleArgs) -> CostModel:
         raise ValueError(f"--cost-model {schedule.cost_model!r}: {exc}") from exc
 
 
-def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int) -> CostModel:
+def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int,
+                    placement: Placement) -> CostModel:
     """With full recompute, T_B of each virtual stage grows by the forward of its
     recomputed layers (the schedules and ZB-auto's first plan take it into account;
-    ZB-auto's re-plans measure it)."""
+    ZB-auto's re-plans measure it); ``placement``: the schedule family's."""
     from odc_pp.megatron.full_recompute import recompute_groups
     from odc_pp.megatron.model import stage_layers
     from odc_pp.schedule.placement import locate
@@ -105,35 +99,23 @@ def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int) -> CostModel:
         layers = len(stage_layers(model.num_layers, num_stages, stage))
         groups = recompute_groups(layers, model.recompute_method, model.recompute_num_layers)
         fractions.append(sum(len(group) for group in groups) / layers)
-        ranks.append(locate(placement_of(args.schedule.pipeline_schedule), pp, chunks,
-                            stage)[0])
+        ranks.append(locate(placement, pp, chunks, stage)[0])
     return with_full_recompute(costs, fractions, ranks)
 
 
-def _last_stage_here(schedule: ScheduleArgs, topo: Topology) -> bool:
+def _last_stage_here(job: Job, topo: Topology) -> bool:
     """This rank runs the last stage and reports the loss (tp rank 0: every tp rank of
     the last stage computes the same losses)."""
-    return last_stage_rank(placement_of(schedule.pipeline_schedule), topo.pp,
-                           schedule.num_model_chunks) == topo.pp_rank and topo.tp_rank == 0
-
-
-def tied_last_stage(model: ModelArgs, schedule: ScheduleArgs, pp: int) -> int | None:
-    """The pipeline rank of the last stage when the model ties its output layer to the
-    embedding of another stage (Megatron's default; ``Topology.build`` then makes the
-    tied groups); None when it does not."""
-    chunks = schedule.num_model_chunks
-    if pp * chunks == 1 or not ties_embeddings(model):
-        return None
-    return last_stage_rank(placement_of(schedule.pipeline_schedule), pp, chunks)
+    return job.last_stage == topo.pp_rank and topo.tp_rank == 0
 
 
 def _dp_groups(topo: Topology):
-    """(ODC group ranks' torch group, inter-host torch group or None, gradient-norm
-    group) of ``topo``'s data-parallel mode: the dp x cp group; hierarchical: one
-    host's ranks, and the collectives between hosts."""
+    """(ODC group ranks' torch group, inter-host torch group or None) of ``topo``'s
+    data-parallel mode: the dp x cp group; hierarchical: one host's ranks, and the
+    collectives between hosts."""
     if not topo.dp_mode.is_hierarchical:
-        return topo.gradient_group, None, topo.norm_group
-    return topo.dp_intra_group, topo.dp_inter_group, topo.norm_group
+        return topo.gradient_group, None
+    return topo.dp_intra_group, topo.dp_inter_group
 
 
 def cuda_ipc_layout(topo: Topology, check=None) -> ParallelLayout:
@@ -189,19 +171,19 @@ def _tie_embeddings(engine, chunks, topo: Topology) -> bool:
     params = tied_embedding_params(chunks)
     if params and topo.tied_group is None:  # would train the two copies apart
         raise RuntimeError(f"rank {topo.rank} holds a tied embedding copy but its topology "
-                           f"has no tied group: build it with Topology.build(..., "
-                           f"tied_last_stage=tied_last_stage(...))")
+                           f"has no tied group: build it with Topology.for_job(job, ...)")
     if topo.tied_group is not None:
         engine.tie(params, topo.tied_group)
     return True
 
 
 def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs,
-                topo: Topology, *, vocab_size: int, seed: int,
+                topo: Topology, *, placement: Placement, vocab_size: int, seed: int,
                 load_weights: bool = True) -> list[torch.nn.Module]:
-    """This rank's model chunks: the layout of ``schedule`` over ``topo``, tensor-parallel
-    as ``parallel`` says, seeded or with the --hf-checkpoint weights (not read with
-    ``load_weights=False``: the memory dry run needs only their sizes)."""
+    """This rank's model chunks: ``schedule``'s chunks placed as ``placement`` (the
+    family's) over ``topo``, tensor-parallel as ``parallel`` says, seeded or with the
+    --hf-checkpoint weights (not read with ``load_weights=False``: the memory dry run
+    needs only their sizes)."""
     from odc_pp.megatron.model import build_chunks
     from odc_pp.megatron.tp import TensorParallel
 
@@ -212,8 +194,8 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
                                      keep_sp_input_for_w=parallel.keep_sp_input_for_w)
     chunks = build_chunks(config, pp_rank=topo.pp_rank, pp_size=topo.pp,
                           num_chunks=schedule.num_model_chunks,
-                          placement=placement_of(schedule.pipeline_schedule),
-                          seed=seed, tensor_parallel=tensor_parallel,
+                          placement=placement, seed=seed, tensor_parallel=tensor_parallel,
+                          process_groups=topo.megatron_groups,
                           cp_group=topo.cp_group, cp_comm_type=parallel.cp_comm_type)
     if load_weights:
         load_initial_weights(chunks, model, config)
@@ -238,14 +220,14 @@ def _kernel_summary(chunks: list[torch.nn.Module]) -> str:
 
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
                  param_dtype: str, odc_group=None,
-                 param_residency: str = "minibatch") -> tuple[ShardedDataParallel, object]:
-    """The data-parallel engine over ``chunks`` (--dp-mode) and the gradient-norm group.
+                 param_residency: str = "minibatch") -> ShardedDataParallel:
+    """The data-parallel engine over ``chunks`` (the job's mode: ``topo.dp_mode``).
     ``odc_group``: an ODC group made already (the memory dry run's FakeOdcGroup); None:
     a new one over the data-parallel ranks. ``param_residency``: resolved (odc_config)."""
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import ShardedDataParallel
 
-    torch_group, inter_host, norm_group = _dp_groups(topo)
+    torch_group, inter_host = _dp_groups(topo)
     if odc_group is None:
         transport = prim.TransportConfig(
             backend=topo.dp_mode.transport,
@@ -260,7 +242,7 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
                                  odc_group, process_group=torch_group,
                                  layers=[chunk.residency_modules() for chunk in chunks],
                                  inter_host_group=inter_host)
-    return engine, norm_group
+    return engine
 
 
 def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo: Topology, *,
@@ -280,23 +262,24 @@ def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo:
                         counts_in_norm=_counts_in_norm(topo, tied))
 
 
-def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
+def build_components(job: Job, topo: Topology, *, vocab_size: int,
                      param_residency: str = "minibatch",
                      hooks: TrainingHooks | None = None) -> Components:
-    """Model, engine, optimizer, its step, runtime and schedules of this rank;
-    ``param_residency``: --odc-param-residency resolved (plan_memory.param_residency);
-    ``hooks``: may wrap the optimizer step (the tests' faults)."""
+    """Model, engine, optimizer, its step, runtime and schedules of this rank of the
+    resolved ``job``; ``param_residency``: --odc-param-residency resolved
+    (plan_memory.param_residency); ``hooks``: may wrap the optimizer step (the tests'
+    faults)."""
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
+    args = job.args
     chunks = build_model(args.model, args.schedule, args.parallel, topo,
-                         vocab_size=vocab_size, seed=args.run.seed)
-    engine, norm_group = build_engine(args.parallel, chunks, topo,
-                                      param_dtype=args.model.compute_dtype,
-                                      param_residency=param_residency)
+                         placement=job.placement, vocab_size=vocab_size, seed=args.run.seed)
+    engine = build_engine(args.parallel, chunks, topo, param_dtype=args.model.compute_dtype,
+                          param_residency=param_residency)
     tied = _tie_embeddings(engine, chunks, topo)
-    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=topo.norm_group,
                                 tied=tied)
-    timeout_s = args.parallel.distributed_timeout_minutes * 60
+    timeout_s = job.timeout_s
     loss_scaler = build_loss_scaler(loss_scale_config(args.optimizer)) \
         if args.model.fp16 else None
     post_validation = args.schedule.enable_optimizer_post_validation
@@ -312,10 +295,9 @@ def build_components(args: TrainingArgs, topo: Topology, *, vocab_size: int,
                       else None), chunks=chunks,
         pp_group=topo.pp_group, dp_hooks=engine, optimizer_step=optimizer_step,
         channels=topo.pp_channels)
-    costs = recompute_costs(load_cost_model(args.schedule), args, topo.pp)
-    schedules = Schedules.from_flags(args.schedule, costs, topo,
-                                     post_validation=post_validation)
+    costs = recompute_costs(load_cost_model(args.schedule), args, topo.pp, job.placement)
+    schedules = Schedules(job.schedule, costs, pp_group=topo.pp_group, tp_group=topo.tp_group,
+                          dp_rank=topo.dp_rank)
     return Components(chunks=chunks, engine=engine, optimizer=optimizer, runtime=runtime,
-                      schedules=schedules,
-                      last_stage=_last_stage_here(args.schedule, topo),
+                      schedules=schedules, last_stage=_last_stage_here(job, topo),
                       optimizer_step=optimizer_step, loss_scaler=loss_scaler)

@@ -45,15 +45,12 @@ def context_parallel_problems(args) -> list[str]:
     if comm not in CP_COMM_TYPES:
         problems.append(f"--cp-comm-type {comm} is not implemented: use one of "
                         f"{CP_COMM_TYPES}")
-    if parallel.mode.is_hierarchical:
-        problems.append(f"--context-parallel-size {cp} needs --dp-mode odc or collective "
-                        f"(the gradients are summed over dp x cp)")
     if parallel.dynamic_context_parallel and not (
             args.data.load_balance == "lb-mini" and args.data.max_tokens_per_microbatch
-            and not args.data.no_pack_sequences and parallel.mode.is_odc):
+            and not args.data.no_pack_sequences):
         problems.append("--dynamic-context-parallel needs --load-balance lb-mini with packed "
-                        "rows (no --no-pack-sequences), --max-tokens-per-microbatch and "
-                        "--dp-mode odc (the replicas' slot counts differ)")
+                        "rows (no --no-pack-sequences) and --max-tokens-per-microbatch "
+                        "(and --dp-mode odc: the replicas' slot counts differ)")
     if getattr(model, "attention_dropout", 0.0):
         problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
     if parallel.cp_comm_type == "a2a":

@@ -29,7 +29,8 @@ from ..runtime.p2p_channels import Communicator, PipelineChannels, create_pipeli
 from ..runtime.warmup import warm_up
 
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "elastic_restart_store",
-           "local_device", "warm_up_topology", "all_ranks_true"]
+           "local_device", "warm_up_topology", "all_ranks_true",
+           "standalone_process_groups"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class Topology:
     tied_group: ProcessGroup | None = None
     """A model whose output layer is tied to the embedding of another stage: this rank's
     first- and last-stage data-parallel ranks (None: not tied, or not such a rank)."""
+    self_group: ProcessGroup | None = None
+    """This rank alone: megatron's pp, cp, embd and dp groups (:attr:`megatron_groups`)."""
+    timeout_s: float | None = None
+    """Every group's timeout (--distributed-timeout-minutes; None: torch's default)."""
     pp_channels: PipelineChannels | None = None
     """This replica's point-to-point channels (one group per direction between
     neighbouring stages)."""
@@ -116,6 +121,14 @@ class Topology:
         return self.layout.mode
 
     @property
+    def megatron_groups(self):
+        """megatron's ProcessGroupCollection for this rank's chunks: its tp group and,
+        for every other group megatron sees, this rank alone (no group is made)."""
+        from odc_pp.megatron.compat import process_group_collection
+
+        return process_group_collection(self.self_group, tp=self.tp_group)
+
+    @property
     def is_first_stage_rank(self) -> bool:
         return self.pp_rank == 0
 
@@ -132,31 +145,50 @@ class Topology:
 
     @classmethod
     def build(cls, rank: int, layout: ParallelLayout, device: torch.device, *,
-              tied_last_stage: int | None = None) -> Topology:
+              tied_last_stage: int | None = None, timeout_s: float | None = None
+              ) -> Topology:
         """Create every group of ``layout.groups(tied_last_stage=...)`` and the pipelines'
-        point-to-point channels (collective: all ranks call it, with the same layout).
-        Warm them up with :func:`warm_up_topology` before any other use."""
+        point-to-point channels, each with ``timeout_s`` (collective: all ranks call it,
+        with the same layout). Warm them up with :func:`warm_up_topology` before any
+        other use. Training calls :meth:`for_job`."""
         tp_rank, cp_rank, pp_rank, dp_rank = layout.coordinates(rank)
         topo = cls(rank=rank, layout=layout, device=device, tp_rank=tp_rank,
                    cp_rank=cp_rank, pp_rank=pp_rank, dp_rank=dp_rank, cp_ranks=[rank],
-                   norm_group=dist.group.WORLD, communicators=[Communicator(
-                       ranks=tuple(range(layout.world)), kind="world",
-                       group=dist.group.WORLD)])
+                   norm_group=dist.group.WORLD, timeout_s=timeout_s,
+                   communicators=[Communicator(ranks=tuple(range(layout.world)),
+                                               kind="world", group=dist.group.WORLD)])
         groups = layout.groups(tied_last_stage=tied_last_stage)
         for kind, members in groups.items():
             for ranks in members:
-                group = dist.new_group(ranks) if kind != "tp" or layout.tp > 1 else None
+                group = topo.new_group(ranks) if kind != "tp" or layout.tp > 1 else None
                 if rank in ranks:
                     topo._keep(kind, group, ranks)
-        topo.pp_channels = create_pipeline_channels(groups["pp"])
+        topo.pp_channels = create_pipeline_channels(groups["pp"], timeout=topo.timeout)
         topo.communicators += topo.pp_channels.communicators()
         return topo
+
+    @classmethod
+    def for_job(cls, job, rank: int, device: torch.device) -> Topology:
+        """The topology of a resolved :class:`~odc_pp.training.job.Job` on ``rank``: its
+        layout's groups (the tied ones where the model ties across stages), each with the
+        job's timeout."""
+        return cls.build(rank, job.layout, device, tied_last_stage=job.tied_last_stage,
+                         timeout_s=job.timeout_s)
+
+    @property
+    def timeout(self) -> datetime.timedelta | None:
+        """:attr:`timeout_s` as ``new_group`` takes it."""
+        return None if self.timeout_s is None else datetime.timedelta(seconds=self.timeout_s)
+
+    def new_group(self, ranks: list[int]) -> ProcessGroup:
+        """A group of ``ranks`` with the topology's timeout (collective over the world)."""
+        return dist.new_group(ranks, timeout=self.timeout)
 
     def _keep(self, kind: str, group: ProcessGroup | None, ranks: list[int]) -> None:
         """This rank's group of ``kind`` (one of ParallelLayout.groups' kinds)."""
         field_of = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "dp-cp": "grad",
                     "dp-intra": "dp_intra", "dp-inter": "dp_inter", "norm": "norm",
-                    "tied": "tied"}[kind]
+                    "tied": "tied", "self": "self"}[kind]
         setattr(self, f"{field_of}_group", group)
         if hasattr(self, f"{field_of}_ranks"):
             setattr(self, f"{field_of}_ranks", ranks)
@@ -248,3 +280,21 @@ def all_ranks_true(flag: bool) -> bool:
     tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return bool(tensor.item())
+
+
+def standalone_process_groups(*, tp=None):
+    """megatron's ProcessGroupCollection for chunks built outside a training job (tests,
+    benchmarks, tools): this process alone for every group but the tensor-parallel ones
+    (``tp``: a group, or None). Collective over the world: every rank makes every rank's
+    group of one, as ``dist.new_group`` requires. Training uses
+    :attr:`Topology.megatron_groups` (made and warmed with the topology)."""
+    from odc_pp.megatron.compat import process_group_collection
+
+    if not dist.is_initialized():
+        raise ValueError("initialise torch.distributed (e.g. gloo) before building the model")
+    own = None
+    for rank in range(dist.get_world_size()):
+        group = dist.new_group([rank])
+        if rank == dist.get_rank():
+            own = group
+    return process_group_collection(own, tp=tp)

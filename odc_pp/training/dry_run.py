@@ -48,6 +48,7 @@ from odc_pp.planner.memory import (GB, ChunkBytes, MemoryReport, UnitSizes,
                                          schedule_peak, state_bytes)
 
 from .arguments import TrainingArgs, parse_args
+from .job import Job
 from .plan_memory import job_costs, param_residency, replica_microbatches
 
 __all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
@@ -167,25 +168,24 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _topology(args: TrainingArgs, rank: int, world_size: int):
+def _topology(job: Job, rank: int):
     """Rank ``rank``'s Topology: every group made on the fake process group."""
     from .distributed import Topology
 
-    return Topology.build(rank, ParallelLayout.resolve(args.parallel, world_size), _CPU)
+    return Topology.for_job(job, rank, _CPU)
 
 
-def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
+def _build(job: Job, topo, vocab_size: int, residency: str):
     """This rank's chunks, engine and optimizer, made by the training builders on fake
     tensors, the fake process group and a fake ODC group (no --hf-checkpoint weights are
     read: only their sizes matter)."""
-    from odc_pp.megatron.compat import singleton_process_groups  # noqa: F401 (megatron init)
     from odc_pp.odc.transport_fake import FakeOdcGroup
 
     from .components import build_engine, build_model, build_optimizer
 
-    if not args.parallel.mode.is_odc:
-        raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode "
-                         f"{args.parallel.dp_mode}")
+    args = job.args
+    if not job.layout.mode.is_odc:
+        raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode {job.layout.mode}")
     backend = args.model.attention_backend  # what GPUs run: sdpa, the fused loss
     fused = args.model.fused_cross_entropy
     model = dataclasses.replace(args.model,
@@ -193,17 +193,16 @@ def _build(args: TrainingArgs, topo, vocab_size: int, residency: str):
                                 fused_cross_entropy="on" if fused == "auto" else fused)
     with _fake_module_to():
         chunks = build_model(model, args.schedule, args.parallel, topo,
-                             vocab_size=vocab_size, seed=args.run.seed, load_weights=False)
+                             placement=job.placement, vocab_size=vocab_size,
+                             seed=args.run.seed, load_weights=False)
     group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
                          deterministic=not args.parallel.nondeterministic_dp)
-    engine, norm_group = build_engine(args.parallel, chunks, topo,
-                                      param_dtype=args.model.compute_dtype,
-                                      odc_group=group,
-                                      param_residency=residency)
+    engine = build_engine(args.parallel, chunks, topo, param_dtype=args.model.compute_dtype,
+                          odc_group=group, param_residency=residency)
     # a model tied across stages: the output layer's copy stays out of the norm (its
     # gradient sum over the tie group, TiedGradients, is not made here)
     tied = any(chunk.tied_across_stages for chunk in chunks)
-    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=norm_group,
+    optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=topo.norm_group,
                                 tied=tied)
     return chunks, engine, optimizer
 
@@ -288,11 +287,7 @@ def _check(formula: dict[str, int], measured: dict[str, int], tolerance: float =
                                  f"engine holds {value}: fix odc_pp.planner.memory")
 
 
-_LIMITED = ("zbv", "v-half", "v-min", "zb-h2", "zb-auto")
-"""Families whose in-flight activations --memory-limit caps."""
-
-
-def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[str], dict]:
+def _advice(report: MemoryReport, job: Job, limit_peak) -> tuple[list[str], dict]:
     """(flags that bring ``report`` under its budget, cheapest first; the categories
     with them applied where the dry run can re-evaluate without measuring again: dropping
     the post-validation snapshot, the deterministic staging, and --memory-limit N, whose
@@ -313,7 +308,8 @@ def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[
             over -= freed
             if over <= 0:
                 return advice, categories
-    if args.schedule.pipeline_schedule in _LIMITED:
+    args, fam = job.args, job.family
+    if fam.memory_controlled and not fam.offloads:  # --memory-limit caps its activations
         timeline = sum(categories.get(k, 0) for k in _TIMELINE)
         current = args.schedule.memory_limit
         for limit in range(int(current or 4 * args.parallel.pipeline_model_parallel_size),
@@ -326,7 +322,7 @@ def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[
                 categories.update(limited)
                 return advice, categories
     timeline = sum(categories.get(k, 0) for k in _TIMELINE)
-    if args.schedule.num_model_chunks == 1 and args.schedule.pipeline_schedule != "1f1b" \
+    if job.num_chunks == 1 and fam.name != "1f1b" \
             and categories.get("w_held", 0) > 0:
         other = limit_peak(None, "1f1b")  # W fused into B: no W-held tensors
         if other is not None and sum(other.values()) < timeline:
@@ -349,61 +345,56 @@ def _advice(report: MemoryReport, args: TrainingArgs, limit_peak) -> tuple[list[
 _TIMELINE = ("sends", "receives", "activations", "w_held", "offload_device", "transient")
 
 
-def _context_parallel_rank(args: TrainingArgs) -> TrainingArgs:
+def _context_parallel_rank(job: Job) -> Job:
     """With --context-parallel-size N: the job one CP rank's memory equals -- a cp = 1
     rank holding 1/N of every row's tokens (activations / N), its state sharded over
     dp x N ranks (the world / (tp x pp) the topology then makes) and the replica's
     global batch / dp microbatches (the global batch scaled by N for dp x N replicas).
     The ring's in-flight K/V blocks (2 x tokens/N x kv width per layer, transient) are
     not counted."""
-    cp = args.parallel.context_parallel_size
+    args, cp = job.args, job.layout.cp
     if cp == 1:
-        return args
+        return job
     data = args.data
     tokens = data.max_tokens_per_microbatch
-    return dataclasses.replace(
+    folded = dataclasses.replace(
         args, parallel=dataclasses.replace(args.parallel, context_parallel_size=1),
         model=dataclasses.replace(args.model, seq_length=args.model.seq_length // cp),
         data=dataclasses.replace(data, global_batch_size=data.global_batch_size * cp,
                                  max_tokens_per_microbatch=tokens // cp if tokens else None))
+    return dataclasses.replace(job, args=folded, layout=job.layout.folded_context())
 
 
-def _cp1_rank(rank: int, parallel) -> int:
+def _cp1_rank(rank: int, layout: ParallelLayout) -> int:
     """The rank of the cp = 1 job (:func:`_context_parallel_rank`) at global ``rank``'s
     coordinates: the same tp and pipeline rank, data-parallel rank dp x cp + cp rank."""
-    tp, cp = parallel.tensor_model_parallel_size, parallel.context_parallel_size
-    pp = parallel.pipeline_model_parallel_size
-    if cp == 1:
+    if layout.cp == 1:
         return rank
-    tp_rank, cp_rank = rank % tp, rank // tp % cp
-    pp_rank, dp_rank = rank // (tp * cp) % pp, rank // (tp * cp * pp)
-    return layout_rank(dp_rank=dp_rank * cp + cp_rank, pp_rank=pp_rank, tp_rank=tp_rank,
-                       pp=pp, tp=tp)
+    tp_rank, cp_rank, pp_rank, dp_rank = layout.coordinates(rank)
+    return layout_rank(dp_rank=dp_rank * layout.cp + cp_rank, pp_rank=pp_rank,
+                       tp_rank=tp_rank, pp=layout.pp, tp=layout.tp)
 
 
-def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
-    """The memory report of rank ``flags.rank`` of this job (see module doc)."""
+def dry_run(job: Job, flags: DryRunFlags) -> MemoryReport:
+    """The memory report of rank ``flags.rank`` of the resolved ``job`` (see module
+    doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from odc_pp.schedule.build import build
 
-    from .schedules import training_request
-
-    if not args.model.vocab_size:
+    if not job.args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
-    rank = _cp1_rank(flags.rank, args.parallel)
-    args = _context_parallel_rank(args)
+    rank = _cp1_rank(flags.rank, job.layout)
+    job = _context_parallel_rank(job)
+    args = job.args
     _fake_world(rank, flags.world_size)
-    topo = _topology(args, rank, flags.world_size)
+    topo = _topology(job, rank)
     m = replica_microbatches(args, topo.dp)
-    schedule = build(training_request(
-        args.schedule, pp=topo.pp, num_microbatches=m,
-        post_validation=args.schedule.enable_optimizer_post_validation), job_costs(args, topo.pp))
+    schedule = build(job.schedule.with_microbatches(m), job_costs(job))
     pp_rank = topo.pp_rank
-    residency = param_residency(args, topo.layout,
-                                budget_bytes=flags.memory_gb * GB)
+    residency = param_residency(job, budget_bytes=flags.memory_gb * GB)
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
-        chunks, engine, optimizer = _build(args, topo, args.model.vocab_size, residency)
+        chunks, engine, optimizer = _build(job, topo, args.model.vocab_size, residency)
         held = _engine_bytes(engine, optimizer)
         built = tracker.now()
         microbatch = _microbatch(args, args.model.vocab_size)
@@ -426,18 +417,18 @@ def dry_run(args: TrainingArgs, flags: DryRunFlags) -> MemoryReport:
         post_validation=args.schedule.enable_optimizer_post_validation,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
     _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})
-    report = _report(args, flags, schedule, pp_rank, units, sizes, message, measured)
+    report = _report(job, flags, schedule, pp_rank, units, sizes, message, measured)
     report.param_residency = engine.config.param_residency
     return report
 
 
-def _report(args, flags, schedule, pp_rank, units, sizes, message,
+def _report(job: Job, flags, schedule, pp_rank, units, sizes, message,
             measured) -> MemoryReport:
     from odc_pp.schedule.build import build
 
     from .schedules import training_request
 
-    costs = job_costs(args, schedule.pp)
+    args, costs = job.args, job_costs(job)
 
     def timeline(schedule) -> dict[str, int]:
         return schedule_peak(schedule, pp_rank, sizes, message_bytes=message, costs=costs,
@@ -460,7 +451,7 @@ def _report(args, flags, schedule, pp_rank, units, sizes, message,
     categories = dict(state_bytes(units), **timeline(schedule))
     report = MemoryReport(rank=flags.rank, categories=categories,
                           memory_gb=flags.memory_gb, measured=dict(measured))
-    report.advice, report.advised = _advice(report, args, limit_peak)
+    report.advice, report.advised = _advice(report, job, limit_peak)
     return report
 
 
@@ -470,9 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         flags, rest = split_dry_run_flags(argv)
-        args = parse_args(rest)
-        args.resolve_layout(flags.world_size, flags.world_size)
-        report = dry_run(args, flags)
+        job = parse_args(rest).resolve(flags.world_size, flags.world_size)
+        report = dry_run(job, flags)
     except ValueError as exc:
         print(f"dry run: error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ __all__ = ["resolve_lengths", "length_conflicts", "unknown_lines", "megatron_tol
 def resolve_lengths(args) -> None:
     """--train-samples, --lr-*-samples and --lr-warmup-fraction as iterations, as far
     as the global batch is known (without --global-batch-size: at
-    :meth:`TrainingArgs.resolve_layout`)."""
+    :meth:`TrainingArgs.resolve`)."""
     run, opt, gbs = args.run, args.optimizer, args.data.global_batch_size
     if run.train_iters is None and run.train_samples is None:
         run.train_iters = 10

@@ -4,26 +4,9 @@ and the weights they start from (seeded init, or ``--hf-checkpoint``)."""
 from __future__ import annotations
 
 from .arguments import ModelArgs
+from .model_facts import hf_config_of, ties_embeddings
 
 __all__ = ["model_config", "hf_config_of", "load_initial_weights", "ties_embeddings"]
-
-
-def hf_config_of(model: ModelArgs) -> dict | None:
-    """The ``config.json`` of ``--hf-checkpoint`` (None without it)."""
-    if not model.hf_checkpoint:
-        return None
-    from odc_pp.megatron.hf_config import read_hf_config
-
-    return read_hf_config(model.hf_checkpoint)
-
-
-def ties_embeddings(model: ModelArgs) -> bool:
-    """Tied embeddings as Megatron: tied unless ``--untie-embeddings-and-output-weights``
-    (``--untie-embeddings``); with ``--hf-checkpoint`` tied as its config says."""
-    hf = hf_config_of(model)
-    if hf is not None:  # tied across stages too: the copies' gradients are summed
-        return bool(hf.get("tie_word_embeddings")) and not model.untie_embeddings
-    return not model.untie_embeddings  # Megatron's default: tied
 
 
 def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: int):

@@ -27,14 +27,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from odc_pp.layout import ParallelLayout
 from odc_pp.planner.memory import ChunkBytes, UnitSizes, schedule_peak, state_bytes
 
 if TYPE_CHECKING:
     from .arguments import TrainingArgs
+    from .job import Job
 
 __all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
-           "chunk_params", "layer_params", "param_residency", "args_peaks", "job_costs",
+           "chunk_params", "layer_params", "param_residency", "job_peaks", "job_costs",
            "replica_microbatches"]
 
 
@@ -166,41 +166,36 @@ def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
     from .arguments import parse_args
 
     args = parse_args(list(flags) + ["--mock-data"])
-    return args_peaks(args, world_size, param_residency(
-        args, args.resolve_layout(world_size, world_size), budget_bytes=None))
+    job = args.resolve(world_size, world_size)
+    return job_peaks(job, param_residency(job, budget_bytes=None))
 
 
-def param_residency(args, layout: ParallelLayout, *, budget_bytes: float | None) -> str:
-    """--odc-param-residency resolved for the job's ``layout``: auto is layer where
-    minibatch residency's plan exceeds ``budget_bytes`` on some pipeline rank (None: no
-    budget known), else minibatch; every rank of the job resolves the same from the same
+def param_residency(job: Job, *, budget_bytes: float | None) -> str:
+    """--odc-param-residency resolved for the ``job``: auto is layer where minibatch
+    residency's plan exceeds ``budget_bytes`` on some pipeline rank (None: no budget
+    known), else minibatch; every rank of the job resolves the same from the same
     flags."""
-    chosen = args.parallel.odc_param_residency
+    chosen, layout = job.args.parallel.odc_param_residency, job.layout
     if chosen != "auto":
         return chosen
     if budget_bytes is None or layout.dp * layout.cp == 1 or layout.mode.is_collective:
         return "minibatch"
-    fits = max(args_peaks(args, layout.world, "minibatch")) <= budget_bytes
+    fits = max(job_peaks(job, "minibatch")) <= budget_bytes
     return "minibatch" if fits else "layer"
 
 
-def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
-    """Peak bytes of each pipeline rank of the parsed job ``args`` (rank_peaks)."""
+def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
+    """Peak bytes of each pipeline rank of the resolved ``job`` (rank_peaks)."""
     from odc_pp.schedule.build import build
 
-    from .schedules import training_request
-
-    tp = args.parallel.tensor_model_parallel_size
-    pp = args.parallel.pipeline_model_parallel_size
-    dp = args.resolve_layout(world_size, world_size).dp
-    chunks = args.schedule.num_model_chunks
+    args, layout = job.args, job.layout
+    tp, pp, dp, chunks = layout.tp, layout.pp, layout.dp, job.num_chunks
     model, vocab = args.model, args.model.vocab_size
     if not vocab:
         raise ValueError("the plan's flags need --vocab-size (or --hf-checkpoint)")
-    schedule = build(training_request(
-        args.schedule, pp=pp, num_microbatches=replica_microbatches(args, dp),
-        post_validation=args.schedule.enable_optimizer_post_validation), job_costs(args, pp))
-    cp = args.parallel.context_parallel_size  # each rank holds 1/cp of every row
+    costs = job_costs(job)
+    schedule = build(job.schedule.with_microbatches(replica_microbatches(args, dp)), costs)
+    cp = layout.cp  # each rank holds 1/cp of every row
     tokens = (args.data.max_tokens_per_microbatch or
               args.data.micro_batch_size * model.seq_length) // cp
     layers = model.num_layers // (pp * chunks)
@@ -221,8 +216,8 @@ def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
                        for s, is_last in zip(stages, last))
         units = UnitSizes(unit_params=params, dp=dp * cp, param_bytes=2 if model.bf16 or model.fp16 else 4,
                           deterministic=not args.parallel.nondeterministic_dp,
-                          local_grads=_local_grads(args, dp * cp),
-                          main_grad_bytes=_main_grad_bytes(args),
+                          local_grads=_local_grads(args, layout.mode, dp * cp),
+                          main_grad_bytes=_main_grad_bytes(args, layout.mode),
                           gathered_params=None if residency != "layer" else tuple(
                               p - per_use for p, per_use in zip(params, gathered_per_use)),
                           post_validation=args.schedule.enable_optimizer_post_validation,
@@ -235,36 +230,38 @@ def args_peaks(args, world_size: int, residency: str) -> tuple[float, ...]:
                 s, transient_f=s.transient_f + max(pair, e * units.param_bytes),
                 transient_b=s.transient_b + pair) for s, e in zip(sizes, per_use_embedding)]
         timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
-                                 costs=job_costs(args, pp))
+                                 costs=costs)
         peaks.append(float(sum(state_bytes(units).values()) +
                            sum(timeline.values())))
     return tuple(peaks)
 
 
-def _local_grads(args, dp: int) -> bool:
-    """Whether the engine the training builds sums weight gradients in main_grads."""
+def _local_grads(args, mode, dp: int) -> bool:
+    """Whether the engine the training builds (data-parallel ``mode``) sums weight
+    gradients in main_grads."""
     from odc_pp.odc.engine import accumulates_locally
     from .odc_settings import odc_config
 
-    config = odc_config(args.parallel, args.parallel.mode, param_dtype=args.model.compute_dtype)
+    config = odc_config(args.parallel, mode, param_dtype=args.model.compute_dtype)
     return accumulates_locally(config, dp=dp,
                                deterministic=not args.parallel.nondeterministic_dp)
 
 
-def _main_grad_bytes(args) -> int:
+def _main_grad_bytes(args, mode) -> int:
     """Bytes of one main_grad value (--grad-reduce-in-bf16 with --bf16: 2)."""
     from .odc_settings import odc_config
 
-    dtype = odc_config(args.parallel, args.parallel.mode,
-                       param_dtype=args.model.compute_dtype).main_grad_dtype
+    dtype = odc_config(args.parallel, mode, param_dtype=args.model.compute_dtype).main_grad_dtype
     return 2 if dtype == "bfloat16" else 4
 
 
-def job_costs(args: TrainingArgs, pp: int):
-    """The costs training generates its schedules for (--cost-model, full recompute)."""
+def job_costs(job: Job):
+    """The costs training generates the ``job``'s schedules for (--cost-model, full
+    recompute)."""
     from .components import load_cost_model, recompute_costs
 
-    return recompute_costs(load_cost_model(args.schedule), args, pp)
+    return recompute_costs(load_cost_model(job.args.schedule), job.args, job.layout.pp,
+                           job.placement)
 
 
 def replica_microbatches(args: TrainingArgs, dp: int) -> int:

@@ -55,12 +55,12 @@ def check_same_digest(digest: str, group=None, *, what: str, hint: str) -> str:
 class Replanner:
     """Profiles the first iterations, then swaps in the schedule re-planned from them."""
 
-    def __init__(self, args, topo) -> None:
-        self.args = args
+    def __init__(self, job, topo) -> None:
+        args = job.args
+        self.args, self.family = args, job.family
         self.topo = topo
         self.profiler: Profiler | None = None
-        replans = (args.schedule.pipeline_schedule == "zb-auto"
-                   or args.schedule.fill_pipeline_gaps)
+        replans = job.family.searched or args.schedule.fill_pipeline_gaps
         self.done = not replans or args.schedule.profile_iters == 0
         self.recorded = 0
 
@@ -71,7 +71,7 @@ class Replanner:
             return False
         if self.profiler is None:
             warmup = 1 if self.args.schedule.profile_iters > 1 else 0
-            schedule = parts.last_schedule  # stage layout only
+            schedule = result.schedule  # the stage layout only
             self.profiler = Profiler(ProfilerConfig(warmup_minibatches=warmup),
                                      schedule=schedule, pp_group=self.topo.pp_group)
         self.profiler.record(result.minibatch)
@@ -96,7 +96,7 @@ class Replanner:
         measured = merge_measurements(gathered, num_stages)
         old = parts.schedules.plan(num_microbatches)
         new = parts.schedules.plan(num_microbatches, measured)
-        name = args.schedule.pipeline_schedule
+        name = self.family.name
         check_same_schedule(new, what=f"re-planned {name} schedule")
         parts.schedules.replan(measured)  # every schedule rebuilt lazily from these costs
         if topo.rank == 0 and out is not None:

@@ -7,29 +7,12 @@ from __future__ import annotations
 
 from odc_pp.schedule.build import ScheduleRequest, build
 from odc_pp.schedule.costs import CostModel
-from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS
 from odc_pp.schedule.ir import Schedule
 
-from .arguments import ScheduleArgs
+from .job import training_request
 from .replanning import check_same_schedule
 
 __all__ = ["Schedules", "training_request"]
-
-
-def training_request(schedule: ScheduleArgs, *, pp: int, num_microbatches: int,
-                     post_validation: bool = False) -> ScheduleRequest:
-    """The request ``pretrain_gpt.py`` runs for these flags: compute (with any
-    OFFLOAD/RELOAD of --offload-chunks), explicit communication and, with
-    ``post_validation``, each rank's POST_VALIDATION point; with --fill-pipeline-gaps, W's
-    moved into its gaps."""
-    return ScheduleRequest.of(schedule.pipeline_schedule, pp=pp,
-                              num_microbatches=num_microbatches,
-                              num_chunks=schedule.num_model_chunks,
-                              memory_limit=schedule.memory_limit,
-                              offload_chunks=schedule.offload_chunks,
-                              post_validation=post_validation,
-                              fill_gaps=DEFAULT_FILL_EVALUATIONS
-                              if schedule.fill_pipeline_gaps else 0)
 
 
 class Schedules:
@@ -46,15 +29,6 @@ class Schedules:
         self.tp_group = tp_group
         self.dp_rank = dp_rank
         self._cache: dict[tuple[int, bool], Schedule] = {}
-
-    @classmethod
-    def from_flags(cls, schedule: ScheduleArgs, costs: CostModel, topo, *,
-                   post_validation: bool) -> Schedules:
-        """The schedules of ``topo``'s rank for the flags (its pipeline and tp groups)."""
-        request = training_request(schedule, pp=topo.pp, num_microbatches=1,
-                                   post_validation=post_validation)
-        return cls(request, costs, pp_group=topo.pp_group, tp_group=topo.tp_group,
-                   dp_rank=topo.dp_rank)
 
     def plan(self, num_microbatches: int, costs: CostModel | None = None) -> Schedule:
         """The training schedule at ``num_microbatches`` under ``costs`` (default: the

@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from odc_pp.data.lanes import slots_digest
 
-from .arguments import TrainingArgs
 from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
@@ -45,6 +44,7 @@ from .lr_schedule import LRSchedule
 from .odc_settings import device_memory
 from .plan_memory import param_residency
 from .hooks import TrainingHooks
+from .job import Job
 from .preemption import ExitController, ExitDecision
 from .rampup import rampup_of
 from .replanning import Replanner, check_same_digest
@@ -102,6 +102,8 @@ class StepStats:
     """This rank's share of its replica's model FLOPs."""
     microbatches_per_replica: list[int] = field(default_factory=list)
     """Microbatch count of every data-parallel replica."""
+    schedule: object = None
+    """The lowered schedule this rank ran."""
     repeats: int = 0
     """Times the minibatch ran again because the previous step was rolled back/clipped."""
     minibatch: object = None
@@ -166,12 +168,13 @@ DROPOUT_NOTE = ("note: dropout 0.0 (hidden and attention), where Megatron-LM's d
 
 
 class Trainer:
-    """Trains ``args`` on ``topo``: builds the data plan, the components and the
-    checkpointing, resuming from --load; :meth:`train` runs the iterations."""
+    """Trains the resolved ``job`` on ``topo``: builds the data plan, the components and
+    the checkpointing, resuming from --load; :meth:`train` runs the iterations."""
 
-    def __init__(self, args: TrainingArgs, topo: Topology, *, out=sys.stdout,
+    def __init__(self, job: Job, topo: Topology, *, out=sys.stdout,
                  hooks: TrainingHooks | None = None) -> None:
-        self.args, self.topo, self.out = args, topo, out
+        args = job.args
+        self.job, self.args, self.topo, self.out = job, args, topo, out
         self.hooks = hooks or TrainingHooks()
         """Before each iteration and around the optimizer step (the tests' faults)."""
         self.exits = ExitController.for_args(args)  # SIGTERM etc.: finish, save, exit
@@ -187,10 +190,9 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
-        residency = param_residency(args, topo.layout,
-                                    budget_bytes=device_memory(topo.device))
+        residency = param_residency(job, budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
-            args, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks)
+            job, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks)
         if args.parallel.odc_param_residency == "auto" and residency == "layer":
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")
@@ -203,7 +205,7 @@ class Trainer:
                                       decay_iters=opt.lr_decay_iters, style=opt.lr_decay_style,
                                       decoupled_lr=opt.decoupled_lr,
                                       decoupled_min_lr=opt.decoupled_min_lr)
-        self.checkpointer = Checkpointer(args, topo, self.parts, vocab_size=self.vocab,
+        self.checkpointer = Checkpointer(job, topo, self.parts, vocab_size=self.vocab,
                                          say=self._say, out=out)
         self.start = self.checkpointer.load()
         self.logger = TrainingLogger(
@@ -219,11 +221,13 @@ class Trainer:
         self.skipped_since_log = 0
         """Skipped steps since the last log record (Megatron's "number of skipped
         iterations")."""
-        self.replanner = Replanner(args, topo)
+        self.replanner = Replanner(job, topo)
         self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
         self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
         self.pending: StepStats | None = None
         """Post-validation: the step awaiting its validation in the next iteration."""
+        self.last_schedule = None
+        """The schedule the last iteration ran (the picture and the trace draw it)."""
 
     # ----- the loop -------------------------------------------------------------------
     def train(self) -> list[dict]:
@@ -256,11 +260,12 @@ class Trainer:
         whole = self.batches.microbatches(plan.replicas[self.topo.dp_rank])
         microbatches = self._context_parallel_part(plan.replicas[self.topo.dp_rank], whole)
         schedule = self.parts.schedules.training(len(microbatches))
-        self.parts.last_schedule = schedule
+        self.last_schedule = schedule
         lr = self._lr_at(iteration)
         began = time.perf_counter()
         stats = StepStats(iteration=iteration + 1, lr=lr, tokens=plan.total_tokens,
-                          microbatches_per_replica=[len(r) for r in plan.replicas])
+                          microbatches_per_replica=[len(r) for r in plan.replicas],
+                          schedule=schedule)
         result = self._run_minibatch(schedule, microbatches, plan, lr, stats)
         stats.resolve_step(result.step)
         if self.parts.loss_scaler is not None:
@@ -439,7 +444,7 @@ class Trainer:
         from odc_pp.schedule.render import render_png
         from odc_pp.schedule.simulator import simulate
 
-        path, schedule = self.args.logging.schedule_png, self.parts.last_schedule
+        path, schedule = self.args.logging.schedule_png, self.last_schedule
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         render_png(schedule, simulate(schedule, self.parts.costs), path)
         self._say(f"schedule picture ({schedule.name}, {schedule.num_microbatches} "
@@ -468,7 +473,7 @@ class Trainer:
         if self.logger is not None:
             self.logger.close()
         if self.tracer is not None:
-            self.tracer.close(self.parts.last_schedule,
+            self.tracer.close(self.last_schedule,
                               out=self.out if self.topo.rank == 0 else None)
         self.parts.close()
         self.checkpointer.close()

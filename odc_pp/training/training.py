@@ -15,11 +15,12 @@ import torch.distributed as dist
 
 from odc_pp.runtime.host_memory import keep_freed_host_memory
 
-from .arguments import TrainingArgs, parse_args_with_notes
-from .components import cuda_ipc_layout, tied_last_stage
+from .arguments import parse_args_with_notes
+from .components import cuda_ipc_layout
 from .distributed import Topology, init_distributed, read_env, warm_up_topology
 from .failures import exit_after_failure, is_peer_echo
 from .hooks import TrainingHooks
+from .job import Job
 from .preemption import TrainingInterrupted
 from .trainer import Trainer, TrainingStopped
 
@@ -28,10 +29,10 @@ __all__ = ["main", "train", "TrainingStopped"]
 EXIT_STOPPED = 3
 
 
-def train(args: TrainingArgs, topo: Topology, *, out=sys.stdout,
+def train(job: Job, topo: Topology, *, out=sys.stdout,
           hooks: TrainingHooks | None = None) -> list[dict]:
     """Train; returns the logged records (rank 0; other ranks: [])."""
-    return Trainer(args, topo, out=out, hooks=hooks).train()
+    return Trainer(job, topo, out=out, hooks=hooks).train()
 
 
 def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -> int:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
         return dry_run_main(argv)
     try:
         args, notes = parse_args_with_notes(argv)
-        layout = args.resolve_layout(env.world_size, env.local_world_size)
+        job = args.resolve(env.world_size, env.local_world_size)
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
             time.sleep(3)
         return 2
     if env.rank == 0:
-        for note in notes + args.resolution_notes:
+        for note in notes + list(job.notes):
             print(note, flush=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
@@ -60,12 +61,11 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
                                   backend=args.parallel.distributed_backend)
         if device.type == "cpu":  # no page faults for re-allocated activations
             keep_freed_host_memory()
-        topo = Topology.build(env.rank, layout, device, tied_last_stage=tied_last_stage(
-            args.model, args.schedule, layout.pp))
-        warm_up_topology(topo, timeout_s=args.parallel.distributed_timeout_minutes * 60)
-        topo = dataclasses.replace(topo, layout=cuda_ipc_layout(topo))
-        args.check_layout(topo.layout)  # the flags still hold after a fallback?
-        train(args, topo, hooks=hooks)
+        topo = Topology.for_job(job, env.rank, device)
+        warm_up_topology(topo, timeout_s=job.timeout_s)
+        job = job.with_layout(cuda_ipc_layout(topo))  # the flags checked again
+        topo = dataclasses.replace(topo, layout=job.layout)
+        train(job, topo, hooks=hooks)
         dist.barrier()
     except ValueError as exc:
         print(f"pretrain_gpt.py: rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)

@@ -11,11 +11,11 @@ which iteration), :mod:`.resharding` (state by parameter name, across layouts),
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ..arguments import TrainingArgs
 from ..distributed import Topology, all_ranks_true
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .elastic import adopt_elastic_restart
@@ -30,9 +30,10 @@ class Checkpointer:
     """Checkpoints of one rank's ``parts`` (training Components). Collective: every
     rank makes it, loads and saves at the same iterations."""
 
-    def __init__(self, args: TrainingArgs, topo: Topology, parts, *, vocab_size: int,
+    def __init__(self, job, topo: Topology, parts, *, vocab_size: int,
                  say: Callable[[str], None], out) -> None:
-        self.args, self.topo, self.parts = args, topo, parts
+        args = job.args
+        self.job, self.args, self.topo, self.parts = job, args, topo, parts
         self.vocab_size, self.say, self.out = vocab_size, say, out
         self.lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
         self.saver: CheckpointSaver | None = None
@@ -43,13 +44,13 @@ class Checkpointer:
         args, topo, checkpoint = self.args, self.topo, self.args.checkpoint
         if checkpoint.save:
             check_save_dir(self.parts, checkpoint, topo, out=self.out)
-        adopt_elastic_restart(args, topo, out=self.out)
+        loading = adopt_elastic_restart(args, topo, out=self.out)
         start = 0
-        if checkpoint.load:
-            start, how = resume(self.parts, args, topo, restore_rng_state,
-                                vocab_size=self.vocab_size, out=self.out)
+        if loading.load:
+            start, how = resume(self.parts, _loading_with(args, loading), topo,
+                                restore_rng_state, vocab_size=self.vocab_size, out=self.out)
             if how:
-                self.say(f"resumed from {checkpoint.load} at iteration {start} ({how})")
+                self.say(f"resumed from {loading.load} at iteration {start} ({how})")
         if checkpoint.save:
             refuse_newer_checkpoints(checkpoint, topo, start)
             self.saver = CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
@@ -92,3 +93,13 @@ class Checkpointer:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _loading_with(args, loading):
+    """``args`` as the load sees them: their checkpoint section replaced by ``loading``
+    (an elastic restart's; a shallow copy, the job's args stay as resolved)."""
+    if loading is args.checkpoint:
+        return args
+    view = copy.copy(args)
+    view.checkpoint = loading
+    return view

@@ -65,13 +65,16 @@ def _plan_on_rank0(args, topo) -> tuple[str | None, str]:
     return save, line
 
 
-def adopt_elastic_restart(args, topo, *, out=None) -> None:
-    """Collective; on an elastic restart with ``--save`` holding a checkpoint, set
-    ``--load`` to ``--save`` (and drop ``--finetune``: the saved run is continued, not
-    fine-tuned again). Rank 0 decides from the file system and broadcasts, so every rank
-    does the same. No-op on a first start or without ``--save``."""
+def adopt_elastic_restart(args, topo, *, out=None):
+    """Collective: the checkpoint settings to load with. On an elastic restart with
+    ``--save`` holding a checkpoint, ``args.checkpoint`` with ``load`` = ``--save`` and no
+    ``finetune`` (the saved run is continued, not fine-tuned again); else
+    ``args.checkpoint`` itself (the flags are never changed). Rank 0 decides from the
+    file system and broadcasts, so every rank does the same."""
     if restart_count() == 0 or not args.checkpoint.save:
-        return
+        return args.checkpoint
+    import dataclasses
+
     import torch.distributed as dist
 
     box = [_plan_on_rank0(args, topo) if topo.rank == 0 else None]
@@ -80,6 +83,6 @@ def adopt_elastic_restart(args, topo, *, out=None) -> None:
     load, line = box[0]
     if topo.rank == 0:
         print(line, file=out or sys.stdout, flush=True)
-    if load is not None:
-        args.checkpoint.load = load
-        args.checkpoint.finetune = False
+    if load is None:
+        return args.checkpoint
+    return dataclasses.replace(args.checkpoint, load=load, finetune=False)

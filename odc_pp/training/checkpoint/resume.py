@@ -80,7 +80,7 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "hidden_size": args.model.hidden_size, "num_attention_heads": args.model.num_attention_heads,
             "ffn_hidden_size": args.model.ffn_hidden_size,
             "max_position_embeddings": args.model.max_position_embeddings,
-            "vocab_size": vocab_size, "dp_mode": args.parallel.dp_mode, "world_size": topo.world_size,
+            "vocab_size": vocab_size, "dp_mode": topo.dp_mode.value, "world_size": topo.world_size,
             "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
             "cp": topo.cp,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},

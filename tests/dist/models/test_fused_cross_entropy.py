@@ -13,12 +13,12 @@ from odc_pp.testing.launch import LaunchConfig, run_workers
 
 def _worker(rank, world_size, out_path):
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.model_setup import model_config
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 96, (2, 12), generator=gen)
     microbatch = Microbatch(tokens=tokens, labels=torch.roll(tokens, -1, 1),

@@ -18,12 +18,12 @@ from odc_pp.testing.launch import LaunchConfig, run_workers
 def _worker(rank, world_size, out_path):
     from odc_pp.data import Microbatch
     from odc_pp.megatron import rope_triton
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
 
     rope_triton.RotaryInAttention.apply = lambda self, q, k: (
         rope_triton.eager_rope(q, self.freqs), rope_triton.eager_rope(k, self.freqs))
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     tokens = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(3))
     segments = torch.tensor([[0] * 9 + [1] * 15, [0] * 20 + [1] * 4])
     positions = torch.stack([torch.cat([torch.arange(n) for n in lengths])

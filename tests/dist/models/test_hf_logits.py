@@ -26,12 +26,12 @@ def _chain(chunks_by_stage, microbatch):
 
 def worker(rank, world_size, root, out_path):
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.hf import load_hf_weights, model_config_from_hf
     from odc_pp.megatron.hf_config import read_hf_config
     from odc_pp.megatron.model import build_chunks
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     report = {}
     tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
     microbatch = Microbatch(tokens=tokens)

@@ -139,10 +139,10 @@ def test_kernel_choice_is_a_function_of_device_dtype_dropout(monkeypatch):
 
 def _model_worker(rank, world_size, out_path):
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     batch, seq = SEGMENTS.shape
     tokens = torch.randint(0, 64, (batch, seq), generator=torch.Generator().manual_seed(3))
     positions = torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in

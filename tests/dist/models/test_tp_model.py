@@ -38,7 +38,7 @@ def _full_grads(chunk, tp):
 def worker(rank, world_size, out_path, arch, sequence_parallel, keep, recompute):
     import torch.distributed as dist
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.megatron.tp import TensorParallel
     from odc_pp.runtime import WeightGradQueue
@@ -50,7 +50,7 @@ def worker(rank, world_size, out_path, arch, sequence_parallel, keep, recompute)
     microbatches = make_microbatches(2, equal_lengths=True)
     # the tp=1 reference, built on every rank
     (reference,) = build_chunks(config, pp_rank=0, pp_size=1, seed=3,
-                                process_groups=singleton_process_groups())
+                                process_groups=standalone_process_groups())
     reference.gated = config.activation == "swiglu"
     ref_losses = []
     for mb in microbatches:
@@ -61,7 +61,8 @@ def worker(rank, world_size, out_path, arch, sequence_parallel, keep, recompute)
 
     tp = TensorParallel(group=dist.new_group([0, 1]), sequence_parallel=sequence_parallel,
                         keep_sp_input_for_w=keep)
-    (chunk,) = build_chunks(config, pp_rank=0, pp_size=1, seed=3, tensor_parallel=tp)
+    (chunk,) = build_chunks(config, pp_rank=0, pp_size=1, seed=3, tensor_parallel=tp,
+                            process_groups=standalone_process_groups(tp=tp.group))
     chunk.gated = config.activation == "swiglu"
     report = {"losses": [], "ref_losses": ref_losses}
     queue = WeightGradQueue()

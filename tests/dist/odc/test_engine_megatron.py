@@ -45,13 +45,13 @@ def layer_units(chunk) -> list[torch.nn.Module]:
 
 
 def worker(rank, world):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     results = {}
     for mode in ("odc", "collective"):
         (chunk,) = build_chunks(ModelConfig(**MODEL), pp_rank=0, pp_size=1,

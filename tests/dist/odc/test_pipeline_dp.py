@@ -67,7 +67,7 @@ def worker(rank, world, runs):
 
 
 def train(rank, mode, schedule_name, residency="minibatch", deterministic=False):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks, global_name
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
@@ -77,7 +77,7 @@ def train(rank, mode, schedule_name, residency="minibatch", deterministic=False)
     from odc_pp.schedule.lowering import lower_communication
 
     pp_rank, dp_rank, dp_group, pp_group, channels = build_groups(rank)
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     config = ModelConfig(**MODEL)
     num_chunks = 2 if schedule_name == "zbv" else 1
     chunks = build_chunks(config, pp_rank=pp_rank, pp_size=PP, num_chunks=num_chunks,

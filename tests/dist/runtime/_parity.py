@@ -147,9 +147,9 @@ def max_relative_difference(params, reference) -> float:
 
 
 def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     microbatches = make_microbatches(num_microbatches)
     references = {}
     report = {}

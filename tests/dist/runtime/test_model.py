@@ -10,11 +10,11 @@ from tests.dist.runtime._parity import make_microbatches, model_config
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import WeightGradQueue
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     config = model_config()
     (full,) = build_chunks(config, pp_rank=0, pp_size=1, seed=5, process_groups=groups)
     reference = dict(full.global_named_parameters())

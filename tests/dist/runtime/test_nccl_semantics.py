@@ -56,14 +56,14 @@ def families_worker(rank, world_size):
     from tests.dist.runtime._parity import build_schedule, make_microbatches
     from tests.dist.runtime.nccl_semantics import NcclSemanticsOps
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.runtime.p2p_channels import ChannelLayout, pipeline_channels
     from odc_pp.runtime.warmup import warm_up
     from odc_pp.layout import ParallelLayout
     from odc_pp.training.distributed import Topology, warm_up_topology
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     topo = Topology.build(rank, ParallelLayout(world=world_size, local_world=world_size,
                                                pp=world_size), torch.device("cpu"))
     channels = topo.pp_channels
@@ -122,14 +122,14 @@ def stall_worker(rank, world_size, messages, backend):
     from tests.dist.runtime._parity import build_schedule, make_microbatches
     from tests.dist.runtime.nccl_semantics import NcclSemanticsOps
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.runtime.p2p_channels import pipeline_channels
 
     from odc_pp.runtime.p2p import TorchP2POps
     from odc_pp.runtime.warmup import warm_up
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     channels = pipeline_channels(dist.group.WORLD)
     ops = NcclSemanticsOps(channels) if backend == "nccl-semantics" else None
     warm_up(channels.communicators(), ops=ops or TorchP2POps(torch.device("cpu")),
@@ -179,11 +179,11 @@ def lazy_creation_worker(rank, world_size, families):
     from tests.dist.runtime._parity import build_schedule, make_microbatches
     from tests.dist.runtime.nccl_semantics import NcclSemanticsOps
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.runtime.p2p_channels import pipeline_channels
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     outcome = {}
     for name in families:
         channels = pipeline_channels(dist.group.WORLD)  # fresh groups: nothing created

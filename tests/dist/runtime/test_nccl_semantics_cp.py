@@ -58,12 +58,12 @@ def _topology(rank, world_size):
 
 
 def worker(rank, world_size):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.training.distributed import warm_up_topology
 
     topo = _topology(rank, world_size)
     ops = _nccl_ops(topo, creation_timeout_s=60)
-    reference_groups = singleton_process_groups()
+    reference_groups = standalone_process_groups()
     with ops.collectives():
         warm_up_topology(topo, ops=ops, timeout_s=60)
         return _families(topo, ops, reference_groups, FAMILIES, comm_timeout_s=40)
@@ -86,7 +86,7 @@ def _families(topo, ops, reference_groups, families, *, comm_timeout_s):
         mine = [split_microbatch(mb, topo.cp_rank, CP) for mb in microbatches]
         chunks = build_chunks(config, pp_rank=topo.pp_rank, pp_size=PP,
                               num_chunks=schedule.num_chunks, placement=schedule.placement,
-                              cp_group=topo.cp_group)
+                              cp_group=topo.cp_group, process_groups=topo.megatron_groups)
         same, loss_nccl = nccl_then_gloo(chunks, schedule, mine, topo, ops,
                                          comm_timeout_s=comm_timeout_s)
         (full,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=reference_groups)

@@ -45,7 +45,7 @@ def _nccl_ops_for(pipelines, channels, **options):
 
 
 def worker(rank, world_size, warm):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.tp import TensorParallel
     from odc_pp.layout import ParallelLayout, topology_groups
     from odc_pp.training.distributed import Topology, warm_up_topology
@@ -56,7 +56,7 @@ def worker(rank, world_size, warm):
     ops = _nccl_ops_for(topology_groups(pp=PP, tp=TP, dp=1)["pp"], topo.pp_channels,
                         creation_timeout_s=60 if warm else 3)
     tensor_parallel = TensorParallel(group=topo.tp_group, sequence_parallel=True)
-    reference_groups = singleton_process_groups()
+    reference_groups = standalone_process_groups()
     with ops.collectives():
         if not warm:
             try:
@@ -86,7 +86,8 @@ def _families(topo, ops, tensor_parallel, reference_groups, families, *, comm_ti
                                          equal_lengths=True)
         chunks = build_chunks(config, pp_rank=pp_rank, pp_size=PP,
                               num_chunks=schedule.num_chunks, placement=schedule.placement,
-                              tensor_parallel=tensor_parallel)
+                              tensor_parallel=tensor_parallel,
+                              process_groups=topo.megatron_groups)
         same, loss_nccl = nccl_then_gloo(chunks, schedule, microbatches, topo, ops,
                                          comm_timeout_s=comm_timeout_s)
         # the tp=1, pp=1 model on the same microbatches

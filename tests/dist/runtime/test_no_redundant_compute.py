@@ -40,7 +40,7 @@ def _plain(chunks, microbatches) -> None:
 
 
 def worker(rank, world_size):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
 
@@ -50,7 +50,7 @@ def worker(rank, world_size):
         schedule = build_schedule(name, world_size, len(microbatches))
         chunks = build_chunks(model_config(), pp_rank=rank, pp_size=world_size,
                               num_chunks=schedule.num_chunks, placement=schedule.placement,
-                              process_groups=singleton_process_groups())
+                              process_groups=standalone_process_groups())
         runtime = PipelineRuntime(RuntimeConfig(), chunks=chunks, pp_group=dist.group.WORLD)
         ours = _counted(lambda: runtime.run_minibatch(schedule, microbatches))
         plain = _counted(lambda: _plain(chunks, microbatches))

@@ -43,14 +43,14 @@ def predicted_peak(actions, saved_bytes, *, use_offload, wgrad_bytes=None):
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.schedule.costs import CostModel
     from odc_pp.schedule.generators import generate
     from odc_pp.schedule.lowering import lower
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     costs = CostModel(offload_bandwidth=1.0)
     compute = generate("offload", pp=world_size, num_microbatches=NUM_MICROBATCHES,
                        costs=costs)

@@ -26,13 +26,13 @@ def _inject(params):
 
 
 def _build(name):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
 
     schedule = build_schedule(name + "+pv", dist.get_world_size(), 4)
     chunks = build_chunks(model_config(), pp_rank=dist.get_rank(), pp_size=schedule.pp,
                           num_chunks=schedule.num_chunks, placement=schedule.placement,
-                          process_groups=singleton_process_groups())
+                          process_groups=standalone_process_groups())
     params = [p for chunk in chunks for p in chunk.parameters()]
     return schedule, chunks, params, torch.optim.AdamW(params, lr=LR)
 

@@ -14,11 +14,11 @@ from tests.dist.runtime._parity import build_schedule, make_microbatches, model_
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     schedule = build_schedule("zb-h1", world_size, 4)
     chunks = build_chunks(model_config(), pp_rank=rank, pp_size=world_size,
                           process_groups=groups)
@@ -91,12 +91,12 @@ def test_memory_deltas_from_byte_samples():
 
 
 def _sample_worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, Profiler, ProfilerConfig, RuntimeConfig
     from odc_pp.data import Microbatch
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     schedule = build_schedule("1f1b", world_size, 3)
     chunks = build_chunks(model_config(), pp_rank=rank, pp_size=world_size,
                           process_groups=groups)

@@ -71,9 +71,9 @@ def autograd_grads(config, microbatches, groups):
 def single_worker(rank, world_size, out_path):
     from odc_pp.planner.memory import (CPU_RNG_STATE_BYTES, dropout_mask_bytes,
                                                    lgd_saved_bytes_per_layer)
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     microbatches = make_microbatches(NUM_MICROBATCHES)
     stored_config = model_config(num_layers=2, hidden_dropout=DROPOUT)
     recompute_config = model_config(num_layers=2, hidden_dropout=DROPOUT, recompute_lgd=True)
@@ -123,10 +123,10 @@ def dropout_pipeline_grads(config, schedule, microbatches, groups):
 
 
 def pipeline_worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from tests.dist.runtime._parity import build_schedule
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     microbatches = make_microbatches(8)
     stored = model_config()
     recompute = model_config(recompute_lgd=True)

@@ -23,13 +23,13 @@ def send_worker(rank, world_size):
     from tests.dist.runtime._parity import build_schedule, make_microbatches, model_config
     from tests.dist.runtime.nccl_semantics import NcclSemanticsOps
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
     from odc_pp.runtime.p2p_channels import pipeline_channels
     from odc_pp.runtime.warmup import warm_up
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     channels = pipeline_channels(dist.group.WORLD)
     nccl_ops = NcclSemanticsOps(channels)
     # the production start-up warm-up: without it the NCCL-semantics backend's lazy

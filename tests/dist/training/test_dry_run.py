@@ -39,18 +39,17 @@ def real_worker(rank, world_size, extra):
 
     from odc_pp.data import Microbatch
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import build_components, tied_last_stage
+    from odc_pp.training.components import build_components
     from odc_pp.training.distributed import Topology
     from odc_pp.training.dry_run import MemoryPhases
 
-    args = parse_args(FLAGS + extra)
-    layout = args.resolve_layout(world_size)
-    topo = Topology.build(rank, layout, torch.device("cpu"), tied_last_stage=tied_last_stage(
-        args.model, args.schedule, layout.pp))
+    job = parse_args(FLAGS + extra).resolve(world_size)
+    args = job.args
+    topo = Topology.for_job(job, rank, torch.device("cpu"))
     generator = torch.Generator().manual_seed(rank // 2)
     m = args.data.global_batch_size // (args.data.micro_batch_size * topo.dp)
     with MemoryPhases() as tracker:
-        parts = build_components(args, topo, vocab_size=256,
+        parts = build_components(job, topo, vocab_size=256,
                                  param_residency=args.parallel.odc_param_residency)
         microbatches = []
         for _ in range(m):

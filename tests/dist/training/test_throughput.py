@@ -21,12 +21,12 @@ formula counts 3 h f for the MLP and g/a of the query width for K and V."""
 def worker(rank, world_size, out_path, config=SHAPE):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.data.microbatch import Microbatch
 
     (model,) = build_chunks(ModelConfig(**config), pp_rank=0, pp_size=1, seed=3,
-                            process_groups=singleton_process_groups())
+                            process_groups=standalone_process_groups())
     counted = {}
     for batch, seq in [(1, 8), (2, 17), (3, 40)]:
         tokens = torch.randint(0, SHAPE["vocab_size"], (batch, seq))

@@ -50,9 +50,9 @@ def _run(config, schedule, microbatches, groups):
 
 
 def worker(rank, world_size, out_path):
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     microbatches = make_microbatches(4)
     hidden = model_config().hidden_size
     report = {}

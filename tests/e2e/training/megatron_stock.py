@@ -52,9 +52,9 @@ def save(root):
     from megatron.core import dist_checkpointing
 
     from odc_pp.megatron.compat import (cpu_dist_checkpointing, megatron_sharded_state_dict,
-                                        singleton_process_groups)
+                                        standalone_process_groups)
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     torch.manual_seed(0)
     model = _stock_gpt(groups)
     with torch.no_grad():
@@ -78,9 +78,9 @@ def load_tp2(root):
     from megatron.core import dist_checkpointing
 
     from odc_pp.megatron.compat import (cpu_dist_checkpointing, megatron_sharded_state_dict,
-                                        singleton_process_groups)
+                                        standalone_process_groups)
 
-    groups = singleton_process_groups(tp=dist.new_group([0, 1]))
+    groups = standalone_process_groups(tp=dist.new_group([0, 1]))
     torch.manual_seed(100 + dist.get_rank())  # other weights than the saved ones until loaded
     model = _stock_gpt(groups, tp=2)
     with open(os.path.join(root, "exported", "latest_checkpointed_iteration.txt")) as handle:

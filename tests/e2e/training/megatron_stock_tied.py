@@ -49,9 +49,11 @@ def _state(model, groups):
 def save(root):
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import cpu_dist_checkpointing, singleton_process_groups
+    from odc_pp.megatron.compat import cpu_dist_checkpointing
 
-    groups = singleton_process_groups()
+    from odc_pp.training.distributed import standalone_process_groups
+
+    groups = standalone_process_groups()
     torch.manual_seed(0)
     model = tied_gpt(groups)
     assert model.output_layer.weight is None  # one weight: the embedding's
@@ -90,9 +92,11 @@ def batch_loss(model, samples) -> float:
 def losses(root, save_dir):
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import cpu_dist_checkpointing, singleton_process_groups
+    from odc_pp.megatron.compat import cpu_dist_checkpointing
 
-    groups = singleton_process_groups()
+    from odc_pp.training.distributed import standalone_process_groups
+
+    groups = standalone_process_groups()
     torch.manual_seed(100)  # other weights than the saved ones until loaded
     model = tied_gpt(groups)
     with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt")) as handle:

@@ -39,14 +39,14 @@ def ours_worker(rank, world_size, root):
     from export_checkpoint import export
 
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
 
     _, state = export(os.path.join(root, "ours"))
     config = ModelConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS,
                          num_attention_heads=HEADS, max_sequence_length=SEQ)
     (chunk,) = build_chunks(config, pp_rank=0, pp_size=1,
-                            process_groups=singleton_process_groups())
+                            process_groups=standalone_process_groups())
     params = dict(chunk.global_named_parameters())
     assert sorted(params) == sorted(state)
     with torch.no_grad():

@@ -57,12 +57,12 @@ def gpu_microbatches(vocab_size, *, batch=4, seq=512, seed=3):
 def gpu_worker(rank, world_size, out_path):
     import torch.distributed as dist
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
 
     torch.cuda.set_device(0)
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     config = ModelConfig(vocab_size=128, hidden_size=256, num_layers=8, num_attention_heads=4,
                          max_sequence_length=512, device="cuda")
     (model,) = build_chunks(config, pp_rank=0, pp_size=1, process_groups=groups)

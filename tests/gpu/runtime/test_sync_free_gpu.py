@@ -34,9 +34,9 @@ def worker(rank, world_size, out_path):
     from odc_pp.training.distributed import Topology
 
     torch.cuda.set_device(0)
-    args = parse_args(FLAGS)
-    topo = Topology.build(0, args.resolve_layout(1), torch.device("cuda", 0))
-    parts = build_components(args, topo, vocab_size=512)
+    job = parse_args(FLAGS).resolve(1)
+    topo = Topology.for_job(job, 0, torch.device("cuda", 0))
+    parts = build_components(job, topo, vocab_size=512)
     generator = torch.Generator().manual_seed(0)
     lengths = (100, 60, 96)  # three documents packed in one 256-token row
     microbatches = []

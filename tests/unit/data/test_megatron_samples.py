@@ -36,8 +36,7 @@ def prefix(tmp_path_factory):
 
 def _args(*flags):
     args, notes = parse_args_with_notes(list(flags))
-    args.resolve_layout(2).dp
-    return args, notes
+    return args.resolve(2).args, notes
 
 
 class _ByteTokenizer:

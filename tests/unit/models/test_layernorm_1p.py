@@ -72,7 +72,7 @@ def _run(root: str) -> None:
     import torch.distributed as dist
 
     from odc_pp.data import Microbatch
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
 
     with socket.socket() as probe:
@@ -80,7 +80,7 @@ def _run(root: str) -> None:
         port = probe.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     generator = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 64, (2, 12), generator=generator)
     microbatch = Microbatch(tokens=tokens, labels=torch.roll(tokens, -1, 1),

@@ -35,7 +35,6 @@ def test_every_consumer_lists_the_registry():
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_rows_match_what_generate_and_the_frontend_build(name):
     from odc_pp.training.arguments import parse_args
-    from odc_pp.training.components import placement_of
 
     row = family(name)
     pp = 3
@@ -50,7 +49,8 @@ def test_rows_match_what_generate_and_the_frontend_build(name):
              "3"] + (["--cpu-offload"] if row.offloads else [])
     args = parse_args(flags)
     assert args.schedule.num_model_chunks == row.default_chunks
-    assert placement_of(name) is row.placement
+    job = args.resolve(3)
+    assert job.family is row and job.placement is row.placement
     if row.max_chunks is not None:
         with pytest.raises(ValueError, match="--num-model-chunks"):
             parse_args(flags + ["--num-model-chunks", str(row.max_chunks + 1)])

@@ -17,16 +17,22 @@ def test_cp_flags_are_native_and_divide_the_world():
     args = parse_args(BASE + ["--context-parallel-size", "2", "--cp-comm-type", "a2a",
                               "--global-batch-size", "4"])
     assert (args.parallel.context_parallel_size, args.parallel.cp_comm_type) == (2, "a2a")
-    assert args.resolve_layout(8).dp == 4
+    assert args.resolve(8).layout.dp == 4
     assert parse_args(BASE + ["--context-parallel-size", "2", "--global-batch-size", "4",
                               "--pipeline-model-parallel-size", "2", "--num-layers", "2"]
-                      ).resolve_layout(8).dp == 2
+                      ).resolve(8).layout.dp == 2
     with pytest.raises(ValueError, match="--context-parallel-size 2"):
-        parse_args(BASE + ["--context-parallel-size", "2"]).resolve_layout(3).dp
+        parse_args(BASE + ["--context-parallel-size", "2"]).resolve(3).layout.dp
+
+
+def test_the_layout_refuses_hierarchical_with_context_parallelism():
+    """The rule lives in the layout: the parse passes, resolving the job refuses it."""
+    args = parse_args(BASE + ["--context-parallel-size", "2", "--dp-mode", "hierarchical"])
+    with pytest.raises(ValueError, match="--context-parallel-size 2 needs --dp-mode odc"):
+        args.resolve(4)
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--dp-mode", "hierarchical"], "--dp-mode"),
     (["--cp-comm-type", "a2a", "--context-parallel-size", "8"], "--cp-comm-type a2a"),
     (["--cp-comm-type", "ring"], "--cp-comm-type 'ring' is not one of"),
     (["--cp-comm-type", "allgather"], "--cp-comm-type allgather is not implemented"),

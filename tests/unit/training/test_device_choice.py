@@ -149,7 +149,7 @@ def test_hierarchical_and_tied_groups_are_listed_in_one_order():
     assert groups["tied"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     odc = ParallelLayout.resolve(SimpleNamespace(**{**vars(flags), "dp_mode": "odc",
                                                     "dp_ranks_per_host": None}), 8)
-    assert set(odc.groups()) == {"tp", "pp", "dp"}
+    assert set(odc.groups()) == {"tp", "pp", "dp", "self"}
     assert odc.groups(tied_last_stage=1)["tied"] == [list(range(8))]
 
 

@@ -49,7 +49,7 @@ def test_a_cp_rank_is_reported_at_its_own_pipeline_stage():
     from odc_pp.layout import layout_rank
     from odc_pp.training.dry_run import _cp1_rank
 
-    parallel = parse_args(TINY[:-2] + ["--context-parallel-size", "4"]).parallel
+    parallel = parse_args(TINY[:-2] + ["--context-parallel-size", "4"]).resolve(16).layout
     for rank in range(16):  # pp 2 x cp 4 x dp 2
         cp_rank, pp_rank, dp_rank = rank % 4, rank // 4 % 2, rank // 8
         assert _cp1_rank(rank, parallel) == layout_rank(

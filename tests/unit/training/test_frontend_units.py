@@ -31,7 +31,7 @@ def test_every_megatron_flag_parses():
     assert args.model.num_layers == 8 and args.model.ffn_hidden_size == 64 and args.model.bf16
     assert args.schedule.pipeline_schedule == "zbv" and args.schedule.num_model_chunks == 2
     assert args.optimizer.lr_decay_iters == 20 and args.data.load_balance == "lb-mini"
-    assert args.resolve_layout(4).dp == 2
+    assert args.resolve(4).layout.dp == 2
 
 
 def test_defaults_fill_in():
@@ -72,9 +72,9 @@ def test_data_source_and_world_size_checks():
     args = parse_args(BASE + ["--global-batch-size", "6", "--micro-batch-size", "2",
                               "--pipeline-model-parallel-size", "2", "--num-layers", "4"])
     with pytest.raises(ValueError, match="--pipeline-model-parallel-size 2"):
-        args.resolve_layout(3).dp
+        args.resolve(3).layout.dp
     with pytest.raises(ValueError, match="--global-batch-size 6 must be a multiple"):
-        args.resolve_layout(4).dp
+        args.resolve(4).layout.dp
 
 
 def test_unknown_flag_is_one_line_naming_it(capsys):

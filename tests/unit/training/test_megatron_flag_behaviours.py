@@ -11,13 +11,14 @@ BASE = ["--mock-data", "--vocab-size", "64"]
 
 def test_missing_global_batch_size_is_micro_batch_times_dp_as_megatron():
     args = parse_args(BASE + ["--micro-batch-size", "2"])
-    assert args.resolve_layout(4).dp == 4
-    assert args.data.global_batch_size == 8
-    assert args.resolution_notes == ["note: no --global-batch-size: --micro-batch-size 2 x "
-                                     "data-parallel size 4 = 8, as Megatron"]
-    given = parse_args(BASE + ["--global-batch-size", "16"])
-    given.resolve_layout(4).dp
-    assert given.data.global_batch_size == 16 and given.resolution_notes == []
+    job = args.resolve(4)
+    assert job.layout.dp == 4
+    assert job.args.data.global_batch_size == 8
+    assert args.data.global_batch_size is None  # the parsed flags are not rewritten
+    assert list(job.notes) == ["note: no --global-batch-size: --micro-batch-size 2 x "
+                               "data-parallel size 4 = 8, as Megatron"]
+    given = parse_args(BASE + ["--global-batch-size", "16"]).resolve(4)
+    assert given.args.data.global_batch_size == 16 and given.notes == ()
 
 
 def test_samples_become_iterations_of_the_global_batch():
@@ -28,7 +29,7 @@ def test_samples_become_iterations_of_the_global_batch():
     assert "--train-samples 100 -> --train-iters 12" in args.resolution_notes[0]
     late = parse_args(BASE + ["--train-samples", "16"])  # the global batch known at dp
     assert late.run.train_iters is None
-    late.resolve_layout(4).dp
+    late = late.resolve(4).args
     assert (late.data.global_batch_size, late.run.train_iters,
             late.optimizer.lr_decay_iters) == (4, 4, 4)
 

@@ -103,8 +103,8 @@ def test_size_dependent_combinations_fail_before_training():
                               "--pipeline-schedule", "zbv", "--pipeline-model-parallel-size",
                               "2", "--num-layers", "4"])
     with pytest.raises(ValueError, match="--load-balance balanced or none, --dp-mode odc"):
-        args.resolve_layout(4).dp
-    assert args.resolve_layout(2).dp == 1  # dp=1: nothing to balance
+        args.resolve(4).layout.dp
+    assert args.resolve(2).layout.dp == 1  # dp=1: nothing to balance
     hierarchical = parse_args(BASE + ["--dp-mode", "hierarchical", "--dp-ranks-per-host", "3"])
     with pytest.raises(ValueError, match="--dp-ranks-per-host 3"):
-        hierarchical.resolve_layout(4, 4).dp
+        hierarchical.resolve(4, 4).layout.dp

@@ -99,7 +99,7 @@ def test_script_starts_with_one_line_per_refusal_then_parses(script, tmp_path):
         fixed += tokens
     args, notes = parse_args_with_notes(fixed)
     pp, tp = args.parallel.pipeline_model_parallel_size, args.parallel.tensor_model_parallel_size
-    args.resolve_layout(pp * tp * 2).dp
+    args.resolve(pp * tp * 2).layout.dp
     answered = [tokens[0] for tokens in flags if tokens[0] not in NATIVE and
                 tokens[0] not in refused]
     for flag in answered:

@@ -52,7 +52,7 @@ def _save_all(root: str) -> None:
 
     import torch.distributed as dist
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.megatron.model_identity import megatron_args
@@ -64,7 +64,7 @@ def _save_all(root: str) -> None:
         port = probe.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     base = dict(vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=4,
                 max_sequence_length=16)
     for name, config, with_args in (("gpt", ModelConfig(**base), True),

@@ -40,7 +40,8 @@ def _frontend(flags: list[str], *, dp: int):
 
     args = parse_args(flags + ["--mock-data", "--vocab-size", "32000"])
     pp = args.parallel.pipeline_model_parallel_size
-    replicas = args.resolve_layout(pp * dp).dp
+    job = args.resolve(pp * dp)
+    args, replicas = job.args, job.layout.dp
     num_microbatches = args.data.global_batch_size // (args.data.micro_batch_size * replicas)
     schedule = build(training_request(args.schedule, pp=pp, num_microbatches=num_microbatches),
                      load_cost_model(args.schedule))

@@ -208,15 +208,14 @@ def test_the_size_estimate_is_the_written_size_and_covers_retention(tmp_path):
 def test_an_elastic_restart_loads_the_newest_checkpoint_in_save(tmp_path, monkeypatch, capsys):
     topo = types.SimpleNamespace(rank=0, world_size=1, pp=1, dp=1)
     args = parse_args(MOCK + ["--save", str(tmp_path), "--global-batch-size", "4"])
-    adopt_elastic_restart(args, topo)  # first start: nothing changes
-    assert args.checkpoint.load is None
+    assert adopt_elastic_restart(args, topo) is args.checkpoint  # first start: as given
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    adopt_elastic_restart(args, topo)  # nothing saved yet: from scratch
-    assert args.checkpoint.load is None
+    assert adopt_elastic_restart(args, topo).load is None  # nothing saved yet: from scratch
     assert "elastic restart 1: --save" in capsys.readouterr().out  # "holds no checkpoint yet"
     _save(tmp_path, meta={"pp": 1, "dp": 2})
-    adopt_elastic_restart(args, topo)
-    assert args.checkpoint.load == str(tmp_path)
+    loading = adopt_elastic_restart(args, topo)
+    assert loading.load == str(tmp_path) and not loading.finetune
+    assert args.checkpoint.load is None  # the flags are never rewritten
     out = capsys.readouterr().out
     assert (f"elastic restart 1: resuming from the newest verified checkpoint in --save "
             f"{tmp_path} (latest: iteration 3, saved by 1 ranks, pp 1 x dp 2); now 1 ranks, "

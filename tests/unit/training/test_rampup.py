@@ -49,7 +49,7 @@ def test_an_indivisible_size_is_refused_as_megatron_asserts():
     args = parse_args(BASE + ["--global-batch-size", "12", "--rampup-batch-size", "4", "2",
                               "12"])
     with pytest.raises(ValueError, match="--rampup-batch-size: global batch size 6"):
-        args.resolve_layout(4).dp
+        args.resolve(4).layout.dp
 
 
 @pytest.mark.parametrize("extra,message", [
