@@ -96,10 +96,6 @@ from .tied import TiedGradients
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout", "accumulates_locally"]
 
 
-
-
-
-
 class _Unit:
     """Flat-buffer bookkeeping of one unit (module) on this rank."""
 
@@ -146,11 +142,6 @@ class _Unit:
     @property
     def owned_numel(self) -> int:
         return self.end - self.start
-
-    @property
-    def full_nbytes(self) -> int:
-        """Bytes of the whole gathered unit (0 at dp=1: the shard is the unit)."""
-        return sum(segment.nbytes for segment in self.segments)
 
     @property
     def kept_nbytes(self) -> int:
@@ -390,10 +381,6 @@ class ShardedDataParallel(ModuleHooksDriver):
             else:
                 still.append((work, flat_grad))
         self._pending = still
-
-    def pending_push_bytes(self) -> int:
-        """Bytes of flattened gradients held for pushes still in flight."""
-        return sum(t.numel() * t.element_size() for _, t in self._pending)
 
     def _wait_pushes(self) -> None:
         while self._pending:
