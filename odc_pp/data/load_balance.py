@@ -125,19 +125,11 @@ def fit_cost_model(lengths: Sequence[float], times: Sequence[float], *,
     t = np.asarray(times, dtype=np.float64)
     if s.ndim != 1 or s.shape != t.shape or s.size < 2:
         raise ValueError("fit_cost_model needs two 1-D sequences of equal length >= 2")
-    columns = {"a": s * s, "b": s}
-    if with_constant:
-        columns["c"] = np.ones_like(s)
-    active = list(columns)
-    while active:
-        design = np.stack([columns[name] for name in active], axis=1)
-        coef, *_ = np.linalg.lstsq(design, t, rcond=None)
-        if (coef >= 0).all():
-            fitted = dict(zip(active, coef.tolist()))
-            return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
-                              c=fitted.get("c", 0.0))
-        active.pop(int(np.argmin(coef)))
-    raise ValueError("times do not grow with length: no non-negative cost model fits them")
+    fitted = _fit_nonnegative(s * s, s, t, with_constant=with_constant)
+    if fitted is None:
+        raise ValueError("times do not grow with length: no non-negative cost model fits "
+                         "them")
+    return fitted
 
 
 def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
@@ -154,20 +146,31 @@ def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
     t = np.asarray(times, dtype=np.float64)
     if lin.ndim != 1 or lin.shape != quad.shape or lin.shape != t.shape or lin.size < 2:
         raise ValueError("fit_microbatch_costs needs three 1-D sequences of equal length >= 2")
-    columns = {"a": quad, "b": lin}
+    fitted = _fit_nonnegative(quad, lin, t, with_constant=with_constant)
+    if fitted is None:
+        raise ValueError("measured times do not grow with tokens: no non-negative cost "
+                         "model fits them")
+    return fitted
+
+
+def _fit_nonnegative(quadratic: np.ndarray, linear: np.ndarray, times: np.ndarray, *,
+                     with_constant: bool) -> FittedCost | None:
+    """Least squares of ``times ~ a * quadratic + b * linear (+ c)``; a coefficient that
+    comes out negative is dropped and the rest refitted (the model stays monotone). None:
+    no fit with a positive coefficient."""
+    columns = {"a": quadratic, "b": linear}
     if with_constant:
-        columns["c"] = np.ones_like(lin)
+        columns["c"] = np.ones_like(linear)
     active = list(columns)
     while active:
         design = np.stack([columns[name] for name in active], axis=1)
-        coef, *_ = np.linalg.lstsq(design, t, rcond=None)
+        coef, *_ = np.linalg.lstsq(design, times, rcond=None)
         if (coef >= 0).all() and (coef > 0).any():
             fitted = dict(zip(active, coef.tolist()))
             return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
                               c=fitted.get("c", 0.0))
         active.pop(int(np.argmin(coef)))
-    raise ValueError("measured times do not grow with tokens: no non-negative cost model "
-                     "fits them")
+    return None
 
 
 def microbatch_cost(group: Sequence[int], lengths: np.ndarray,
