@@ -67,7 +67,7 @@ def time_packer() -> list[dict]:
 
     from odc_pp.data.assignment import plan_minibatch
     from odc_pp.planner.inputs import ModelSpec
-    from odc_pp.planner.search import _sample_cost
+    from odc_pp.planner.microbatch_costs import sample_cost
 
     model = ModelSpec(num_layers=32, hidden_size=4096, num_attention_heads=32,
                       ffn_hidden_size=14336, vocab_size=128256, seq_length=65536,
@@ -78,7 +78,7 @@ def time_packer() -> list[dict]:
         lengths = np.clip(rng.lognormal(np.log(2048), 1.0, 1024).astype(int), 8, cap)
         load, start = load_1min(), time.process_time()
         plan = plan_minibatch(lengths, replicas, max_tokens=cap, mode="lb-mini", packed=True,
-                              segment_attention=True, cost_model=_sample_cost(model))
+                              segment_attention=True, cost_model=sample_cost(model))
         rows.append({"replicas": replicas, "token_cap": cap, "global_batch": 1024,
                      "cpu_s": round(time.process_time() - start, 3),
                      "imbalance": round(plan.imbalance, 6), "load_1min": load})

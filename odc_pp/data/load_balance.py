@@ -125,19 +125,11 @@ def fit_cost_model(lengths: Sequence[float], times: Sequence[float], *,
     t = np.asarray(times, dtype=np.float64)
     if s.ndim != 1 or s.shape != t.shape or s.size < 2:
         raise ValueError("fit_cost_model needs two 1-D sequences of equal length >= 2")
-    columns = {"a": s * s, "b": s}
-    if with_constant:
-        columns["c"] = np.ones_like(s)
-    active = list(columns)
-    while active:
-        design = np.stack([columns[name] for name in active], axis=1)
-        coef, *_ = np.linalg.lstsq(design, t, rcond=None)
-        if (coef >= 0).all():
-            fitted = dict(zip(active, coef.tolist()))
-            return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
-                              c=fitted.get("c", 0.0))
-        active.pop(int(np.argmin(coef)))
-    raise ValueError("times do not grow with length: no non-negative cost model fits them")
+    fitted = _fit_nonnegative(s * s, s, t, with_constant=with_constant)
+    if fitted is None:
+        raise ValueError("times do not grow with length: no non-negative cost model fits "
+                         "them")
+    return fitted
 
 
 def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
@@ -154,20 +146,31 @@ def fit_microbatch_costs(linear: Sequence[float], quadratic: Sequence[float],
     t = np.asarray(times, dtype=np.float64)
     if lin.ndim != 1 or lin.shape != quad.shape or lin.shape != t.shape or lin.size < 2:
         raise ValueError("fit_microbatch_costs needs three 1-D sequences of equal length >= 2")
-    columns = {"a": quad, "b": lin}
+    fitted = _fit_nonnegative(quad, lin, t, with_constant=with_constant)
+    if fitted is None:
+        raise ValueError("measured times do not grow with tokens: no non-negative cost "
+                         "model fits them")
+    return fitted
+
+
+def _fit_nonnegative(quadratic: np.ndarray, linear: np.ndarray, times: np.ndarray, *,
+                     with_constant: bool) -> FittedCost | None:
+    """Least squares of ``times ~ a * quadratic + b * linear (+ c)``; a coefficient that
+    comes out negative is dropped and the rest refitted (the model stays monotone). None:
+    no fit with a positive coefficient."""
+    columns = {"a": quadratic, "b": linear}
     if with_constant:
-        columns["c"] = np.ones_like(lin)
+        columns["c"] = np.ones_like(linear)
     active = list(columns)
     while active:
         design = np.stack([columns[name] for name in active], axis=1)
-        coef, *_ = np.linalg.lstsq(design, t, rcond=None)
+        coef, *_ = np.linalg.lstsq(design, times, rcond=None)
         if (coef >= 0).all() and (coef > 0).any():
             fitted = dict(zip(active, coef.tolist()))
             return FittedCost(a=fitted.get("a", 0.0), b=fitted.get("b", 0.0),
                               c=fitted.get("c", 0.0))
         active.pop(int(np.argmin(coef)))
-    raise ValueError("measured times do not grow with tokens: no non-negative cost model "
-                     "fits them")
+    return None
 
 
 def microbatch_cost(group: Sequence[int], lengths: np.ndarray,
@@ -225,13 +228,25 @@ def balance_costs(costs: Sequence[float], num_parts: int) -> list[list[int]]:
         raise ValueError("costs must be a 1-D sequence of finite numbers >= 0")
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
-    candidates = [_karmarkar_karp(array, num_parts), _longest_processing_time(array, num_parts)]
-    for subsets in candidates:
-        refine_parts(subsets, array)
-        _fill_empty(subsets, array)
+    return _split_balanced(array, num_parts, refine=True)
 
+
+def _split_balanced(costs: np.ndarray, num_parts: int, *, refine: bool) -> list[list[int]]:
+    """Karmarkar-Karp and greedy LPT, each refined by moves and swaps (``refine``) and left
+    without empty parts: the better one (:func:`_best_split`)."""
+    candidates = [_karmarkar_karp(costs, num_parts), _longest_processing_time(costs, num_parts)]
+    for subsets in candidates:
+        if refine:
+            refine_parts(subsets, costs)
+        _fill_empty(subsets, costs)
+    return _best_split(candidates, costs)
+
+
+def _best_split(candidates: list[list[list[int]]], costs: np.ndarray) -> list[list[int]]:
+    """The candidate with the smallest largest part cost, then the smallest spread (ties:
+    the earlier candidate); each part's indices ascending."""
     def score(subsets: list[list[int]]) -> tuple[float, float]:
-        loads = [float(array[s].sum()) if s else 0.0 for s in subsets]
+        loads = [float(costs[s].sum()) if s else 0.0 for s in subsets]
         return max(loads), max(loads) - min(loads)
 
     return [sorted(subset) for subset in min(candidates, key=score)]
@@ -343,19 +358,7 @@ def balance_minibatch(lengths: Sequence[int], num_replicas: int,
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     costs = (cost_model or TokenCost())(array).astype(np.float64)
-    candidates = [_karmarkar_karp(costs, num_replicas),
-                  _longest_processing_time(costs, num_replicas)]
-    for subsets in candidates:
-        if refine:
-            refine_parts(subsets, costs)
-        _fill_empty(subsets, costs)
-
-    def score(subsets: list[list[int]]) -> tuple[float, float]:
-        loads = [float(costs[s].sum()) if s else 0.0 for s in subsets]
-        return max(loads), max(loads) - min(loads)
-
-    best = min(candidates, key=score)
-    return [sorted(subset) for subset in best]
+    return _split_balanced(costs, num_replicas, refine=refine)
 
 
 def _count_constrained_lpt(costs: np.ndarray, counts: Sequence[int]) -> list[list[int]]:
@@ -402,13 +405,7 @@ def balance_equal_counts(lengths: Sequence[int], num_parts: int,
         candidates.append([list(range(p, n, num_parts)) for p in range(num_parts)])
     for subsets in candidates:
         refine_parts(subsets, costs, moves=False)
-
-    def score(subsets: list[list[int]]) -> tuple[float, float]:
-        loads = [float(costs[s].sum()) if s else 0.0 for s in subsets]
-        return max(loads), max(loads) - min(loads)
-
-    best = min(candidates, key=score)
-    return [sorted(subset) for subset in best]
+    return _best_split(candidates, costs)
 
 
 def pack_microbatches(sample_indices: Sequence[int], lengths: Sequence[int],

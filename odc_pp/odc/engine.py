@@ -89,103 +89,12 @@ from torch import nn
 
 from . import primitives as prim
 from .engine_config import OdcConfig, UnitLayout, accumulates_locally, into_main_grad
+from .flat_unit import FlatUnit
 from .module_hooks import ModuleHooksDriver
-from .residency import LayerResidency, Segment, gather_segment, plan_segments
+from .residency import LayerResidency, Segment, gather_segment
 from .tied import TiedGradients
 
 __all__ = ["OdcConfig", "ShardedDataParallel", "UnitLayout", "accumulates_locally"]
-
-
-
-
-
-
-class _Unit:
-    """Flat-buffer bookkeeping of one unit (module) on this rank."""
-
-    def __init__(self, index: int, module: nn.Module, params: list[nn.Parameter],
-                 names: list[str], group, dtype: torch.dtype, device: torch.device,
-                 residency_modules: Sequence[nn.Module] = ()) -> None:
-        self.index = index
-        self.module = module
-        self.params = params
-        self.names = names
-        self.shapes = [tuple(p.shape) for p in params]
-        self.offsets = []
-        offset = 0
-        for p in params:
-            self.offsets.append(offset)
-            offset += p.numel()
-        self.numel = offset
-        self.start, self.end = prim.shard_range(self.numel, group.rank, group.world_size)
-        self.shard_numel = -(-self.numel // group.world_size)
-        self.param_shard = prim.symmetric_empty((self.shard_numel,), dtype, group, device)
-        self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
-        self.aliased = group.world_size == 1
-        """dp=1: the gathered parameters are the shard itself (never released)."""
-        self.segments: list[Segment] = []
-        """Separately released ranges of the flat buffer (odc_pp.odc.residency)."""
-        if self.aliased:
-            self.segments.append(Segment(lo=0, hi=self.numel, nbytes=0,
-                                         buffer=self.param_shard[:self.numel]))
-        else:
-            for lo, hi, part, backward in plan_segments(params, self.offsets, self.numel,
-                                                        residency_modules):
-                buffer = torch.empty(hi - lo, dtype=dtype, device=device)
-                self.segments.append(Segment(lo=lo, hi=hi, buffer=buffer, module=part,
-                                             backward=backward,
-                                             nbytes=buffer.untyped_storage().nbytes()))
-        self.main_grad: torch.Tensor | None = None
-        """grad_accumulation 'local': gradient of the whole unit (main_grad_dtype), summed over the
-        minibatch's microbatches (at dp=1 a view of ``grad_acc``); None: 'push'."""
-        self.prefetch: Future | prim.Work | None = None
-        """Pending prefetch: a helper-thread Future (CPU) or an async gather Work (CUDA)."""
-        self.pushes = 0
-        self.accumulated: set[int] = set()
-
-    @property
-    def owned_numel(self) -> int:
-        return self.end - self.start
-
-    @property
-    def full_nbytes(self) -> int:
-        """Bytes of the whole gathered unit (0 at dp=1: the shard is the unit)."""
-        return sum(segment.nbytes for segment in self.segments)
-
-    @property
-    def kept_nbytes(self) -> int:
-        """Bytes gathered from first use to the step (without the per-layer segments)."""
-        return sum(segment.nbytes for segment in self.segments if segment.module is None)
-
-    @property
-    def resident(self) -> bool:
-        return all(segment.resident for segment in self.segments)
-
-    def flat(self, offset: int, numel: int) -> torch.Tensor:
-        """The gathered values of flat elements ``[offset, offset + numel)`` (one segment)."""
-        for segment in self.segments:
-            if segment.lo <= offset and offset + numel <= segment.hi:
-                return segment.buffer[offset - segment.lo:offset - segment.lo + numel]
-        raise ValueError(f"flat range [{offset}, {offset + numel}) spans segments")
-
-    def point_params(self) -> None:
-        """Make every parameter a view of its segment's buffer."""
-        with torch.no_grad():
-            for param, offset, shape in zip(self.params, self.offsets, self.shapes):
-                param.data = self.flat(offset, param.numel()).view(shape)
-
-    def flat_grad(self) -> torch.Tensor:
-        """This rank's gradient of the whole unit as one flat tensor (zeros where missing)."""
-        pieces = [p.grad.reshape(-1) if p.grad is not None
-                  else torch.zeros(p.numel(), dtype=self.param_shard.dtype,
-                                   device=self.param_shard.device)
-                  for p in self.params]
-        return torch.cat(pieces).to(self.param_shard.dtype)
-
-    def clear_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
-        self.accumulated.clear()
 
 
 class ShardedDataParallel(ModuleHooksDriver):
@@ -210,7 +119,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._check_group(group, inter_host_group)
         if not modules:
             raise ValueError("ShardedDataParallel needs at least one module (unit)")
-        self.units: list[_Unit] = []
+        self.units: list[FlatUnit] = []
         seen: set[int] = set()
         per_layer = config.param_residency == "layer"
         if per_layer and (layers is None or len(layers) != len(modules)):
@@ -258,7 +167,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             raise ValueError("pass inter_host_group exactly when mode='hierarchical'")
 
     def _build_unit(self, index: int, module: nn.Module, seen: set[int],
-                    layers: Sequence[nn.Module]) -> _Unit:
+                    layers: Sequence[nn.Module]) -> FlatUnit:
         names, params = [], []
         for name, param in module.named_parameters():
             if not param.requires_grad:
@@ -273,7 +182,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             raise ValueError(f"unit {index} ({type(module).__name__}) has no trainable "
                              f"parameters; leave it out of the unit list")
         device = params[0].device
-        unit = _Unit(index, module, params, names, self.group, self.config.torch_param_dtype,
+        unit = FlatUnit(index, module, params, names, self.group, self.config.torch_param_dtype,
                      device, layers)
         with torch.no_grad():
             for param, offset in zip(params, unit.offsets):
@@ -291,7 +200,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._release(unit)
         return unit
 
-    def _attach_main_grad(self, unit: _Unit) -> None:
+    def _attach_main_grad(self, unit: FlatUnit) -> None:
         """``param.main_grad``: the parameter's slice of the unit's local accumulator (fp32
         or ``main_grad_dtype``; at dp=1 the owner's fp32 accumulator). Deferred W
         (``odc_pp.megatron.layers.accumulate_weight_grad``) adds into it; a
@@ -304,7 +213,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             self._grad_hooks.append(param.register_post_accumulate_grad_hook(into_main_grad))
 
     # ----- gather / release / push -----------------------------------------------------
-    def _gather(self, unit: _Unit, *, kept_only: bool = False) -> None:
+    def _gather(self, unit: FlatUnit, *, kept_only: bool = False) -> None:
         """Gather the unit's segments (``kept_only``: those not gathered per layer)."""
         if unit.aliased:
             return
@@ -314,7 +223,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             if not (kept_only and segment.module is not None):
                 self._gather_segment(unit, segment)
 
-    def _gather_segment(self, unit: _Unit, segment: Segment) -> None:
+    def _gather_segment(self, unit: FlatUnit, segment: Segment) -> None:
         if segment.resident or unit.aliased:
             return
         segment.buffer.untyped_storage().resize_(segment.nbytes)
@@ -341,7 +250,7 @@ class ShardedDataParallel(ModuleHooksDriver):
                                                     unit.param_shard, self.group)
         self._ops.append(("G", unit.index))
 
-    def _wait_prefetch(self, unit: _Unit) -> None:
+    def _wait_prefetch(self, unit: FlatUnit) -> None:
         pending, unit.prefetch = unit.prefetch, None
         if isinstance(pending, Future):
             # the transport's own waits time out and name the peer; this bounds the thread
@@ -349,7 +258,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         else:  # CUDA Work: the current (compute) stream waits for the gather's copies
             pending.wait()
 
-    def _release(self, unit: _Unit) -> None:
+    def _release(self, unit: FlatUnit) -> None:
         if unit.aliased:
             return
         if unit.prefetch is not None:
@@ -358,7 +267,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             self._release_segment(unit, segment)
 
     @staticmethod
-    def _release_segment(unit: _Unit, segment: Segment) -> None:
+    def _release_segment(unit: FlatUnit, segment: Segment) -> None:
         if segment.resident and not unit.aliased:
             if not segment.buffer.untyped_storage().resizable():
                 # e.g. .numpy() of a parameter pinned the storage: a fresh one, same values
@@ -367,7 +276,7 @@ class ShardedDataParallel(ModuleHooksDriver):
             segment.buffer.untyped_storage().resize_(0)
             segment.resident = False
 
-    def _push(self, unit: _Unit, flat_grad: torch.Tensor | None = None, *,
+    def _push(self, unit: FlatUnit, flat_grad: torch.Tensor | None = None, *,
               retain: bool = False) -> None:
         if flat_grad is None:
             flat_grad = unit.flat_grad()
@@ -391,10 +300,6 @@ class ShardedDataParallel(ModuleHooksDriver):
                 still.append((work, flat_grad))
         self._pending = still
 
-    def pending_push_bytes(self) -> int:
-        """Bytes of flattened gradients held for pushes still in flight."""
-        return sum(t.numel() * t.element_size() for _, t in self._pending)
-
     def _wait_pushes(self) -> None:
         while self._pending:
             self._pending.pop(0)[0].wait()
@@ -409,7 +314,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         """Parameters of ``chunk`` are usable for B or BW when this returns."""
         self._gather_for_action(self._unit(chunk))
 
-    def _gather_for_action(self, unit: _Unit) -> None:
+    def _gather_for_action(self, unit: FlatUnit) -> None:
         if self._layer_residency is not None:
             self._layer_residency.release_all()  # the previous action is over
         self._gather(unit, kept_only=self._layer_residency is not None)
@@ -425,7 +330,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if chunk == 0:
             self._local_microbatches += 1
 
-    def _unit(self, chunk: int) -> _Unit:
+    def _unit(self, chunk: int) -> FlatUnit:
         if not 0 <= chunk < len(self.units):
             raise ValueError(f"chunk {chunk} outside 0..{len(self.units) - 1} (the units "
                              f"given to ShardedDataParallel)")
@@ -474,7 +379,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if self._tied is not None:
             self._tied.sum()
 
-    def _push_main_grad(self, unit: _Unit) -> None:
+    def _push_main_grad(self, unit: FlatUnit) -> None:
         """The minibatch's local gradient of ``unit`` to its owners, once. At dp=1 it
         is the owner's accumulator already. The accumulator stays untouched until the sync
         (zeroed in :meth:`finish_step`), so a staging transport keeps it by reference."""

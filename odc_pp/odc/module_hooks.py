@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten
 
+from .flat_unit import FlatUnit
+
 __all__ = ["ModuleHooksDriver"]
 
 
@@ -38,7 +40,7 @@ class ModuleHooksDriver:
             handle.remove()
         self._handles.clear()
 
-    def _make_forward_pre_hook(self, unit: _Unit):
+    def _make_forward_pre_hook(self, unit: FlatUnit):
         def hook(module, args):
             if unit.index == 0 and torch.is_grad_enabled():
                 self._start_microbatch()
@@ -46,7 +48,7 @@ class ModuleHooksDriver:
             self._prefetch(unit.index + 1)
         return hook
 
-    def _make_forward_post_hook(self, unit: _Unit):
+    def _make_forward_post_hook(self, unit: FlatUnit):
         def hook(module, args, output):
             if not torch.is_grad_enabled():
                 self._release(unit)
@@ -64,11 +66,11 @@ class ModuleHooksDriver:
             return output
         return hook
 
-    def _gather_for_backward(self, unit: _Unit) -> None:
+    def _gather_for_backward(self, unit: FlatUnit) -> None:
         self._gather(unit)
         self._prefetch(unit.index - 1)
 
-    def _make_accumulated_hook(self, unit: _Unit, position: int):
+    def _make_accumulated_hook(self, unit: FlatUnit, position: int):
         def hook(param):
             unit.accumulated.add(position)
             if len(unit.accumulated) == len(unit.params):

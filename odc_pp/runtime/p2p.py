@@ -278,11 +278,6 @@ class PeerTransport:
         """Distinct sent tensors (payloads and headers) still held for their sends."""
         return len({id(t) for _, keep, _, _ in self._inflight_sends for t in keep})
 
-    def inflight_send_bytes(self) -> int:
-        """Bytes of the tensors :meth:`inflight_send_count` counts."""
-        tensors = {id(t): t for _, keep, _, _ in self._inflight_sends for t in keep}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
-
     def drain_sends(self) -> None:
         for work, _, peer, what in self._inflight_sends:
             self._wait(work, f"completion of send ({what})", peer)
@@ -319,9 +314,6 @@ class PeerTransport:
         self._wait(message.payload_work, message.what, message.peer)
         self._heard_from.add(message.peer)
         return message.payload
-
-    def pending_count(self) -> int:
-        return sum(len(queue) for queue in self._unposted.values())
 
     def _irecv(self, tensor: torch.Tensor, peer: int, tag: int):
         return self.ops.irecv(tensor, self.channels.global_rank(peer),

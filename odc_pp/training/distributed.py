@@ -129,10 +129,6 @@ class Topology:
         return process_group_collection(self.self_group, tp=self.tp_group)
 
     @property
-    def is_first_stage_rank(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
     def gradient_group(self) -> ProcessGroup | None:
         """The group gradients are summed over: dp x cp, or the dp group (cp = 1)."""
         return self.grad_group if self.cp > 1 else self.dp_group
