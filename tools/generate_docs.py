@@ -424,7 +424,7 @@ def speed_evidence() -> str:
             ""]
     out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
     out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated on "
-            "`pretrain_gpt.py` traces ([planner](docs/planner.md)):", ""]
+            "`pretrain_gpt.py` traces ([validation](docs/planner_validation.md)):", ""]
     machine = (validation or {}).get("this_machine")
     out += machine_table(machine) if machine else ["(not measured)"]
     return "\n".join(out)
