@@ -194,9 +194,11 @@ def _history_row(name: str, root: pathlib.Path) -> str:
     else:
         dates = sorted({run["date"] for run in doc["runs"]})
         pooled = sum(bool(run.get("pooled")) for run in doc["runs"])
-        what = f"{len(doc['runs'])} runs" + (f" ({pooled} pooled)" if pooled else "")
+        count = len(doc["runs"])
+        what = f"{count} run{'s' if count > 1 else ''}" + (f" ({pooled} pooled)" if pooled else "")
     span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} .. {dates[-1]}"
-    return f"| [`{name}`]({name}) | {what} | {span} | {doc['about']} | {_backs(name, root)} |"
+    about = doc["about"].replace("|", "\\|")
+    return f"| [`{name}`]({name}) | {what} | {span} | {about} | {_backs(name, root)} |"
 
 
 def index(root: pathlib.Path = ROOT) -> str:
