@@ -20,7 +20,8 @@ sequence length here because torch.distributed.pipelining requires static shapes
 
 Each row also has the CPU seconds of a step (``cpu_s``: user + system, both ranks) and
 its minor page faults per round; ``--pool FILE...`` pools the round-by-round ratios of
-several runs per sequence length. ``bench_runtime_isolated.py`` runs each runtime in its
+several runs per sequence length (result files, or a benchmark's file of
+``benchmarks/results/history/``: its runs marked pooled). ``bench_runtime_isolated.py`` runs each runtime in its
 own processes instead (its own heap, as in training).
 
     .venv/bin/python benchmarks/bench_runtime.py --json
