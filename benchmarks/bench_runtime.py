@@ -20,7 +20,8 @@ sequence length here because torch.distributed.pipelining requires static shapes
 
 Each row also has the CPU seconds of a step (``cpu_s``: user + system, both ranks) and
 its minor page faults per round; ``--pool FILE...`` pools the round-by-round ratios of
-several runs per sequence length. ``bench_runtime_isolated.py`` runs each runtime in its
+several runs per sequence length (result files, or a benchmark's file of
+``benchmarks/results/history/``: its runs marked pooled). ``bench_runtime_isolated.py`` runs each runtime in its
 own processes instead (its own heap, as in training).
 
     .venv/bin/python benchmarks/bench_runtime.py --json
@@ -86,7 +87,8 @@ def parse_args(argv=None):
                              "profiled action costs, the runtime's overhead per action")
     parser.add_argument("--pool", nargs="+", metavar="JSON",
                         help="measure nothing: pool the round-by-round ratios of these "
-                             "results (same code, several runs) per sequence length, with "
+                             "results (same code, several runs; a history file gives its "
+                             "runs marked pooled) per sequence length, with "
                              "a bootstrap 95%% interval of the median")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, one more step of every configuration "
@@ -561,14 +563,14 @@ def _bootstrap_median(values: list[float], reps: int = 4000, seed: int = 0) -> l
 
 def pool(paths: list[str]) -> dict:
     """Per sequence length and pair: every round's ratio (their step / ours, and their
-    CPU seconds / ours where recorded) over all ``paths``, its median, bootstrap
-    interval, the share of rounds at >= 1.0, and each run's own median."""
-    import json
+    CPU seconds / ours where recorded) over all runs of ``paths`` (result files, or
+    history files: their runs marked pooled), its median, bootstrap interval, the share
+    of rounds at >= 1.0, and each run's own median."""
+    from benchmarks.results_history import runs
 
     pooled: dict = {}
-    for path in paths:
-        with open(path) as handle:
-            doc = json.load(handle)
+    named = runs(paths)
+    for name, doc in named:
         rows = {row["schedule"]: row for row in doc["rows"]}
         for ours, theirs in PAIRS:
             if ours not in rows or theirs not in rows:
@@ -578,7 +580,7 @@ def pool(paths: list[str]) -> dict:
             wall = [t / o for t, o in zip(rows[theirs]["step_times_s"],
                                           rows[ours]["step_times_s"])]
             entry["wall"] += wall
-            entry["runs"][os.path.basename(path)] = round(statistics.median(wall), 4)
+            entry["runs"][name] = round(statistics.median(wall), 4)
             if "cpu_s" in rows[ours]:
                 entry["cpu"] += [t / o for t, o in zip(rows[theirs]["cpu_s"]["rounds"],
                                                        rows[ours]["cpu_s"]["rounds"])]
@@ -592,7 +594,7 @@ def pool(paths: list[str]) -> dict:
                                   "ci95": _bootstrap_median(values),
                                   "share_at_least_1": round(
                                       sum(v >= 1.0 for v in values) / len(values), 3)}
-    return {"pooled_from": [os.path.basename(p) for p in paths], "pooled": pooled}
+    return {"pooled_from": [name for name, _ in named], "pooled": pooled}
 
 
 # ----- driver -------------------------------------------------------------------------

@@ -10,7 +10,9 @@ search; :mod:`odc_pp.planner.report`: its table; the command itself, which reads
 The vocabulary they share: :mod:`odc_pp.planner.model` (the model shape, also training's
 throughput/MFU shape) and :mod:`odc_pp.planner.hardware` (the accelerator presets).
 
-Layer: above ``schedule`` and ``data`` (it imports them), below ``runtime``; torch is
+Layer: above ``schedule``, ``data``, ``optim`` and ``layout`` (it may import them), on the
+same floor as ``runtime`` and ``odc``, which it does not import (nor they it); below
+``megatron``, ``training`` and the tools (``tests/unit/test_layering.py``). torch is
 imported only where a measurement needs it."""
 
 __all__: list[str] = []

@@ -29,11 +29,11 @@ class ModelArgs:
     """The transformer's shape and numerics."""
 
     num_layers: int = 4
-    """Transformer layers."""
+    """Number of transformer layers of the model (all pipeline stages together)."""
     hidden_size: int = 64
-    """Hidden size."""
+    """Hidden size: the width of the model's residual stream."""
     num_attention_heads: int = 4
-    """Attention heads."""
+    """Number of attention heads in each layer."""
     ffn_hidden_size: int | None = None
     """MLP hidden size (default 4 * hidden size)."""
     seq_length: int = 128
@@ -177,8 +177,8 @@ class ParallelArgs:
     dp_mode: str = "odc"
     """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
     dp_ranks_per_host: int | None = None
-    """hierarchical: data-parallel ranks per host (default: local processes / (pp x tp),
-    the model copies one host holds)."""
+    """With `--dp-mode hierarchical`: data-parallel ranks per host (default: local
+    processes / (pp x tp), the model copies one host holds)."""
     nondeterministic_dp: bool = False
     """Let ODC add gradients in arrival order (faster; resume no longer bit-exact)."""
     odc_param_residency: str = "auto"
@@ -205,7 +205,8 @@ class ScheduleArgs:
     """The pipeline schedule and what it may hold in memory."""
 
     pipeline_schedule: str = "1f1b"
-    """Pipeline schedule."""
+    """Pipeline schedule family: the order of forwards, backwards and weight gradients on
+    each pipeline rank (docs/schedules.md)."""
     num_model_chunks: int | None = None
     """Model chunks per pipeline rank (default 2 for V schedules and interleaved, else 1)."""
     memory_limit: float | None = None
@@ -260,9 +261,9 @@ class OptimizerArgs:
     weight_decay: float = 0.01
     """AdamW weight decay."""
     adam_beta1: float = 0.9
-    """AdamW beta1."""
+    """AdamW's beta1, the decay rate of the first-moment estimate."""
     adam_beta2: float = 0.95
-    """AdamW beta2."""
+    """AdamW's beta2, the decay rate of the second-moment estimate."""
     clip_grad: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     max_skipped_steps: int = 10
@@ -367,7 +368,7 @@ class CheckpointArgs:
     """Saving and loading."""
 
     save: str | None = None
-    """Checkpoint directory."""
+    """Directory to save checkpoints in (each save a new iteration directory)."""
     load: str | None = None
     """Resume from the latest checkpoint in this directory (the newest one that verifies).
     A directory without a checkpoint is an error, unless --load-optional is given or it is
@@ -408,7 +409,7 @@ class LoggingArgs:
     """Weights & Biases project: log the same record as --log-json / TensorBoard to wandb
     (rank 0; needs the ``wandb`` extra; WANDB_MODE=offline writes a local run directory)."""
     wandb_exp_name: str | None = None
-    """wandb run name (with --wandb-project)."""
+    """Weights & Biases run name (with --wandb-project)."""
     wandb_save_dir: str | None = None
     """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
     --save is given, else wandb's default ./wandb)."""
