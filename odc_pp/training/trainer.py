@@ -199,7 +199,8 @@ class Trainer:
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")
         if not (getattr(args.model, "hidden_dropout", 0.0) or
-                getattr(args.model, "attention_dropout", 0.0)):
+                getattr(args.model, "attention_dropout", 0.0) or
+                getattr(args, "dropout_noted", False)):  # the launch's dropout flags said it
             self._say(DROPOUT_NOTE)
         opt = args.optimizer
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
