@@ -26,13 +26,33 @@ import torch.distributed as dist
 from odc_pp.optim import clip
 from odc_pp.optim.step import OptimizerStep, StepReport, StepOutcome
 
-__all__ = ["ZeroCountingStep", "ModelStats", "owned_pieces"]
+__all__ = ["ZeroCountingStep", "ModelStats", "owned_pieces", "counted_masks"]
 
 
-def owned_pieces(optimizer, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``tensors`` (one per owned shard of ``optimizer``, a ShardedAdamW) without the
-    elements its norm mask leaves out (tensor-parallel replicas)."""
-    return [t if mask is None else t[mask] for t, mask in zip(tensors, optimizer.norm_mask)]
+def counted_masks(optimizer) -> list[torch.Tensor | None]:
+    """Per owned shard of ``optimizer``: a bool mask of the elements that count -- those
+    of a parameter (not the padding of a shard) that its norm mask keeps -- or None when
+    all do."""
+    masks = []
+    for unit, norm_mask in zip(optimizer.engine.units, optimizer.norm_mask):
+        covered = torch.zeros(unit.end - unit.start, dtype=torch.bool,
+                              device=unit.grad_acc.device)
+        for shape, offset in zip(unit.shapes, unit.offsets):
+            start = max(offset, unit.start) - unit.start
+            end = min(offset + math.prod(shape), unit.end) - unit.start
+            if end > start:
+                covered[start:end] = True
+        if norm_mask is not None:
+            covered &= norm_mask.to(covered.device)
+        masks.append(None if bool(covered.all()) else covered)
+    return masks
+
+
+def owned_pieces(masks: list[torch.Tensor | None],
+                 tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` (one per owned shard) at ``masks`` (:func:`counted_masks`): without the
+    shards' padding and the tensor-parallel replicas."""
+    return [t if mask is None else t[mask.to(t.device)] for t, mask in zip(tensors, masks)]
 
 
 class ZeroCountingStep:
@@ -41,6 +61,7 @@ class ZeroCountingStep:
 
     def __init__(self, inner: OptimizerStep, optimizer) -> None:
         self.inner, self.optimizer = inner, optimizer
+        self.masks = counted_masks(optimizer)
         self.local_zeros: torch.Tensor | None = None
         """This rank's count of the last final gradients (a float64 tensor; no sync)."""
 
@@ -49,7 +70,7 @@ class ZeroCountingStep:
         return self.inner.deferred
 
     def gradients_final(self, lr: float | None) -> StepReport:
-        grads = owned_pieces(self.optimizer, self.optimizer.engine.owned_grads())
+        grads = owned_pieces(self.masks, self.optimizer.engine.owned_grads())
         device = self.optimizer.master[0].device
         total = torch.zeros((), dtype=torch.float64, device=device)
         for grad in grads:
@@ -73,13 +94,14 @@ class ModelStats:
     def __init__(self, parts, *, params_norm: bool, zeros: bool, timeout_s: float) -> None:
         self.parts, self.params_norm, self.zeros = parts, params_norm, zeros
         self.timeout_s = timeout_s
+        self.masks = counted_masks(parts.optimizer)
 
     def local(self) -> torch.Tensor:
         """(sum of squares of the owned master weights, zero gradient count) of this rank,
         float64, taken now (after the iteration's step)."""
         optimizer = self.parts.optimizer
         device = optimizer.master[0].device
-        squares = clip.local_sum_of_squares(owned_pieces(optimizer, optimizer.master),
+        squares = clip.local_sum_of_squares(owned_pieces(self.masks, optimizer.master),
                                             dtype=torch.float64, device=device) \
             if self.params_norm else torch.zeros((), dtype=torch.float64, device=device)
         counted = getattr(self.parts.optimizer_step, "local_zeros", None)
