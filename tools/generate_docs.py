@@ -104,6 +104,8 @@ SCRIPT_TITLES = {
     "train_gpt3_175b_distributed": "`examples/gpt3/train_gpt3_175b_distributed.sh`",
     "modelopt_finetune_qwen2.5_0.5b": "ModelOpt's `examples/post_training/modelopt/"
                                       "finetune.sh` with `conf/Qwen/Qwen2.5-0.5B-Instruct.sh`",
+    "train_llama3_8b_h200_bf16": "`examples/llama/train_llama3_8b_h200_bf16.sh` (mock data)",
+    "sft_llama2_7b": "a Llama-2 7B SFT launch in Megatron-LM's style (issue 51)",
 }
 CONTEXT_NOTES = {  # native flags that Megatron tolerates as no-ops in these contexts
     ("--sequence-parallel", "--tensor-model-parallel-size 1"):
