@@ -45,7 +45,7 @@ $(STAMP): setup.py pyproject.toml $(CSRC)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=64" wheel "pybind11>=2.12" \
 		"megatron-core==$(MCORE_MAIN)" numpy matplotlib pytest pytest-timeout hypothesis \
-		"transformers==4.57.6" "safetensors==0.8.0" wandb psutil
+		"transformers==4.57.6" "safetensors==0.8.0" wandb psutil "tensorboard==2.21.0"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 

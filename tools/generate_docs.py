@@ -50,6 +50,8 @@ FLAG_PAGES = {  # page -> (title, what it answers, the parser's groups it holds)
 MEGATRON_PAGES = {  # docs page -> the launch scripts whose tables it holds
     "megatron_scripts.md": ("train_llama3_8b_h100_fp8", "train_llama3_8b_h100_fp8.dtype_fp8"),
     "megatron_scripts_gpt.md": ("train_gpt3_175b_distributed", "modelopt_finetune_qwen2.5_0.5b"),
+    "megatron_scripts_h200.md": ("train_llama3_8b_h200_bf16",),
+    "megatron_scripts_sft.md": ("sft_llama2_7b",),
 }
 SCRIPTS = os.path.join(ROOT, "tests", "data", "megatron_scripts")
 SCRIPTS_BEGIN = "<!-- megatron-scripts:begin (tools/generate_docs.py) -->"
@@ -144,6 +146,8 @@ SCRIPT_TITLES = {
     "train_gpt3_175b_distributed": "`examples/gpt3/train_gpt3_175b_distributed.sh`",
     "modelopt_finetune_qwen2.5_0.5b": "ModelOpt's `examples/post_training/modelopt/"
                                       "finetune.sh` with `conf/Qwen/Qwen2.5-0.5B-Instruct.sh`",
+    "train_llama3_8b_h200_bf16": "`examples/llama/train_llama3_8b_h200_bf16.sh` (mock data)",
+    "sft_llama2_7b": "a Llama-2 7B SFT launch in Megatron-LM's style (issue 51)",
 }
 CONTEXT_NOTES = {  # native flags that Megatron tolerates as no-ops in these contexts
     ("--sequence-parallel", "--tensor-model-parallel-size 1"):

@@ -15,6 +15,7 @@ from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import family
 
 from .argument_checks import validate
+from .logging_args import LoggingArgs
 from .megatron_semantics import resolve_lengths
 
 if TYPE_CHECKING:
@@ -390,41 +391,6 @@ class CheckpointArgs:
     """Save every N iterations (and at the end)."""
     keep_checkpoints: int = 2
     """Keep the last K checkpoints this run saved (other runs' are never deleted)."""
-
-
-@dataclass(kw_only=True)
-class LoggingArgs:
-    """What is logged and where."""
-
-    log_interval: int = 1
-    """Log every N iterations."""
-    peak_tflops: float | None = None
-    """Peak TFLOP/s of one device, for the MFU column (default: the dense bf16 peak of a
-    known GPU, e.g. H100/H200 989; none on CPU, where MFU is not reported)."""
-    log_json: str | None = None
-    """Append one JSON object per logged iteration to this file (rank 0)."""
-    tensorboard_dir: str | None = None
-    """TensorBoard event files (when tensorboard is installed)."""
-    wandb_project: str | None = None
-    """Weights & Biases project: log the same record as --log-json / TensorBoard to wandb
-    (rank 0; needs the ``wandb`` extra; WANDB_MODE=offline writes a local run directory)."""
-    wandb_exp_name: str | None = None
-    """Weights & Biases run name (with --wandb-project)."""
-    wandb_save_dir: str | None = None
-    """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
-    --save is given, else wandb's default ./wandb)."""
-    no_progress_bar: bool = False
-    """Plain log lines instead of a progress bar."""
-    schedule_png: str | None = None
-    """Write the schedule timeline picture here (rank 0)."""
-    trace: str | None = None
-    """Write a Chrome/Perfetto trace (torch profiler ``traceEvents`` JSON) of the measured
-    F, B, W, communication, offload and step/sync time, one track per rank, to this file
-    (rank 0 gathers every rank's timings), and the measured schedule picture beside it."""
-    log_activation_memory: bool = False
-    """Count every microbatch's saved activations (saved-tensor hooks, a few percent of step
-    time) so ``peak_activation_mb`` is logged for every schedule, not only offloading
-    ones."""
 
 
 @dataclass(kw_only=True)

@@ -15,6 +15,7 @@ from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
 from .context_split import context_parallel_problems
+from .logging_args import tensorboard_problems
 from .megatron_semantics import length_conflicts
 from .rampup import rampup_problems
 from .sample_construction import SAMPLE_CONSTRUCTIONS, sample_construction_problems
@@ -232,7 +233,7 @@ def _validate_run(args) -> list[str]:
                         f"{args.run.exit_duration_in_mins}")
     if args.parallel.distributed_timeout_minutes <= 0:
         problems.append("--distributed-timeout-minutes must be > 0")
-    problems += wandb_problems(args.logging)
+    problems += wandb_problems(args.logging) + tensorboard_problems(args.logging)
     problems += sample_construction_problems(args.data)
     return problems
 

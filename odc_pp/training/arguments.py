@@ -23,6 +23,7 @@ from .argument_checks import CHOICES, DP_MODES, LOAD_BALANCE, loss_scale_config
 from .argument_checks import flag_name as _flag
 from .megatron_flags import translate_all as translate_megatron_flags
 from .megatron_semantics import megatron_tolerances, unknown_lines
+from .megatron_sft_flags import choice_hint
 from .sample_construction import sample_construction_note
 
 __all__ = ["TrainingArgs", "ModelArgs", "ParallelArgs", "ScheduleArgs", "OptimizerArgs",
@@ -60,8 +61,29 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises ``ValueError`` (one line, the caller prints it once per job)
     instead of printing its usage block and exiting in every process."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.value_problems: list[str] = []
+        """Bad values (a wrong type, an invalid choice), one line each: reported with the
+        launch's other problems instead of stopping the parse at the first."""
+
     def error(self, message: str):
         raise ValueError(message)
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            self.value_problems.append(f"{'/'.join(action.option_strings)} {arg_string!r}: "
+                                       f"{exc.message}")
+            return action.default
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            flag = "/".join(action.option_strings)
+            self.value_problems.append(
+                f"{flag} {value!r}: invalid choice (choose from "
+                f"{', '.join(map(str, action.choices))}){choice_hint(flag)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +132,7 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
     translation = translate_megatron_flags(argv, native)
     argv, notes = translation.argv, translation.notes
     namespace, unknown = parser.parse_known_args(argv)
-    problems = translation.problems + unknown_lines(unknown, native)
+    problems = translation.problems + parser.value_problems + unknown_lines(unknown, native)
     if problems:
         raise ValueError(f"{len(problems)} flag{'s' * (len(problems) > 1)} not taken:\n  "
                          + "\n  ".join(problems))
@@ -136,6 +158,10 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
                      f"--tokenizer-type: HuggingFaceTokenizer")
     notes.append(sample_construction_note(args))
+    # --hidden-dropout 0 and --attention-dropout 0 were answered: the trainer's dropout
+    # note would say it a second time
+    args.dropout_noted = all(any(note.startswith(f"note: --{kind}-dropout") for note in notes)
+                             for kind in ("hidden", "attention"))
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

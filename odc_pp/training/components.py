@@ -25,6 +25,7 @@ from .model_setup import load_initial_weights, model_config
 from .odc_settings import odc_config
 from .hooks import TrainingHooks
 from .job import Job
+from .model_stats import ZeroCountingStep
 from .optimizer_step import build_optimizer_step
 from .schedules import Schedules
 
@@ -289,6 +290,8 @@ def build_components(job: Job, topo: Topology, *, vocab_size: int,
                                           device=topo.device)
     optimizer_step = (hooks or TrainingHooks()).optimizer_step(optimizer_step, engine=engine,
                                                                topo=topo)
+    if args.logging.log_num_zeros_in_grad:  # counted when the gradients are final
+        optimizer_step = ZeroCountingStep(optimizer_step, optimizer)
     runtime = PipelineRuntime(
         RuntimeConfig(device=str(topo.device), comm_timeout_s=timeout_s,
                       track_activations=True if args.logging.log_activation_memory

@@ -1,5 +1,6 @@
 """Training logs: a console progress bar, one JSON object per logged iteration,
-TensorBoard event files when tensorboard is installed, and a Weights & Biases run with
+TensorBoard event files with ``--tensorboard-dir`` (Megatron-LM's scalar names, every
+``--tensorboard-log-interval`` iterations), and a Weights & Biases run with
 ``--wandb-project`` (the same record). Used on rank 0 only."""
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["TrainingLogger", "format_record", "flat_scalars", "wandb_settings"]
+__all__ = ["TrainingLogger", "format_record", "flat_scalars", "wandb_settings",
+           "tensorboard_settings", "TENSORBOARD_NAMES"]
+
+TENSORBOARD_NAMES = {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm",
+                     "loss_scale": "loss-scale", "params_norm": "params-norm",
+                     "num_zeros_in_grad": "num-zeros", "global_batch_size": "batch-size"}
+"""Record keys written under Megatron-LM's TensorBoard names."""
+_TENSORBOARD_OWN = ("tokens_per_s", "tflops_per_device", "mfu", "step_s", "peak_memory_mb",
+                    "peak_allocated_mb")
+"""odc-pp's record keys also written to TensorBoard (under their own names)."""
 
 
 def format_record(record: dict) -> str:
@@ -20,6 +30,10 @@ def format_record(record: dict) -> str:
     parts = [f"iter {record['iteration']:>5}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}", f"grad-norm {record['grad_norm']:.3f}",
              f"{record['tokens_per_s']:.0f} tok/s", f"step {record['step_s'] * 1000:.0f} ms"]
+    if record.get("num_zeros_in_grad") is not None:  # as Megatron's iteration line
+        parts.append(f"num zeros: {record['num_zeros_in_grad']}")
+    if record.get("params_norm") is not None:
+        parts.append(f"params norm: {record['params_norm']:.3f}")
     if record.get("tflops_per_device") is not None:
         parts.append(f"{record['tflops_per_device']:.3g} TFLOP/s/dev")
     if record.get("mfu") is not None:
@@ -63,6 +77,15 @@ def wandb_settings(args) -> dict:
             "wandb_save_dir": save_dir, "wandb_config": dataclasses.asdict(args)}
 
 
+def tensorboard_settings(args) -> dict:
+    """The :class:`TrainingLogger` keywords for TensorBoard from :class:`TrainingArgs`."""
+    logging = args.logging
+    return {"tensorboard_log_interval": logging.tensorboard_log_interval,
+            "log_timers_to_tensorboard": logging.log_timers_to_tensorboard,
+            "log_validation_ppl_to_tensorboard": logging.log_validation_ppl_to_tensorboard,
+            "global_batch_size": args.data.global_batch_size}
+
+
 def _start_wandb(project: str, name: str | None, save_dir: str | None, config: dict | None):
     try:
         import wandb
@@ -81,7 +104,15 @@ class TrainingLogger:
     log_json: str | None = None
     """Append JSON lines here."""
     tensorboard_dir: str | None = None
-    """Write TensorBoard scalars here (skipped with a note when tensorboard is missing)."""
+    """Write TensorBoard scalars here (``torch.utils.tensorboard``)."""
+    tensorboard_log_interval: int = 1
+    """Write the TensorBoard scalars of every N-th iteration."""
+    log_timers_to_tensorboard: bool = False
+    """Also write iteration-time (seconds) and throughput (model TFLOP/s per device)."""
+    log_validation_ppl_to_tensorboard: bool = False
+    """Also write the validation perplexity (``lm loss validation ppl``)."""
+    global_batch_size: int | None = None
+    """batch-size of a record without its own ``global_batch_size`` (no ramp-up)."""
     progress_bar: bool = True
     """Redraw a bar between log lines (only when the stream is a terminal)."""
     stream: TextIO = sys.stdout
@@ -102,10 +133,10 @@ class TrainingLogger:
         if self.tensorboard_dir:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._writer = SummaryWriter(self.tensorboard_dir)
-            except ImportError:
-                print("note: tensorboard is not installed; --tensorboard-dir ignored",
-                      file=self.stream)
+            except ImportError as error:
+                raise RuntimeError(f"--tensorboard-dir {self.tensorboard_dir!r} needs the "
+                                   f"tensorboard package: pip install tensorboard") from error
+            self._writer = SummaryWriter(self.tensorboard_dir)
         self._wandb = _start_wandb(self.wandb_project, self.wandb_exp_name, self.wandb_save_dir,
                                    self.wandb_config) if self.wandb_project else None
         if self.log_json:
@@ -128,6 +159,8 @@ class TrainingLogger:
             self._bar_drawn = True
 
     def log(self, record: dict) -> None:
+        """A logged iteration's record: the console line, --log-json, wandb, and
+        TensorBoard when its interval is due."""
         if self._bar_drawn:
             self.stream.write("\r\033[K")
             self._bar_drawn = False
@@ -135,16 +168,29 @@ class TrainingLogger:
         if self.log_json:
             with open(self.log_json, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_s",
-                        "tflops_per_device", "mfu", "peak_memory_mb", "loss_scale"):
-                if record.get(key) is not None:
-                    self._writer.add_scalar(f"train/{key}", record[key], record["iteration"])
-            for rank, idle in enumerate(record.get("idle_s") or []):
-                self._writer.add_scalar(f"idle_s/rank{rank}", idle, record["iteration"])
-            self._writer.flush()
+        self.write_tensorboard(record)
         if self._wandb is not None:
             self._wandb.log(flat_scalars(record), step=record["iteration"])
+
+    def write_tensorboard(self, record: dict) -> None:
+        """The record's scalars to TensorBoard, at iterations that are multiples of
+        ``tensorboard_log_interval`` (Megatron's names: :data:`TENSORBOARD_NAMES`)."""
+        step = record["iteration"]
+        if self._writer is None or step % self.tensorboard_log_interval:
+            return
+        values = {name: record.get(key) for key, name in TENSORBOARD_NAMES.items()}
+        if values["batch-size"] is None:
+            values["batch-size"] = self.global_batch_size
+        values.update({key: record.get(key) for key in _TENSORBOARD_OWN})
+        if self.log_timers_to_tensorboard:
+            values["iteration-time"] = record.get("step_s")
+            values["throughput"] = record.get("tflops_per_device")
+        for name, value in values.items():
+            if value is not None:
+                self._writer.add_scalar(name, value, step)
+        for rank, idle in enumerate(record.get("idle_s") or []):
+            self._writer.add_scalar(f"idle_s/rank{rank}", idle, step)
+        self._writer.flush()
 
     def log_eval(self, record: dict) -> None:
         """An evaluation's record (``iteration``, ``eval_loss``, ``eval_ppl``,
@@ -159,9 +205,11 @@ class TrainingLogger:
         if self.log_json:
             with open(self.log_json, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            for key in ("eval_loss", "eval_ppl"):
-                self._writer.add_scalar(f"valid/{key.removeprefix('eval_')}", record[key],
+        if self._writer is not None:  # Megatron's names
+            self._writer.add_scalar("lm loss validation", record["eval_loss"],
+                                    record["iteration"])
+            if self.log_validation_ppl_to_tensorboard:
+                self._writer.add_scalar("lm loss validation ppl", record["eval_ppl"],
                                         record["iteration"])
             self._writer.flush()
         if self._wandb is not None:  # same step as that iteration's training record

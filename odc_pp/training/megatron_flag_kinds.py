@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["PastedFlag", "ACTIONS", "honoured", "mapped", "noop", "rejected", "at_value",
-           "maps_value", "same_value"]
+           "maps_value", "same_value", "value_of"]
 
 ACTIONS = ("honoured", "mapped", "no-op", "rejected", "by-value")
 
@@ -106,3 +106,14 @@ def at_value(values: tuple[str, ...], note: str, refusal: str) -> PastedFlag:
     """A value flag that is a no-op at ``values`` and rejected (``refusal``) otherwise."""
     return PastedFlag(takes_value=True, action="by-value", message=refusal,
                       by_value=tuple((v, noop(note, takes_value=True)) for v in values))
+
+
+def value_of(argv: list[str], flag: str) -> str | None:
+    """The last value given to ``flag`` in ``argv`` (``--flag V`` or ``--flag=V``)."""
+    found = None
+    for index, token in enumerate(argv):
+        if token == flag and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif token.startswith(flag + "="):
+            found = token.partition("=")[2]
+    return found

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .megatron_example_flags import EXAMPLE_FLAGS, NATIVE_VALUES, PREFIX_FLAGS
-from .megatron_flag_kinds import PastedFlag, honoured, mapped, noop, rejected
+from .megatron_flag_kinds import PastedFlag, honoured, mapped, noop, rejected, value_of
+from .megatron_sft_flags import SFT_FLAGS, TOKENIZER_VALUES, virtual_pipeline
 
 __all__ = ["PastedFlag", "PASTED_FLAGS", "PREFIX_FLAGS", "Translation", "answer_for",
            "outcome", "translate", "translate_all"]
@@ -83,6 +84,8 @@ PASTED_FLAGS: dict[str, PastedFlag] = {
             "--transformer-impl local: odc-pp builds megatron-core's local layers")),)),
 }
 PASTED_FLAGS.update(EXAMPLE_FLAGS)
+PASTED_FLAGS.update(SFT_FLAGS)
+NATIVE_VALUES.update(TOKENIZER_VALUES)
 
 
 def answer_for(name: str) -> PastedFlag | None:
@@ -148,6 +151,7 @@ def translate_all(argv: list[str], native: frozenset[str] = frozenset()) -> Tran
     """Answer every pasted Megatron flag of ``argv`` (flags in ``native``, odc-pp's own,
     are left to its parser): the rewritten command line, the notes and the problems."""
     result, out, index = Translation(), [], 0
+    argv, result.notes, result.problems = virtual_pipeline(argv)
     while index < len(argv):
         token = argv[index]
         name, has_inline, inline = token.partition("=")
@@ -190,7 +194,7 @@ def _answer(name: str, value: str | None, entry: PastedFlag, argv: list[str], ou
         if problem is not None:
             result.problems.append(_line(name, value, problem))
             return
-        given = _value_of(argv, entry.value_to)
+        given = value_of(argv, entry.value_to)
         if given is not None and given != value:
             result.problems.append(f"{name} {value} and {entry.value_to} {given} disagree: "
                                    f"give one")
@@ -223,17 +227,6 @@ def outcome(tokens: list[str], native: frozenset[str], context: list[str] = ()) 
     if entry.action == "rejected" and entry.implied_by and entry.implied_by in context:
         return "no-op", f"implied by {entry.implied_by}"
     return entry.action, entry.message
-
-
-def _value_of(argv: list[str], flag: str) -> str | None:
-    """The last value given to ``flag`` in ``argv`` (``--flag V`` or ``--flag=V``)."""
-    found = None
-    for index, token in enumerate(argv):
-        if token == flag and index + 1 < len(argv):
-            found = argv[index + 1]
-        elif token.startswith(flag + "="):
-            found = token.partition("=")[2]
-    return found
 
 
 def translate(argv: list[str], native: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:

@@ -6,9 +6,9 @@ unknown flags as one line each (:mod:`.arguments` uses them)."""
 
 from __future__ import annotations
 
-import difflib
 import math
 
+from .megatron_hints import unknown_line
 from .rampup import rampup_of
 
 __all__ = ["resolve_lengths", "length_conflicts", "unknown_lines", "megatron_tolerances"]
@@ -84,7 +84,8 @@ def length_conflicts(args) -> list[str]:
 
 
 def unknown_lines(unknown: list[str], native: frozenset[str]) -> list[str]:
-    """One line per unknown flag (its values folded in), with the nearest known flag."""
+    """One line per unknown flag (its values folded in), with what it most likely meant
+    (:func:`~odc_pp.training.megatron_hints.unknown_line`)."""
     lines: list[str] = []
     for token in unknown:
         if not token.startswith("--"):
@@ -92,11 +93,7 @@ def unknown_lines(unknown: list[str], native: frozenset[str]) -> list[str]:
                 continue  # a value of the unknown flag before it
             lines.append(f"unexpected argument {token!r}")
             continue
-        name = token.partition("=")[0]
-        close = difflib.get_close_matches(name, native, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        lines.append(f"{name}: unknown flag{hint}; python pretrain_gpt.py --help lists the "
-                     f"flags, docs/megatron.md the Megatron-LM flags odc-pp answers")
+        lines.append(unknown_line(token, native))
     return lines
 
 

@@ -39,7 +39,8 @@ from .context_split import split_microbatch
 from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, evaluate
-from .logging_utils import TrainingLogger, wandb_settings
+from .logging_utils import TrainingLogger, tensorboard_settings, wandb_settings
+from .model_stats import ModelStats
 from .lr_schedule import LRSchedule
 from .odc_settings import device_memory
 from .plan_memory import param_residency
@@ -119,6 +120,9 @@ class StepStats:
     """(work or None, loss tensor, token count) of the loss all-reduce in flight."""
     loss_scale: float | None = None
     """--fp16: the loss scale after this step's update (what Megatron logs)."""
+    model_stats: object = None
+    """--log-params-norm / --log-num-zeros-in-grad: this rank's local sums
+    (:meth:`ModelStats.local`), taken when the iteration's record is due."""
 
     @property
     def pending(self) -> bool:
@@ -197,7 +201,8 @@ class Trainer:
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")
         if not (getattr(args.model, "hidden_dropout", 0.0) or
-                getattr(args.model, "attention_dropout", 0.0)):
+                getattr(args.model, "attention_dropout", 0.0) or
+                getattr(args, "dropout_noted", False)):  # the launch's dropout flags said it
             self._say(DROPOUT_NOTE)
         opt = args.optimizer
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
@@ -212,7 +217,12 @@ class Trainer:
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
             tensorboard_dir=args.logging.tensorboard_dir,
             progress_bar=not args.logging.no_progress_bar, stream=out,
-            **wandb_settings(args)) if topo.rank == 0 else None
+            **tensorboard_settings(args), **wandb_settings(args)) if topo.rank == 0 else None
+        self.model_stats = ModelStats(
+            self.parts, params_norm=args.logging.log_params_norm,
+            zeros=args.logging.log_num_zeros_in_grad,
+            timeout_s=args.parallel.distributed_timeout_minutes * 60) \
+            if args.logging.log_params_norm or args.logging.log_num_zeros_in_grad else None
         self.records: list[dict] = []
         self.window = Window()
         self.shape = ModelShape.of(args.model, self.vocab)
@@ -270,6 +280,8 @@ class Trainer:
         stats.resolve_step(result.step)
         if self.parts.loss_scaler is not None:
             stats.loss_scale = self.parts.loss_scaler.scale
+        if self.model_stats is not None and self._record_due(iteration + 1):
+            stats.model_stats = self.model_stats.local()
         self._start_loss_reduction(stats, result, plan)
         stats.step_s = time.perf_counter() - began
         if self.tracer is not None:
@@ -381,12 +393,18 @@ class Trainer:
                                         and not scaler.at_floor)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if counts else 0
         self.skipped_since_log += bool(stats.skipped)
-        if self._log_due(stats.iteration):
+        if self._record_due(stats.iteration):
             self._log(stats)
         check_finite(stats, stats.iteration, self.skipped_in_a_row, self.args)
 
     def _log_due(self, done: int) -> bool:
         return done % self.args.logging.log_interval == 0 or done == self.args.run.train_iters
+
+    def _record_due(self, done: int) -> bool:
+        """A record is built: the log line is due, or TensorBoard's scalars."""
+        logging = self.args.logging
+        return self._log_due(done) or bool(
+            logging.tensorboard_dir and done % logging.tensorboard_log_interval == 0)
 
     def _outside_bytes(self) -> int:
         """The ODC group's CUDA symmetric buffers (outside torch's allocator)."""
@@ -395,7 +413,8 @@ class Trainer:
 
     def _log(self, stats: StepStats) -> None:
         """Gather every rank's statistics; rank 0 logs the record."""
-        window = stats.window or Window()
+        window = stats.window or Window(tokens=stats.tokens, time_s=stats.step_s,
+                                        flops=stats.flops)  # a TensorBoard-only record
         outside = self._outside_bytes()
         mine = {"busy_s": stats.busy_s, "idle_s": stats.step_s - stats.busy_s,
                 "peak_activation_mb": stats.peak_activation_mb,
@@ -427,6 +446,12 @@ class Trainer:
         if self.rampup is not None:  # Megatron's iteration line
             record["global_batch_size"] = self.rampup.batch_size_of(stats.iteration - 1)
             record["consumed_samples"] = self.rampup.consumed_before(stats.iteration)
+        if stats.model_stats is not None:
+            record.update(self.model_stats.record(stats.model_stats, stats.skipped))
+        if not self._log_due(stats.iteration):  # TensorBoard's scalars only
+            if self.logger is not None:
+                self.logger.write_tensorboard(record)
+            return
         self.skipped_since_log = 0
         if self.logger is not None:
             self.logger.log(record)

@@ -107,7 +107,7 @@ def test_unknown_flags_one_line_each_no_usage_block():
     assert lines[0] == "2 flags not taken:" and len(lines) == 3
     assert lines[1].strip().startswith("--frobnicate: unknown flag")
     assert "did you mean --num-layers?" in lines[2]
-    with pytest.raises(ValueError, match="argument --num-layers: invalid int value"):
+    with pytest.raises(ValueError, match="--num-layers 'four': invalid int value"):
         parse_args_with_notes(BASE + ["--num-layers", "four"])
 
 

@@ -17,12 +17,15 @@ SHRINK = {"--num-layers": "4", "--hidden-size": "64", "--ffn-hidden-size": "128"
           "--padded-vocab-size": "128", "--global-batch-size": "8", "--train-iters": "4",
           "--lr-decay-iters": "4", "--train-samples": "32", "--lr-decay-samples": "32",
           "--lr-warmup-samples": "8", "--tensor-model-parallel-size": "1",
-          "--pipeline-model-parallel-size": "2", "--rampup-batch-size": "2 2 16"}
+          "--pipeline-model-parallel-size": "2", "--rampup-batch-size": "2 2 16",
+          "--num-layers-per-virtual-pipeline-stage": "1"}
 # script -> {refused flag: the tokens its message says to use instead}
 SCRIPTS = {
     "train_llama3_8b_h100_fp8": {},
     "train_gpt3_175b_distributed": {},
     "modelopt_finetune_qwen2.5_0.5b": {},
+    "train_llama3_8b_h200_bf16": {},
+    "sft_llama2_7b": {},
 }
 
 
