@@ -232,8 +232,8 @@ class Trainer:
         for iteration in range(self.start, self.args.run.train_iters):
             self.hooks.before_iteration(iteration, self.topo)
             stats = self.train_step(iteration)
-            self._observe(stats)
             self.stop = self.exits.should_exit(stats.iteration)  # collective: same on all
+            self._observe(stats)
             if self._settle(stats):
                 self._finish(stats)
                 self._evaluate_if_due(stats.iteration)
@@ -338,8 +338,9 @@ class Trainer:
         if self.render_pending:  # the schedule rank 0's pipeline just ran
             self._render_schedule()
             self.render_pending = False
-        if self.replanner.observe(self.parts, stats, max_microbatches=max(
-                stats.microbatches_per_replica), out=self.out if self.topo.rank == 0 else None):
+        if not self.stop.stop and self.replanner.observe(  # stopping: no re-planning
+                self.parts, stats, max_microbatches=max(stats.microbatches_per_replica),
+                out=self.out if self.topo.rank == 0 else None):
             self.render_pending = bool(self.args.logging.schedule_png) and self.topo.rank == 0
         self.window.tokens += stats.tokens
         self.window.time_s += stats.step_s
@@ -450,8 +451,15 @@ class Trainer:
         rank 0 logs it)."""
         if not eval_due(self.args, done, self.eval_batches):
             return
-        stats = evaluate(self.parts, self.args, self.topo, self.eval_batches,
-                         done // self.args.data.eval_interval)
+        if not self.stop.stop:  # a stop decided during it cuts it short: the save first
+            stats = evaluate(self.parts, self.args, self.topo, self.eval_batches,
+                             done // self.args.data.eval_interval,
+                             stop=lambda: self.exits.should_exit(done).stop)
+            self.stop = self.exits.decision
+        if self.stop.stop:
+            self._say(f"evaluation after iteration {done} skipped or cut short, saving "
+                      f"first: {self.stop.reason}")
+            return
         if self.logger is not None:
             self.logger.log_eval(eval_record(done, stats))
 
