@@ -38,6 +38,7 @@ from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
+from .data_position import DataPosition
 from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
@@ -46,7 +47,6 @@ from .odc_settings import device_memory
 from .plan_memory import param_residency
 from .hooks import TrainingHooks
 from .preemption import ExitController, ExitDecision
-from .rampup import rampup_of
 from .replanning import Replanner, check_same_digest
 from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
@@ -178,10 +178,10 @@ class Trainer:
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
-        self.rampup = rampup_of(args.data)
+        self.position = DataPosition.of(args.data)  # the samples consumed; --load moves it
         self.batches = BatchAssigner(args, source, dp=topo.dp, pp=topo.pp,
                                    segment_attention=topo.device.type == "cuda",
-                                   rampup=self.rampup)
+                                   position=self.position)
         valid = build_valid_source(args)
         self.eval_batches = BatchAssigner(args, valid, dp=topo.dp, pp=topo.pp,
                                         segment_attention=topo.device.type == "cuda") \
@@ -204,7 +204,7 @@ class Trainer:
                                       decoupled_lr=opt.decoupled_lr,
                                       decoupled_min_lr=opt.decoupled_min_lr)
         self.checkpointer = Checkpointer(args, topo, self.parts, vocab_size=self.vocab,
-                                         say=self._say, out=out)
+                                         say=self._say, out=out, position=self.position)
         self.start = self.checkpointer.load()
         self.logger = TrainingLogger(
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
@@ -237,10 +237,7 @@ class Trainer:
             if self._settle(stats):
                 self._finish(stats)
                 self._evaluate_if_due(stats.iteration)
-                self.checkpointer.save_if_due(
-                    stats.iteration, stopping=self.stop.stop,
-                    consumed_samples=self.rampup.consumed_before(stats.iteration)
-                    if self.rampup is not None else None)
+                self.checkpointer.save_if_due(stats.iteration, stopping=self.stop.stop)
             if self._exit_due(stats.iteration):
                 self._say(self.stop.reason or
                           f"exit interval {self.args.run.exit_interval} reached")
@@ -295,12 +292,9 @@ class Trainer:
         return [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
 
     def _lr_at(self, iteration: int) -> float:
-        """The rate of ``iteration``; with --rampup-batch-size that of the consumed
-        samples in global batches (Megatron's schedule counts samples)."""
-        if self.rampup is None:
-            return self.lr_schedule.lr_at(iteration)
-        return self.lr_schedule.lr_at(self.rampup.consumed_before(iteration)
-                                      / self.args.data.global_batch_size)
+        """The rate of ``iteration``: that of the consumed samples in global batches
+        (Megatron's schedule counts samples; the iteration while the batch is constant)."""
+        return self.lr_schedule.lr_at(self.position.schedule_iteration(iteration))
 
 
     def _run_minibatch(self, schedule, microbatches, plan: IterationPlan, lr: float,
@@ -420,9 +414,9 @@ class Trainer:
                   "skipped_iterations": self.skipped_since_log,
                   "loss_scale": stats.loss_scale,
                   "microbatches_per_replica": stats.microbatches_per_replica}
-        if self.rampup is not None:  # Megatron's iteration line
-            record["global_batch_size"] = self.rampup.batch_size_of(stats.iteration - 1)
-            record["consumed_samples"] = self.rampup.consumed_before(stats.iteration)
+        # Megatron's iteration line
+        record["global_batch_size"] = self.position.batch_size_of(stats.iteration - 1)
+        record["consumed_samples"] = self.position.consumed_before(stats.iteration)
         self.skipped_since_log = 0
         if self.logger is not None:
             self.logger.log(record)
