@@ -7,7 +7,7 @@ import pytest
 from odc_pp.training.arguments import parse_args
 from odc_pp.training.data_plan import BatchAssigner, build_source
 from odc_pp.training.data_position import DataPosition
-from odc_pp.training.rampup import BatchRampup, rampup_of
+from odc_pp.training.rampup import BatchRampup
 
 calculators = pytest.importorskip("megatron.core.num_microbatches_calculator")
 
