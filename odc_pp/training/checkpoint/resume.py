@@ -259,7 +259,8 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
     (optimizer state and published parameter shards; RNG state too when the layout is
     unchanged). Returns (iteration to continue from, how it was resumed, the data position
     it records: :data:`~odc_pp.training.data_position.DATA_KEYS`, None when it records
-    none); (0, "", None) when there is none and that is allowed. ``--finetune``: the weights only, from iteration 0.
+    none); (0, "", None) when there is none and that is allowed. ``--finetune``: the
+    weights only, from iteration 0.
     A Megatron-LM torch_dist save directory is read by :mod:`.megatron_checkpoint`."""
     if _from_rank0(is_megatron_checkpoint(args.checkpoint.load) if topo.rank == 0 else None,
                    topo):
