@@ -7,7 +7,9 @@ trains like ``python -m odc_pp.train FLAGS`` with these faults installed through
 * ``--inject-nonfinite-grad-iter I``: the last rank writes inf into its first owned
   gradient element at iteration I, just before the optimizer step takes the gradients
   (synchronous, or the eager step of post-validation; again if the minibatch repeats):
-  every rank must skip that step.
+  every rank must skip that step;
+* ``--inject-sigterm-iter I``: rank 0 sends itself SIGTERM at the start of iteration I
+  (1-based): a preemption during that iteration, at a known point.
 """
 
 from __future__ import annotations
@@ -47,12 +49,16 @@ class FaultInjection(TrainingHooks):
     """1-based iteration whose optimizer step gets an inf on the last rank."""
     armed: bool = False
     """The current iteration's optimizer step injects."""
+    sigterm_iter: int | None = None
+    """1-based iteration at whose start rank 0 sends itself SIGTERM."""
 
     def before_iteration(self, iteration: int, topo) -> None:
         if self.fault_rank == topo.rank and iteration + 1 == self.fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} "
                   f"(SIGKILL)", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.sigterm_iter == iteration + 1 and topo.rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled: the stop is decided after it
         self.armed = self.nonfinite_iter == iteration + 1 and \
             topo.rank == topo.world_size - 1
 
@@ -82,6 +88,7 @@ def parse_fault_flags(argv: list[str]) -> tuple[FaultInjection, list[str]]:
     parser.add_argument("--inject-fault-rank", type=int, default=None)
     parser.add_argument("--inject-fault-iter", type=int, default=1)
     parser.add_argument("--inject-nonfinite-grad-iter", type=int, default=None)
+    parser.add_argument("--inject-sigterm-iter", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
     if known.inject_nonfinite_grad_iter is not None and known.inject_nonfinite_grad_iter < 1:
         raise ValueError("--inject-nonfinite-grad-iter must be >= 1")
@@ -89,7 +96,8 @@ def parse_fault_flags(argv: list[str]) -> tuple[FaultInjection, list[str]]:
         raise ValueError("--inject-fault-iter must be >= 1")
     return FaultInjection(fault_rank=known.inject_fault_rank,
                           fault_iter=known.inject_fault_iter,
-                          nonfinite_iter=known.inject_nonfinite_grad_iter), rest
+                          nonfinite_iter=known.inject_nonfinite_grad_iter,
+                          sigterm_iter=known.inject_sigterm_iter), rest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -387,6 +387,9 @@ class CheckpointArgs:
     """With --load: continue from iteration N whatever the checkpoint records. Without it
     the iteration is the one the checkpoint records, and a directory name, `latest`,
     meta.json or rank file that disagree stop the run (a renamed or symlinked checkpoint)."""
+    override_consumed_samples: int | None = None
+    """With --load: continue from training sample N instead of the consumed samples the
+    checkpoint records, skipping or repeating samples on purpose."""
     save_interval: int | None = None
     """Save every N iterations (and at the end)."""
     keep_checkpoints: int = 2

@@ -223,6 +223,11 @@ def _validate_run(args) -> list[str]:
                                  or args.checkpoint.finetune):
         problems.append(f"--override-resume-iteration {override} needs --load DIR, no "
                         f"--finetune, and must be >= 0")
+    consumed = args.checkpoint.override_consumed_samples
+    if consumed is not None and (consumed < 0 or not args.checkpoint.load
+                                 or args.checkpoint.finetune):
+        problems.append(f"--override-consumed-samples {consumed} needs --load DIR, no "
+                        f"--finetune, and must be >= 0")
     if args.run.exit_interval is not None and args.run.exit_interval < 1:
         problems.append("--exit-interval must be >= 1")
     if args.run.exit_signal != "SIGTERM" and not args.run.exit_signal_handler:

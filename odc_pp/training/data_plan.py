@@ -1,8 +1,10 @@
 """Per-iteration data plan: which samples each data-parallel replica runs, in which
 microbatches, and the token count of the whole global batch (the loss normalizer).
 
-Every rank computes the same plan from (iteration, seed) alone, so no data is
-broadcast and a resumed run replays exactly the batches of an uninterrupted one.
+Every rank computes the same plan from (iteration, seed) and the data position
+(:class:`~odc_pp.training.data_position.DataPosition`: the samples consumed before the
+iteration) alone, so no data is broadcast and a resumed run replays exactly the batches of
+an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
 from .context_split import cp_pad_multiple, split_microbatch
-from .rampup import BatchRampup
+from .data_position import DataPosition
 from .sample_construction import sample_construction
 
 __all__ = ["IterationPlan", "BatchAssigner", "build_source", "build_valid_source",
@@ -233,11 +235,12 @@ class BatchAssigner:
     ``--sample-cost-model`` file, else :func:`sample_cost_model`'s FLOPs formula."""
 
     def __init__(self, args: TrainingArgs, source: ShuffledSource, *, dp: int, pp: int,
-                 segment_attention: bool = False, rampup: BatchRampup | None = None) -> None:
+                 segment_attention: bool = False, position: DataPosition | None = None) -> None:
         self.args = args
-        self.rampup = rampup
-        """--rampup-batch-size (training only): iteration ``i`` takes the next
-        ``rampup.batch_size_of(i)`` samples after those consumed before it."""
+        self.position = position
+        """Training: iteration ``i`` takes the next ``position.batch_size_of(i)`` samples
+        after those consumed before it (None: global batch ``i`` of --global-batch-size,
+        the validation batches)."""
         self.source = source
         self.dp = dp
         self.pp = pp
@@ -257,11 +260,10 @@ class BatchAssigner:
             else sample_cost_model(args.model))
 
     def plan(self, iteration: int) -> IterationPlan:
-        if self.rampup is None:
+        if self.position is None:
             sample_ids = global_batch_indices(iteration, self.args.data.global_batch_size)
         else:
-            start = self.rampup.consumed_before(iteration)
-            sample_ids = list(range(start, start + self.rampup.batch_size_of(iteration)))
+            sample_ids = self.position.sample_ids(iteration)
         lengths = [self.source.length(i) for i in sample_ids]
         by_count = None if self.args.data.max_tokens_per_microbatch else self.args.data.micro_batch_size
         plan = plan_minibatch(lengths, self.dp, max_tokens=self.token_cap,

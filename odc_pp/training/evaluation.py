@@ -11,11 +11,18 @@ rank's F actions in training order, so every layout and placement works). The lo
 token-weighted like the training loss: ``sum(token losses * loss mask) / scored
 tokens`` over all the evaluation's batches. Parameters are gathered by the data-parallel
 engine as in training; nothing is accumulated and the optimizer is untouched.
+
+A stop (SIGTERM, --exit-duration-in-mins) goes before evaluation: the trainer skips an
+evaluation due after the iteration at which the stop was decided, and ``stop`` (the
+collective stop agreement) is asked before every batch, so a signal that comes during an
+evaluation cuts it short (:func:`evaluate` returns None) and the save runs in the grace
+period.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,9 +55,10 @@ def due(args: TrainingArgs, done: int, batches: BatchAssigner | None) -> bool:
 
 
 def evaluate(parts, args: TrainingArgs, topo: Topology, batches: BatchAssigner,
-             evaluation: int) -> EvalStats:
+             evaluation: int, *, stop: Callable[[], bool] | None = None) -> EvalStats | None:
     """Evaluation number ``evaluation`` (1-based) on ``batches``'s validation source.
-    Collective over all ranks."""
+    Collective over all ranks. ``stop``: asked before every batch (collective, the same
+    answer on every rank); True cuts the evaluation short and returns None."""
     first = (evaluation - 1) * args.data.eval_iters
     loss_sum = torch.zeros(1, dtype=torch.float64)
     tokens = 0.0
@@ -58,6 +66,8 @@ def evaluate(parts, args: TrainingArgs, topo: Topology, batches: BatchAssigner,
         chunk.eval()
     try:
         for batch in range(first, first + args.data.eval_iters):
+            if stop is not None and stop():
+                return None
             batch_sum, batch_tokens = _batch_loss_sum(parts, args, topo, batches, batch)
             loss_sum += batch_sum
             tokens += batch_tokens

@@ -43,7 +43,7 @@ def format_record(record: dict) -> str:
         parts.append("idle/rank " + " ".join(f"{v * 1000:.0f}" for v in idle) + " ms")
     if record.get("peak_memory_mb"):
         parts.append(f"peak {record['peak_memory_mb']:.0f} MB")
-    if record.get("consumed_samples") is not None:  # --rampup-batch-size, as Megatron
+    if record.get("consumed_samples") is not None:  # as Megatron's iteration line
         parts.append(f"consumed samples: {record['consumed_samples']} | global batch size: "
                      f"{record['global_batch_size']}")
     if record.get("loss_scale") is not None:  # --fp16, as Megatron's iteration line

@@ -6,8 +6,9 @@ The global batch starts at START samples and grows by INCREMENT each time anothe
 megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator``, including its check that
 every batch size is a multiple of --micro-batch-size x data-parallel size. The batch of an
 iteration depends only on the samples consumed before it, so every rank derives the whole
-ramp from the iteration number (a resumed run continues it exactly); the samples of
-iteration ``i`` are the next ones after those consumed (:class:`BatchAssigner`).
+ramp from the consumed samples (a resumed run continues it from those its checkpoint
+records, :class:`~odc_pp.training.data_position.DataPosition`); the samples of iteration
+``i`` are the next ones after those consumed.
 
 --train-samples converts to iterations as Megatron's ``update_train_iters``: the ramp's
 iterations, then whole global batches of what is left. The learning rate follows the

@@ -37,6 +37,7 @@ from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
+from .data_position import DataPosition
 from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, evaluate
 from .logging_utils import TrainingLogger, tensorboard_settings, wandb_settings
@@ -47,7 +48,6 @@ from .plan_memory import param_residency
 from .hooks import TrainingHooks
 from .job import Job
 from .preemption import ExitController, ExitDecision
-from .rampup import rampup_of
 from .replanning import Replanner, check_same_digest
 from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
@@ -185,10 +185,10 @@ class Trainer:
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
-        self.rampup = rampup_of(args.data)
+        self.position = DataPosition.of(args.data)  # the samples consumed; --load moves it
         self.batches = BatchAssigner(args, source, dp=topo.dp, pp=topo.pp,
                                    segment_attention=topo.device.type == "cuda",
-                                   rampup=self.rampup)
+                                   position=self.position)
         valid = build_valid_source(args)
         self.eval_batches = BatchAssigner(args, valid, dp=topo.dp, pp=topo.pp,
                                         segment_attention=topo.device.type == "cuda") \
@@ -211,7 +211,7 @@ class Trainer:
                                       decoupled_lr=opt.decoupled_lr,
                                       decoupled_min_lr=opt.decoupled_min_lr)
         self.checkpointer = Checkpointer(job, topo, self.parts, vocab_size=self.vocab,
-                                         say=self._say, out=out)
+                                         say=self._say, out=out, position=self.position)
         self.start = self.checkpointer.load()
         self.logger = TrainingLogger(
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
@@ -246,15 +246,12 @@ class Trainer:
         for iteration in range(self.start, self.args.run.train_iters):
             self.hooks.before_iteration(iteration, self.topo)
             stats = self.train_step(iteration)
-            self._observe(stats)
             self.stop = self.exits.should_exit(stats.iteration)  # collective: same on all
+            self._observe(stats)
             if self._settle(stats):
                 self._finish(stats)
                 self._evaluate_if_due(stats.iteration)
-                self.checkpointer.save_if_due(
-                    stats.iteration, stopping=self.stop.stop,
-                    consumed_samples=self.rampup.consumed_before(stats.iteration)
-                    if self.rampup is not None else None)
+                self.checkpointer.save_if_due(stats.iteration, stopping=self.stop.stop)
             if self._exit_due(stats.iteration):
                 self._say(self.stop.reason or
                           f"exit interval {self.args.run.exit_interval} reached")
@@ -312,12 +309,9 @@ class Trainer:
         return [split_microbatch(mb, self.topo.cp_rank, self.topo.cp) for mb in whole]
 
     def _lr_at(self, iteration: int) -> float:
-        """The rate of ``iteration``; with --rampup-batch-size that of the consumed
-        samples in global batches (Megatron's schedule counts samples)."""
-        if self.rampup is None:
-            return self.lr_schedule.lr_at(iteration)
-        return self.lr_schedule.lr_at(self.rampup.consumed_before(iteration)
-                                      / self.args.data.global_batch_size)
+        """The rate of ``iteration``: that of the consumed samples in global batches
+        (Megatron's schedule counts samples; the iteration while the batch is constant)."""
+        return self.lr_schedule.lr_at(self.position.schedule_iteration(iteration))
 
 
     def _run_minibatch(self, schedule, microbatches, plan: IterationPlan, lr: float,
@@ -355,8 +349,9 @@ class Trainer:
         if self.render_pending:  # the schedule rank 0's pipeline just ran
             self._render_schedule()
             self.render_pending = False
-        if self.replanner.observe(self.parts, stats, max_microbatches=max(
-                stats.microbatches_per_replica), out=self.out if self.topo.rank == 0 else None):
+        if not self.stop.stop and self.replanner.observe(  # stopping: no re-planning
+                self.parts, stats, max_microbatches=max(stats.microbatches_per_replica),
+                out=self.out if self.topo.rank == 0 else None):
             self.render_pending = bool(self.args.logging.schedule_png) and self.topo.rank == 0
         self.window.tokens += stats.tokens
         self.window.time_s += stats.step_s
@@ -443,9 +438,9 @@ class Trainer:
                   "skipped_iterations": self.skipped_since_log,
                   "loss_scale": stats.loss_scale,
                   "microbatches_per_replica": stats.microbatches_per_replica}
-        if self.rampup is not None:  # Megatron's iteration line
-            record["global_batch_size"] = self.rampup.batch_size_of(stats.iteration - 1)
-            record["consumed_samples"] = self.rampup.consumed_before(stats.iteration)
+        # Megatron's iteration line
+        record["global_batch_size"] = self.position.batch_size_of(stats.iteration - 1)
+        record["consumed_samples"] = self.position.consumed_before(stats.iteration)
         if stats.model_stats is not None:
             record.update(self.model_stats.record(stats.model_stats, stats.skipped))
         if not self._log_due(stats.iteration):  # TensorBoard's scalars only
@@ -480,8 +475,15 @@ class Trainer:
         rank 0 logs it)."""
         if not eval_due(self.args, done, self.eval_batches):
             return
-        stats = evaluate(self.parts, self.args, self.topo, self.eval_batches,
-                         done // self.args.data.eval_interval)
+        if not self.stop.stop:  # a stop decided during it cuts it short: the save first
+            stats = evaluate(self.parts, self.args, self.topo, self.eval_batches,
+                             done // self.args.data.eval_interval,
+                             stop=lambda: self.exits.should_exit(done).stop)
+            self.stop = self.exits.decision
+        if self.stop.stop:
+            self._say(f"evaluation after iteration {done} skipped or cut short, saving "
+                      f"first: {self.stop.reason}")
+            return
         if self.logger is not None:
             self.logger.log_eval(eval_record(done, stats))
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ..data_position import DataPosition
 from ..distributed import Topology, all_ranks_true
 from .checkpointing import CheckpointSaver, capture_rng_state, restore_rng_state
 from .elastic import adopt_elastic_restart
@@ -31,26 +32,33 @@ class Checkpointer:
     rank makes it, loads and saves at the same iterations."""
 
     def __init__(self, job, topo: Topology, parts, *, vocab_size: int,
-                 say: Callable[[str], None], out) -> None:
+                 say: Callable[[str], None], out, position: DataPosition) -> None:
         args = job.args
         self.job, self.args, self.topo, self.parts = job, args, topo, parts
+        self.position = position
+        """The run's data position: recorded in every checkpoint, moved by :meth:`load`."""
         self.vocab_size, self.say, self.out = vocab_size, say, out
         self.lock = lock_save_dir(args.checkpoint.save, topo, out=out)  # one job per --save
         self.saver: CheckpointSaver | None = None
 
     def load(self) -> int:
         """Check --save before the first step (fail now, not at the first save); resume
-        from --load (or a torchrun restart's newest --save). The first iteration to run."""
+        from --load (or a torchrun restart's newest --save), the data position with it. The
+        first iteration to run."""
         args, topo, checkpoint = self.args, self.topo, self.args.checkpoint
         if checkpoint.save:
             check_save_dir(self.parts, checkpoint, topo, out=self.out)
         loading = adopt_elastic_restart(args, topo, out=self.out)
-        start = 0
+        start, how, recorded = 0, "", None
         if loading.load:
-            start, how = resume(self.parts, _loading_with(args, loading), topo,
-                                restore_rng_state, vocab_size=self.vocab_size, out=self.out)
+            start, how, recorded = resume(self.parts, _loading_with(args, loading), topo,
+                                          restore_rng_state, vocab_size=self.vocab_size,
+                                          out=self.out)
             if how:
                 self.say(f"resumed from {loading.load} at iteration {start} ({how})")
+        override = checkpoint.override_consumed_samples
+        if (how and not loading.finetune) or override is not None:
+            self.say(self.position.resume(start, recorded, override=override))
         if checkpoint.save:
             refuse_newer_checkpoints(checkpoint, topo, start)
             self.saver = CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
@@ -67,9 +75,9 @@ class Checkpointer:
             (bool(interval) and done % interval == 0)
             or done == run.train_iters or done == run.exit_interval or stopping)
 
-    def save_if_due(self, done: int, *, stopping: bool, consumed_samples: int | None) -> None:
-        """An atomic checkpoint of iteration ``done`` when :meth:`due`;
-        ``consumed_samples``: --rampup-batch-size's count, recorded (None without)."""
+    def save_if_due(self, done: int, *, stopping: bool) -> None:
+        """An atomic checkpoint of iteration ``done`` when :meth:`due`, the data position
+        (the samples consumed) in its meta.json."""
         if not self.due(done, stopping=stopping):
             return
         parts = self.parts
@@ -82,10 +90,9 @@ class Checkpointer:
                      iteration=done)
         if parts.loss_scaler is not None:
             state["loss_scaler"] = parts.loss_scaler.state_dict()
-        if consumed_samples is not None:  # recorded; the ramp is a function of the iteration
-            state["consumed_samples"] = consumed_samples
-        path = self.saver.save(done, state, meta=checkpoint_meta(self.args, self.topo,
-                                                                 vocab_size=self.vocab_size))
+        meta = dict(checkpoint_meta(self.args, self.topo, vocab_size=self.vocab_size),
+                    **self.position.record(done))
+        path = self.saver.save(done, state, meta=meta)
         self.say(f"saved checkpoint {path}")
 
     def close(self) -> None:

@@ -20,6 +20,13 @@ parameter from any tp rank; :func:`owned_state` cuts the shard of the tp rank lo
 So a checkpoint saved at one tp size resumes at another. Layouts without tp entries
 (written before tensor parallelism) read as tp = 1.
 
+Tied embeddings. A tied model holds one weight where the embedding and the output layer
+share a stage (pp = 1) and two equal copies across stages (the last stage's output layer,
+:data:`~odc_pp.megatron.model.OUTPUT_WEIGHT`); a checkpoint saved without the copy gives
+it the embedding's state (:func:`owned_state`), one saved with it drops it where the
+model has none, so the tie is kept across pipeline sizes. (An untied model's checkpoint
+always holds its output layer; the model-identity check refuses a tie that differs.)
+
 Every rank holds the whole model's fp32 state (three copies) in host memory while loading.
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from ...megatron.model import EMBEDDING_WEIGHT, OUTPUT_WEIGHT
 from ...megatron.tp_layout import Partition, partition_of
 from .checkpointing import load_rank_state, rank_file, read_meta
 from .resume_iteration import check_rank_iteration
@@ -163,7 +171,7 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
                                                      unit["numels"], unit["shapes"], splits):
             partition = _partition(split)
             full_shape = list(partition.full_shape(shape, tp_size))
-            saved = tensors.get(name)
+            saved = _saved_entry(tensors, name)
             if saved is None or saved["shape"] != full_shape:
                 found = "missing" if saved is None else f"shape {saved['shape']}"
                 raise ValueError(f"checkpoint holds a different model: parameter {name!r} "
@@ -181,6 +189,14 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
     for key in STATE_NAMES:
         state[key] = [tensor.to(device) for tensor in state[key]]
     return state
+
+
+def _saved_entry(tensors: dict[str, dict], name: str) -> dict | None:
+    """The assembled entry of ``name``; for a tied output layer that the checkpoint holds
+    no copy of (saved where it shares the embedding's stage), the embedding's."""
+    if name == OUTPUT_WEIGHT and name not in tensors:
+        return tensors.get(EMBEDDING_WEIGHT)
+    return tensors.get(name)
 
 
 def read_optimizer_state(directory: str, engine, *, rank: int, saved_world_size: int,

@@ -25,6 +25,7 @@ from odc_pp.fsutil import fsync_dir, write_file_atomic
 from ...megatron.dist_ckpt import is_megatron_checkpoint
 from ...megatron.model_identity import identity_differences, identity_of_meta
 from ..arguments import CheckpointArgs, ModelArgs, TrainingArgs
+from ..data_position import DATA_KEYS
 from .checkpointing import (LATEST, CorruptCheckpointError, capture_rng_state, checkpoint_bytes,
                             checkpoint_dir, free_space_problem, latest_iteration,
                             list_iterations, read_meta, remove_leftovers, save_dir_problem)
@@ -216,8 +217,8 @@ def _candidates(load: str) -> tuple[str, object]:
 
 def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
     """This rank's reading of one checkpoint: ("ok", how, (state, saved file or None,
-    iteration it records)), ("corrupt", message, None) or ("fatal", message, None). Local:
-    waits for no peer."""
+    iteration it records, data position it records)), ("corrupt", message, None) or
+    ("fatal", message, None). Local: waits for no peer."""
     try:
         meta = read_meta(directory)
         differences = model_differences(meta, now)
@@ -231,7 +232,7 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
                                 parts.engine.owned_params()[0].device)
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = [torch.zeros_like(tensor) for tensor in state[key]]
-            return "ok", "finetune", (state, None, 0)
+            return "ok", "finetune", (state, None, 0, None)
         override = args.checkpoint.override_resume_iteration
         recorded = meta.get("iteration") if override is not None else \
             recorded_iteration(directory, meta)
@@ -240,11 +241,12 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
                                             saved_world_size=meta["world_size"],
                                             exact=not changed,
                                             iteration=None if override is not None else recorded)
+        data = _data_record(meta, saved)
         if saved is not None:
-            return "ok", "exact", (state, saved, recorded)
+            return "ok", "exact", (state, saved, recorded, data)
         detail = ", ".join(f"{k} {meta.get(k)} -> {now[k]}" for k in changed) or \
             "the units' parameter layout differs"
-        return "ok", f"resharded ({detail}; RNG streams restart)", (state, None, recorded)
+        return "ok", f"resharded ({detail}; RNG streams restart)", (state, None, recorded, data)
     except (CorruptCheckpointError, OSError) as exc:  # unreadable: try an older one
         return "corrupt", str(exc), None
     except ValueError as exc:
@@ -252,15 +254,17 @@ def _read(parts, args: TrainingArgs, topo: Topology, directory: str, now: dict):
 
 
 def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_size: int,
-           out=sys.stdout) -> tuple[int, str]:
+           out=sys.stdout) -> tuple[int, str, dict | None]:
     """Collective: load the newest verifying checkpoint under ``args.checkpoint.load`` into ``parts``
     (optimizer state and published parameter shards; RNG state too when the layout is
-    unchanged). Returns (iteration to continue from, how it was resumed); (0, "") when
-    there is none and that is allowed. ``--finetune``: the weights only, from iteration 0.
+    unchanged). Returns (iteration to continue from, how it was resumed, the data position
+    it records: :data:`~odc_pp.training.data_position.DATA_KEYS`, None when it records
+    none); (0, "", None) when there is none and that is allowed. ``--finetune``: the
+    weights only, from iteration 0.
     A Megatron-LM torch_dist save directory is read by :mod:`.megatron_checkpoint`."""
     if _from_rank0(is_megatron_checkpoint(args.checkpoint.load) if topo.rank == 0 else None,
                    topo):
-        return _overridden(args, *resume_from_megatron(parts, args, topo, out=out))
+        return (*_overridden(args, *resume_from_megatron(parts, args, topo, out=out)), None)
     kind, found = _from_rank0(_candidates(args.checkpoint.load) if topo.rank == 0 else None, topo)
     if kind == "error":
         raise ValueError(found)
@@ -272,7 +276,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
                              f"scratch when it holds no checkpoint")
         if topo.rank == 0:
             print(f"{found}: training from scratch", file=out, flush=True)
-        return 0, ""
+        return 0, "", None
     now = checkpoint_meta(args, topo, vocab_size=vocab_size)
     skipped: list[tuple[int, list[str]]] = []
     for iteration in found:
@@ -286,7 +290,7 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
         if corrupt:
             skipped.append((iteration, corrupt))
             continue
-        state, saved, recorded = payload
+        state, saved, recorded, data = payload
         parts.optimizer.load_state_dict(state)
         parts.engine.finish_step()
         if message == "exact":
@@ -297,10 +301,22 @@ def resume(parts, args: TrainingArgs, topo: Topology, set_rng_state, *, vocab_si
         if skipped:
             _report_fallback(args, topo, iteration, skipped)
         if message == "finetune":
-            return 0, f"finetuning: weights of iteration {iteration}, fresh optimizer state"
-        return _overridden(args, recorded, message)
+            return 0, f"finetuning: weights of iteration {iteration}, fresh optimizer " \
+                      f"state", None
+        return (*_overridden(args, recorded, message), data)
     problems = "; ".join(m for _, messages in skipped for m in messages)
     raise ValueError(f"no checkpoint under --load {args.checkpoint.load} verifies: {problems}")
+
+
+def _data_record(meta: dict, saved: dict | None) -> dict | None:
+    """The data position a checkpoint records: its meta.json's :data:`DATA_KEYS`; of one
+    written before they were there, the consumed samples its rank file recorded with
+    --rampup-batch-size (None when neither)."""
+    if meta.get("consumed_samples") is not None:
+        return {key: meta.get(key) for key in DATA_KEYS}
+    if saved is not None and saved.get("consumed_samples") is not None:
+        return {"consumed_samples": saved["consumed_samples"]}
+    return None
 
 
 def _overridden(args: TrainingArgs, recorded: int | None, how: str) -> tuple[int, str]:

@@ -6,7 +6,8 @@ import pytest
 
 from odc_pp.training.arguments import parse_args
 from odc_pp.training.data_plan import BatchAssigner, build_source
-from odc_pp.training.rampup import BatchRampup, rampup_of
+from odc_pp.training.data_position import DataPosition
+from odc_pp.training.rampup import BatchRampup
 
 calculators = pytest.importorskip("megatron.core.num_microbatches_calculator")
 
@@ -77,7 +78,7 @@ def test_data_plan_takes_the_next_samples_of_each_ramped_batch():
     args = parse_args(BASE + ["--global-batch-size", "8", "--rampup-batch-size", "2", "2",
                               "12", "--load-balance", "lb-mini"])
     source, _ = build_source(args)
-    planner = BatchAssigner(args, source, dp=2, pp=1, rampup=rampup_of(args.data))
+    planner = BatchAssigner(args, source, dp=2, pp=1, position=DataPosition.of(args.data))
     start = 0
     for iteration, size in enumerate([2, 2, 4, 6, 8, 8]):
         plan = planner.plan(iteration)

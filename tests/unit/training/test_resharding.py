@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from odc_pp.megatron.model import EMBEDDING_WEIGHT, OUTPUT_WEIGHT
 from odc_pp.training.checkpoint.checkpointing import rank_file, write_rank_file
 from odc_pp.training.checkpoint.resharding import STATE_NAMES, assemble_by_name, owned_state
 
@@ -74,3 +75,65 @@ def test_gaps_and_other_models_are_errors(tmp_path):
     write_rank_file(rank_file(str(tmp_path), 0), {"optimizer": {}})
     with pytest.raises(ValueError, match="records no parameter layout"):
         assemble_by_name(str(tmp_path), 2)
+
+
+# ----- tied embeddings across pipeline sizes (issue 53, item 5) ------------------------------
+TIED_SHAPES = {EMBEDDING_WEIGHT: [6, 4], **{f"model.decoder.layers.{i}.mlp.weight": [4, 4]
+                                         for i in range(4)},
+               "model.decoder.final_layernorm.weight": [4], OUTPUT_WEIGHT: [6, 4]}
+
+
+def _tied_stage(pp: int, stage: int) -> list[str]:
+    """The parameters of pipeline stage ``stage`` of 4 layers at ``pp`` (the last stage's
+    output layer is a copy of the embedding when they live on different stages)."""
+    per = 4 // pp
+    names = [EMBEDDING_WEIGHT] if stage == 0 else []
+    names += [f"model.decoder.layers.{i}.mlp.weight" for i in range(stage * per, (stage + 1) * per)]
+    if stage == pp - 1:
+        names.append("model.decoder.final_layernorm.weight")
+        if pp > 1:
+            names.append(OUTPUT_WEIGHT)
+    return names
+
+
+def _tied_unit(names: list[str], dp: int, dp_rank: int) -> dict:
+    sizes = [torch.Size(TIED_SHAPES[n]).numel() for n in names]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = sum(sizes)
+    share = -(-total // dp)
+    return {"names": names, "offsets": offsets, "shapes": [TIED_SHAPES[n] for n in names],
+            "numels": sizes, "start": min(dp_rank * share, total),
+            "end": min((dp_rank + 1) * share, total)}
+
+
+def _reshard_to(tensors: dict, directory, pp: int, dp: int) -> None:
+    """Write the checkpoint of ``tensors`` as saved at pp x dp (one unit per stage)."""
+    directory.mkdir()
+    for stage in range(pp):
+        for dp_rank in range(dp):
+            layout = [_tied_unit(_tied_stage(pp, stage), dp, dp_rank)]
+            state = owned_state(tensors, 3, layout)
+            write_rank_file(rank_file(str(directory), stage * dp + dp_rank),
+                            {"optimizer": state, "layout": layout})
+
+
+def test_tied_model_reshards_across_pipeline_sizes_keeping_the_tie(tmp_path):
+    """Saved at pp=1 x dp=2 (one tied weight), resumed at pp=2, pp=4 (the output layer
+    starts as the embedding's copy, moments too), back to pp=2 and pp=1: the round trip
+    gives the original state bit for bit."""
+    generator = torch.Generator().manual_seed(5)
+    original = {name: {"shape": shape, **{key: torch.randn(torch.Size(shape).numel(),
+                                                            generator=generator)
+                                          for key in STATE_NAMES}}
+                for name, shape in TIED_SHAPES.items() if name != OUTPUT_WEIGHT}
+    _reshard_to(original, tmp_path / "pp1", pp=1, dp=2)
+    tensors = assemble_by_name(str(tmp_path / "pp1"), 2)[1]
+    for pp, dp in ((2, 1), (4, 1), (2, 2), (1, 1)):
+        _reshard_to(tensors, tmp_path / f"pp{pp}_dp{dp}", pp=pp, dp=dp)
+        tensors = assemble_by_name(str(tmp_path / f"pp{pp}_dp{dp}"), pp * dp)[1]
+        assert (OUTPUT_WEIGHT in tensors) == (pp > 1)
+        for key in STATE_NAMES:
+            if pp > 1:  # the tie: the copy equals the embedding
+                assert torch.equal(tensors[OUTPUT_WEIGHT][key], tensors[EMBEDDING_WEIGHT][key])
+            for name, entry in original.items():
+                assert torch.equal(tensors[name][key], entry[key]), (pp, dp, name, key)
