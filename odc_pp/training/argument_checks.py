@@ -14,7 +14,7 @@ from odc_pp.data.assignment import LOAD_BALANCE_MODES
 from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
-from .context_split import context_parallel_problems
+from .context_split import context_parallel_problems, padded_length_problems
 from .megatron_semantics import length_conflicts
 from .rampup import rampup_problems
 from .sample_construction import SAMPLE_CONSTRUCTIONS, sample_construction_problems
@@ -120,6 +120,7 @@ def _validate_model(args) -> list[str]:
         problems += loss_scale_problems(args.optimizer)
     problems += rampup_problems(args)
     problems += context_parallel_problems(args)
+    problems += padded_length_problems(args)
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
     if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):
