@@ -233,8 +233,10 @@ def _validate_run(args) -> list[str]:
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
                                                not args.parallel.mode.is_hierarchical):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
-    if args.parallel.distributed_timeout_minutes <= 0:
-        problems.append("--distributed-timeout-minutes must be > 0")
+    timeout = args.parallel.distributed_timeout_minutes
+    if not (math.isfinite(timeout) and timeout > 0):
+        problems.append(f"--distributed-timeout-minutes must be a positive finite number of "
+                        f"minutes, got {timeout}")
     problems += wandb_problems(args.logging)
     problems += sample_construction_problems(args.data)
     return problems

@@ -39,7 +39,7 @@ from .components import Components, build_components
 from .context_split import split_microbatch
 from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
 from .distributed import Topology
-from .evaluation import due as eval_due, eval_record, evaluate
+from .evaluation import due as eval_due, eval_record, eval_size_note, evaluate
 from .logging_utils import TrainingLogger, wandb_settings
 from .lr_schedule import LRSchedule
 from .odc_settings import device_memory
@@ -187,6 +187,8 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
+        if valid and (note := eval_size_note(args, valid)):
+            self._say(note)  # --eval-iters beyond the validation data
         residency = param_residency(args, topo.layout,
                                     budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
