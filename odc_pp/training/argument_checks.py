@@ -233,6 +233,9 @@ def _validate_run(args) -> list[str]:
     if args.parallel.dp_ranks_per_host is not None and (args.parallel.dp_ranks_per_host < 1 or
                                                not args.parallel.mode.is_hierarchical):
         problems.append("--dp-ranks-per-host needs --dp-mode hierarchical and must be >= 1")
+    if not 0 <= args.data.max_dropped_records_fraction <= 1:  # nan too
+        problems.append(f"--max-dropped-records-fraction must be in [0, 1], got "
+                        f"{args.data.max_dropped_records_fraction}")
     timeout = args.parallel.distributed_timeout_minutes
     if not (math.isfinite(timeout) and timeout > 0):
         problems.append(f"--distributed-timeout-minutes must be a positive finite number of "

@@ -175,7 +175,9 @@ def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
                          "preprocess the JSONL with tools/preprocess_data.py")
     if jsonl:
         # pre-tokenized ids are bounded by the model's embedding, not the tokenizer
-        return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab)
+        return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab,
+                            max_dropped_fraction=args.data.max_dropped_records_fraction,
+                            drop_unscored=args.data.drop_unscored_samples, flag=flag)
     return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab)
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.data.lanes import slots_digest
+from odc_pp.data.record_checks import data_notes
 
 from .arguments import TrainingArgs
 from .checkpoint import Checkpointer
@@ -187,6 +188,8 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
+        for note in dict.fromkeys(data_notes(source) + data_notes(valid)):
+            self._say(note)  # dropped records, samples truncation left unscored
         if valid and (note := eval_size_note(args, valid)):
             self._say(note)  # --eval-iters beyond the validation data
         residency = param_residency(args, topo.layout,
