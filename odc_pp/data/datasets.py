@@ -313,8 +313,11 @@ class IndexedTokenDataset:
     ValueError naming the file, document, position and id."""
 
     def __init__(self, prefixes: Sequence[str], seq_length: int, pad_id: int, *,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, flag: str = "--data-path") -> None:
+        """``flag``: the flag that named the prefixes (in errors)."""
         from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        from .indexed_check import check_indexed_pair
 
         from .token_check import check_token_ids
 
@@ -323,8 +326,9 @@ class IndexedTokenDataset:
         self.parts = []
         for prefix in prefixes:
             if not IndexedDataset.exists(prefix):
-                raise ValueError(f"--data-path {prefix!r}: no {prefix}.bin / {prefix}.idx "
+                raise ValueError(f"{flag} {prefix!r}: no {prefix}.bin / {prefix}.idx "
                                  "(make them with tools/preprocess_data.py)")
+            check_indexed_pair(prefix, flag)  # truncated or mismatched: named, with bytes
             self.parts.append(IndexedDataset(prefix))
             if vocab_size is not None:
                 check_token_ids(prefix, self.parts[-1], vocab_size)

@@ -178,7 +178,8 @@ def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
         return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab,
                             max_dropped_fraction=args.data.max_dropped_records_fraction,
                             drop_unscored=args.data.drop_unscored_samples, flag=flag)
-    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab)
+    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab,
+                               flag=flag)
 
 
 def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
