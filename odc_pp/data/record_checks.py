@@ -9,7 +9,9 @@ fraction exceeds ``--max-dropped-records-fraction`` is an error naming the file.
 
 A sample is **unscored** when truncation to ``--seq-length`` cut off every scored token
 (a long prompt before the assistant's reply). It is kept, as Megatron keeps such samples
-(it trains nothing), and counted; ``--drop-unscored-samples`` drops it.
+(it trains nothing), and counted; ``--drop-unscored-samples`` drops it. A global batch
+made only of such samples has nothing to normalise the loss by: the batch planner stops
+the run there, naming that flag.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class FileReport:
 
     def unscored_text(self, seq_length: int) -> str:
         what = ("dropped (--drop-unscored-samples)" if self.drop_unscored else
-                "kept: they train nothing; --drop-unscored-samples drops them")
+                "kept: they train nothing, and a global batch of only such samples stops "
+                "the run; --drop-unscored-samples drops them")
         return (f"{len(self.unscored)} of {self.records} samples of {self.flag} {self.path} "
                 f"lost every scored token to truncation at --seq-length {seq_length} ({what}): "
                 f"{self._named(self.unscored)}")

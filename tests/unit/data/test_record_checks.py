@@ -11,7 +11,7 @@ from odc_pp.data.datasets import JsonlDataset
 from odc_pp.data.record_checks import data_notes
 from odc_pp.data.tokenizers import build_tokenizer
 from odc_pp.training.arguments import parse_args
-from odc_pp.training.data_plan import build_source
+from odc_pp.training.data_plan import BatchAssigner, build_source
 
 TOKENIZER = build_tokenizer("ByteLevelTokenizer", None)
 
@@ -88,7 +88,8 @@ def test_samples_truncated_to_no_scored_token_are_counted(tmp_path):
     assert len(source.dataset) == 20 and unscored == list(range(6, 21))
     assert data_notes(source) == [
         f"data: 15 of 20 samples of --data-path {path} lost every scored token to truncation "
-        f"at --seq-length 128 (kept: they train nothing; --drop-unscored-samples drops them): "
+        f"at --seq-length 128 (kept: they train nothing, and a global batch of only such "
+        f"samples stops the run; --drop-unscored-samples drops them): "
         f"{path}:6, {path}:7, {path}:8 and 12 more"]
     source, _ = build_source(parse_args(flags + ["--drop-unscored-samples"]))
     assert len(source.dataset) == 5
@@ -96,6 +97,28 @@ def test_samples_truncated_to_no_scored_token_are_counted(tmp_path):
     assert data_notes(source)[0].startswith(
         f"data: 15 of 20 samples of --data-path {path} lost every scored token to "
         f"truncation at --seq-length 128 (dropped (--drop-unscored-samples)): {path}:6")
+
+
+def test_a_global_batch_of_unscored_samples_stops_naming_the_flag(tmp_path):
+    path = _long_prompts(tmp_path)
+    flags = ["--data-path", path, "--seq-length", "128", "--global-batch-size", "1"]
+    args = parse_args(flags)
+    source, _ = build_source(args)
+    batches = BatchAssigner(args, source, dp=1, pp=1)
+    outcomes = []
+    for iteration in range(20):
+        try:
+            outcomes.append(batches.plan(iteration).total_loss_tokens > 0)
+        except ValueError as exc:
+            assert str(exc).startswith(f"global batch {iteration} (samples {iteration}-"
+                                       f"{iteration}) has no scored token: truncation at "
+                                       f"--seq-length 128 cut off every scored token")
+            assert str(exc).endswith("give --drop-unscored-samples or a longer --seq-length")
+            outcomes.append(False)
+    assert outcomes.count(False) == 15
+    args = parse_args(flags + ["--drop-unscored-samples"])
+    batches = BatchAssigner(args, build_source(args)[0], dp=1, pp=1)
+    assert all(batches.plan(iteration).total_loss_tokens > 0 for iteration in range(20))
 
 
 def test_the_dropped_fraction_flag_is_checked():
