@@ -69,8 +69,9 @@ def _now() -> float:
     return time.time()
 
 
-class LockLostError(RuntimeError):
-    """This job no longer holds its ``--save`` lock: it must write nothing more there."""
+class LockLostError(ValueError):
+    """This job no longer holds its ``--save`` lock: it must write nothing more there (a
+    ValueError: the run exits 2 with the message, as a lock refused at start does)."""
 
 
 def lease_seconds() -> float:
@@ -242,6 +243,7 @@ class SaveLock:
         """Why this process no longer holds the lock (found by the heartbeat), or ''."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the heartbeat and a save's check: one claim
 
     @property
     def token(self) -> str:
@@ -347,6 +349,10 @@ class SaveLock:
         (``.takeover.TOKEN``), so a renewal and a takeover exclude each other: a starter
         that judged this holder stale and claims after the renewal judges it again and finds
         it live; one that claimed first makes the renewal fail."""
+        with self._renewing:
+            return self._renew()
+
+    def _renew(self) -> bool:
         if self.lost:
             return False
         claim = _takeover_path(self.path, self.token)
@@ -371,9 +377,9 @@ class SaveLock:
         if not self.refresh():
             raise LockLostError(
                 f"--save {self.save}: this job lost its lock ({self.lost}), so it stops "
-                f"without writing more into the directory: another job took it over after "
-                f"this one's heartbeat stopped for longer than its lease "
-                f"({self.owner.lease_s:g} s; the process was stopped, suspended or starved)")
+                f"without writing more into the directory (a job whose heartbeat stops for "
+                f"longer than its lease, {self.owner.lease_s:g} s, e.g. while the process is "
+                f"stopped or suspended, may be taken over by another job)")
 
     def _beat(self) -> None:
         while not self._stop.wait(self.owner.lease_s / 4):

@@ -161,3 +161,15 @@ def test_a_renewal_and_a_takeover_exclude_each_other(tmp_path, clock, monkeypatc
         os.remove(claim)
     with pytest.raises(LockLostError, match="this job lost its lock"):
         a.check()
+
+
+def test_the_heartbeat_and_a_saves_check_never_mistake_each_other_for_a_takeover(tmp_path):
+    """Both renew through the same claim file: one at a time, never "lost"."""
+    lock = SaveLock.acquire(str(tmp_path), out=io.StringIO(), lease_s=0.01)
+    try:
+        for _ in range(300):
+            lock.check()
+        assert not lock.lost
+    finally:
+        lock.release()
+    assert not os.listdir(tmp_path)
