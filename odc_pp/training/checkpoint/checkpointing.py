@@ -251,22 +251,7 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
     removes an ``iter_*`` of this iteration that a job which had lost the lock left."""
     final = checkpoint_dir(save, iteration)
     tmp = os.path.join(save, f".tmp_iter_{iteration:07d}" + (f".{token}" if token else ""))
-    lost = None
-    if rank == 0:
-        try:
-            _check_lock(lock)
-        except LockLostError as exc:
-            lost = exc
-    if _failed_somewhere(lost, agree):
-        raise lost or LockLostError(f"--save {save}: rank 0 found that this job lost its lock "
-                                    f"(its message says why); writing nothing more there")
-    if rank == 0:
-        if os.path.exists(final) and not _remove_intruder(final, token):
-            raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
-                               f"(resume with --load {save}, or give a new --save directory)")
-        _named(lambda: os.makedirs(save, exist_ok=True), save, "create")
-        shutil.rmtree(tmp, ignore_errors=True)
-        _named(lambda: os.makedirs(tmp), tmp, "create")
+    _start_save(save, final, tmp, rank=rank, token=token, agree=agree, lock=lock)
     barrier()
     path = rank_file(tmp, rank)
     error = None
@@ -293,11 +278,9 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
                          lock)
         except Exception as exc:  # every rank learns of it below (with ``agree``)
             failure = exc
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if failure is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if os.path.isdir(tmp):  # not renamed: failed or interrupted
+                shutil.rmtree(tmp, ignore_errors=True)
     if _failed_somewhere(failure, agree):
         raise failure or CheckpointWriteError(
             f"checkpoint {final} was not saved: rank 0 could not finish it (its message says "
@@ -305,6 +288,29 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
     if agree is None:
         barrier()
     return final
+
+
+def _start_save(save: str, final: str, tmp: str, *, rank: int, token: str, agree,
+                lock) -> None:
+    """Rank 0 checks the lock (every rank learns a loss through ``agree`` and raises),
+    then makes the temporary directory; an existing ``final`` is refused unless a job that
+    had lost the lock wrote it."""
+    lost = None
+    if rank == 0:
+        try:
+            _check_lock(lock)
+        except LockLostError as exc:
+            lost = exc
+    if _failed_somewhere(lost, agree):
+        raise lost or LockLostError(f"--save {save}: rank 0 found that this job lost its lock "
+                                    f"(its message says why); writing nothing more there")
+    if rank == 0:
+        if os.path.exists(final) and not _remove_intruder(final, token):
+            raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
+                               f"(resume with --load {save}, or give a new --save directory)")
+        _named(lambda: os.makedirs(save, exist_ok=True), save, "create")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _named(lambda: os.makedirs(tmp), tmp, "create")
 
 
 def _failed_somewhere(error: BaseException | None, agree) -> bool:
