@@ -16,7 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .chat import json_type, sharegpt_messages
+from .chat import check_messages, json_type, sharegpt_messages
+from .record_checks import DEFAULT_MAX_DROPPED_FRACTION, FileReport, drop_reason
 from .samples import Sample
 from .tokenizers import Tokenizer
 
@@ -217,20 +218,36 @@ def encode_jsonl_file(path: str, tokenizer: Tokenizer, seq_length: int, *,
 
 class JsonlDataset:
     """Documents of JSONL files, tokenized once at construction. Every file must give at
-    least one sample with scored tokens; errors name the file (and line)."""
+    least one sample with scored tokens; errors name the file (and line). Records that give
+    no sample and samples truncation left unscored are counted per file
+    (:attr:`reports`, :mod:`~odc_pp.data.record_checks`)."""
 
     def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_length: int, *,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None,
+                 max_dropped_fraction: float = DEFAULT_MAX_DROPPED_FRACTION,
+                 drop_unscored: bool = False, flag: str = "--data-path") -> None:
         """``vocab_size``: the model's embedding size, the bound of pre-tokenized ids
-        (default: the tokenizer's vocabulary)."""
+        (default: the tokenizer's vocabulary); ``max_dropped_fraction``:
+        --max-dropped-records-fraction; ``drop_unscored``: --drop-unscored-samples."""
         self.pad_id = tokenizer.pad
+        self.seq_length = seq_length
         self.samples: list[Sample] = []
+        self.reports: list[FileReport] = []
+        """Per file: records, dropped records, unscored samples."""
         for path in paths:
-            encoded = encode_jsonl_file(path, tokenizer, seq_length, vocab_size=vocab_size)
+            report = FileReport(path=path, flag=flag, drop_unscored=drop_unscored)
+            encoded = _encode_checked(path, tokenizer, seq_length, vocab_size, report)
             usable = [s for _, _, s in encoded if s is not None and s.num_loss_tokens > 0]
             if not usable:
                 raise ValueError(_why_unusable(path, encoded, seq_length))
-            self.samples += usable
+            report.check(max_dropped_fraction)
+            self.samples += [s for _, _, s in encoded if s is not None and (
+                s.num_loss_tokens > 0 or not drop_unscored)]
+            self.reports.append(report)
+
+    def notes(self) -> list[str]:
+        """The data summary's lines: dropped records and unscored samples per file."""
+        return [note for report in self.reports for note in report.notes(self.seq_length)]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -240,6 +257,37 @@ class JsonlDataset:
 
     def __getitem__(self, index: int) -> Sample:
         return self.samples[index]
+
+
+def _chat_messages(record) -> list[dict] | None:
+    """The validated messages of a chat record (exactly one of ``messages`` /
+    ``conversations``); None for other records (:func:`encode_document` judges them)."""
+    if not isinstance(record, dict) or \
+            [key for key in RECORD_KEYS if key in record] not in (["messages"], ["conversations"]):
+        return None
+    return check_messages(_messages(record))
+
+
+def _encode_checked(path: str, tokenizer: Tokenizer, seq_length: int, vocab_size: int | None,
+                    report: FileReport) -> list[tuple[int, dict, Sample | None]]:
+    """:func:`encode_jsonl_file` that counts into ``report``: records dropped (None
+    samples; chat records with an unknown role or no assistant turn are not encoded) and
+    samples truncation left unscored."""
+    out = []
+    for line_number, record in load_jsonl_documents(path):
+        report.records += 1
+        try:
+            why = drop_reason(_chat_messages(record))
+            sample = None if why else encode_document(record, tokenizer, seq_length,
+                                                      vocab_size=vocab_size)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line_number}: {exc}") from exc
+        if sample is None:
+            report.dropped.append((line_number, why or "fewer than 2 tokens"))
+        elif sample.num_loss_tokens == 0:
+            report.unscored.append(line_number)
+        out.append((line_number, record, sample))
+    return out
 
 
 def _why_unusable(path: str, encoded: list, seq_length: int) -> str:
@@ -265,8 +313,11 @@ class IndexedTokenDataset:
     ValueError naming the file, document, position and id."""
 
     def __init__(self, prefixes: Sequence[str], seq_length: int, pad_id: int, *,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, flag: str = "--data-path") -> None:
+        """``flag``: the flag that named the prefixes (in errors)."""
         from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        from .indexed_check import check_indexed_pair
 
         from .token_check import check_token_ids
 
@@ -275,8 +326,9 @@ class IndexedTokenDataset:
         self.parts = []
         for prefix in prefixes:
             if not IndexedDataset.exists(prefix):
-                raise ValueError(f"--data-path {prefix!r}: no {prefix}.bin / {prefix}.idx "
+                raise ValueError(f"{flag} {prefix!r}: no {prefix}.bin / {prefix}.idx "
                                  "(make them with tools/preprocess_data.py)")
+            check_indexed_pair(prefix, flag)  # truncated or mismatched: named, with bytes
             self.parts.append(IndexedDataset(prefix))
             if vocab_size is not None:
                 check_token_ids(prefix, self.parts[-1], vocab_size)

@@ -36,6 +36,7 @@ from ..dtypes import float_dtype
 from .tp_layout import partition_of
 from .hf_config import megatron_to_hf_names
 from .model_identity import ModelIdentityError, layer_suffixes, model_tensor_names
+from .safetensors_check import open_safetensors
 
 __all__ = ["SafetensorsReader", "load_hf_weights", "unused_hf_tensors", "to_megatron", "hf_state_dict",
            "save_hf_directory", "parse_size", "model_config_from_hf",
@@ -53,12 +54,15 @@ class SafetensorsReader:
         self.directory = directory
         index = os.path.join(directory, INDEX_NAME)
         if os.path.isfile(index):
-            with open(index) as handle:
-                self.weight_map = dict(json.load(handle)["weight_map"])
+            try:
+                with open(index) as handle:
+                    self.weight_map = dict(json.load(handle)["weight_map"])
+            except (ValueError, KeyError, TypeError) as exc:  # truncated or not an index
+                raise ValueError(f"--hf-checkpoint {directory}: {INDEX_NAME} is damaged (no "
+                                 f"JSON object with a 'weight_map': {exc})") from None
         elif os.path.isfile(os.path.join(directory, _SINGLE)):
-            from safetensors import safe_open
-
-            with safe_open(os.path.join(directory, _SINGLE), framework="pt") as handle:
+            with open_safetensors(os.path.join(directory, _SINGLE),
+                                  f"--hf-checkpoint {directory}: {_SINGLE}") as handle:
                 self.weight_map = {name: _SINGLE for name in handle.keys()}
         else:
             raise ValueError(f"--hf-checkpoint {directory}: neither {INDEX_NAME} nor "
@@ -70,9 +74,8 @@ class SafetensorsReader:
         return name in self.weight_map
 
     def get(self, name: str) -> torch.Tensor:
-        """One tensor; ValueError naming it when the directory lacks it."""
-        from safetensors import safe_open
-
+        """One tensor; ValueError naming it when the directory lacks it, or naming its
+        file when that is truncated or damaged."""
         filename = self.weight_map.get(name)
         if filename is None:
             raise ValueError(f"--hf-checkpoint {self.directory}: tensor {name!r} is missing "
@@ -82,7 +85,8 @@ class SafetensorsReader:
             if not os.path.isfile(path):
                 raise ValueError(f"--hf-checkpoint {self.directory}: shard {filename} (holding "
                                  f"tensor {name!r}) is missing")
-            self._open[filename] = safe_open(path, framework="pt")
+            self._open[filename] = open_safetensors(
+                path, f"--hf-checkpoint {self.directory}: shard {filename}")
         handle = self._open[filename]
         if name not in handle.keys():
             raise ValueError(f"--hf-checkpoint {self.directory}: tensor {name!r} is missing "

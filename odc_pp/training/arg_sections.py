@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from odc_pp.data.record_checks import DEFAULT_MAX_DROPPED_FRACTION
 from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import family
 
@@ -362,6 +363,13 @@ class DataArgs:
     eod_mask_loss: bool = False
     """Megatron's: no loss on the prediction made at an EOD input token (the next
     document's first token) with --sample-construction megatron."""
+    max_dropped_records_fraction: float = DEFAULT_MAX_DROPPED_FRACTION
+    """The largest fraction of a JSONL file's records that may give no sample (an unknown
+    chat role, no assistant turn, fewer than 2 tokens) before the file is an error; the
+    first few are named either way."""
+    drop_unscored_samples: bool = False
+    """Drop the JSONL samples whose scored tokens all lie beyond --seq-length (kept by
+    default, as Megatron keeps them, and counted at start-up)."""
 
 
 @dataclass(kw_only=True)

@@ -14,7 +14,7 @@ from odc_pp.data.assignment import LOAD_BALANCE_MODES
 from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
-from .context_split import context_parallel_problems
+from .context_split import context_parallel_problems, padded_length_problems
 from .logging_args import tensorboard_problems
 from .megatron_semantics import length_conflicts
 from .rampup import rampup_problems
@@ -121,6 +121,7 @@ def _validate_model(args) -> list[str]:
         problems += loss_scale_problems(args.optimizer)
     problems += rampup_problems(args)
     problems += context_parallel_problems(args)
+    problems += padded_length_problems(args)
     if model.norm_epsilon <= 0 or model.rotary_base <= 0:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
     if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):
@@ -236,8 +237,13 @@ def _validate_run(args) -> list[str]:
             math.isfinite(args.run.exit_duration_in_mins) and args.run.exit_duration_in_mins > 0):
         problems.append(f"--exit-duration-in-mins must be a finite number > 0, got "
                         f"{args.run.exit_duration_in_mins}")
-    if args.parallel.distributed_timeout_minutes <= 0:
-        problems.append("--distributed-timeout-minutes must be > 0")
+    if not 0 <= args.data.max_dropped_records_fraction <= 1:  # nan too
+        problems.append(f"--max-dropped-records-fraction must be in [0, 1], got "
+                        f"{args.data.max_dropped_records_fraction}")
+    timeout = args.parallel.distributed_timeout_minutes
+    if not (math.isfinite(timeout) and timeout > 0):
+        problems.append(f"--distributed-timeout-minutes must be a positive finite number of "
+                        f"minutes, got {timeout}")
     problems += wandb_problems(args.logging) + tensorboard_problems(args.logging)
     problems += sample_construction_problems(args.data)
     return problems

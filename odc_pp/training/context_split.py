@@ -22,8 +22,8 @@ import torch
 from ..data.microbatch import Microbatch
 from ..megatron.context_parallel import CP_COMM_TYPES, cp_position_ids, cp_split
 
-__all__ = ["context_parallel_problems", "cp_pad_multiple", "split_microbatch",
-           "ContextParallelMicrobatch"]
+__all__ = ["context_parallel_problems", "cp_pad_multiple", "padded_length_problems",
+           "split_microbatch", "ContextParallelMicrobatch"]
 
 MEGATRON_CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 """Megatron's --cp-comm-type values; odc-pp implements :data:`CP_COMM_TYPES`."""
@@ -70,6 +70,35 @@ def cp_pad_multiple(*, context_parallel_size: int, multiple: int = 1) -> int:
     if context_parallel_size == 1:
         return multiple
     return math.lcm(multiple, 2 * context_parallel_size)
+
+
+def padded_length_problems(args) -> list[str]:
+    """--seq-length that context or sequence parallelism pads past the learned position
+    table (a position id beyond --max-position-embeddings): refused with the nearest valid
+    lengths, as Megatron refuses lengths these splits cannot divide. [] otherwise (RoPE has
+    no table)."""
+    parallel, model = args.parallel, args.model
+    cp, tp = parallel.context_parallel_size, parallel.tensor_model_parallel_size
+    if cp < 1 or tp < 1 or model.position_embedding_type != "learned_absolute":
+        return []
+    sp = parallel.sequence_parallel and tp > 1
+    multiple = cp_pad_multiple(context_parallel_size=cp, multiple=tp if sp else 1)
+    seq, table = model.seq_length, model.max_position_embeddings or model.seq_length
+    padded = -(-seq // multiple) * multiple
+    if padded <= table:
+        return []
+    why = " and ".join(
+        ([f"--context-parallel-size {cp} splits every sequence into 2 x {cp} chunks"]
+         if cp > 1 else []) +
+        ([f"--sequence-parallel splits it over --tensor-model-parallel-size {tp}"]
+         if sp else []))
+    lengths = [n for n in (padded - multiple, padded)
+               if n >= multiple and n <= (model.max_position_embeddings or n)]
+    return [f"--seq-length {seq} is not a multiple of {multiple} ({why}): microbatches are "
+            f"padded up to {padded} positions, past the learned position table "
+            f"(--max-position-embeddings {table}). Give --seq-length "
+            f"{' or '.join(map(str, lengths))} (the nearest multiples of {multiple}), "
+            f"--max-position-embeddings {padded} or more, or --position-embedding-type rope"]
 
 
 @dataclass(kw_only=True)

@@ -177,8 +177,11 @@ def _documents(args: TrainingArgs, paths: list[str], tokenizer, flag: str,
                          "preprocess the JSONL with tools/preprocess_data.py")
     if jsonl:
         # pre-tokenized ids are bounded by the model's embedding, not the tokenizer
-        return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab)
-    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab)
+        return JsonlDataset(jsonl, tokenizer, args.model.seq_length, vocab_size=vocab,
+                            max_dropped_fraction=args.data.max_dropped_records_fraction,
+                            drop_unscored=args.data.drop_unscored_samples, flag=flag)
+    return IndexedTokenDataset(paths, args.model.seq_length, tokenizer.pad, vocab_size=vocab,
+                               flag=flag)
 
 
 def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
@@ -274,8 +277,14 @@ class BatchAssigner:
         replicas = [[[sample_ids[p] for p in group] for group in replica]
                     for replica in plan.microbatches]
         samples = [self.source[i] for i in sample_ids]
-        return IterationPlan(replicas=replicas,
-                             total_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
+        scored = float(sum(s.num_loss_tokens for s in samples))
+        if scored == 0:  # kept unscored samples only (--drop-unscored-samples drops them)
+            raise ValueError(
+                f"global batch {iteration} (samples {sample_ids[0]}-{sample_ids[-1]}) has no "
+                f"scored token: truncation at --seq-length {self.args.model.seq_length} cut "
+                f"off every scored token of its samples (counted in the 'data:' lines at "
+                f"start-up); give --drop-unscored-samples or a longer --seq-length")
+        return IterationPlan(replicas=replicas, total_loss_tokens=scored,
                              total_tokens=int(sum(lengths)))
 
     def lane_slots(self, rows: list[list[int]], *, lanes: int) -> list[Slot]:

@@ -33,7 +33,7 @@ from .context_split import split_microbatch
 from .data_plan import BatchAssigner
 from .distributed import Topology
 
-__all__ = ["EvalStats", "evaluate", "due", "eval_record"]
+__all__ = ["EvalStats", "evaluate", "due", "eval_record", "eval_size_note", "samples_in"]
 
 
 @dataclass(kw_only=True)
@@ -46,6 +46,31 @@ class EvalStats:
     """Scored tokens the loss averages over."""
     batches: int
     """Validation global batches evaluated."""
+
+
+def samples_in(source) -> int | None:
+    """Distinct samples of a validation source (a shuffled dataset or a blend of them);
+    None for the endless synthetic corpus."""
+    if hasattr(source, "sources"):  # a blend: the sum of its datasets
+        parts = [samples_in(part) for part in source.sources]
+        return None if None in parts else sum(parts)
+    dataset = getattr(source, "dataset", source)
+    return len(dataset) if hasattr(dataset, "__len__") else None
+
+
+def eval_size_note(args: TrainingArgs, source) -> str | None:
+    """A start-up warning when one evaluation (--eval-iters global batches) needs more
+    samples than the validation data holds. The count is kept, as Megatron keeps it (its
+    validation dataset is built with --eval-iters x global batch samples per evaluation,
+    repeating the data): lowering it silently would change what the loss averages over."""
+    size, batch = samples_in(source), args.data.global_batch_size
+    if size is None or not batch or args.data.eval_iters * batch <= size:
+        return None
+    needed = args.data.eval_iters * batch
+    return (f"warning: --eval-iters {args.data.eval_iters} x --global-batch-size {batch} = "
+            f"{needed} samples per evaluation, but the validation data holds {size}: each "
+            f"evaluation reads it {needed / size:.3g} times over (cycling, as Megatron "
+            f"does). --eval-iters {max(size // batch, 1)} reads each sample at most once")
 
 
 def due(args: TrainingArgs, done: int, batches: BatchAssigner | None) -> bool:

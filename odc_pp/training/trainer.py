@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.data.lanes import slots_digest
+from odc_pp.data.record_checks import data_notes
 
 from .checkpoint import Checkpointer
 from .components import Components, build_components
@@ -39,7 +40,7 @@ from .context_split import split_microbatch
 from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
 from .data_position import DataPosition
 from .distributed import Topology
-from .evaluation import due as eval_due, eval_record, evaluate
+from .evaluation import due as eval_due, eval_record, eval_size_note, evaluate
 from .logging_utils import TrainingLogger, tensorboard_settings, wandb_settings
 from .model_stats import ModelStats
 from .lr_schedule import LRSchedule
@@ -194,6 +195,10 @@ class Trainer:
                                         segment_attention=topo.device.type == "cuda") \
             if valid else None
         """Plans the validation batches (--eval-iters > 0 and a validation split)."""
+        for note in dict.fromkeys(data_notes(source) + data_notes(valid)):
+            self._say(note)  # dropped records, samples truncation left unscored
+        if valid and (note := eval_size_note(args, valid)):
+            self._say(note)  # --eval-iters beyond the validation data
         residency = param_residency(job, budget_bytes=device_memory(topo.device))
         self.parts: Components = build_components(
             job, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks)

@@ -64,7 +64,8 @@ class Checkpointer:
             self.saver = CheckpointSaver(checkpoint.save, keep=checkpoint.keep_checkpoints,
                                          rank=topo.rank, world_size=topo.world_size,
                                          barrier=dist.barrier, token=self.lock.token,
-                                         agree=all_ranks_true)
+                                         agree=all_ranks_true,
+                                         lock=self.lock if topo.rank == 0 else None)
         return start
 
     def due(self, done: int, *, stopping: bool) -> bool:

@@ -32,12 +32,15 @@ import pickle
 import random
 import re
 import shutil
+import sys
 from typing import Callable
 
 import numpy as np
 import torch
 
 from odc_pp.fsutil import fsync_dir, write_file_atomic
+
+from .save_lock import LockLostError
 
 __all__ = ["LATEST", "CorruptCheckpointError", "UntrustedCheckpointError", "safe_globals", "CheckpointSaver", "checkpoint_dir",
            "rank_file", "list_iterations", "write_rank_file", "load_rank_state", "read_meta",
@@ -233,23 +236,22 @@ def read_meta(directory: str) -> dict:
 # ----- saving and retention -----------------------------------------------------------------
 def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_size: int,
                     barrier: Callable[[], None], meta: dict | None = None, token: str = "",
-                    agree: Callable[[bool], bool] | None = None) -> str:
+                    agree: Callable[[bool], bool] | None = None, lock=None) -> str:
     """Collective over all ranks (each passes its own ``state``); returns the final path.
     Refuses (RuntimeError) to replace an existing ``iter_*`` directory.
 
     ``token`` (the job's, :class:`~.save_lock.SaveLock`) makes the temporary directory
     ``.tmp_iter_N.TOKEN`` unique per job. ``agree(ok) -> all ranks ok`` (an all-reduce)
     lets every rank learn of another rank's failed write: then the temporary directory is
-    removed and every rank raises :class:`CheckpointWriteError` naming the path."""
+    removed and every rank raises :class:`CheckpointWriteError` naming the path.
+
+    ``lock`` (rank 0's :class:`~.save_lock.SaveLock`): checked before the first write and
+    again before the rename and before ``latest``; a job that lost it raises
+    :class:`~.save_lock.LockLostError` on every rank and writes nothing more. The holder
+    removes an ``iter_*`` of this iteration that a job which had lost the lock left."""
     final = checkpoint_dir(save, iteration)
     tmp = os.path.join(save, f".tmp_iter_{iteration:07d}" + (f".{token}" if token else ""))
-    if rank == 0:
-        if os.path.exists(final):
-            raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
-                               f"(resume with --load {save}, or give a new --save directory)")
-        _named(lambda: os.makedirs(save, exist_ok=True), save, "create")
-        shutil.rmtree(tmp, ignore_errors=True)
-        _named(lambda: os.makedirs(tmp), tmp, "create")
+    _start_save(save, final, tmp, rank=rank, token=token, agree=agree, lock=lock)
     barrier()
     path = rank_file(tmp, rank)
     error = None
@@ -268,14 +270,79 @@ def save_checkpoint(save: str, iteration: int, state: dict, *, rank: int, world_
     if error is not None:  # without agreement: this rank leaves, its peers' barrier fails
         raise error
     barrier()
+    failure = None
     if rank == 0:
         try:
-            _finish_save(save, tmp, final, iteration, world_size, meta)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    barrier()
+            writer = {"writer": token} if token else {}  # whose save (:func:`_remove_intruder`)
+            _finish_save(save, tmp, final, iteration, world_size, dict(meta or {}, **writer),
+                         lock)
+        except Exception as exc:  # every rank learns of it below (with ``agree``)
+            failure = exc
+        finally:
+            if os.path.isdir(tmp):  # not renamed: failed or interrupted
+                shutil.rmtree(tmp, ignore_errors=True)
+    if _failed_somewhere(failure, agree):
+        raise failure or CheckpointWriteError(
+            f"checkpoint {final} was not saved: rank 0 could not finish it (its message says "
+            f"why); the partial directory was removed")
+    if agree is None:
+        barrier()
     return final
+
+
+def _start_save(save: str, final: str, tmp: str, *, rank: int, token: str, agree,
+                lock) -> None:
+    """Rank 0 checks the lock (every rank learns a loss through ``agree`` and raises),
+    then makes the temporary directory; an existing ``final`` is refused unless a job that
+    had lost the lock wrote it."""
+    lost = None
+    if rank == 0:
+        try:
+            _check_lock(lock)
+        except LockLostError as exc:
+            lost = exc
+    if _failed_somewhere(lost, agree):
+        raise lost or LockLostError(f"--save {save}: rank 0 found that this job lost its lock "
+                                    f"(its message says why); writing nothing more there")
+    if rank == 0:
+        if os.path.exists(final) and not _remove_intruder(final, token):
+            raise RuntimeError(f"{final} exists already; a checkpoint is never overwritten "
+                               f"(resume with --load {save}, or give a new --save directory)")
+        _named(lambda: os.makedirs(save, exist_ok=True), save, "create")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _named(lambda: os.makedirs(tmp), tmp, "create")
+
+
+def _failed_somewhere(error: BaseException | None, agree) -> bool:
+    """Whether any rank has ``error`` (every rank learns it through ``agree``)."""
+    if agree is None:
+        return error is not None
+    return not agree(error is None)
+
+
+def _check_lock(lock) -> None:
+    """Rank 0: LockLostError when this job no longer holds ``--save`` (None: no lock)."""
+    if lock is not None:
+        lock.check()
+
+
+def _remove_intruder(final: str, token: str) -> bool:
+    """Remove ``final`` when a job that had lost the lock wrote it (its meta.json names
+    another writer token; this job holds the lock, checked just before); False otherwise."""
+    try:
+        with open(os.path.join(final, "meta.json")) as handle:
+            writer = json.load(handle).get("writer")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not token or not writer or writer == token:
+        return False
+    doomed = os.path.join(os.path.dirname(final), "." + "prune_" + os.path.basename(final))
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(final, doomed)
+    shutil.rmtree(doomed)
+    print(f"removed {final}: written (writer token {writer}) by a job that no longer held "
+          f"the --save lock", file=sys.stderr, flush=True)
+    return True
 
 
 class CheckpointWriteError(OSError):
@@ -302,8 +369,9 @@ def _remove_quietly(path: str) -> None:
 
 
 def _finish_save(save: str, tmp: str, final: str, iteration: int, world_size: int,
-                 meta: dict | None) -> None:
-    """Rank 0, every rank file written: meta.json, rename into place, ``latest``."""
+                 meta: dict | None, lock=None) -> None:
+    """Rank 0, every rank file written: meta.json, rename into place, ``latest`` (each
+    rename only while this job holds ``lock``)."""
     missing = [r for r in range(world_size) if not os.path.isfile(rank_file(tmp, r))]
     if missing:
         raise RuntimeError(f"ranks {missing} wrote no checkpoint file into {tmp}: --save "
@@ -311,9 +379,13 @@ def _finish_save(save: str, tmp: str, final: str, iteration: int, world_size: in
     info = dict(meta or {}, iteration=iteration, world_size=world_size)
     meta_path = os.path.join(tmp, "meta.json")
     _named(lambda: write_file_atomic(meta_path, json.dumps(info).encode()), meta_path, "write")
+    _check_lock(lock)
     _named(lambda: fsync_dir(tmp), tmp, "flush")
+    if os.path.exists(final):  # left by a job that lost the lock while this one saved
+        _remove_intruder(final, str(info.get("writer") or ""))
     _named(lambda: os.rename(tmp, final), final, "rename into")
     _named(lambda: fsync_dir(save), save, "flush")
+    _check_lock(lock)
     latest = os.path.join(save, LATEST)
     _named(lambda: write_file_atomic(latest, f"{iteration}\n".encode()), latest, "write")
 
@@ -346,7 +418,7 @@ class CheckpointSaver:
 
     def __init__(self, save: str, *, keep: int, rank: int, world_size: int,
                  barrier: Callable[[], None], token: str = "",
-                 agree: Callable[[bool], bool] | None = None) -> None:
+                 agree: Callable[[bool], bool] | None = None, lock=None) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1 (--keep-checkpoints)")
         self.save_dir = save
@@ -357,6 +429,8 @@ class CheckpointSaver:
         self.token = token
         """Job token of the temporary names (:func:`save_checkpoint`)."""
         self.agree = agree
+        self.lock = lock
+        """Rank 0's ``--save`` lock, checked before each write (:func:`save_checkpoint`)."""
         self.written: list[int] = []
         """Iterations this run saved and has not pruned, oldest first."""
 
@@ -364,7 +438,7 @@ class CheckpointSaver:
         """Collective: save, then (rank 0) prune this run's older checkpoints."""
         path = save_checkpoint(self.save_dir, iteration, state, rank=self.rank,
                                world_size=self.world_size, barrier=self.barrier, meta=meta,
-                               token=self.token, agree=self.agree)
+                               token=self.token, agree=self.agree, lock=self.lock)
         self.written.append(iteration)
         if len(self.written) > self.keep:
             protected = {iteration, latest_iteration(self.save_dir)}

@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..failures import at_failure_exit
 
-__all__ = ["LEASE_S", "LOCK_NAME", "TAKEOVER_WAIT_S", "LockOwner", "SaveLock", "attempt",
-           "current_owner", "host_id", "job_id", "lease_seconds", "lock_save_dir"]
+__all__ = ["LEASE_S", "LOCK_NAME", "TAKEOVER_WAIT_S", "LockLostError", "LockOwner", "SaveLock",
+           "attempt", "current_owner", "host_id", "job_id", "lease_seconds", "lock_save_dir"]
 
 LOCK_NAME = ".odc-pp.lock"
 
@@ -62,6 +62,16 @@ LEASE_S = 60.0
 TAKEOVER_WAIT_S = 30.0
 """How long a starter waits for another starter's takeover of the same stale lock to
 finish before it gives up naming the takeover file."""
+
+
+def _now() -> float:
+    """The clock of heartbeats and lease ages (tests replace it to drive lease expiry)."""
+    return time.time()
+
+
+class LockLostError(ValueError):
+    """This job no longer holds its ``--save`` lock: it must write nothing more there (a
+    ValueError: the run exits 2 with the message, as a lock refused at start does)."""
 
 
 def lease_seconds() -> float:
@@ -166,7 +176,7 @@ def current_owner(*, host: str | None = None, lease_s: float | None = None) -> L
                      token=secrets.token_hex(4),
                      since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      attempt=attempt(), lease_s=lease_s or lease_seconds(),
-                     heartbeat=time.time())
+                     heartbeat=_now())
 
 
 def _read(path: str) -> tuple[LockOwner | None, str | None]:
@@ -233,6 +243,7 @@ class SaveLock:
         """Why this process no longer holds the lock (found by the heartbeat), or ''."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the heartbeat and a save's check: one claim
 
     @property
     def token(self) -> str:
@@ -270,7 +281,9 @@ class SaveLock:
             claim = _takeover_path(self.path, ident)
             if self._claim(claim, holder):
                 try:
-                    if _read(self.path)[1] == ident:  # still the holder judged above
+                    current, now = _read(self.path)
+                    if now == ident:  # still that holder: judged again, it may have renewed
+                        why = self._takeover_reason(current)  # before our claim
                         _replace(self.path, self.owner)
                         return why
                 finally:
@@ -289,7 +302,7 @@ class SaveLock:
         if _link_new(claim, self.owner):
             return True
         try:
-            age = time.time() - os.stat(claim).st_mtime
+            age = _now() - os.stat(claim).st_mtime
         except FileNotFoundError:
             return False
         if age > (holder.lease_s if holder else LEASE_S):
@@ -318,7 +331,7 @@ class SaveLock:
             return f"its holder {holder.describe()}{same} is no longer running"
         if earlier:
             return f"it was held by an earlier attempt of this job: {holder.describe()}"
-        age = time.time() - holder.heartbeat
+        age = _now() - holder.heartbeat
         if age <= holder.lease_s:
             raise ValueError(
                 f"--save {self.save} is locked by {holder.describe()} on another host, whose "
@@ -330,18 +343,43 @@ class SaveLock:
 
     def refresh(self) -> bool:
         """Renew the heartbeat; False (and :attr:`lost` says why) when another starter has
-        taken the lock over or is taking it over."""
-        holder, ident = _read(self.path)
-        if ident != self.token:
-            self.lost = (f"the lock {self.path} now names "
-                         f"{holder.describe() if holder else 'no holder'}")
-        elif os.path.exists(_takeover_path(self.path, self.token)):
-            self.lost = f"another starter is taking over the lock {self.path}"
+        taken the lock over or is taking it over. Once lost, always False.
+
+        The renewal takes the same claim file as a takeover of this holder
+        (``.takeover.TOKEN``), so a renewal and a takeover exclude each other: a starter
+        that judged this holder stale and claims after the renewal judges it again and finds
+        it live; one that claimed first makes the renewal fail."""
+        with self._renewing:
+            return self._renew()
+
+    def _renew(self) -> bool:
         if self.lost:
             return False
-        self.owner = replace(self.owner, heartbeat=time.time())
-        _replace(self.path, self.owner)
-        return True
+        claim = _takeover_path(self.path, self.token)
+        if not _link_new(claim, self.owner):
+            self.lost = f"another starter is taking over the lock {self.path} ({claim})"
+            return False
+        try:
+            holder, ident = _read(self.path)
+            if ident != self.token:
+                self.lost = (f"the lock {self.path} now names "
+                             f"{holder.describe() if holder else 'no holder'}")
+                return False
+            self.owner = replace(self.owner, heartbeat=_now())
+            _replace(self.path, self.owner)
+            return True
+        finally:
+            os.remove(claim)
+
+    def check(self) -> None:
+        """Before writing into ``--save``: renew the lock, or raise :class:`LockLostError`
+        (this job must stop writing there: another job holds the directory now)."""
+        if not self.refresh():
+            raise LockLostError(
+                f"--save {self.save}: this job lost its lock ({self.lost}), so it stops "
+                f"without writing more into the directory (a job whose heartbeat stops for "
+                f"longer than its lease, {self.owner.lease_s:g} s, e.g. while the process is "
+                f"stopped or suspended, may be taken over by another job)")
 
     def _beat(self) -> None:
         while not self._stop.wait(self.owner.lease_s / 4):
@@ -351,8 +389,8 @@ class SaveLock:
             except OSError as exc:
                 self.lost = f"cannot refresh the lock {self.path}: {exc}"
             print(f"--save {self.save}: this job lost its lock: {self.lost}; its lease had "
-                  f"expired (no heartbeat for {self.owner.lease_s:g} s)", file=sys.stderr,
-                  flush=True)
+                  f"expired (no heartbeat for {self.owner.lease_s:g} s). It writes nothing "
+                  f"more there: its next checkpoint stops it", file=sys.stderr, flush=True)
             return
 
     def release(self) -> None:

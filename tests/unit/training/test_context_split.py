@@ -86,3 +86,38 @@ def test_split_keeps_global_positions_and_unsplits():
     with pytest.raises(ValueError, match="--context-parallel-size 3"):
         split_microbatch(mb, 0, 3)  # 8 tokens are not 6 equal chunks
 
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--context-parallel-size", "2", "--seq-length", "50"],
+     "--seq-length 50 is not a multiple of 4 (--context-parallel-size 2 splits every sequence "
+     "into 2 x 2 chunks): microbatches are padded up to 52 positions, past the learned "
+     "position table (--max-position-embeddings 50). Give --seq-length 48 or 52"),
+    (["--context-parallel-size", "2", "--seq-length", "47"], "Give --seq-length 44 or 48 "),
+    (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "47"],
+     "--seq-length 47 is not a multiple of 2 (--sequence-parallel splits it over "
+     "--tensor-model-parallel-size 2): microbatches are padded up to 48 positions"),
+    (["--context-parallel-size", "2", "--seq-length", "50", "--max-position-embeddings", "50"],
+     "Give --seq-length 48 (the nearest multiples of 4), --max-position-embeddings 52 or more"),
+])
+def test_a_length_that_cp_or_sp_pads_past_the_position_table_is_refused(flags, needle):
+    """Issue 53 item 6: these lengths ended in IndexError at iteration 2 (padding pushed
+    the position ids past the learned table)."""
+    with pytest.raises(ValueError) as caught:
+        parse_args(BASE + flags)
+    assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--context-parallel-size", "2", "--seq-length", "48"],
+    ["--context-parallel-size", "2", "--seq-length", "50", "--max-position-embeddings", "52"],
+    ["--context-parallel-size", "2", "--seq-length", "50", "--position-embedding-type", "rope"],
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "46"],
+])
+def test_lengths_whose_padding_fits_the_position_table_are_accepted(flags):
+    args = parse_args(BASE + flags)
+    multiple = cp_pad_multiple(context_parallel_size=args.parallel.context_parallel_size,
+                               multiple=2 if args.parallel.sequence_parallel else 1)
+    padded = -(-args.model.seq_length // multiple) * multiple
+    assert args.model.position_embedding_type == "rope" or \
+        padded <= args.model.max_position_embeddings

@@ -176,7 +176,9 @@ def test_disk_full_names_the_path_and_leaves_no_temporary_directory(tmp_path, mo
 
 def test_a_peer_failure_fails_every_rank_and_removes_the_temporary_directory(tmp_path):
     with pytest.raises(CheckpointWriteError, match="another rank could not write its file"):
-        _save(tmp_path, token="cd34", agree=lambda ok: False)
+        # the peers agree that the job holds --save, then one fails to write its file
+        verdicts = iter([True, False])
+        _save(tmp_path, token="cd34", agree=lambda ok: next(verdicts))
     assert os.listdir(tmp_path) == []
 
 
