@@ -137,7 +137,8 @@ def _report(args, schedule, sim) -> dict:
         "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
         "placement": schedule.placement.value, "makespan": sim.makespan,
         "max_stage_span": sim.max_stage_span, "span": sim.span,
-        "bubble_rate": sim.bubble_rate, "per_rank_bubble": sim.per_rank_bubble,
+        "bubble_rate": sim.bubble_rate, "makespan_bubble_rate": sim.makespan_bubble_rate,
+        "per_rank_bubble": sim.per_rank_bubble,
         "peak_activation": sim.peak_activation, "memory_limit": args.memory_limit,
         "fits_memory": sim.fits_memory, "comm_overlap": sim.comm_overlap,
         "offload_overlap": sim.offload_overlap,
@@ -169,7 +170,8 @@ def _run_one(args, costs: CostModel) -> int:
     elif not args.render or args.output:
         print(f"{schedule.name}: pp={schedule.pp} microbatches={schedule.num_microbatches} "
               f"chunks={schedule.num_chunks} makespan={sim.makespan:.4f} "
-              f"max_stage_span={sim.max_stage_span:.4f} bubble={sim.bubble_rate:.4%} "
+              f"bubble={sim.makespan_bubble_rate:.4%} max_stage_span={sim.max_stage_span:.4f} "
+              f"span_bubble={sim.bubble_rate:.4%} "
               f"peak_activation={sim.peak_activation}")
     return 0
 
