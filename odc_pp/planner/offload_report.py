@@ -3,12 +3,7 @@ its legend, candidates whose predictions coincide printed as one row."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .hardware import Hardware
-
-if TYPE_CHECKING:
-    from .offload_tuner import OffloadChoice
 
 __all__ = ["describe_hardware", "format_ranking", "RANKING_LEGEND"]
 
@@ -37,24 +32,27 @@ def describe_hardware(hardware: Hardware) -> str:
     return f"{hardware.name}: " + ", ".join(parts)
 
 
-def _key(c: "OffloadChoice") -> tuple:
+# rows are :class:`odc_pp.planner.offload_tuner.OffloadChoice` (not imported: it imports this)
+
+
+def _key(c) -> tuple:
     """What a row prints, but the schedule."""
     return (c.tp, c.sequence_parallel, c.keep_sp_input_for_w, c.pp, c.offload_chunks,
             c.recompute, round(c.step_s * 1e3, 2), round(c.peak_memory_gb, 2),
             round(c.bubble_rate * 100, 1), c.fits)
 
 
-def _merged(candidates: list["OffloadChoice"]) -> list[tuple["OffloadChoice", list[str]]]:
+def _merged(candidates: list) -> list[tuple[object, list[str]]]:
     """Rows in ranking order, each with the schedules of every candidate it stands for."""
-    rows: dict[tuple, tuple["OffloadChoice", list[str]]] = {}
+    rows: dict[tuple, tuple[object, list[str]]] = {}
     for c in candidates:
         rows.setdefault(_key(c), (c, []))[1].append(c.schedule)
     return list(rows.values())
 
 
-def format_ranking(candidates: list["OffloadChoice"], *, budget_gb: float,
-                   top: int = 15) -> str:
-    """The ranked table (``top`` rows) and its legend."""
+def format_ranking(candidates: list, *, budget_gb: float, top: int = 15) -> str:
+    """The ranked table of :func:`~odc_pp.planner.offload_tuner.tune`'s candidates
+    (``top`` rows) and its legend."""
     rows = _merged(candidates)
     names = [", ".join(schedules) for _, schedules in rows[:top]]
     width = max([len("schedule")] + [len(n) for n in names])
