@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from .cli_bounds import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_PP, MAX_TIME, MAX_WORK,
@@ -15,11 +16,26 @@ from .costs import CostModel
 from .generators.families import family
 from .simulator import OBJECTIVES, simulate
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "flag_names", "FLAG_OF"]
 
 
 class _UsageError(Exception):
     """Bad command-line input: reported as ``error: ...`` with exit code 2."""
+
+
+FLAG_OF = {"num_microbatches": "--microbatches", "num_chunks": "--chunks",
+           "memory_limit": "--memory-limit", "mem_f": "--mem-f", "mem_b": "--mem-b",
+           "mem_w": "--mem-w", "t_f": "--cost-f", "t_b": "--cost-b", "t_w": "--cost-w",
+           "t_comm": "--cost-comm", "offload_bandwidth": "--offload-bandwidth"}
+"""The schedule library's names (shared with training, whose flags differ) -> this
+command's flags, for its error messages."""
+
+_NAMES = re.compile(r'(?<!["\w-])(' + "|".join(FLAG_OF) + r')(?![\w"])( \(--[\w-]+\))?')
+
+
+def flag_names(message: str) -> str:
+    """``message`` with the library's names replaced by this command's flags."""
+    return _NAMES.sub(lambda match: FLAG_OF[match.group(1)], message)
 
 
 def _numbers(text: str) -> float | list[float]:
@@ -105,6 +121,9 @@ def _run_compare(args, costs: CostModel) -> int:
     rows = compare_schedules(args.pp, args.microbatches, costs,
                              memory_limit=args.memory_limit, objective=args.objective,
                              max_evaluations=args.max_evaluations)
+    for row in rows:  # a family's refusal, in this command's flags
+        if "error" in row:
+            row["error"] = flag_names(row["error"])
     if args.json:
         print(json.dumps({"pp": args.pp, "microbatches": args.microbatches,
                           "memory_limit": args.memory_limit, "rows": rows}))
@@ -190,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = _costs(args)
         return _run_compare(args, costs) if args.compare else _run_one(args, costs)
     except (ValueError, _UsageError) as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {flag_names(str(exc))}", file=sys.stderr)
         return 2
 
 

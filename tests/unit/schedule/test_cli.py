@@ -246,3 +246,22 @@ def test_offload_refusal_names_the_flag(capsys):
                    if line.startswith("offload "))
     assert "rejected" in offload and "--offload-bandwidth" in offload
     assert "CostModel" not in offload, offload
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--schedule", "dualpipev", "--pp", "4", "--microbatches", "4"], "--microbatches >= 2"),
+    (["--schedule", "zbv", "--pp", "4", "--microbatches", "8", "--memory-limit", "1"],
+     "--memory-limit 1 is below 2"),
+    (["--schedule", "v-min", "--pp", "4", "--microbatches", "8", "--chunks", "3"],
+     "got --chunks=3"),
+    (["--pp", "4", "--microbatches", "8", "--mem-f", "2"], "(--mem-f + --mem-b + --mem-w"),
+    (["--pp", "4", "--microbatches", "8", "--cost-f", "1,1"], "--cost-f has 2 entries"),
+])
+def test_refusals_name_this_commands_flags(argv, named, capsys):
+    """The schedule library's refusals (its field names are shared with training) reach
+    the user in odc-pp schedule's own flags."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    for field in ("num_microbatches", "num_chunks", "memory_limit", "mem_f", "t_f"):
+        assert field not in err, err
