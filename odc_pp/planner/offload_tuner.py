@@ -290,6 +290,18 @@ def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
                     host_link_gbps=gbps, mfu=1.0)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """``--tp-sizes 1,2,4``: integers >= 1."""
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got "
+                                         f"{text!r}")
+    return sizes
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
         "Rank schedules x offload ratio x recompute by predicted step time within a "
@@ -325,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=bounded_int(1, MAX_PP * 64), default=None,
                    help="devices per replica: rank every tp size of --tp-sizes at pp = "
                         "devices / tp")
-    p.add_argument("--tp-sizes", default="1,2,4,8",
+    p.add_argument("--tp-sizes", type=_sizes, default=(1, 2, 4, 8),
                    help="tensor-parallel sizes tried with --devices (comma-separated)")
     p.add_argument("--tp-link-gbps", type=bounded_float(0, 1e6, open_low=True), default=None,
                    help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
@@ -429,8 +441,7 @@ def main(argv: list[str] | None = None, *,
         if args.devices is None:
             ranking = tune(config)
         else:
-            sizes = tuple(int(x) for x in args.tp_sizes.split(",") if x.strip())
-            ranking = tune_devices(config, devices=args.devices, tp_sizes=sizes)
+            ranking = tune_devices(config, devices=args.devices, tp_sizes=args.tp_sizes)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -404,3 +404,13 @@ def test_table_has_a_legend_readable_columns_and_no_duplicate_rows(capsys):
     assert len(single) == 4  # W inputs gathered / kept x recompute off / on
     merged = [line for line in rows if "v-half, v-min, zbv" in line]
     assert merged, "\n".join(rows)
+
+
+def test_bad_tp_sizes_name_the_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+              "--seq-length", "128", "--devices", "4", "--tp-sizes", "x",
+              "--num-microbatches", "4", "--preset", "h100"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tp-sizes" in err and "invalid literal" not in err
