@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: odc-pp {{{names}}} [options]   (odc-pp SUBCOMMAND --help)",
               file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    from odc_pp.training.third_party_warnings import install_warning_filter
+
+    install_warning_filter()  # megatron-core's import warnings: one line per kind
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
     return int(module.main(argv[1:]) or 0)
 

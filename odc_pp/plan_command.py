@@ -16,27 +16,10 @@ from odc_pp.planner.hardware import PRESETS
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
 from odc_pp.planner.report import format_plan
 from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, plan, predict
+from odc_pp.training.hf_model import model_from_hf
 from odc_pp.training.plan_memory import rank_peaks
 
 __all__ = ["main", "build_parser", "model_from_hf", "model_from_flags", "baseline_candidate"]
-
-
-def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
-    """From an HF ``config.json`` (the file or its directory)."""
-    from odc_pp.megatron.hf_config import flags_from_hf, read_hf_config
-
-    directory = os.path.dirname(path) if path.endswith(".json") else path
-    config = read_hf_config(directory)
-    flags = flags_from_hf(config, os.path.join(directory, "config.json"))
-    seq = seq_length or int(config.get("max_position_embeddings", 4096))
-    return ModelSpec(num_layers=flags["num_layers"], hidden_size=flags["hidden_size"],
-                     num_attention_heads=flags["num_attention_heads"],
-                     ffn_hidden_size=flags["ffn_hidden_size"], vocab_size=flags["vocab_size"],
-                     seq_length=seq, gated_mlp=flags["swiglu"],
-                     num_query_groups=flags["num_query_groups"],
-                     kv_channels=flags["kv_channels"],
-                     tied=bool(config.get("tie_word_embeddings", False)),
-                     source_flags=("--hf-checkpoint", directory, "--seq-length", str(seq)))
 
 
 def model_from_flags(text: str) -> ModelSpec:

@@ -24,10 +24,23 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) and train; returns the exit status."""
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and train; returns the exit status.
+
+    The flags are checked before torch and megatron-core are imported (a bad flag is
+    reported within a second: :mod:`odc_pp.training.flag_check`), and third-party
+    warnings are shown once per kind, on the first rank
+    (:mod:`odc_pp.training.third_party_warnings`)."""
+    from odc_pp.training.flag_check import check_flags
+    from odc_pp.training.third_party_warnings import install_warning_filter
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    checked = check_flags(argv)
+    if isinstance(checked, int):
+        return checked
+    install_warning_filter()
     from odc_pp.training import pretrain
 
-    return pretrain(argv)
+    return pretrain(argv, checked=checked)
 
 
 if __name__ == "__main__":

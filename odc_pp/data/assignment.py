@@ -45,7 +45,6 @@ import numpy as np
 from .load_balance import (SampleCostModel, TokenCost, balance_costs, balance_equal_counts,
                            balance_minibatch, check_lengths, equal_count_balance,
                            microbatch_cost, pack_microbatches, pack_padded, replica_costs)
-from .samples import split_by_tokens
 
 __all__ = ["LOAD_BALANCE_MODES", "MinibatchPlan", "plan_minibatch"]
 
@@ -246,6 +245,7 @@ def _check_singles(lengths: np.ndarray, max_tokens: int) -> None:
 def _strided(lengths: np.ndarray, num_replicas: int, max_tokens: int,
              samples_per_microbatch: int | None, packed: bool) -> list[list[list[int]]]:
     if samples_per_microbatch is None:
+        from .samples import split_by_tokens  # imports torch: flag checks use this module
         positions = list(range(len(lengths)))
         return [split_by_tokens(positions[r::num_replicas],
                                 [int(v) for v in lengths[r::num_replicas]], max_tokens,

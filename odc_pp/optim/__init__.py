@@ -6,6 +6,13 @@ takes when a minibatch's gradients are final (:mod:`odc_pp.optim.step`): synchro
 post-validated (:mod:`odc_pp.optim.post_validation`: step eagerly, validate while the
 next minibatch runs). A bottom layer: it imports torch only."""
 
+import importlib
+
 __all__ = ["clip", "loss_scale"]
 
-from . import clip, loss_scale
+
+def __getattr__(name: str):
+    # lazy (PEP 562): pretrain_gpt.py's flag checks import loss_scale and rates before torch
+    if name in __all__:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

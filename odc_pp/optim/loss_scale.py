@@ -14,14 +14,13 @@ count is used up, each overflow multiplies the scale by ``backoff_factor`` (not 
 ``min_scale``); ``growth_interval`` clean steps in a row multiply it by ``growth_factor``
 and restore the hysteresis count. The scale is kept as a float32 number, as megatron-core
 keeps it in a float32 tensor, so the sequence of scales is the same bit for bit.
-A bottom layer: it imports torch only.
+A bottom layer: it imports torch only, on first use of a scaler (the flag checks build
+:class:`LossScaleConfig` before torch is imported).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 __all__ = ["LossScaleConfig", "LossScaler", "ConstantLossScaler", "DynamicLossScaler",
            "build_loss_scaler"]
@@ -64,6 +63,8 @@ class LossScaleConfig:
 
 
 def _float32(value: float) -> float:
+    import torch
+
     return float(torch.tensor(value, dtype=torch.float32))
 
 

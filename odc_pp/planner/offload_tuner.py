@@ -57,6 +57,7 @@ from .config import Candidate, PlanConfig, Prediction
 from .hardware import PRESETS, Hardware
 from .inputs import ModelSpec
 from .memory import Workload
+from .offload_report import describe_hardware, format_ranking
 from .model import ModelShape
 from .search import rank
 
@@ -95,6 +96,9 @@ class TunerConfig:
     plans it)."""
     keep_sp_input_for_w: bool = False
     """``--keep-sp-input-for-w`` (needs tp > 1)."""
+    model_flags: tuple[str, ...] = ()
+    """Model flags every candidate's flags repeat (``--hf-checkpoint DIR --seq-length N``
+    of ``--hf-config``); empty: rebuilt from ``shape``."""
     rank_memory: Callable[[list[str], int], list[float]] | None = None
     """(a candidate's flags, GPUs) -> peak bytes per pipeline rank: ``odc-pp
     tune-offload`` gives the dry run's memory model, as ``odc-pp plan`` does; None: the
@@ -170,7 +174,7 @@ def plan_config(config: TunerConfig) -> PlanConfig:
     sample ``--seq-length`` long, ``micro batch x microbatches x dp`` samples a step."""
     shape = config.shape
     model = ModelSpec(**{f.name: getattr(shape.model, f.name) for f in fields(ModelShape)},
-                      seq_length=shape.seq_length)
+                      seq_length=shape.seq_length, source_flags=config.model_flags)
     return PlanConfig(model=model, cluster=config.hardware,
                       gpus=config.tp * config.pp * config.dp,
                       global_batch=shape.micro_batch_size * config.num_microbatches * config.dp,
@@ -184,7 +188,8 @@ def plan_config(config: TunerConfig) -> PlanConfig:
 def candidates_of(config: TunerConfig) -> list[Candidate]:
     """The view's candidates: schedule family x offload chunks x recompute at the
     config's tp, pp and dp (families whose chunks do not divide the layers, or that need
-    more microbatches, are left out)."""
+    more microbatches, are left out; at pp = 1 only 1f1b: with one stage every schedule
+    is the same, as in the planner's own candidates)."""
     out = []
     for recompute in (False, True):
         for name in config.schedules:
@@ -192,6 +197,8 @@ def candidates_of(config: TunerConfig) -> list[Candidate]:
             if config.shape.model.num_layers % (config.pp * fam.default_chunks) or \
                     config.num_microbatches < fam.microbatches_per_rank * config.pp:
                 continue
+            if config.pp == 1 and name != "1f1b":
+                continue  # one stage: every schedule is the same (the planner's rule)
             for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [None]:
                 out.append(Candidate(
                     tp=config.tp, pp=config.pp, dp=config.dp, schedule=name,
@@ -256,20 +263,6 @@ def tune_devices(config: TunerConfig, *, devices: int, tp_sizes: tuple[int, ...]
                                              else c.peak_memory_gb))
 
 
-def format_ranking(candidates: list[OffloadChoice], *, budget_gb: float, top: int = 15) -> str:
-    header = (f"{'#':>3} {'tp':>2} {'pp':>3} {'schedule':<12} {'offload chunks':<14} "
-              f"{'recompute':<9} {'step (ms)':>10} {'peak (GB)':>10} {'bubble':>7} fits")
-    lines = [f"memory budget per rank: {budget_gb:.1f} GB", header, "-" * len(header)]
-    for rank, c in enumerate(candidates[:top], 1):
-        chunks = ",".join(map(str, c.offload_chunks)) or "-"
-        tp = f"{c.tp}{'s' if c.sequence_parallel else ''}{'k' if c.keep_sp_input_for_w else ''}"
-        lines.append(f"{rank:>3} {tp:>2} {c.pp:>3} {c.schedule:<12} {chunks:<14} "
-                     f"{'lgd' if c.recompute else 'no':<9} {c.step_s * 1e3:>10.2f} "
-                     f"{c.peak_memory_gb:>10.2f} {c.bubble_rate:>7.3f} "
-                     f"{'yes' if c.fits else 'NO'}")
-    return "\n".join(lines)
-
-
 def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
     """Measured matmul throughput and host-memory copy bandwidth of this machine
     (CUDA device when available; ``mfu`` is 1 because the matmul speed is achieved)."""
@@ -297,16 +290,36 @@ def measure_hardware(*, memory_gb: float, seconds: float = 1.0) -> Hardware:
                     host_link_gbps=gbps, mfu=1.0)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """``--tp-sizes 1,2,4``: integers >= 1."""
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got "
+                                         f"{text!r}")
+    return sizes
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="odc-pp tune-offload", description=(
         "Rank schedules x offload ratio x recompute by predicted step time within a "
         "device memory budget (see odc_pp/schedule/offload_tuner.py for the formulas)."))
-    p.add_argument("--num-layers", type=bounded_int(1, 100000), required=True)
-    p.add_argument("--hidden-size", type=bounded_int(1, 10 ** 6), required=True)
-    p.add_argument("--num-attention-heads", type=bounded_int(1, 10 ** 5), required=True)
-    p.add_argument("--seq-length", type=bounded_int(1, 10 ** 8), required=True)
+    p.add_argument("--hf-config", default=None, metavar="PATH",
+                   help="HF config.json (or its directory) of the model, read as odc-pp plan "
+                        "--hf-config reads it, instead of the shape flags; the printed flags "
+                        "train it with --hf-checkpoint")
+    p.add_argument("--num-layers", type=bounded_int(1, 100000), default=None,
+                   help="(without --hf-config: the shape flags below are Megatron's)")
+    p.add_argument("--hidden-size", type=bounded_int(1, 10 ** 6), default=None)
+    p.add_argument("--num-attention-heads", type=bounded_int(1, 10 ** 5), default=None)
+    p.add_argument("--seq-length", type=bounded_int(1, 10 ** 8), default=None,
+                   help="every sample's length (with --hf-config: default its "
+                        "max_position_embeddings)")
     p.add_argument("--micro-batch-size", type=bounded_int(1, 10 ** 5), default=1)
-    p.add_argument("--vocab-size", type=bounded_int(1, 10 ** 8), default=32000)
+    p.add_argument("--vocab-size", type=bounded_int(1, 10 ** 8), default=None,
+                   help="vocabulary rows (default 32000; with --hf-config: its vocab_size)")
     p.add_argument("--ffn-hidden-size", type=bounded_int(1, 10 ** 7), default=None,
                    help="MLP width (default: 4 x --hidden-size)")
     p.add_argument("--swiglu", action="store_true", help="gated MLP (3 h f weights)")
@@ -324,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=bounded_int(1, MAX_PP * 64), default=None,
                    help="devices per replica: rank every tp size of --tp-sizes at pp = "
                         "devices / tp")
-    p.add_argument("--tp-sizes", default="1,2,4,8",
+    p.add_argument("--tp-sizes", type=_sizes, default=(1, 2, 4, 8),
                    help="tensor-parallel sizes tried with --devices (comma-separated)")
     p.add_argument("--tp-link-gbps", type=bounded_float(0, 1e6, open_low=True), default=None,
                    help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
@@ -355,42 +368,80 @@ def _plan_costs(path: str | None) -> CostModel:
         raise ValueError(f"--cost-model {path!r}: {exc}") from exc
 
 
+_SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                "swiglu", "group_query_attention", "num_query_groups", "kv_channels",
+                "untie_embeddings", "vocab_size")
+
+
+def _model(args, load_hf: Callable[..., ModelSpec] | None) -> tuple[ModelShape, int,
+                                                                     tuple[str, ...]]:
+    """(shape, sequence length, model flags to repeat) of ``--hf-config`` or the shape
+    flags (one of them)."""
+    if args.hf_config is None:
+        missing = [f"--{name.replace('_', '-')}" for name in
+                   ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+                   if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"give --hf-config or the model's shape: {', '.join(missing)} "
+                             f"missing")
+        if args.vocab_size is None:
+            args.vocab_size = 32000
+        return ModelShape.of(args, args.vocab_size), args.seq_length, ()
+    given = [f"--{name.replace('_', '-')}" for name in _SHAPE_FLAGS
+             if getattr(args, name) not in (None, False)]
+    if given:
+        raise ValueError(f"--hf-config {args.hf_config} gives the model's shape: drop "
+                         f"{', '.join(given)}")
+    if load_hf is None:
+        raise ValueError("--hf-config needs the odc-pp tune-offload command "
+                         "(odc_pp.training.tune_offload_command), which reads HF configs")
+    try:
+        spec = load_hf(args.hf_config, seq_length=args.seq_length)
+    except (OSError, KeyError, TypeError) as exc:
+        raise ValueError(f"--hf-config {args.hf_config}: {exc}") from exc
+    shape = ModelShape(**{f.name: getattr(spec, f.name) for f in fields(ModelShape)})
+    return shape, spec.seq_length, tuple(spec.source_flags)
+
+
+def _hardware(args) -> Hardware:
+    if args.measure == (args.preset is not None):
+        raise ValueError("give exactly one of --preset {a100,h100,h200} and --measure")
+    hardware = measure_hardware(memory_gb=args.memory_budget_gb or 16.0) if args.measure \
+        else PRESETS[args.preset]
+    if args.mfu is not None:
+        hardware = replace(hardware, mfu=args.mfu)
+    if args.tp_link_gbps is not None:
+        hardware = replace(hardware, tp_link_gbps=args.tp_link_gbps)
+    return hardware
+
+
 def main(argv: list[str] | None = None, *,
-         rank_memory: Callable[[list[str], int], list[float]] | None = None) -> int:
+         rank_memory: Callable[[list[str], int], list[float]] | None = None,
+         load_hf: Callable[..., ModelSpec] | None = None) -> int:
     """The command (``odc_pp.training.tune_offload_command`` passes the dry run's memory
-    model as ``rank_memory``; without it the planner's own estimate)."""
+    model as ``rank_memory``, without it the planner's own estimate, and ``odc-pp plan``'s
+    HF config loader as ``load_hf``)."""
     args = _parser().parse_args(argv)
     try:
-        if args.measure == (args.preset is not None):
-            raise ValueError("give exactly one of --preset {a100,h100,h200} and --measure")
-        if args.measure:
-            hardware = measure_hardware(memory_gb=args.memory_budget_gb or 16.0)
-        else:
-            hardware = PRESETS[args.preset]
-        from dataclasses import replace
-
-        if args.mfu is not None:
-            hardware = replace(hardware, mfu=args.mfu)
-        if args.tp_link_gbps is not None:
-            hardware = replace(hardware, tp_link_gbps=args.tp_link_gbps)
+        hardware = _hardware(args)
         if (args.pp is None) == (args.devices is None):
             raise ValueError("give exactly one of --pp (pipeline only) and --devices "
                              "(tensor and pipeline parallelism ranked together)")
         check_work(args.pp or args.devices, args.num_microbatches, 2)  # V schedules: 2 chunks
-        model = ModelShape.of(args, args.vocab_size)
-        shape = Workload(model=model, seq_length=args.seq_length,
+        model, seq_length, model_flags = _model(args, load_hf)
+        shape = Workload(model=model, seq_length=seq_length,
                          micro_batch_size=args.micro_batch_size,
                          flash_attention=not args.no_flash_attention)
         config = TunerConfig(shape=shape, hardware=hardware, pp=args.pp or 1, dp=args.dp,
                              num_microbatches=args.num_microbatches,
                              memory_budget_gb=args.memory_budget_gb,
                              plan_costs=_plan_costs(args.cost_model),
-                             plan_costs_path=args.cost_model, rank_memory=rank_memory)
+                             plan_costs_path=args.cost_model, rank_memory=rank_memory,
+                             model_flags=model_flags)
         if args.devices is None:
             ranking = tune(config)
         else:
-            sizes = tuple(int(x) for x in args.tp_sizes.split(",") if x.strip())
-            ranking = tune_devices(config, devices=args.devices, tp_sizes=sizes)
+            ranking = tune_devices(config, devices=args.devices, tp_sizes=args.tp_sizes)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -398,7 +449,7 @@ def main(argv: list[str] | None = None, *,
     if args.json:
         print(json.dumps([c.__dict__ for c in ranking[:args.top]], indent=1))
     else:
-        print(f"hardware: {hardware}")
+        print(f"hardware: {describe_hardware(hardware)}")
         print(format_ranking(ranking, budget_gb=budget, top=args.top))
     best = ranking[0]
     if not best.fits:

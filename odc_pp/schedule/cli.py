@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from .cli_bounds import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_PP, MAX_TIME, MAX_WORK,
@@ -15,11 +16,26 @@ from .costs import CostModel
 from .generators.families import family
 from .simulator import OBJECTIVES, simulate
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "flag_names", "FLAG_OF"]
 
 
 class _UsageError(Exception):
     """Bad command-line input: reported as ``error: ...`` with exit code 2."""
+
+
+FLAG_OF = {"num_microbatches": "--microbatches", "num_chunks": "--chunks",
+           "memory_limit": "--memory-limit", "mem_f": "--mem-f", "mem_b": "--mem-b",
+           "mem_w": "--mem-w", "t_f": "--cost-f", "t_b": "--cost-b", "t_w": "--cost-w",
+           "t_comm": "--cost-comm", "offload_bandwidth": "--offload-bandwidth"}
+"""The schedule library's names (shared with training, whose flags differ) -> this
+command's flags, for its error messages."""
+
+_NAMES = re.compile(r'(?<!["\w-])(' + "|".join(FLAG_OF) + r')(?![\w"])( \(--[\w-]+\))?')
+
+
+def flag_names(message: str) -> str:
+    """``message`` with the library's names replaced by this command's flags."""
+    return _NAMES.sub(lambda match: FLAG_OF[match.group(1)], message)
 
 
 def _numbers(text: str) -> float | list[float]:
@@ -105,6 +121,9 @@ def _run_compare(args, costs: CostModel) -> int:
     rows = compare_schedules(args.pp, args.microbatches, costs,
                              memory_limit=args.memory_limit, objective=args.objective,
                              max_evaluations=args.max_evaluations)
+    for row in rows:  # a family's refusal, in this command's flags
+        if "error" in row:
+            row["error"] = flag_names(row["error"])
     if args.json:
         print(json.dumps({"pp": args.pp, "microbatches": args.microbatches,
                           "memory_limit": args.memory_limit, "rows": rows}))
@@ -137,7 +156,8 @@ def _report(args, schedule, sim) -> dict:
         "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
         "placement": schedule.placement.value, "makespan": sim.makespan,
         "max_stage_span": sim.max_stage_span, "span": sim.span,
-        "bubble_rate": sim.bubble_rate, "per_rank_bubble": sim.per_rank_bubble,
+        "bubble_rate": sim.bubble_rate, "makespan_bubble_rate": sim.makespan_bubble_rate,
+        "per_rank_bubble": sim.per_rank_bubble,
         "peak_activation": sim.peak_activation, "memory_limit": args.memory_limit,
         "fits_memory": sim.fits_memory, "comm_overlap": sim.comm_overlap,
         "offload_overlap": sim.offload_overlap,
@@ -169,7 +189,8 @@ def _run_one(args, costs: CostModel) -> int:
     elif not args.render or args.output:
         print(f"{schedule.name}: pp={schedule.pp} microbatches={schedule.num_microbatches} "
               f"chunks={schedule.num_chunks} makespan={sim.makespan:.4f} "
-              f"max_stage_span={sim.max_stage_span:.4f} bubble={sim.bubble_rate:.4%} "
+              f"bubble={sim.makespan_bubble_rate:.4%} max_stage_span={sim.max_stage_span:.4f} "
+              f"span_bubble={sim.bubble_rate:.4%} "
               f"peak_activation={sim.peak_activation}")
     return 0
 
@@ -188,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = _costs(args)
         return _run_compare(args, costs) if args.compare else _run_one(args, costs)
     except (ValueError, _UsageError) as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {flag_names(str(exc))}", file=sys.stderr)
         return 2
 
 

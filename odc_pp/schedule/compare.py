@@ -38,9 +38,9 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
                       memory_limit: float | None = None,
                       names: list[str] | None = None, *, objective: str = "span",
                       max_evaluations: int | None = None) -> list[dict]:
-    """One row per family: name, chunks, makespan, max_stage_span, bubble_rate,
-    peak_activation (per
-    rank), search_seconds (generation time, or the search's own record), fits_memory.
+    """One row per family: name, chunks, makespan, makespan_bubble_rate (the busiest
+    rank's idle share of the makespan), max_stage_span, bubble_rate (of that span: the
+    zero-bubble paper's), peak_activation (per rank), search_seconds (generation time, or the search's own record), fits_memory.
     A family that rejects the setting gets a row with ``error`` (its reason) instead.
 
     ``costs`` holds per-rank compute times (all of a rank's layers): a family with V
@@ -68,6 +68,7 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
         rows.append({
             "name": name, "chunks": schedule.num_chunks,
             "placement": schedule.placement.value, "makespan": sim.makespan,
+            "makespan_bubble_rate": sim.makespan_bubble_rate,
             "max_stage_span": sim.max_stage_span,
             "bubble_rate": sim.bubble_rate, "peak_activation": sim.peak_activation,
             "peak_rank_microbatches": max(sim.peak_activation) / schedule.num_chunks,
@@ -78,19 +79,25 @@ def compare_schedules(pp: int, num_microbatches: int, costs: CostModel | None = 
 
 
 def format_table(rows: list[dict]) -> str:
-    """Fixed-width text table; rows with ``error`` show the reason."""
-    header = f"{'schedule':<12} {'chunks':>6} {'makespan':>10} {'bubble':>8} " \
-             f"{'peak mem':>9} {'peak/rank':>9} {'fits':>5} {'seconds':>8}"
+    """Fixed-width text table with a legend; rows with ``error`` show the reason."""
+    header = (f"{'schedule':<12} {'chunks':>6} {'makespan':>9} {'bubble':>7} {'span':>9} "
+              f"{'span bub':>8} {'peak mem':>9} {'peak/rank':>9} {'fits':>5} {'seconds':>8}")
     lines = [header, "-" * len(header)]
     for row in rows:
         if "error" in row:
             lines.append(f"{row['name']:<12} rejected: {row['error']}")
             continue
-        lines.append(f"{row['name']:<12} {row['chunks']:>6} {row['makespan']:>10.3f} "
+        lines.append(f"{row['name']:<12} {row['chunks']:>6} {row['makespan']:>9.3f} "
+                     f"{row['makespan_bubble_rate']:>7.2%} {row['max_stage_span']:>9.3f} "
                      f"{row['bubble_rate']:>8.2%} {max(row['peak_activation']):>9.3g} "
                      f"{row['peak_rank_microbatches']:>9.3g} "
                      f"{'yes' if row['fits_memory'] else 'NO':>5} "
                      f"{row['search_seconds']:>8.3f}")
-    lines.append("peak mem: microbatch-chunk activations; peak/rank: the same in microbatches "
-                 "through all of a rank's layers (1F1B's peak is pp)")
+    lines += ["makespan: first start to last end; bubble: the busiest rank's idle share of "
+              "the makespan (1 - busy / makespan)",
+              "span: the longest per-rank compute span (the iteration time when iterations "
+              "overlap, --objective span); span bub: idle share of it (the zero-bubble "
+              "paper's bubble rate)",
+              "peak mem: microbatch-chunk activations; peak/rank: the same in microbatches "
+              "through all of a rank's layers (1F1B's peak is pp)"]
     return "\n".join(lines)

@@ -115,7 +115,8 @@ class CostModel:
     def offload_time(self) -> float:
         """Time to move one microbatch-chunk's activations across the host link."""
         if self.offload_bandwidth is None:
-            raise ValueError("offload needs offload_bandwidth (--offload-bandwidth)")
+            raise ValueError("offload needs the host-link bandwidth: give --offload-bandwidth "
+                             "(\"offload_bandwidth\" in a --cost-model file)")
         return 1.0 / self.offload_bandwidth
 
     def scale_of(self, microbatch: int) -> float:

@@ -13,7 +13,8 @@ from xml.sax.saxutils import escape
 from .ir import ActionKind, Schedule
 from .simulator import SimResult
 
-__all__ = ["render_ascii", "render_svg", "render_png", "render_memory_png"]
+__all__ = ["render_ascii", "render_svg", "render_png", "render_memory_png", "png_size_inches",
+           "ascii_legend"]
 
 _COLOURS = {ActionKind.F: "#4c72b0", ActionKind.B: "#55a868", ActionKind.W: "#dd8452",
             ActionKind.BW: "#2a9d8f"}
@@ -36,8 +37,15 @@ def _side_intervals(sim: SimResult, rank: int):
             yield action, s, e
 
 
+def ascii_legend(step: float) -> str:
+    """The key of :func:`render_ascii`'s cells."""
+    return (f"legend: F forward, B input grad, W weight grad, X fused B+W (upper case: even "
+            f"chunks, lower case: odd chunks), . idle; one column = {step:.4g} time units")
+
+
 def render_ascii(schedule: Schedule, sim: SimResult, width: int = 120) -> str:
-    """One row per rank; each column is ``makespan / width`` time units.
+    """A title line (schedule, makespan, bubbles), one row per rank and the legend
+    (:func:`ascii_legend`); each column is ``makespan / width`` time units.
 
     Letters: F forward, B input grad, W weight grad, X fused BW; upper case for even
     chunks, lower case for odd chunks; ``.`` idle. A cell shows the action covering
@@ -61,7 +69,11 @@ def render_ascii(schedule: Schedule, sim: SimResult, width: int = 120) -> str:
             for col in range(max(first, 0), min(max(last, first + 1), width)):
                 cells[col] = letter
         rows.append(f"r{rank}".ljust(label_width) + " |" + "".join(cells) + "|")
-    return "\n".join(rows)
+    title = (f"{schedule.name}: pp={schedule.pp} microbatches={schedule.num_microbatches} "
+             f"chunks={schedule.num_chunks} | makespan {sim.makespan:.4g} | bubble "
+             f"{sim.makespan_bubble_rate:.2%} of the makespan | span "
+             f"{sim.max_stage_span:.4g}, bubble {sim.bubble_rate:.2%} of the span")
+    return "\n".join([title, *rows, ascii_legend(step)])
 
 
 def render_svg(schedule: Schedule, sim: SimResult, *, scale: float = 20.0,
@@ -76,7 +88,8 @@ def render_svg(schedule: Schedule, sim: SimResult, *, scale: float = 20.0,
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.1f}" '
              f'height="{height:.1f}" viewBox="0 0 {width:.1f} {height:.1f}">',
              f"<title>{escape(schedule.name)}: makespan {sim.makespan:.3f}, "
-             f"bubble {sim.bubble_rate:.3%}</title>"]
+             f"bubble {sim.makespan_bubble_rate:.3%} (of the span: {sim.bubble_rate:.3%})"
+             f"</title>"]
     for rank in range(schedule.pp):
         y = 5 + rank * pitch
         parts.append(f'<text x="2" y="{y + row_height * 0.7:.1f}" font-size="12">'
@@ -117,15 +130,28 @@ def _save(fig, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def png_size_inches(schedule: Schedule, sim: SimResult) -> tuple[float, float]:
+    """(width, height) of :func:`render_png`'s figure: about a quarter inch per typical
+    (median) block across the makespan, 8 to 20 inches wide; half an inch per rank, at
+    least 3 inches high -- readable at 100 dpi whether the times are unit costs or
+    measured seconds (where one short action must not stretch the picture)."""
+    durations = sorted(e - s for rank in sim.compute_intervals for s, e, _ in rank if e > s)
+    typical = durations[len(durations) // 2] if durations else 1.0
+    across = sim.makespan / typical if typical > 0 else 1.0
+    width = min(20.0, max(8.0, 4.0 + 0.25 * across))
+    height = min(24.0, max(3.0, 0.5 * schedule.pp + 1.5))
+    return width, height
+
+
 def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
     """Gantt chart PNG at ``path`` (coloured by kind, odd chunks darker, thin row for
-    transfers/offload). Returns ``path``."""
+    transfers/offload; a block's microbatch is written on it where it fits), sized by
+    :func:`png_size_inches`. Returns ``path``."""
     plt = _pyplot()
-    height = max(2.0, 0.45 * schedule.pp + 1)
-    # wide enough that a unit-time block holds its microbatch number
-    unit = min((e - s for rank in sim.compute_intervals for s, e, _ in rank), default=1.0)
-    fig, ax = plt.subplots(figsize=(min(40.0, 5 + sim.makespan * 0.3 / max(unit, 1e-9)),
-                                    height))
+    width, height = png_size_inches(schedule, sim)
+    fig, ax = plt.subplots(figsize=(width, height))
+    # points per time unit on the axes (the tick labels and the legend take ~3 inches)
+    points = 72.0 * max(width - 3.0, 1.0) / (sim.makespan or 1.0)
     try:
         for rank in range(schedule.pp):
             y = schedule.pp - 1 - rank
@@ -133,8 +159,10 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
                 ax.broken_barh([(s, e - s)], (y + 0.2, 0.75),
                                facecolors=_colour(action.kind, action.chunk),
                                edgecolor="white", linewidth=0.3)
-                ax.text(s + (e - s) / 2, y + 0.575, str(action.microbatch), ha="center",
-                        va="center", color="white", clip_on=True, fontsize=7)
+                label = str(action.microbatch)
+                if (e - s) * points >= 4.5 * len(label) + 2:
+                    ax.text(s + (e - s) / 2, y + 0.575, label, ha="center", va="center",
+                            color="white", clip_on=True, fontsize=7)
             for action, s, e in _side_intervals(sim, rank):
                 ax.broken_barh([(s, e - s)], (y + 0.02, 0.15),
                                facecolors=_SIDE_COLOURS[action.kind])
@@ -142,7 +170,7 @@ def render_png(schedule: Schedule, sim: SimResult, path: str) -> str:
         ax.set_yticklabels([f"rank {r}" for r in range(schedule.pp)])
         ax.set_xlabel("time")
         ax.set_title(f"{schedule.name}: pp={schedule.pp}, m={schedule.num_microbatches}, "
-                     f"makespan {sim.makespan:.2f}, bubble {sim.bubble_rate:.1%}")
+                     f"makespan {sim.makespan:.4g}, bubble {sim.makespan_bubble_rate:.1%}")
         handles = [plt.Rectangle((0, 0), 1, 1, color=_COLOURS[k]) for k in _COLOURS]
         handles.append(plt.Rectangle((0, 0), 1, 1, color=_DARK[ActionKind.F]))
         labels = [k.value for k in _COLOURS] + ["odd chunk (darker)"]

@@ -95,6 +95,16 @@ class SimResult:
     """(``comm_overlap``, ``offload_overlap``), or the function that computes them when
     first read."""
 
+    @property
+    def makespan_bubble_rate(self) -> float:
+        """(makespan - busy_max) / makespan: the busiest rank's idle share of the
+        makespan. Unlike :attr:`bubble_rate` (of the longest per-rank span) it orders the
+        schedules of one setting as their makespans do: the bubble of a run that
+        synchronises before the optimizer step."""
+        busiest = max(self.busy, default=0.0)
+        return max(0.0, (self.makespan - busiest) / self.makespan) if self.makespan > 0 \
+            else 0.0
+
     @cached_property
     def _overlap_pair(self) -> tuple[float, float]:
         return self.overlaps() if callable(self.overlaps) else self.overlaps
@@ -136,7 +146,7 @@ class SimResult:
     def to_dict(self, *, include_actions: bool = False) -> dict:
         out = {
             "makespan": self.makespan, "max_stage_span": self.max_stage_span,
-            "bubble_rate": self.bubble_rate,
+            "bubble_rate": self.bubble_rate, "makespan_bubble_rate": self.makespan_bubble_rate,
             "per_rank_bubble": self.per_rank_bubble, "busy": self.busy, "span": self.span,
             "peak_activation": self.peak_activation, "comm_overlap": self.comm_overlap,
             "offload_overlap": self.offload_overlap, "memory_limit": self.memory_limit,

@@ -14,7 +14,7 @@ from odc_pp.data.assignment import LOAD_BALANCE_MODES
 from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.generators.families import FAMILIES, FAMILY_NAMES, family
 
-from .context_split import context_parallel_problems, padded_length_problems
+from .context_checks import context_parallel_problems, padded_length_problems
 from .logging_args import tensorboard_problems
 from .megatron_semantics import length_conflicts
 from .rampup import rampup_problems

@@ -27,26 +27,11 @@ from torch.distributed import ProcessGroup
 from ..layout import DataParallelMode, ParallelLayout
 from ..runtime.p2p_channels import Communicator, PipelineChannels, create_pipeline_channels
 from ..runtime.warmup import warm_up
+from .launch_env import DistEnv, read_env
 
 __all__ = ["DistEnv", "Topology", "read_env", "init_distributed", "elastic_restart_store",
            "local_device", "warm_up_topology", "all_ranks_true",
            "standalone_process_groups"]
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-
-def read_env() -> DistEnv:
-    """The torchrun variables (single process when they are absent)."""
-    return DistEnv(rank=int(os.environ.get("RANK", 0)),
-                   world_size=int(os.environ.get("WORLD_SIZE", 1)),
-                   local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
 @dataclass(kw_only=True)

@@ -50,7 +50,8 @@ class LoggingArgs:
     """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
     --save is given, else wandb's default ./wandb)."""
     no_progress_bar: bool = False
-    """Plain log lines instead of a progress bar."""
+    """Plain log lines: no progress (on a terminal a bar, elsewhere each logged line ends
+    with iterations done, iterations per second and the ETA)."""
     schedule_png: str | None = None
     """Write the schedule timeline picture here (rank 0)."""
     trace: str | None = None

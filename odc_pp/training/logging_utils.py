@@ -1,6 +1,7 @@
-"""Training logs: a console progress bar, one JSON object per logged iteration,
-TensorBoard event files with ``--tensorboard-dir`` (Megatron-LM's scalar names, every
-``--tensorboard-log-interval`` iterations), and a Weights & Biases run with
+"""Training logs: a console progress bar (iterations done, rate and ETA: redrawn in place
+on a terminal, appended to every logged iteration's line elsewhere), one JSON object per
+logged iteration, TensorBoard event files with ``--tensorboard-dir`` (Megatron-LM's scalar
+names, every ``--tensorboard-log-interval`` iterations), and a Weights & Biases run with
 ``--wandb-project`` (the same record). Used on rank 0 only."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
 
 __all__ = ["TrainingLogger", "format_record", "flat_scalars", "wandb_settings",
-           "tensorboard_settings", "TENSORBOARD_NAMES"]
+           "tensorboard_settings", "TENSORBOARD_NAMES", "format_duration"]
 
 TENSORBOARD_NAMES = {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm",
                      "loss_scale": "loss-scale", "params_norm": "params-norm",
@@ -23,6 +24,16 @@ TENSORBOARD_NAMES = {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "gra
 _TENSORBOARD_OWN = ("tokens_per_s", "tflops_per_device", "mfu", "step_s", "peak_memory_mb",
                     "peak_allocated_mb")
 """odc-pp's record keys also written to TensorBoard (under their own names)."""
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def format_record(record: dict) -> str:
@@ -114,7 +125,8 @@ class TrainingLogger:
     global_batch_size: int | None = None
     """batch-size of a record without its own ``global_batch_size`` (no ramp-up)."""
     progress_bar: bool = True
-    """Redraw a bar between log lines (only when the stream is a terminal)."""
+    """Progress (iterations done of ``train_iters``, iterations per second, ETA): a bar
+    redrawn between log lines on a terminal, else appended to each logged line."""
     stream: TextIO = sys.stdout
     """Console stream."""
     wandb_project: str | None = None
@@ -125,6 +137,8 @@ class TrainingLogger:
     """wandb's local run files go here (default: wandb's ./wandb)."""
     wandb_config: dict | None = None
     """The run's configuration, recorded with the wandb run."""
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    """Seconds (monotonic) for the rate and ETA."""
 
     def __post_init__(self) -> None:
         if self.train_iters < 1:
@@ -141,20 +155,41 @@ class TrainingLogger:
                                    self.wandb_config) if self.wandb_project else None
         if self.log_json:
             os.makedirs(os.path.dirname(os.path.abspath(self.log_json)), exist_ok=True)
-        self._start = time.perf_counter()
+        self._start = self.clock()
+        self._first: int | None = None  # iterations done before this run (resumed runs)
         self._bar_drawn = False
+
+    def _status(self, iteration: int) -> str:
+        """``30/100 (30%) | 2.50 it/s | ETA 28s``: the rate over this run's iterations so
+        far (a resumed run counts from its checkpoint)."""
+        if self._first is None:
+            self._first = iteration - 1
+        elapsed = self.clock() - self._start
+        done = iteration - self._first
+        text = f"{iteration}/{self.train_iters} ({100 * iteration // self.train_iters}%)"
+        if elapsed <= 0 or done <= 0:
+            return text
+        rate = done / elapsed
+        left = max(0, self.train_iters - iteration) / rate
+        return (f"{text} | {rate:.3g} it/s | elapsed {format_duration(elapsed)} | "
+                f"ETA {format_duration(left)}")
 
     def _bar(self, iteration: int) -> str:
         width = 30
-        filled = int(width * iteration / self.train_iters)
-        elapsed = time.perf_counter() - self._start
-        return f"[{'#' * filled}{'.' * (width - filled)}] {iteration}/{self.train_iters} " \
-               f"{elapsed:.0f}s"
+        filled = int(width * min(iteration, self.train_iters) / self.train_iters)
+        return f"[{'#' * filled}{'.' * (width - filled)}] {self._status(iteration)}"
+
+    def _on_terminal(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty())
 
     def progress(self, iteration: int) -> None:
-        """Called every iteration: redraws the bar in place on a terminal."""
-        if self.progress_bar and self.stream.isatty():
-            self.stream.write("\r" + self._bar(iteration))
+        """Called every iteration: redraws the bar in place on a terminal (elsewhere the
+        progress goes on the logged lines: :meth:`log`)."""
+        if self._first is None:
+            self._first = iteration - 1
+        if self.progress_bar and self._on_terminal():
+            self.stream.write("\r\033[K" + self._bar(iteration))
             self.stream.flush()
             self._bar_drawn = True
 
@@ -164,7 +199,10 @@ class TrainingLogger:
         if self._bar_drawn:
             self.stream.write("\r\033[K")
             self._bar_drawn = False
-        print(format_record(record), file=self.stream, flush=True)
+        line = format_record(record)
+        if self.progress_bar and not self._on_terminal():
+            line += " | " + self._status(record["iteration"])
+        print(line, file=self.stream, flush=True)
         if self.log_json:
             with open(self.log_json, "a") as handle:
                 handle.write(json.dumps(record) + "\n")

@@ -35,7 +35,8 @@ def train(job: Job, topo: Topology, *, out=sys.stdout,
     return Trainer(job, topo, out=out, hooks=hooks).train()
 
 
-def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -> int:
+def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None,
+         checked=None) -> int:
     """Entry point of pretrain_gpt.py: 0 done, 2 bad flags, 3 stopped (non-finite
     training), 4 interrupted by a signal (checkpoint saved, docs/preemption.md), 1
     failure."""
@@ -44,8 +45,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
         from .dry_run import main as dry_run_main
         return dry_run_main(argv)
     try:
-        args, notes = parse_args_with_notes(argv)
-        job = args.resolve(env.world_size, env.local_world_size)
+        job, notes = _resolved(argv, env, checked)
     except ValueError as exc:
         if env.rank == 0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
             time.sleep(3)
         return 2
     if env.rank == 0:
-        for note in notes + list(job.notes):
+        for note in notes + job.notes:
             print(note, flush=True)
+    args = job.args
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes,
@@ -91,3 +92,11 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None) -
         dist.destroy_process_group()
     return code
 
+
+def _resolved(argv, env, checked) -> tuple[Job, tuple[str, ...]]:
+    """The job and the parse's notes: as :func:`~odc_pp.training.flag_check.check_flags`
+    resolved them (``checked``), else parsed and resolved here, once."""
+    if checked is not None:
+        return checked.job, checked.notes
+    args, notes = parse_args_with_notes(argv)
+    return args.resolve(env.world_size, env.local_world_size), tuple(notes)

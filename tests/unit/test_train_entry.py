@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -65,3 +66,44 @@ def test_the_launchers_run_the_module(monkeypatch, tmp_path):
         [], nproc=1, tmp_path=tmp_path, name="y", script="other.py", log=False,
         launcher="torchrun"))
     assert "other.py" in own and "odc_pp.train" not in own
+
+
+_PARSE_ONLY = """
+import sys
+import odc_pp.train
+try:
+    code = odc_pp.train.main(sys.argv[1:])
+except SystemExit as done:  # --help
+    code = done.code
+loaded = sorted(m for m in ("torch", "megatron", "transformers") if m in sys.modules)
+print("LOADED", ",".join(loaded) or "-", "CODE", code)
+"""
+
+
+@pytest.mark.parametrize("argv,code", [
+    (["--bogus-flag"], 2),                                       # mistyped flag
+    (["--pipeline-model-parallel-size", "3", "--mock-data"], 2),  # combination checks
+    (["--help"], 0),
+])
+def test_flag_errors_and_help_come_before_torch_is_imported(argv, code):
+    """A mistyped flag, a bad combination and --help are answered by the torch-free
+    parser (odc_pp.training.flag_check), so under torchrun the first rank's error comes
+    within a second, above the launcher's banner: at the answer neither torch nor
+    megatron-core nor transformers is imported."""
+    env = dict(os.environ, PYTHONPATH=ROOT, RANK="0", WORLD_SIZE="1")
+    proc = subprocess.run([sys.executable, "-c", _PARSE_ONLY] + argv, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.stdout.strip().splitlines()[-1] == f"LOADED - CODE {code}", proc.stderr
+    if code:
+        assert proc.stderr.startswith("pretrain_gpt.py: error:"), proc.stderr
+    else:
+        assert "--pipeline-schedule" in proc.stdout
+
+
+def test_other_ranks_stay_quiet_on_bad_flags(monkeypatch, capsys):
+    """Only the first rank prints the error (the others wait, then exit 2)."""
+    from odc_pp.training import flag_check
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(flag_check, "PEER_WAIT_S", 0.0)
+    assert flag_check.check_flags(["--bogus-flag"]) == 2
+    assert capsys.readouterr().err == ""

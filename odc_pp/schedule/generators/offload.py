@@ -42,8 +42,9 @@ def _lifespans(schedule: Schedule, costs: CostModel) -> tuple[dict[int, float], 
 def offload_schedule(pp: int, num_microbatches: int, num_chunks: int, costs: CostModel,
                      memory_limit: float | None, group_size: int | None = None) -> Schedule:
     if costs.offload_bandwidth is None:
-        raise ValueError("the offload schedule needs CostModel.offload_bandwidth "
-                         "(host-link bandwidth in microbatch-chunk activations per time unit)")
+        raise ValueError("the offload schedule needs the host-link bandwidth: give "
+                         "--offload-bandwidth (microbatch-chunk activations per time unit; "
+                         "\"offload_bandwidth\" in a --cost-model file)")
     schedule = interleaved(pp, num_microbatches, num_chunks, group_size=group_size,
                            name="offload")
     transfer = costs.offload_time

@@ -76,8 +76,9 @@ def test_renders_to_files(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
     assert main(["--pp", "3", "--microbatches", "3", "--render", "ascii"]) == 0
-    rows = capsys.readouterr().out.strip().splitlines()
-    assert [row[:2] for row in rows] == ["r0", "r1", "r2"]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [row[:2] for row in lines[1:-1]] == ["r0", "r1", "r2"]
+    assert "makespan" in lines[0] and lines[-1].startswith("legend: ")
 
 
 def test_console_entry_and_tool_wrapper_run_as_subprocesses():
@@ -108,7 +109,8 @@ def test_compare_rows_and_rejections():
     assert by_name["1f1b"]["makespan"] == pytest.approx((4 + 3) * 2.6)
     assert by_name["zb-auto"]["makespan"] <= by_name["1f1b"]["makespan"]
     table = format_table(rows)
-    assert "rejected" in table and len(table.splitlines()) == 2 + 3 + 1  # header, rule, rows, units note
+    # header, rule, rows, legend (makespan and bubble, span, memory units)
+    assert "rejected" in table and len(table.splitlines()) == 2 + 3 + 3
 
 
 @pytest.mark.parametrize("flag,value", [("--cost-f", "inf"), ("--cost-f", "nan"),
@@ -192,3 +194,74 @@ def test_fill_gaps_shortens_1f1b_under_unequal_costs(capsys):
     assert plain["gap_fill"] is None and filled["gap_fill"]["moves"] > 0
     assert filled["makespan"] < plain["makespan"] * 0.99
     assert max(filled["peak_activation"]) <= max(plain["peak_activation"]) + 1e-9
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in text.splitlines()[2:]
+            if line and not line.startswith(("-", "makespan:", "span:", "peak mem:"))
+            and "rejected" not in line}
+
+
+def test_compare_bubble_follows_each_schedules_makespan(capsys):
+    """The bubble column is each schedule's idle share of its own makespan, so schedules
+    with different makespans never show the same bubble (zb-h2 at 27 and zbv at 25.5 both
+    showed 0.00%: the bubble of a per-stage span the table did not print)."""
+    assert main(["--pp", "4", "--microbatches", "8", "--compare"]) == 0
+    text = capsys.readouterr().out
+    header = text.splitlines()[0].split()
+    assert header[:6] == ["schedule", "chunks", "makespan", "bubble", "span", "span"]
+    rows = _table_rows(text)
+    assert {"zb-h2", "zbv", "1f1b"} <= set(rows)
+    pairs = [(float(r[2]), float(r[3].rstrip("%"))) for r in rows.values()]
+    for makespan, bubble in pairs:
+        for other_makespan, other_bubble in pairs:
+            if makespan < other_makespan:
+                assert bubble < other_bubble, text
+    assert "bubble: the busiest rank's idle share of the makespan" in text
+    assert main(["--pp", "4", "--microbatches", "8", "--compare", "--json"]) == 0
+    for row in json.loads(capsys.readouterr().out)["rows"]:
+        if "error" not in row:
+            busy = row["makespan"] * (1 - row["makespan_bubble_rate"])
+            assert busy == pytest.approx(8 * 3.0), row["name"]  # m x (F + B + W) per rank
+
+
+def test_ascii_render_has_title_and_legend(capsys):
+    assert main(["--schedule", "zbv", "--pp", "4", "--microbatches", "8", "--render",
+                 "ascii", "--width", "60"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == ("zbv: pp=4 microbatches=8 chunks=2 | makespan 51 | bubble 5.88% of "
+                        "the makespan | span 48, bubble 0.00% of the span")
+    assert [line[:3] for line in lines[1:5]] == ["r0 ", "r1 ", "r2 ", "r3 "]
+    assert lines[5] == ("legend: F forward, B input grad, W weight grad, X fused B+W (upper "
+                        "case: even chunks, lower case: odd chunks), . idle; one column = "
+                        "0.85 time units")
+
+
+def test_offload_refusal_names_the_flag(capsys):
+    assert main(["--schedule", "offload", "--pp", "4", "--microbatches", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--offload-bandwidth" in err and "CostModel" not in err, err
+    assert main(["--pp", "4", "--microbatches", "8", "--compare"]) == 0
+    offload = next(line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("offload "))
+    assert "rejected" in offload and "--offload-bandwidth" in offload
+    assert "CostModel" not in offload, offload
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--schedule", "dualpipev", "--pp", "4", "--microbatches", "4"], "--microbatches >= 2"),
+    (["--schedule", "zbv", "--pp", "4", "--microbatches", "8", "--memory-limit", "1"],
+     "--memory-limit 1 is below 2"),
+    (["--schedule", "v-min", "--pp", "4", "--microbatches", "8", "--chunks", "3"],
+     "got --chunks=3"),
+    (["--pp", "4", "--microbatches", "8", "--mem-f", "2"], "(--mem-f + --mem-b + --mem-w"),
+    (["--pp", "4", "--microbatches", "8", "--cost-f", "1,1"], "--cost-f has 2 entries"),
+])
+def test_refusals_name_this_commands_flags(argv, named, capsys):
+    """The schedule library's refusals (its field names are shared with training) reach
+    the user in odc-pp schedule's own flags."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    for field in ("num_microbatches", "num_chunks", "memory_limit", "mem_f", "t_f"):
+        assert field not in err, err

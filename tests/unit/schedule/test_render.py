@@ -26,8 +26,12 @@ def _two_chunk_schedule() -> Schedule:
 def test_ascii_has_one_row_per_rank_and_case_per_chunk(one_f_one_b):
     schedule = one_f_one_b(4, 8, split_w=True)
     text = render_ascii(schedule, simulate(schedule, CostModel()), width=60)
-    rows = text.splitlines()
+    title, *rows, legend = text.splitlines()
     assert len(rows) == 4
+    assert title.startswith("1f1b-hand: pp=4 microbatches=8 chunks=1 | makespan 30 | "
+                            "bubble 20.00% of the makespan")
+    assert legend.startswith("legend: F forward, B input grad, W weight grad")
+    assert legend.endswith("one column = 0.5 time units")
     assert all(len(r) == len(rows[0]) for r in rows)
     assert set("FBW") <= set(rows[0])
     two = _two_chunk_schedule()
@@ -56,3 +60,29 @@ def test_png_files_have_png_magic(tmp_path, one_f_one_b):
     for path in (gantt, memory):
         with open(path, "rb") as handle:
             assert handle.read(8) == PNG_MAGIC
+
+
+def _png_size(path) -> tuple[int, int]:
+    with open(path, "rb") as handle:
+        head = handle.read(24)
+    assert head[:8] == PNG_MAGIC and head[12:16] == b"IHDR"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_trace_picture_is_sized_to_be_read(tmp_path, one_f_one_b):
+    """The --trace picture (measured seconds, where one short action used to stretch it
+    to 4000 x 200 px) keeps a readable size and shape."""
+    from odc_pp.runtime.runtime import ActionTiming
+    from odc_pp.runtime.trace import measured_result
+
+    schedule = one_f_one_b(2, 8, split_w=True)
+    sim = simulate(schedule, CostModel(t_f=0.004, t_b=0.004, t_w=0.0002))
+    timings = [[ActionTiming(action=a, start=s, end=e) for a, s, e in zip(*rank)]
+               for rank in zip(sim.rank_actions, sim.rank_starts, sim.rank_ends)]
+    path = render_png(schedule, measured_result(schedule, timings), str(tmp_path / "t.png"))
+    width, height = _png_size(path)
+    assert 800 <= width <= 2000 and height >= 300 and width / height <= 4, (width, height)
+    wide = one_f_one_b(16, 64, split_w=True)  # many blocks: wider, never past 20 inches
+    width, height = _png_size(render_png(wide, simulate(wide, CostModel()),
+                                         str(tmp_path / "w.png")))
+    assert width == 2000 and 900 <= height <= 1000, (width, height)

@@ -331,3 +331,87 @@ def test_the_command_reports_the_dry_runs_memory(capsys):
         assert row["fits"] == (max(peaks) <= 70e9)
     fitting = [r["step_s"] for r in rows if r["fits"]]
     assert fitting == sorted(fitting) and rows[0]["fits"]
+
+
+_LLAMA = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 1024,
+          "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 3584,
+          "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+          "hidden_act": "silu", "tie_word_embeddings": False}
+
+
+def test_hf_config_is_read_as_odc_pp_plan_reads_it(tmp_path, capsys):
+    """``--hf-config`` (the file or its directory) gives the model through odc-pp plan's
+    loader: the same predictions as its shape given as flags, and flags that train that
+    checkpoint's model."""
+    from odc_pp.plan_command import model_from_hf
+    from odc_pp.training.tune_offload_command import main as command
+
+    (tmp_path / "config.json").write_text(json.dumps(_LLAMA))
+    common = ["--pp", "2", "--num-microbatches", "4", "--preset", "h100", "--json",
+              "--top", "100"]
+    assert command(["--hf-config", str(tmp_path / "config.json")] + common) == 0
+    from_hf = json.loads(capsys.readouterr().out)
+    shape = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16",
+             "--group-query-attention", "--num-query-groups", "4", "--ffn-hidden-size",
+             "3584", "--swiglu", "--untie-embeddings-and-output-weights", "--seq-length",
+             "2048"]
+    assert command(shape + common) == 0
+    from_flags = json.loads(capsys.readouterr().out)
+    assert [r["step_s"] for r in from_hf] == pytest.approx([r["step_s"] for r in from_flags])
+    assert from_hf[0]["flags"][:4] == ["--hf-checkpoint", str(tmp_path), "--seq-length",
+                                       "2048"]
+    assert model_from_hf(str(tmp_path)).seq_length == 2048  # max_position_embeddings
+    assert command(["--hf-config", str(tmp_path), "--seq-length", "1024"] + common) == 0
+    assert json.loads(capsys.readouterr().out)[0]["flags"][3] == "1024"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hf-config", "{dir}", "--num-layers", "4"], "drop --num-layers"),
+    (["--hf-config", "{dir}/none"], "--hf-config {dir}/none: no config.json"),
+    (["--hidden-size", "64"], "--num-layers, --num-attention-heads, --seq-length missing"),
+])
+def test_hf_config_and_shape_flags_errors_name_the_flags(argv, message, tmp_path, capsys):
+    from odc_pp.training.tune_offload_command import main as command
+
+    (tmp_path / "config.json").write_text(json.dumps(_LLAMA))
+    argv = [a.format(dir=tmp_path) for a in argv]
+    assert command(argv + ["--pp", "2", "--num-microbatches", "4", "--preset", "h100"]) == 2
+    assert message.format(dir=tmp_path) in capsys.readouterr().err
+
+
+def test_table_has_a_legend_readable_columns_and_no_duplicate_rows(capsys):
+    """The hardware in words; tp, sequence parallelism and W's inputs in their own
+    columns, explained; at pp = 1 one schedule (it has one stage); schedules predicted
+    alike share a row."""
+    argv = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--seq-length", "8192", "--devices", "8", "--num-microbatches", "16",
+            "--preset", "h100", "--memory-budget-gb", "30", "--top", "1000"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("hardware: H100-SXM5-80GB: 989 TFLOP/s peak at MFU 0.45, "
+                               "80 GB, host link 50 GB/s, NVLink 360 GB/s")
+    assert "Hardware(" not in "\n".join(lines)
+    header = lines[2].split()
+    assert header[:8] == ["#", "tp", "sp", "W", "in", "pp", "schedule", "offload"]
+    rows = [line for line in lines[4:] if line[:3].strip().isdigit()]
+    legend = "\n".join(lines[4 + len(rows):])
+    for term in ("tp: tensor-parallel", "sp: sequence parallel", "W in:", "offload:",
+                 "bubble:", "same prediction share a row"):
+        assert term in legend, term
+    printed = [line.split(None, 1)[1] for line in rows]
+    assert len(printed) == len(set(printed))  # no two rows alike
+    single = [line for line in rows if line.split()[4] == "1"]  # pp = 1
+    assert single and all(line.split()[5] == "1f1b" for line in single)
+    assert len(single) == 4  # W inputs gathered / kept x recompute off / on
+    merged = [line for line in rows if "v-half, v-min, zbv" in line]
+    assert merged, "\n".join(rows)
+
+
+def test_bad_tp_sizes_name_the_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+              "--seq-length", "128", "--devices", "4", "--tp-sizes", "x",
+              "--num-microbatches", "4", "--preset", "h100"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tp-sizes" in err and "invalid literal" not in err
