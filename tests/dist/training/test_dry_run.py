@@ -87,7 +87,7 @@ def dry_run_of(rank: int, extra: list[str]):
                                        "--dry-run-world-size", str(WORLD)])
     flags.receives_preposted = True  # as the gloo run does
     try:
-        report = dry_run(parse_args(FLAGS + extra + rest), flags)
+        report = dry_run(parse_args(FLAGS + extra + rest).resolve(WORLD, WORLD), flags)
     finally:
         dist.destroy_process_group()
     return report.total, report.categories
