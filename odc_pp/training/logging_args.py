@@ -45,7 +45,7 @@ class LoggingArgs:
     """Weights & Biases project: log the same record as --log-json / TensorBoard to wandb
     (rank 0; needs the ``wandb`` extra; WANDB_MODE=offline writes a local run directory)."""
     wandb_exp_name: str | None = None
-    """wandb run name (with --wandb-project)."""
+    """Weights & Biases run name (with --wandb-project)."""
     wandb_save_dir: str | None = None
     """Directory for wandb's local files (with --wandb-project; default: --save/wandb when
     --save is given, else wandb's default ./wandb)."""
