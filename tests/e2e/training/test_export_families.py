@@ -1,6 +1,6 @@
 """tools/export_megatron.py for every model family the trainer builds (issue 51, item 2):
 GPT (tied), Llama (RMSNorm, SwiGLU, GQA, Llama-3 RoPE scaling, untied), Qwen2 (qkv bias,
-tied) and Mistral (untied), each trained at pp=2 (1f1b) for 2 iterations with a
+tied), Mistral (untied) and Qwen3 (q/k norms, head dim 16), each trained at pp=2 (1f1b) for 2 iterations with a
 checkpoint at iteration 1. The export of iteration 1, loaded by ``dist_checkpointing``
 into megatron-core's stock ``GPTModel`` built from the same arguments (its local layer
 spec), gives our iteration-2 loss (computed with iteration 1's weights) within 1e-6;
@@ -53,6 +53,10 @@ FAMILIES = {
               {**_ROPE, "rotary_base": 1000000, "share_embeddings_and_output_weights": True}),
     "mistral": (_LLAMA_FLAGS + ["--untie-embeddings-and-output-weights"], _LLAMA_CONFIG,
                 {**_ROPE, "rotary_base": 10000, "share_embeddings_and_output_weights": False}),
+    "qwen3": (_LLAMA_FLAGS + ["--rotary-base", "1000000", "--qk-layernorm", "--kv-channels",
+                              "16"],
+              {**_LLAMA_CONFIG, "qk_layernorm": True, "kv_channels": 16},
+              {**_ROPE, "rotary_base": 1000000, "share_embeddings_and_output_weights": True}),
 }
 
 
