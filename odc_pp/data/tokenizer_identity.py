@@ -68,9 +68,12 @@ def default_tokenizer_model(tokenizer_type: str | None, tokenizer_model: str | N
                             vocab_file: str | None, merge_file: str | None,
                             hf_checkpoint: str | None, mock_data: bool) -> str | None:
     """``--tokenizer-model`` as the flags mean it: with ``--hf-checkpoint DIR`` and no
-    tokenizer flag, DIR (when it holds a tokenizer). ValueError when DIR holds none and
-    the data needs one (never a silent byte-level tokenizer)."""
-    chosen = tokenizer_type or tokenizer_model or vocab_file or merge_file
+    tokenizer flag (or ``--tokenizer-type HuggingFaceTokenizer`` alone), DIR when it holds
+    a tokenizer. ValueError when DIR holds none and the data needs one (never a silent
+    byte-level tokenizer)."""
+    hf_type_alone = tokenizer_type == "HuggingFaceTokenizer" and not tokenizer_model
+    chosen = (tokenizer_type and not hf_type_alone) or tokenizer_model or vocab_file or \
+        merge_file
     if not hf_checkpoint or chosen or mock_data:
         return tokenizer_model
     if os.path.isdir(hf_checkpoint) and has_tokenizer(hf_checkpoint):

@@ -58,6 +58,9 @@ def test_the_checkpoints_own_tokenizer_is_the_default(tmp_path):
     args = parse_args(_flags(hf_dir, _data(tmp_path)))
     assert args.data.tokenizer_type == "HuggingFaceTokenizer"
     assert args.data.tokenizer_model == hf_dir
+    typed = parse_args(_flags(hf_dir, _data(tmp_path), "--tokenizer-type",
+                              "HuggingFaceTokenizer"))
+    assert typed.data.tokenizer_model == hf_dir  # the type alone: the checkpoint's too
     source, vocab = build_source(args)
     assert vocab == 32
     theirs = AutoTokenizer.from_pretrained(hf_dir)
