@@ -19,7 +19,10 @@ The tokenizer is copied by default, with its chat template (``chat_template.jinj
 ``chat_template.json`` and the template inside ``tokenizer_config.json``), so an SFT model
 exported this way keeps the template transformers' ``apply_chat_template`` uses: from
 ``--tokenizer-from DIR``, else the directory the run's tokenizer came from (the
-checkpoint's ``tokenizer_dir``: ``--tokenizer-model`` or ``--hf-checkpoint``).
+checkpoint's ``tokenizer_dir``: ``--tokenizer-model``, or ``--hf-checkpoint`` whose own
+tokenizer is the default). Only the tokenizer the weights were trained with is shipped:
+its files must have the SHA-256 the checkpoint records (``tokenizer_sha256``), else the
+export is refused; a run on the byte-level tokenizer ships none.
 ``--no-tokenizer`` copies none.
 """
 
@@ -36,21 +39,21 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_checkpoint import export  # noqa: E402  (the one full-state assembler)
 
+from odc_pp.data.tokenizer_identity import (CHAT_TEMPLATES_DIR, TOKENIZER_FILES,  # noqa: E402
+                                            TOKENIZER_MARKERS, has_tokenizer,
+                                            tokenizer_paths, tokenizer_sha256)
 from odc_pp.megatron.hf import (hf_state_dict, model_config_from_hf, parse_size,  # noqa: E402
                                 save_hf_directory, torch_dtype)
 from odc_pp.megatron.hf_config import hf_config_from_model  # noqa: E402
-from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_meta  # noqa: E402
+from odc_pp.training.checkpoint.checkpointing import (checkpoint_dir, read_latest,  # noqa: E402
+                                                      read_meta)
 
 __all__ = ["export_hf", "copy_tokenizer", "tokenizer_source", "main"]
 
 _EMBEDDING = "model.embedding.word_embeddings.weight"
 _OUTPUT = "model.output_layer.weight"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                    "chat_template.jinja", "chat_template.json", "generation_config.json")
-_TOKENIZERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
-"""One of them makes a directory hold a tokenizer."""
-_CHAT_TEMPLATES = "additional_chat_templates"  # transformers' folder of named templates
+_TOKENIZER_FILES = TOKENIZER_FILES + ("generation_config.json",)
+_CHAT_TEMPLATES = CHAT_TEMPLATES_DIR
 
 
 def copy_tokenizer(source: str, output: str) -> list[str]:
@@ -59,7 +62,7 @@ def copy_tokenizer(source: str, output: str) -> list[str]:
     tokenizer there)."""
     copied = [name for name in _TOKENIZER_FILES
               if os.path.isfile(os.path.join(source, name))]
-    if not set(_TOKENIZERS) & set(copied):
+    if not set(TOKENIZER_MARKERS) & set(copied):
         raise ValueError(f"--tokenizer-from {source}: no tokenizer.json, tokenizer.model or "
                          f"vocab.json there")
     os.makedirs(output, exist_ok=True)
@@ -73,12 +76,43 @@ def copy_tokenizer(source: str, output: str) -> list[str]:
 
 
 def tokenizer_source(load: str, iteration: int, given: str | None) -> str | None:
-    """``given`` (--tokenizer-from), else the checkpoint's recorded tokenizer directory
-    (None: the run had none, e.g. --mock-data or a byte-level tokenizer)."""
+    """The tokenizer directory to ship: ``given`` (--tokenizer-from), else the one the run
+    used (the checkpoint's ``tokenizer_dir``); None when there is none to ship (the
+    byte-level tokenizer, --mock-data). ValueError when its files are not those the run
+    trained with (the checkpoint's ``tokenizer_sha256``), or when the run used no
+    Hugging Face tokenizer and ``given`` would ship one."""
+    meta = read_meta(checkpoint_dir(load, iteration))
+    if "tokenizer_type" not in meta:  # written before the tokenizer was recorded
+        return _unverified_source(meta.get("tokenizer_dir"), given)
+    used, recorded = meta["tokenizer_type"], meta.get("tokenizer_sha256")
+    source = given or meta.get("tokenizer_dir")
+    if source is None:
+        return None
+    if used != "HuggingFaceTokenizer":
+        raise ValueError(f"--tokenizer-from {source}: the run trained with "
+                         f"{used or 'no tokenizer (--mock-data)'}, not a Hugging Face "
+                         f"tokenizer; the weights never saw this one (drop --tokenizer-from)")
+    if not os.path.isdir(source) or not has_tokenizer(source):
+        raise ValueError(f"{_flag(given, source)}: no tokenizer there (none of "
+                         f"{', '.join(TOKENIZER_MARKERS)})")
+    now = tokenizer_sha256(tokenizer_paths(source), source)
+    if recorded and now != recorded:
+        raise ValueError(f"{_flag(given, source)}: its tokenizer files differ from those the "
+                         f"run trained with (sha256 {now[:16]}..., the checkpoint records "
+                         f"{recorded[:16]}...); give the run's tokenizer with "
+                         f"--tokenizer-from DIR, or --no-tokenizer")
+    return source
+
+
+def _flag(given: str | None, source: str) -> str:
+    return f"--tokenizer-from {source}" if given else f"the run's tokenizer {source}"
+
+
+def _unverified_source(recorded: str | None, given: str | None) -> str | None:
+    """An older checkpoint's: ``given``, else its recorded directory if it holds one."""
     if given:
         return given
-    recorded = read_meta(checkpoint_dir(load, iteration)).get("tokenizer_dir")
-    if recorded and any(os.path.isfile(os.path.join(recorded, name)) for name in _TOKENIZERS):
+    if recorded and has_tokenizer(recorded):
         return recorded
     return None  # e.g. an --hf-checkpoint directory holding only the weights
 
@@ -127,11 +161,17 @@ def main(argv=None) -> int:
                            help="copy no tokenizer files")
     args = parser.parse_args(argv)
     try:
-        iteration, config, shards = export_hf(args.load, args.output,
-                                              max_shard_size=parse_size(args.max_shard_size),
-                                              iteration=args.iteration, dtype=args.dtype)
+        iteration = args.iteration
+        if iteration is None:  # the tokenizer is checked before any weight is written
+            found = read_latest(args.load)
+            if found is None:
+                raise ValueError(f"no checkpoint under {args.load} (no 'latest' file)")
+            iteration = found[0]
         source = None if args.no_tokenizer else \
             tokenizer_source(args.load, iteration, args.tokenizer_from)
+        iteration, config, shards = export_hf(args.load, args.output,
+                                              max_shard_size=parse_size(args.max_shard_size),
+                                              iteration=iteration, dtype=args.dtype)
         copied = copy_tokenizer(source, args.output) if source else []
     except ValueError as error:
         print(f"export_hf.py: error: {error}", file=sys.stderr)

@@ -8,8 +8,13 @@ Megatron-LM checkpoint in megatron-core's ``dist_checkpointing`` torch_dist form
 The weights are the optimizer's fp32 master weights reassembled by name
 (``tools/export_checkpoint.py``), put into a one-stage model built from the checkpoint's
 model flags, and saved through that model's ``sharded_state_dict()`` (the keys of
-megatron-core's local layer spec, norms under Transformer Engine's fused names) as
-``megatron_ckpt/iter_<iteration>/`` with ``latest_checkpointed_iteration.txt``. A tied
+megatron-core's local layer spec, norms under Transformer Engine's fused names; SwiGLU's
+``linear_fc1`` as ``[gate; up]``) as ``megatron_ckpt/iter_<iteration>/`` with
+``latest_checkpointed_iteration.txt``: written into a temporary directory beside it and
+renamed when complete, the tracker last, so a failed export leaves no ``iter_*``. Every
+model the trainer builds is written: GPT, and the Llama family (RMSNorm, SwiGLU, GQA,
+RoPE with Llama-3 scaling as Megatron-LM's ``--use-rope-scaling``, Qwen2's qkv bias,
+Qwen3's q/k norms, tied or not). A tied
 model (trained without ``--untie-embeddings-and-output-weights``) is written as Megatron's
 tied model expects: no ``output_layer.weight``; its pipeline copy must be bitwise equal to
 the embedding, else the export is refused. Only the
@@ -32,6 +37,7 @@ from export_checkpoint import export  # noqa: E402  (the one full-state assemble
 
 from odc_pp.training.distributed import standalone_process_groups  # noqa: E402
 from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
+from odc_pp.megatron.hf_config import llama3_rope_scaling  # noqa: E402
 from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
 from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
 from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_meta  # noqa: E402
@@ -56,7 +62,37 @@ def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
         rotary_base=meta.get("rotary_base", 10000.0),
         add_bias_linear=not meta.get("disable_bias_linear", False),
         add_qkv_bias=meta.get("add_qkv_bias", False),
-        qk_layernorm=meta.get("qk_layernorm", False), tie_embeddings=tied)
+        qk_layernorm=meta.get("qk_layernorm", False), tie_embeddings=tied,
+        rope_scaling=rope_scaling_of_meta(meta))
+
+
+MEGATRON_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+"""What Megatron-LM's ``--use-rope-scaling`` fixes (only ``--rope-scaling-factor`` is a
+flag): megatron-core's ``RotaryEmbedding._apply_scaling`` defaults."""
+
+
+def rope_scaling_of_meta(meta: dict) -> dict | None:
+    """The Llama-3 RoPE scaling the run trained with, as the trainer built it: from the
+    ``--hf-checkpoint`` config the checkpoint records, else ``--use-rope-scaling`` with
+    Megatron's fixed factors. ValueError for scaling a Megatron-LM model cannot express
+    (``GPTModel`` takes only the factor)."""
+    hf = meta.get("hf_config")
+    if hf:
+        scaling = llama3_rope_scaling(hf, "the checkpoint's hf_config")
+    elif meta.get("use_rope_scaling"):
+        scaling = {"factor": float(meta.get("rope_scaling_factor", 8.0)),
+                   **MEGATRON_ROPE_SCALING}
+    else:
+        return None
+    if scaling is not None:
+        fixed = {key: scaling[key] for key in MEGATRON_ROPE_SCALING}
+        if fixed != MEGATRON_ROPE_SCALING:
+            raise ValueError(f"the model's Llama-3 RoPE scaling {fixed} is not Megatron-LM's "
+                             f"(--use-rope-scaling fixes {MEGATRON_ROPE_SCALING}; only "
+                             f"--rope-scaling-factor is a flag): a Megatron-LM model would "
+                             f"compute other positions; export with tools/export_hf.py")
+    return scaling
 
 
 def tied_in_meta(meta: dict, state: dict) -> bool:

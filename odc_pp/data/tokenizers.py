@@ -75,7 +75,12 @@ class HuggingFaceTokenizer:
             tok = self._tokenizer
             self.vocab_size = len(tok)
             self.eod = tok.eos_token_id if tok.eos_token_id is not None else len(tok) - 1
+            self.special_ids: dict | None = {"eos": tok.eos_token_id,
+                                             "pad": tok.pad_token_id}
+            """The tokenizer's own eos / pad ids (None: it defines none), compared with
+            the model config's (:mod:`odc_pp.data.tokenizer_identity`)."""
         else:
+            self.special_ids = None
             self.vocab_size = self._raw.get_vocab_size(with_added_tokens=True)
             self.eod = next((self._raw.token_to_id(name)
                              for name in ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>")

@@ -32,8 +32,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 
 import torch
+
+from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 from .compat import cpu_dist_checkpointing, megatron_sharded_state_dict
 from .dcp_reader import check_files, load_tensors, read_metadata
@@ -145,8 +149,10 @@ def save_megatron_checkpoint(chunk, save: str, iteration: int, *, process_groups
     model's ``sharded_state_dict()`` under ``"model"``, and the tracker file. ``args``:
     Megatron-LM's model-defining arguments (an ``argparse.Namespace``,
     :func:`~.model_identity.megatron_args`), stored in ``common.pt`` as Megatron-LM does
-    and compared by every load. Needs ``torch.distributed`` (one process). Returns the
-    iteration directory."""
+    and compared by every load. Needs ``torch.distributed`` (one process). The files are
+    written into a temporary directory beside it, renamed to ``iter_<iteration>`` when
+    complete (a failed save leaves nothing behind), and the tracker is written last.
+    Returns the iteration directory."""
     from megatron.core import dist_checkpointing
 
     if not (chunk.is_first and chunk.is_last):
@@ -154,13 +160,19 @@ def save_megatron_checkpoint(chunk, save: str, iteration: int, *, process_groups
     directory = os.path.join(save, f"iter_{iteration:07d}")
     if os.path.exists(directory):
         raise ValueError(f"{directory} exists; choose another --output directory")
-    os.makedirs(directory)
-    state = {"model": megatron_sharded_state_dict(chunk.model, process_groups),
-             "iteration": iteration, "checkpoint_version": 3.0}
-    if args is not None:
-        state["args"] = args
-    with cpu_dist_checkpointing():
-        dist_checkpointing.save(state, directory)
-    with open(os.path.join(save, TRACKER), "w") as handle:
-        handle.write(f"{iteration}\n")
+    os.makedirs(save, exist_ok=True)
+    partial = tempfile.mkdtemp(prefix=f".iter_{iteration:07d}.", suffix=".partial", dir=save)
+    try:
+        state = {"model": megatron_sharded_state_dict(chunk.model, process_groups),
+                 "iteration": iteration, "checkpoint_version": 3.0}
+        if args is not None:
+            state["args"] = args
+        with cpu_dist_checkpointing():
+            dist_checkpointing.save(state, partial)
+        os.rename(partial, directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    fsync_dir(save)
+    write_file_atomic(os.path.join(save, TRACKER), f"{iteration}\n".encode())
     return directory

@@ -7,6 +7,11 @@ output and recomputes ``silu(gate)`` in backward, with the same kernels autograd
 backward of the unfused form runs (``silu_backward``, two multiplies), so its gradients
 are bitwise those of the unfused form. Plugged in through the layer spec's
 ``mlp.activation_func`` (megatron builds it when ``use_te_activation_func=True``).
+
+As a child of megatron's ``MLP`` it takes part in ``MLP.sharded_state_dict()`` (the
+checkpoint keys of ``dist_checkpointing``): it holds no tensors, so it contributes none;
+the MLP itself stores ``linear_fc1`` as ``[gate; up]`` (split per tensor-parallel rank by
+megatron's swiglu factory), the layout this module reads.
 """
 
 from __future__ import annotations
@@ -61,3 +66,13 @@ class SwiGLU(nn.Module):
             from .swiglu_triton import fused_swiglu
             return fused_swiglu(x)
         return swiglu(x)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
+                           metadata: dict | None = None) -> dict:
+        """megatron's ``sharded_state_dict`` protocol (``MLP.sharded_state_dict`` asks
+        every child): no parameters or buffers, so no checkpoint entries."""
+        if self.state_dict():  # a subclass that added state must say how it is sharded
+            raise NotImplementedError(f"{type(self).__name__} holds state "
+                                      f"{sorted(self.state_dict())}; give it a "
+                                      f"sharded_state_dict of its own")
+        return {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from odc_pp.data.record_checks import DEFAULT_MAX_DROPPED_FRACTION
+from odc_pp.data.tokenizer_identity import default_tokenizer_model
 from odc_pp.data.tokenizers import tokenizer_type_for
 from odc_pp.schedule.generators.families import family
 
@@ -340,10 +341,11 @@ class DataArgs:
     eval_iters batches of the validation data (cycling), so a resumed run sees the same."""
     tokenizer_type: str | None = None
     """Tokenizer for JSONL / indexed data (default: HuggingFaceTokenizer with
-    --tokenizer-model, GPT2BPETokenizer with --vocab-file/--merge-file, else
-    ByteLevelTokenizer)."""
+    --tokenizer-model or --hf-checkpoint, GPT2BPETokenizer with --vocab-file/--merge-file,
+    else ByteLevelTokenizer)."""
     tokenizer_model: str | None = None
-    """Local path of a Hugging Face tokenizer."""
+    """Local path of a Hugging Face tokenizer (default with --hf-checkpoint: its own; a
+    checkpoint directory without one needs this or --tokenizer-type)."""
     vocab_file: str | None = None
     """GPT-2 BPE vocab.json (Megatron's GPT2BPETokenizer, with --merge-file)."""
     merge_file: str | None = None
@@ -452,6 +454,10 @@ class TrainingArgs:
 
     def __post_init__(self) -> None:
         try:
+            self.data.tokenizer_model = default_tokenizer_model(
+                self.data.tokenizer_type, self.data.tokenizer_model,
+                vocab_file=self.data.vocab_file, merge_file=self.data.merge_file,
+                hf_checkpoint=self.model.hf_checkpoint, mock_data=self.data.mock_data)
             self.data.tokenizer_type = tokenizer_type_for(
                 self.data.tokenizer_type, self.data.tokenizer_model,
                 vocab_file=self.data.vocab_file, merge_file=self.data.merge_file)

@@ -9,6 +9,7 @@ an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from odc_pp.data.lanes import Slot, lane_slots
 from odc_pp.data.samples import empty_row
 from odc_pp.data.concatenated import ConcatenatedSamples, EodHandling, SyntheticDocuments
 from odc_pp.data.splits import DocumentRange, split_bounds
+from odc_pp.data.tokenizer_identity import describe_tokenizer, tokenizer_mismatches
 from .throughput import ModelShape
 
 from .arguments import ModelArgs, TrainingArgs
@@ -32,7 +34,7 @@ from .sample_construction import sample_construction
 __all__ = ["IterationPlan", "BatchAssigner", "build_source", "build_valid_source",
            "model_vocab_size", "padded_vocab_size", "sample_cost_model",
            "load_sample_cost_model", "packs_sequences", "megatron_num_samples",
-           "data_tokenizer"]
+           "data_tokenizer", "tokenizer_log_line"]
 
 
 @dataclass
@@ -56,8 +58,14 @@ def padded_vocab_size(size: int, multiple: int) -> int:
 def data_tokenizer(args: TrainingArgs):
     """The tokenizer of the data flags (--tokenizer-type, --tokenizer-model,
     --vocab-file / --merge-file)."""
-    return build_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model,
-                           vocab_file=args.data.vocab_file, merge_file=args.data.merge_file)
+    return _tokenizer(args.data.tokenizer_type, args.data.tokenizer_model,
+                      args.data.vocab_file, args.data.merge_file)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(kind: str, model: str | None, vocab_file: str | None, merge_file: str | None):
+    """Built once per flags (the train and valid data and the log line share it)."""
+    return build_tokenizer(kind, model, vocab_file=vocab_file, merge_file=merge_file)
 
 
 def megatron_num_samples(args: TrainingArgs, part: int) -> int | None:
@@ -197,7 +205,33 @@ def model_vocab_size(args: TrainingArgs, tokenizer) -> int:
     if tokenizer.vocab_size > given:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than {source}; "
                          f"use the model's tokenizer (--tokenizer-model) or a larger vocabulary")
+    _check_specials(args, tokenizer, given)
     return given
+
+
+def _check_specials(args: TrainingArgs, tokenizer, vocab: int) -> None:
+    """ValueError when the tokenizer's special ids do not fit the model (eod / pad outside
+    the embedding; eos / pad other than --hf-checkpoint's config says)."""
+    from .model_setup import hf_config_of
+
+    problems = tokenizer_mismatches(tokenizer, vocab_size=vocab,
+                                    hf_config=hf_config_of(args.model))
+    if problems:
+        name = args.data.tokenizer_model or args.data.tokenizer_type
+        model = f"--hf-checkpoint {args.model.hf_checkpoint}" if args.model.hf_checkpoint \
+            else f"the model (--vocab-size {vocab})"
+        raise ValueError(f"the tokenizer {name} is not the one of {model}: "
+                         f"{'; '.join(problems)}; give the model's own tokenizer "
+                         f"(--tokenizer-model)")
+
+
+def tokenizer_log_line(args: TrainingArgs, vocab: int) -> str:
+    """The first log line of a run: the tokenizer it uses and the model's vocabulary."""
+    if args.data.mock_data:
+        return f"tokenizer: none (--mock-data: synthetic token ids), model vocabulary {vocab}"
+    line = describe_tokenizer(args.data.tokenizer_type, args.data.tokenizer_model,
+                              data_tokenizer(args), hf_checkpoint=args.model.hf_checkpoint)
+    return f"{line}; model vocabulary {vocab}"
 
 
 def sample_cost_model(model: ModelArgs) -> AttentionCost:

@@ -37,7 +37,8 @@ from odc_pp.data.record_checks import data_notes
 from .checkpoint import Checkpointer
 from .components import Components, build_components
 from .context_split import split_microbatch
-from .data_plan import BatchAssigner, IterationPlan, build_source, build_valid_source
+from .data_plan import (BatchAssigner, IterationPlan, build_source, build_valid_source,
+                        tokenizer_log_line)
 from .data_position import DataPosition
 from .distributed import Topology
 from .evaluation import due as eval_due, eval_record, eval_size_note, evaluate
@@ -186,6 +187,7 @@ class Trainer:
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
         source, self.vocab = build_source(args)
+        self._say(tokenizer_log_line(args, self.vocab))
         self.position = DataPosition.of(args.data)  # the samples consumed; --load moves it
         self.batches = BatchAssigner(args, source, dp=topo.dp, pp=topo.pp,
                                    segment_attention=topo.device.type == "cuda",

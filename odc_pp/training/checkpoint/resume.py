@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from odc_pp.data.tokenizer_identity import tokenizer_record
 from odc_pp.fsutil import fsync_dir, write_file_atomic
 
 from ...megatron.dist_ckpt import is_megatron_checkpoint
@@ -88,16 +89,16 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
                                            num_stages=1).tie_embeddings,
             "hf_config": hf_config_of(args.model),
-            # the HF tokenizer directory (tools/export_hf.py copies it, chat template included)
-            "tokenizer_dir": _tokenizer_dir(args)}
+            # the tokenizer used: its type, HF directory (tools/export_hf.py copies it, chat
+            # template included) and the SHA-256 of its files (the export checks it)
+            **_tokenizer_used(args)}
 
 
-def _tokenizer_dir(args: TrainingArgs) -> str | None:
-    """--tokenizer-model when it is a directory, else --hf-checkpoint (absolute paths)."""
-    for path in (args.data.tokenizer_model, args.model.hf_checkpoint):
-        if path and os.path.isdir(path):
-            return os.path.abspath(path)
-    return None
+def _tokenizer_used(args: TrainingArgs) -> dict:
+    if args.data.mock_data:
+        return {"tokenizer_type": None, "tokenizer_dir": None, "tokenizer_sha256": None}
+    return tokenizer_record(args.data.tokenizer_type, args.data.tokenizer_model,
+                            vocab_file=args.data.vocab_file, merge_file=args.data.merge_file)
 
 
 def model_differences(saved: dict, now: dict) -> list[str]:

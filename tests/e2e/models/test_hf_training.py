@@ -80,6 +80,7 @@ def test_hf_in_loss_and_export_round_trip(kind, tmp_path):
     data = str(tmp_path / "data.jsonl")
     _write_pretokenized_data(data)
     flags = ["--hf-checkpoint", hf_dir, "--seq-length", "48", "--data-path", data,
+             "--tokenizer-type", "ByteLevelTokenizer",  # byte ids; the model dir has none
              "--global-batch-size", "8", "--micro-batch-size", "1",
              "--pipeline-model-parallel-size", "2", "--lr", "0", "--train-iters", "1",
              "--seed", "3", "--no-progress-bar", "--distributed-timeout-minutes", "1.5",
@@ -161,6 +162,7 @@ def test_tied_embeddings_across_stages_train_as_one_weight(layout, tmp_path):
     data = str(tmp_path / "data.jsonl")
     _write_pretokenized_data(data)
     flags = ["--hf-checkpoint", hf_dir, "--seq-length", "48", "--data-path", data,
+             "--tokenizer-type", "ByteLevelTokenizer",  # byte ids; the model dir has none
              "--global-batch-size", "8", "--micro-batch-size", "1", "--lr", "1e-2",
              "--clip-grad", "0.5", "--train-iters", "5", "--seed", "3", "--no-progress-bar",
              "--distributed-timeout-minutes", "1.5"]

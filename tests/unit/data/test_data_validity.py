@@ -41,7 +41,7 @@ def test_preprocess_data_exits_2_on_a_null_text(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "bad.jsonl:1: 'text' must be a JSON string, got a JSON null" in done.stderr
-    assert not os.path.exists(tmp_path / "out.idx")  # nothing written
+    assert not os.path.exists(tmp_path / "out_text_document.idx")  # nothing written
 
 
 def _indexed(tmp_path, documents, dtype=np.int32) -> str:

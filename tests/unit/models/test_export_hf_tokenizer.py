@@ -72,11 +72,13 @@ def test_a_directory_without_a_tokenizer_is_an_error_naming_the_flag(export_hf, 
 
 
 def _checkpoint(tmp_path, tokenizer_dir) -> str:
-    from odc_pp.training.checkpoint.checkpointing import checkpoint_dir
+    from odc_pp.training.checkpoint.checkpointing import LATEST, checkpoint_dir
 
     load = str(tmp_path / "ckpt")
     directory = checkpoint_dir(load, 7)
     os.makedirs(directory)
+    with open(os.path.join(load, LATEST), "w") as handle:
+        handle.write("7")
     with open(os.path.join(directory, "meta.json"), "w") as handle:
         json.dump({"world_size": 1, "tokenizer_dir": tokenizer_dir}, handle)
     return load
