@@ -61,12 +61,12 @@ def rope_on_the_cpu():
 def losses(root, family_name, save_dir):
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import (cpu_dist_checkpointing, megatron_sharded_state_dict,
-                                        singleton_process_groups)
+    from odc_pp.megatron.compat import cpu_dist_checkpointing, megatron_sharded_state_dict
+    from odc_pp.training.distributed import standalone_process_groups
 
     with open(os.path.join(root, "families.json")) as handle:
         family = json.load(handle)[family_name]
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     torch.manual_seed(100)  # other weights than the saved ones until loaded
     model = stock_gpt(groups, family)
     with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt")) as handle:

@@ -40,11 +40,11 @@ def _save_failing(rank: int, world_size: int, root: str) -> None:
     """One process (run_workers made its group): a save whose writer fails leaves nothing in ``root``."""
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import singleton_process_groups
+    from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint
     from odc_pp.megatron.model import ModelConfig, build_chunks
 
-    groups = singleton_process_groups()
+    groups = standalone_process_groups()
     (chunk,) = build_chunks(ModelConfig(vocab_size=32, hidden_size=16, num_layers=2,
                                         num_attention_heads=2, max_sequence_length=8),
                             pp_rank=0, pp_size=1, process_groups=groups)
