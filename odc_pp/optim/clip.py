@@ -38,8 +38,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["SQUARES_CHUNK_ELEMENTS", "local_sum_of_squares", "has_nonfinite", "GradState", "GradStateReduction",
-           "group_list", "global_grad_state", "clip_coefficient", "scale_", "clip_"]
+__all__ = ["SQUARES_CHUNK_ELEMENTS", "local_sum_of_squares", "has_nonfinite", "GradState",
+           "GradStateReduction", "group_list", "global_grad_state", "clip_coefficient", "scale_", "clip_"]
 
 DEFAULT_EPS = 1e-6
 """Added to the norm in the clipping coefficient (as torch's ``clip_grad_norm_``)."""
