@@ -323,20 +323,17 @@ def gpt_chunk_forward(model, tokens, positions, attention_mask, rotary_pos_emb=N
 def sequence_parallel_embedding(embedding, tokens: torch.Tensor, group) -> torch.Tensor:
     """``LanguageModelEmbedding.forward`` under sequence parallelism without learned
     positions (RoPE models), as megatron's ``reduce_scatter_embeddings`` path does it:
-    this rank's vocabulary rows looked up, the partial ``[s, b, h]`` reduce-scattered
-    along the sequence (megatron's reduce-scatter allocates on CUDA, so
+    this rank's vocabulary rows looked up (:func:`~odc_pp.megatron.embedding_grad.
+    vocab_rows`: their gradient into ``main_grad`` where the engine gave one), the
+    partial ``[s, b, h]`` reduce-scattered along the sequence (megatron's reduce-scatter allocates on CUDA, so
     :func:`~odc_pp.megatron.tp.reduce_scatter_sequence`), then dropout on the shard in
     the tensor-parallel RNG fork. Half the bytes of all-reducing then splitting."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
+    from .embedding_grad import vocab_rows
     from .tp import reduce_scatter_sequence
 
-    words = embedding.word_embeddings
-    outside = (tokens < words.vocab_start_index) | (tokens >= words.vocab_end_index)
-    local = (tokens - words.vocab_start_index).masked_fill(outside, 0)
-    rows = words.weight[local] if words.deterministic_mode else \
-        torch.nn.functional.embedding(local, words.weight)
-    rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+    rows = vocab_rows(embedding.word_embeddings, tokens)
     hidden = reduce_scatter_sequence(rows.transpose(0, 1).contiguous(), group)
     if embedding.config.fp32_residual_connection:
         hidden = hidden.float()

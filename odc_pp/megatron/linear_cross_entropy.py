@@ -15,7 +15,12 @@ cross entropy does:
   where ``w`` are the token weights the caller will apply (the loss mask); ``GW`` is
   accumulated chunk by chunk in the weight's dtype (as Liger's is).
 
-Backward then costs two element-wise products. The input gradient is exact for any
+Backward then costs two element-wise products. Where the weight has an fp32 ``main_grad``
+(the data-parallel engine's ``grad_accumulation`` 'local'), the second is
+``main_grad += c GW`` in one pass, computed in ``main_grad``'s dtype, and no weight
+gradient is returned: no bf16 ``.grad`` of ``V x h`` is written, then read and added by
+the engine's hook (issue 50). ``c`` is only known in B, so ``GW`` itself is summed over
+the chunks in F as before. The input gradient is exact for any
 incoming per-token gradient ``g`` (``g_t Gx_t``). The weight gradient is ``c GW``, which
 is the true ``sum_t g_t d_t^T x_t`` when ``g = c w``: the runtime's loss is
 ``sum_t(w_t loss_t) * scale / tokens`` (:meth:`odc_pp.runtime.runtime.PipelineRuntime.
@@ -117,6 +122,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_w.addmm_(d.t(), scaled)
         if want_grad:
             ctx.save_for_backward(grad_x, grad_w, token_weights)
+            ctx.weight_parameter = weight  # the Parameter: its main_grad
         return losses
 
     @staticmethod
@@ -130,7 +136,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # g = c * w (the runtime's loss); c on the device: <g, w> / <w, w>
             norm = (token_weights * token_weights).sum().clamp_min(1e-30)
             scale = (grad_losses * token_weights).sum() / norm
-            weight_grad = grad_w * scale.to(grad_w.dtype)
+            main_grad = getattr(ctx.weight_parameter, "main_grad", None)
+            if main_grad is not None:  # one pass: main_grad += c GW, in main_grad's dtype
+                main_grad.addcmul_(grad_w, scale.to(main_grad.dtype))
+            else:
+                weight_grad = grad_w * scale.to(grad_w.dtype)
         return input_grad, weight_grad, None, None
 
 

@@ -43,6 +43,7 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
 from .full_recompute import apply_full_recompute
 from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
+from .embedding_grad import use_main_grad_lookup
 from .linear_cross_entropy import linear_cross_entropy, use_fused_cross_entropy
 from .model_config import ModelConfig
 from .packed_attention import PackedSegments, short_row_segments
@@ -374,6 +375,8 @@ class _ChunkBuild:
             inv_freq = rope_inv_freq(model, scaling=config.rope_scaling).to(config.device)
         if last:
             deferrable_output_layer(model)
+        if stage == 0:
+            use_main_grad_lookup(model.embedding.word_embeddings)
         if config.recompute_method is not None:
             apply_full_recompute(model.decoder, config.recompute_method,
                                  config.recompute_num_layers)

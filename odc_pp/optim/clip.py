@@ -5,10 +5,12 @@ Used by the synchronous step (``ShardedAdamW.clip_and_step``), by post-validatio
 one function, and their order of floating-point operations is the contract (the
 post-validated and synchronous paths are compared bit for bit):
 
-1. :func:`local_sum_of_squares`: this rank's share. Each tensor's squares are summed in
-   ``dtype`` (after converting the tensor to it), the per-tensor sums are added in list
+1. :func:`local_sum_of_squares`: this rank's share. Each tensor is walked in pieces of at
+   most :data:`SQUARES_CHUNK_ELEMENTS` elements; each piece's squares are summed in
+   ``dtype`` (after converting the piece to it), and the piece sums are added in list
    order into a ``dtype`` scalar where the tensors live (no host sync per tensor), moved
-   to ``device`` once.
+   to ``device`` once. No temporary is larger than one piece (the flat fp32 gradient
+   buffer of a Llama-3-8B stage is 7 GiB; squaring it whole would double it).
 2. :class:`GradStateReduction`: the float64 pair (local sum, non-finite flag), built on
    the device without a host sync, is all-reduced (sum; one reduction for both) over
    each process group in turn; with several groups each rank's share must be a disjoint
@@ -36,25 +38,39 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["local_sum_of_squares", "has_nonfinite", "GradState", "GradStateReduction",
-           "group_list", "global_grad_state", "clip_coefficient", "scale_", "clip_"]
+__all__ = ["SQUARES_CHUNK_ELEMENTS", "local_sum_of_squares", "has_nonfinite", "GradState",
+           "GradStateReduction", "group_list", "global_grad_state", "clip_coefficient", "scale_", "clip_"]
 
 DEFAULT_EPS = 1e-6
 """Added to the norm in the clipping coefficient (as torch's ``clip_grad_norm_``)."""
+SQUARES_CHUNK_ELEMENTS = 1 << 24
+"""Elements per piece of :func:`local_sum_of_squares` (64 MiB of fp32 temporaries at
+most: a few hundred kernels for a 7 GiB buffer, none of them full-size)."""
 
 
 def local_sum_of_squares(tensors: Iterable[torch.Tensor], *, dtype: torch.dtype,
                          device: torch.device | str) -> torch.Tensor:
     """0-dim ``dtype`` tensor on ``device``: the sum over ``tensors`` (in order) of each
-    tensor's sum of squared entries, taken in ``dtype``."""
+    tensor's sum of squared entries, taken in ``dtype`` piece by piece (module docstring,
+    step 1): the temporaries are at most :data:`SQUARES_CHUNK_ELEMENTS` elements."""
     tensors = list(tensors)
     if not tensors:
         return torch.zeros((), dtype=dtype, device=device)
     # accumulated where the tensors live, one transfer at the end: no host sync per tensor
     total = torch.zeros((), dtype=dtype, device=tensors[0].device)
     for tensor in tensors:
-        total += tensor.detach().to(dtype).pow(2).sum().to(total.device)
+        for piece in _pieces(tensor.detach()):
+            total += piece.to(dtype).pow(2).sum().to(total.device)
     return total.to(device)
+
+
+def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Views of ``tensor`` of at most :data:`SQUARES_CHUNK_ELEMENTS` elements (rows of a
+    non-contiguous tensor: at least one row), copying nothing."""
+    if tensor.dim() <= 1 or tensor.is_contiguous():
+        return tensor.reshape(-1).split(SQUARES_CHUNK_ELEMENTS)
+    rows = max(1, SQUARES_CHUNK_ELEMENTS // max(1, tensor[0].numel()))
+    return tensor.split(rows)
 
 
 def has_nonfinite(tensors: Iterable[torch.Tensor]) -> bool:

@@ -8,7 +8,8 @@ ZB-auto's re-plans) in order:
   activation), keep the output for the backward, hand it to the next stage.
 * ``B``: backward from the output (loss on the last stage, else the received output
   gradient) with weight-gradient deferral on: linear wgrads go to the WeightGradQueue.
-* ``W``: run the queued wgrads of (chunk, microbatch). ``BW``: B then W at once.
+* ``W``: run the queued wgrads of (chunk, microbatch). ``BW``: B with the weight
+  gradients computed inside the backward (no deferral: nothing queued or held for a W).
 * ``SEND_*``/``RECV_*``: consecutive comm actions are issued together (sends batched);
   receives are posted when their RECV runs and waited where the compute consumes them.
 * ``OFFLOAD``/``RELOAD``: move saved activations of (chunk, microbatch) to the host
@@ -326,10 +327,13 @@ class PipelineRuntime:
         grad_output = None
         if stage < self.schedule.num_stages - 1:
             grad_output = self._take_gradient(chunk, microbatch)
-        with self.wgrad_queue.deferring(chunk, microbatch):
+        # BW: each weight gradient is computed where autograd reaches it (nothing queued,
+        # nothing held past its layer); B: deferred to the W action
+        with contextlib.nullcontext() if fused else \
+                self.wgrad_queue.deferring(chunk, microbatch):
             torch.autograd.backward(output, grad_tensors=grad_output)
         self.store.release(key)
-        if self._track:
+        if self._track and not fused:
             self.store.hold_for_weight_grad(key, self.wgrad_queue.pending_bytes(*key))
         hidden = self._inputs.pop(key)
         if fused:

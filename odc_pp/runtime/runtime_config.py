@@ -93,7 +93,8 @@ class MinibatchResult:
     """Saved bytes captured by each F, per (chunk, microbatch)."""
     wgrad_bytes: dict[Key, int] = field(default_factory=dict)
     """Bytes each B leaves held for its W (saved inputs, output gradients), per (chunk,
-    microbatch); the profiler's memory deltas come from these and ``activation_bytes``."""
+    microbatch; a BW defers nothing and has no entry); the profiler's memory deltas come
+    from these and ``activation_bytes``."""
     wall_time: float = 0.0
     step: StepOutcome | None = None
     """This minibatch's optimizer step, when its outcome is known at once (synchronous;

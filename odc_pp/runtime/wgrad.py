@@ -3,7 +3,8 @@
 During a B action the runtime enters ``queue.deferring(chunk, microbatch)``; linear layers
 bound to the queue (``odc_pp.megatron.layers``) then enqueue their weight-gradient GEMM
 instead of running it, and the W action runs ``queue.flush(chunk, microbatch)``.
-A BW action is B followed at once by W, so both paths run the same arithmetic.
+A BW action does not defer: each weight gradient is computed inside the backward, the
+same arithmetic as the deferred closure (nothing is queued, nothing held for a W).
 """
 
 from __future__ import annotations
