@@ -28,12 +28,15 @@ parallelism (vocab-parallel logits) keeps the unfused path.
 
 Memory per microbatch, F to B: ``Gx`` (``tokens x h``, compute dtype) + ``GW`` (``V x h``,
 weight dtype) + the per-token loss and weight; transient inside F: one chunk's logits in
-the compute dtype and fp32 plus its gradient (:func:`chunk_tokens`).
+the compute dtype, their gradient written over them (no fp32 copy: :mod:`odc_pp.megatron.
+cross_entropy_inplace`; :func:`chunk_tokens`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .cross_entropy_inplace import softmax_grad_
 
 __all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "held_bytes",
            "linear_cross_entropy", "use_fused_cross_entropy"]
@@ -76,20 +79,15 @@ def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
 
 def _chunk(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
            want_grad: bool):
-    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype;
-    rows of ignored labels are left to the caller's row weights. Four passes over the
-    chunk's logits: the GEMM's output, one fused log-softmax (fp32 out), ``exp`` in
-    place, the cast."""
+    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype,
+    written over the chunk's logits (:func:`~odc_pp.megatron.cross_entropy_inplace.
+    softmax_grad_`: no fp32 copy of the logits); rows of ignored labels are left to the
+    caller's row weights."""
     valid = labels != IGNORE_INDEX
-    target = labels.masked_fill(~valid, 0).unsqueeze(1)
-    logp = torch.log_softmax(x @ weight.t(), dim=1,
-                             dtype=torch.promote_types(x.dtype, torch.float32))
-    loss = logp.gather(1, target).squeeze(1).neg_().masked_fill_(~valid, 0.0)
-    if not want_grad:
-        return loss, None, valid
-    probs = logp.exp_()
-    probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
-    return loss, probs.to(x.dtype), valid
+    target = labels.masked_fill(~valid, 0)
+    logits = x @ weight.t()
+    loss = softmax_grad_(logits, target, want_grad).masked_fill_(~valid, 0.0)
+    return loss, (logits if want_grad else None), valid
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
