@@ -38,7 +38,8 @@ import torch
 
 from .cross_entropy_inplace import softmax_grad_
 
-__all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "held_bytes",
+__all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "chunk_transient_bytes",
+           "held_bytes",
            "linear_cross_entropy", "use_fused_cross_entropy"]
 
 FUSED_CROSS_ENTROPY = ("auto", "on", "off")
@@ -69,6 +70,15 @@ def chunk_tokens(tokens: int, vocab: int) -> int:
     if fit >= 256:
         fit -= fit % 256
     return min(tokens, fit)
+
+
+def chunk_transient_bytes(tokens: int, vocab: int, compute_bytes: int) -> int:
+    """Bytes of one chunk's logits inside F: the logits in the compute dtype (their
+    gradient is written over them) and, on the torch path, one fp32 row block
+    (:data:`~odc_pp.megatron.cross_entropy_inplace.BLOCK_ELEMENTS` at most)."""
+    from .cross_entropy_inplace import BLOCK_ELEMENTS
+    logits = vocab * chunk_tokens(tokens, vocab)
+    return compute_bytes * logits + 4 * min(BLOCK_ELEMENTS, logits)
 
 
 def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
