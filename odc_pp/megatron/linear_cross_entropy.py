@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data.pinned import to_device
 from .cross_entropy_inplace import softmax_grad_
 
 __all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "chunk_transient_bytes",
@@ -157,9 +158,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         token_weights = torch.ones(batch * seq, device=x.device,
                                    dtype=torch.promote_types(x.dtype, torch.float32))
     else:
-        # the loss mask lives on the host: a blocking copy would synchronise F's stream
-        token_weights = token_weights.reshape(-1).to(
-            device=x.device, dtype=torch.promote_types(x.dtype, torch.float32),
-            non_blocking=True)
+        # the loss mask lives on the host: a blocking copy would synchronise F's stream,
+        # and a non_blocking one from pageable memory may (odc_pp.data.pinned)
+        token_weights = token_weights.reshape(-1)
+        wanted = torch.promote_types(x.dtype, torch.float32)
+        if token_weights.device.type == "cpu" and token_weights.dtype != wanted:
+            token_weights = token_weights.to(wanted)
+        token_weights = to_device(token_weights, x.device).to(wanted)
     losses = _LinearCrossEntropy.apply(x, weight, flat_labels, token_weights)
     return losses.view(batch, seq)

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.microbatch import Microbatch
+from ..data.pinned import to_device
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
@@ -136,12 +137,12 @@ class GPTChunk(torch.nn.Module):
             raise ValueError("the last stage needs microbatch.labels")
         if fused:
             return linear_cross_entropy(output, self.output_weight(),
-                                        microbatch.labels.to(output.device, non_blocking=True),
+                                        to_device(microbatch.labels, output.device),
                                         microbatch.loss_mask)
         # megatron's loss paths either read parallel_state (unfused) or torch.compile per
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
-        labels = microbatch.labels.to(output.device, non_blocking=True)
+        labels = to_device(microbatch.labels, output.device)
         if self.tensor_parallel.size > 1:
             return vocab_parallel_cross_entropy(output.float(), labels,
                                                 self.tensor_parallel.group)
@@ -169,14 +170,14 @@ class GPTChunk(torch.nn.Module):
                              f"microbatches to a multiple of it)")
         tokens = None
         if self.is_first:
-            tokens = microbatch.tokens.to(device, non_blocking=True)
+            tokens = to_device(microbatch.tokens, device)
         else:
             if hidden is None:
                 raise ValueError(f"stage {self.stage} needs an input activation")
             self.model.set_input_tensor(hidden)
         positions = None
         if self.is_first or self.inv_freq is not None:
-            positions = microbatch.position_ids.to(device, non_blocking=True) \
+            positions = to_device(microbatch.position_ids, device) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
         if self.context_parallel and hasattr(microbatch, "full_segment_ids"):
@@ -186,11 +187,11 @@ class GPTChunk(torch.nn.Module):
         elif self.context_parallel:  # a lane slot (--dynamic-context-parallel): own rows
             segments = microbatch.segment_ids
             mask = LocalRows(None if segments is None else
-                             segments.to(device, non_blocking=True))
+                             to_device(segments, device))
         elif microbatch.segment_ids is not None and self.implicit_causal:
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:
-            mask = packed_causal_mask(microbatch.segment_ids.to(device, non_blocking=True))
+            mask = packed_causal_mask(to_device(microbatch.segment_ids, device))
         elif self.implicit_causal:
             mask = self._short_rows(batch, seq_len, device)
         else:

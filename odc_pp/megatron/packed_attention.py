@@ -37,6 +37,7 @@ import warnings
 
 import torch
 
+from ..data.pinned import to_device
 from .varlen_gqa import aten_flash_ops, flash_varlen_gqa, gqa_flash_problem
 
 __all__ = ["PACKED_KERNELS", "PackedSegments", "packed_causal_mask", "resolve_kernel",
@@ -92,8 +93,8 @@ class PackedSegments:
         self.shape = (batch, seq)
         self.contiguous = int(runs.sum()) == segments
         self.max_seqlen = int((offsets[1:] - offsets[:-1]).max()) if seq else 0
-        self.segment_ids = segment_ids.to(device, non_blocking=True)
-        self.cu_seqlens = offsets.to(torch.int32).to(device, non_blocking=True)
+        self.segment_ids = to_device(segment_ids, device)
+        self.cu_seqlens = to_device(offsets.to(torch.int32), device)
         self._dense: torch.Tensor | None = None
         self._block_mask = None
 
