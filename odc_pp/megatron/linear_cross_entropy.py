@@ -40,7 +40,7 @@ from ..data.pinned import to_device
 from .cross_entropy_inplace import softmax_grad_
 
 __all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "chunk_transient_bytes",
-           "held_bytes",
+           "held_bytes", "warm_cross_entropy",
            "linear_cross_entropy", "use_fused_cross_entropy"]
 
 FUSED_CROSS_ENTROPY = ("auto", "on", "off")
@@ -80,6 +80,15 @@ def chunk_transient_bytes(tokens: int, vocab: int, compute_bytes: int) -> int:
     from .cross_entropy_inplace import BLOCK_ELEMENTS
     logits = vocab * chunk_tokens(tokens, vocab)
     return compute_bytes * logits + 4 * min(BLOCK_ELEMENTS, logits)
+
+
+def warm_cross_entropy(weight: torch.Tensor) -> str | None:
+    """Check (and so compile) the in-place kernel at the output layer's real vocabulary
+    and dtype at build time, not in the first iteration; None where it runs."""
+    from .cross_entropy_inplace import INPLACE_CROSS_ENTROPY
+    if weight.device.type != "cuda":
+        return "not on CUDA"
+    return INPLACE_CROSS_ENTROPY.problem(weight.device, (weight.shape[0], weight.dtype))
 
 
 def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,

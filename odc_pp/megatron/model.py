@@ -44,7 +44,8 @@ from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causa
 from .full_recompute import apply_full_recompute
 from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
-from .linear_cross_entropy import linear_cross_entropy, use_fused_cross_entropy
+from .linear_cross_entropy import (linear_cross_entropy, use_fused_cross_entropy,
+                                   warm_cross_entropy)
 from .model_config import ModelConfig
 from .packed_attention import PackedSegments, short_row_segments
 from .context_parallel import LocalRows
@@ -307,7 +308,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         fused_rope=(config.position_embedding_type == "rope"
                     and config.core_attention == "sdpa" and cp_group is None
                     and not rope_fusion_available(config.device)
-                    and use_fused_rope(config.fused_rope, config.device)))
+                    and use_fused_rope(config.fused_rope, config.device,
+                                       _rope_shape(config, tensor_parallel.size))))
     return [build.chunk(stage_of(placement, pp_size, pp_rank, chunk))
             for chunk in range(num_chunks)]
 
@@ -329,6 +331,14 @@ def _check_layout(config: ModelConfig, tp_size: int, *, pp_rank: int, pp_size: i
         raise ValueError("num_chunks must be >= 1")
 
 
+def _rope_shape(config: ModelConfig, tp_size: int) -> tuple:
+    """The RoPE kernels' real shape: (query heads, K/V heads per rank, head dim, dtype)."""
+    heads = config.num_attention_heads
+    dim = config.kv_channels or config.hidden_size // heads
+    return (heads // tp_size, (config.num_query_groups or heads) // tp_size, dim,
+            config.dtype)
+
+
 def _layer_spec(config: ModelConfig, tensor_parallel: TensorParallel, cp_group,
                 cp_comm_type: str):
     """The transformer layer's ModuleSpec for this model and layout."""
@@ -338,7 +348,10 @@ def _layer_spec(config: ModelConfig, tensor_parallel: TensorParallel, cp_group,
         normalization=config.normalization, qk_layernorm=config.qk_layernorm,
         sequence_parallel=tensor_parallel.sequence_parallel,
         zero_centered_gamma=config.apply_layernorm_1p, swiglu=swiglu,
-        fused_swiglu=swiglu and use_fused_swiglu(config.fused_swiglu, config.device),
+        fused_swiglu=swiglu and use_fused_swiglu(
+            config.fused_swiglu, config.device,
+            ((config.ffn_hidden_size or 4 * config.hidden_size) // tensor_parallel.size,
+             config.dtype)),
         cp_group=cp_group, cp_comm_type=cp_comm_type)
 
 
@@ -401,6 +414,8 @@ class _ChunkBuild:
             config.fused_cross_entropy, config.device,
             tensor_parallel=self.tensor_parallel.size)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
+        if gpt_chunk.is_last and gpt_chunk.fused_cross_entropy:  # the real vocabulary's kernel
+            warm_cross_entropy(gpt_chunk.output_weight())
         gpt_chunk.tied_across_stages = config.tie_embeddings and self.num_stages > 1
         if gpt_chunk.tied_across_stages and last:
             gpt_chunk.model.output_layer.weight.shared_embedding = True
