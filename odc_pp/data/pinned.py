@@ -23,8 +23,9 @@ import torch
 
 __all__ = ["MAX_BUFFERS", "PinnedPool", "to_device"]
 
-MAX_BUFFERS = 8
-"""Pinned buffers kept per (dtype, element count)."""
+MAX_BUFFERS = 64
+"""Pinned buffers kept per (dtype, element count): enough that a step's microbatches in
+flight never wait (the wait past it is a host synchronisation)."""
 
 
 @dataclass(kw_only=True)
