@@ -2,8 +2,10 @@
 the one-sided transport extension ``odc_pp._C`` from csrc/ (see csrc/README.md).
 
 CUDA backend ``odc_pp._C_cuda``: built when nvcc is on PATH, unless ``ODC_PP_NO_CUDA=1``
-(the explicit opt-out for CPU-only builds). When nvcc exists and the CUDA build fails, the
-build fails (the error is not swallowed). Architectures: ``ODC_PP_CUDA_ARCHS`` (e.g.
+(the explicit opt-out for CPU-only builds); ``ODC_PP_NO_CUDA=0`` requires it (no nvcc is
+then an error, as on a GPU machine). When nvcc exists and the CUDA build fails, the
+build fails (the error is not swallowed). Building extensions without pybind11 is an
+error, and so is a build that ends without the file of every extension it was to build. Architectures: ``ODC_PP_CUDA_ARCHS`` (e.g.
 ``"80;90"`` or ``"9.0 10.0"``; default sm_80/86/89/90 plus PTX of the newest, so newer GPUs
 JIT it). cudart (static) is looked up in CUDA_HOME, /usr/local/cuda, next to nvcc and in
 the pip-installed CUDA (the ``nvidia-cuda-runtime`` wheels' lib folders; linked
@@ -99,13 +101,21 @@ def transport_extensions():
     nvcc is found and ODC_PP_NO_CUDA is not 1; its .cu file is compiled by
     TransportBuildExt)."""
     host_sources = sorted(glob.glob("csrc/host/*.cpp"))
-    if not host_sources or Pybind11Extension is None:
+    if not host_sources:
         return []
+    if Pybind11Extension is None:
+        sys.exit("setup.py: pybind11 is not importable, so odc_pp._C cannot be built: "
+                 "pip install 'pybind11>=2.12' (a build requirement in pyproject.toml)")
     extensions = [Pybind11Extension("odc_pp._C", host_sources, include_dirs=["csrc/host"],
                                     cxx_std=17, extra_compile_args=["-O3", "-pthread"],
                                     extra_link_args=["-pthread", "-lrt"])]
     nvcc = shutil.which("nvcc")
-    if nvcc and os.environ.get(NO_CUDA_ENV, "0") != "1":
+    no_cuda = os.environ.get(NO_CUDA_ENV, "")
+    if nvcc is None and no_cuda == "0":
+        sys.exit(f"setup.py: {NO_CUDA_ENV}=0 requires the CUDA backend {CUDA_EXTENSION}, "
+                 "but nvcc is not on PATH: put the CUDA toolkit's bin on PATH, or unset "
+                 f"{NO_CUDA_ENV} (or set it to 1) for a CPU-only build")
+    if nvcc and no_cuda != "1":
         cudart = find_cudart(nvcc)
         if cudart is None:
             sys.exit(f"nvcc is on PATH ({nvcc}) but cudart (libcudart_static.a or "
@@ -124,6 +134,15 @@ if build_ext is not None:
     class TransportBuildExt(build_ext):
         """Compiles csrc/cuda/*.cu with nvcc before linking odc_pp._C_cuda. A failure is
         an error (set ODC_PP_NO_CUDA=1 to build without the CUDA backend)."""
+
+        def run(self):
+            super().run()
+            missing = [ext.name for ext in self.extensions
+                       if not os.path.exists(self.get_ext_fullpath(ext.name))]
+            if missing:
+                raise RuntimeError(f"setup.py build_ext finished without {', '.join(missing)} "
+                                   f"(expected {self.get_ext_fullpath(missing[0])}): the "
+                                   "extension did not build")
 
         def build_extension(self, ext):
             if ext.name == CUDA_EXTENSION:

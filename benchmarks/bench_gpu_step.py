@@ -43,10 +43,8 @@ TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=176, num_attention_hea
             num_query_groups=2, vocab_size=512, seq_length=128, global_batch_size=4)
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 """Dense bf16 peak (the issue's MFU denominator)."""
-TARGETS = {"full_vs_hf": 1.05, "full_mfu": 0.58, "packed_mfu": 0.55,
-           "packed_within_points_of_full": 0.03, "unpacked_vs_packed_per_token": 0.9,
-           "first_over_steady": 2.0, "dry_run_over_measured": 1.1}
-"""Issue 29's targets on an H100/H200."""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_step_verdicts import TARGETS, verdicts  # noqa: E402  (issue 50's targets)
 
 
 def model_flags(shape: dict) -> list[str]:
@@ -195,7 +193,8 @@ def main(argv=None) -> int:
     table = runs(shape, rows, bf16=device != "cpu")
     wanted = args.run or ["full-1f1b", "hf", *list(table)[1:]]
     result = {"device": device, "shape": shape, "iterations": args.iters,
-              "peak_tflops": peak, "targets": TARGETS, "runs": {}, "work": work}
+              "peak_tflops": peak,
+              "targets": {key: bound for key, (_, bound, _) in TARGETS.items()}, "runs": {}, "work": work}
     for name in wanted:
         left = deadline - time.monotonic()
         if left < 20:
@@ -245,29 +244,6 @@ def _device() -> tuple[str, float | None, float]:
     name = torch.cuda.get_device_name(0)
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in name.upper()), None)
     return name, peak, torch.cuda.get_device_properties(0).total_memory / 2 ** 30
-
-
-def verdicts(rows: dict) -> dict:
-    """Each target met or its distance (ratios of the measured numbers)."""
-    out = {}
-    full, hf = rows.get("full-1f1b", {}), rows.get("hf", {})
-    packed, unpacked = rows.get("lbmini-packed", {}), rows.get("unpacked", {})
-    if full.get("tokens_per_s") and hf.get("tokens_per_s"):
-        out["full_vs_hf"] = full["tokens_per_s"] / hf["tokens_per_s"]
-    for key, row in (("full_mfu", full), ("packed_mfu", packed)):
-        if row.get("mfu") is not None:
-            out[key] = row["mfu"]
-    if full.get("mfu") is not None and packed.get("mfu") is not None:
-        out["packed_within_points_of_full"] = full["mfu"] - packed["mfu"]
-    if packed.get("tokens_per_s") and unpacked.get("tokens_per_s"):
-        out["unpacked_vs_packed_per_token"] = unpacked["tokens_per_s"] / packed["tokens_per_s"]
-    firsts = [row["first_over_steady"] for row in (full, packed) if "first_over_steady" in row]
-    if firsts:
-        out["first_over_steady"] = max(firsts)
-    predicted = full.get("dry_run", {}).get("predicted_peak_gb")
-    if predicted and full.get("peak_allocated_gb"):  # target: 1.0 to 1.1
-        out["dry_run_over_measured"] = predicted / full["peak_allocated_gb"]
-    return out
 
 
 def hf_run(shape: dict, rows_path: str, *, iters: int, work: str, timeout_s: float,

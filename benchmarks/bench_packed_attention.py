@@ -37,6 +37,7 @@ if ROOT not in sys.path:
 from odc_pp.megatron.packed_attention import (PackedSegments, packed_attention,  # noqa: E402
                                               packed_causal_mask, resolve_kernel,
                                               varlen_backend)
+from odc_pp.megatron.varlen_gqa import gqa_flash_problem  # noqa: E402
 
 KERNELS = ("varlen", "flex", "dense")
 
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
     backend = varlen_backend(args.groups if args.heads != args.groups else 1)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "varlen_backend": backend[0] if backend else None,
+              "gqa_flash_problem": gqa_flash_problem(str(device)),
               "auto_kernel_bf16": resolve_kernel("auto", device=device, dtype=torch.bfloat16,
                                                  dropout=0.0),
               "auto_kernel_fp32": resolve_kernel("auto", device=device, dtype=torch.float32,

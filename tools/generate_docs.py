@@ -308,7 +308,7 @@ def _gpu(d: dict) -> str:
 
 def _gpu_step(d: dict) -> str:
     runs = d["runs"]
-    short = {"full-1f1b": "full rows", "lbmini-packed": "lb-mini packed", "unpacked": "unpacked"}
+    short = {"full-1f1b": "full rows", "lbmini-packed": "packed", "unpacked": "unpacked"}
     parts = [f"{label} {runs[n]['tokens_per_s'] / 1e3:.1f}k tok/s {100 * runs[n]['mfu']:.0f}%"
              for n, label in short.items() if runs.get(n, {}).get("tokens_per_s")]
     full, hf = runs.get("full-1f1b", {}), runs.get("hf", {})
@@ -317,6 +317,10 @@ def _gpu_step(d: dict) -> str:
     memory = full.get("peak_allocated_gb"), hf.get("peak_allocated_gb")
     if all(memory):
         parts.append(f"{memory[0]:.1f} vs HF {memory[1]:.1f} GB")
+    block = d.get("verdicts") or {}
+    if block and all(isinstance(v, dict) for v in block.values()):
+        status = [v.get("status") for v in block.values()]
+        parts.append(f"{status.count('met')}/{len(block)} targets met")
     device = d['device'].split(' 80GB')[0].replace('NVIDIA ', '')
     return f"{device}, 8B layers: " + ", ".join(parts)
 

@@ -21,29 +21,34 @@ class KernelCheck:
     def __init__(self, name: str, check: Callable[[torch.device], str | None]) -> None:
         self.name = name
         self._check = check
-        self._problems: dict[str, str | None] = {}
+        self._problems: dict[tuple, str | None] = {}
 
-    def problem(self, device: torch.device) -> str | None:
+    def problem(self, device: torch.device, shape=None) -> str | None:
+        """Why the kernels cannot run on ``device`` (None: they run). ``shape``: the real
+        shape the step will run (hashable; handed to the check, which then compiles the
+        kernel of that shape and no other), checked once per device and shape."""
         if importlib.util.find_spec("triton") is None:
             return "Triton is not installed"
         if device.type != "cuda":
             return f"the Triton kernels need a CUDA device, not {device.type}"
-        if str(device) not in self._problems:
+        key = (str(device), shape)
+        if key not in self._problems:
             try:
-                self._problems[str(device)] = self._check(device)
+                self._problems[key] = self._check(device) if shape is None else \
+                    self._check(device, shape)
             except Exception as exc:  # noqa: BLE001 - any failure keeps the eager path
-                self._problems[str(device)] = \
+                self._problems[key] = \
                     f"the fused {self.name} failed: {type(exc).__name__}: {exc}"[:300]
-        return self._problems[str(device)]
+        return self._problems[key]
 
 
 def use_kernel(flag: str, setting: str, device: str | torch.device,
-               check: KernelCheck) -> bool:
+               check: KernelCheck, shape=None) -> bool:
     """``flag`` (``auto``/``on``/``off``): whether the fused kernels run on ``device``;
     ``on`` where they cannot is a ValueError naming ``flag`` and why."""
     if setting == "off":
         return False
-    problem = check.problem(torch.device(device))
+    problem = check.problem(torch.device(device), shape)
     if problem is not None and setting == "on":
         raise ValueError(f"{flag} on: {problem}")
     return problem is None

@@ -33,14 +33,19 @@ parallelism (vocab-parallel logits) keeps the unfused path.
 
 Memory per microbatch, F to B: ``Gx`` (``tokens x h``, compute dtype) + ``GW`` (``V x h``,
 weight dtype) + the per-token loss and weight; transient inside F: one chunk's logits in
-the compute dtype and fp32 plus its gradient (:func:`chunk_tokens`).
+the compute dtype, their gradient written over them (no fp32 copy: :mod:`odc_pp.megatron.
+cross_entropy_inplace`; :func:`chunk_tokens`).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "held_bytes",
+from ..data.pinned import to_device
+from .cross_entropy_inplace import softmax_grad_
+
+__all__ = ["FUSED_CROSS_ENTROPY", "CHUNK_LOGIT_BYTES", "chunk_tokens", "chunk_transient_bytes",
+           "held_bytes", "warm_cross_entropy",
            "linear_cross_entropy", "use_fused_cross_entropy"]
 
 FUSED_CROSS_ENTROPY = ("auto", "on", "off")
@@ -73,6 +78,24 @@ def chunk_tokens(tokens: int, vocab: int) -> int:
     return min(tokens, fit)
 
 
+def chunk_transient_bytes(tokens: int, vocab: int, compute_bytes: int) -> int:
+    """Bytes of one chunk's logits inside F: the logits in the compute dtype (their
+    gradient is written over them) and, on the torch path, one fp32 row block
+    (:data:`~odc_pp.megatron.cross_entropy_inplace.BLOCK_ELEMENTS` at most)."""
+    from .cross_entropy_inplace import BLOCK_ELEMENTS
+    logits = vocab * chunk_tokens(tokens, vocab)
+    return compute_bytes * logits + 4 * min(BLOCK_ELEMENTS, logits)
+
+
+def warm_cross_entropy(weight: torch.Tensor) -> str | None:
+    """Check (and so compile) the in-place kernel at the output layer's real vocabulary
+    and dtype at build time, not in the first iteration; None where it runs."""
+    from .cross_entropy_inplace import INPLACE_CROSS_ENTROPY
+    if weight.device.type != "cuda":
+        return "not on CUDA"
+    return INPLACE_CROSS_ENTROPY.problem(weight.device, (weight.shape[0], weight.dtype))
+
+
 def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
                weight_bytes: int) -> int:
     """Bytes one microbatch holds from F to B: ``Gx`` + ``GW`` + fp32 loss and weight."""
@@ -81,20 +104,15 @@ def held_bytes(tokens: int, hidden: int, vocab: int, compute_bytes: int,
 
 def _chunk(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
            want_grad: bool):
-    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype;
-    rows of ignored labels are left to the caller's row weights. Four passes over the
-    chunk's logits: the GEMM's output, one fused log-softmax (fp32 out), ``exp`` in
-    place, the cast."""
+    """Loss of one chunk and, if wanted, ``d`` (softmax - onehot) in the compute dtype,
+    written over the chunk's logits (:func:`~odc_pp.megatron.cross_entropy_inplace.
+    softmax_grad_`: no fp32 copy of the logits); rows of ignored labels are left to the
+    caller's row weights."""
     valid = labels != IGNORE_INDEX
-    target = labels.masked_fill(~valid, 0).unsqueeze(1)
-    logp = torch.log_softmax(x @ weight.t(), dim=1,
-                             dtype=torch.promote_types(x.dtype, torch.float32))
-    loss = logp.gather(1, target).squeeze(1).neg_().masked_fill_(~valid, 0.0)
-    if not want_grad:
-        return loss, None, valid
-    probs = logp.exp_()
-    probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
-    return loss, probs.to(x.dtype), valid
+    target = labels.masked_fill(~valid, 0)
+    logits = x @ weight.t()
+    loss = softmax_grad_(logits, target, want_grad).masked_fill_(~valid, 0.0)
+    return loss, (logits if want_grad else None), valid
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -159,9 +177,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         token_weights = torch.ones(batch * seq, device=x.device,
                                    dtype=torch.promote_types(x.dtype, torch.float32))
     else:
-        # the loss mask lives on the host: a blocking copy would synchronise F's stream
-        token_weights = token_weights.reshape(-1).to(
-            device=x.device, dtype=torch.promote_types(x.dtype, torch.float32),
-            non_blocking=True)
+        # the loss mask lives on the host: a blocking copy would synchronise F's stream,
+        # and a non_blocking one from pageable memory may (odc_pp.data.pinned)
+        token_weights = token_weights.reshape(-1)
+        wanted = torch.promote_types(x.dtype, torch.float32)
+        if token_weights.device.type == "cpu" and token_weights.dtype != wanted:
+            token_weights = token_weights.to(wanted)
+        token_weights = to_device(token_weights, x.device).to(wanted)
     losses = _LinearCrossEntropy.apply(x, weight, flat_labels, token_weights)
     return losses.view(batch, seq)

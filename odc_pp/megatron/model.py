@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.microbatch import Microbatch
+from ..data.pinned import to_device
 from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
@@ -44,7 +45,8 @@ from .full_recompute import apply_full_recompute
 from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
 from .embedding_grad import use_main_grad_lookup
-from .linear_cross_entropy import linear_cross_entropy, use_fused_cross_entropy
+from .linear_cross_entropy import (linear_cross_entropy, use_fused_cross_entropy,
+                                   warm_cross_entropy)
 from .model_config import ModelConfig
 from .packed_attention import PackedSegments, short_row_segments
 from .context_parallel import LocalRows
@@ -137,12 +139,12 @@ class GPTChunk(torch.nn.Module):
             raise ValueError("the last stage needs microbatch.labels")
         if fused:
             return linear_cross_entropy(output, self.output_weight(),
-                                        microbatch.labels.to(output.device, non_blocking=True),
+                                        to_device(microbatch.labels, output.device),
                                         microbatch.loss_mask)
         # megatron's loss paths either read parallel_state (unfused) or torch.compile per
         # shape (fused); with TP=1 plain cross entropy on the [batch, seq, vocab] logits
         # is the same function.
-        labels = microbatch.labels.to(output.device, non_blocking=True)
+        labels = to_device(microbatch.labels, output.device)
         if self.tensor_parallel.size > 1:
             return vocab_parallel_cross_entropy(output.float(), labels,
                                                 self.tensor_parallel.group)
@@ -170,14 +172,14 @@ class GPTChunk(torch.nn.Module):
                              f"microbatches to a multiple of it)")
         tokens = None
         if self.is_first:
-            tokens = microbatch.tokens.to(device, non_blocking=True)
+            tokens = to_device(microbatch.tokens, device)
         else:
             if hidden is None:
                 raise ValueError(f"stage {self.stage} needs an input activation")
             self.model.set_input_tensor(hidden)
         positions = None
         if self.is_first or self.inv_freq is not None:
-            positions = microbatch.position_ids.to(device, non_blocking=True) \
+            positions = to_device(microbatch.position_ids, device) \
                 if microbatch.position_ids is not None else \
                 torch.arange(seq_len, device=device).unsqueeze(0).expand(batch, seq_len)
         if self.context_parallel and hasattr(microbatch, "full_segment_ids"):
@@ -187,11 +189,11 @@ class GPTChunk(torch.nn.Module):
         elif self.context_parallel:  # a lane slot (--dynamic-context-parallel): own rows
             segments = microbatch.segment_ids
             mask = LocalRows(None if segments is None else
-                             segments.to(device, non_blocking=True))
+                             to_device(segments, device))
         elif microbatch.segment_ids is not None and self.implicit_causal:
             mask = PackedSegments(microbatch.segment_ids, device, kernel=self.packed_kernel)
         elif microbatch.segment_ids is not None:
-            mask = packed_causal_mask(microbatch.segment_ids.to(device, non_blocking=True))
+            mask = packed_causal_mask(to_device(microbatch.segment_ids, device))
         elif self.implicit_causal:
             mask = self._short_rows(batch, seq_len, device)
         else:
@@ -307,7 +309,8 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
         fused_rope=(config.position_embedding_type == "rope"
                     and config.core_attention == "sdpa" and cp_group is None
                     and not rope_fusion_available(config.device)
-                    and use_fused_rope(config.fused_rope, config.device)))
+                    and use_fused_rope(config.fused_rope, config.device,
+                                       _rope_shape(config, tensor_parallel.size))))
     return [build.chunk(stage_of(placement, pp_size, pp_rank, chunk))
             for chunk in range(num_chunks)]
 
@@ -329,6 +332,14 @@ def _check_layout(config: ModelConfig, tp_size: int, *, pp_rank: int, pp_size: i
         raise ValueError("num_chunks must be >= 1")
 
 
+def _rope_shape(config: ModelConfig, tp_size: int) -> tuple:
+    """The RoPE kernels' real shape: (query heads, K/V heads per rank, head dim, dtype)."""
+    heads = config.num_attention_heads
+    dim = config.kv_channels or config.hidden_size // heads
+    return (heads // tp_size, (config.num_query_groups or heads) // tp_size, dim,
+            config.dtype)
+
+
 def _layer_spec(config: ModelConfig, tensor_parallel: TensorParallel, cp_group,
                 cp_comm_type: str):
     """The transformer layer's ModuleSpec for this model and layout."""
@@ -338,7 +349,10 @@ def _layer_spec(config: ModelConfig, tensor_parallel: TensorParallel, cp_group,
         normalization=config.normalization, qk_layernorm=config.qk_layernorm,
         sequence_parallel=tensor_parallel.sequence_parallel,
         zero_centered_gamma=config.apply_layernorm_1p, swiglu=swiglu,
-        fused_swiglu=swiglu and use_fused_swiglu(config.fused_swiglu, config.device),
+        fused_swiglu=swiglu and use_fused_swiglu(
+            config.fused_swiglu, config.device,
+            ((config.ffn_hidden_size or 4 * config.hidden_size) // tensor_parallel.size,
+             config.dtype)),
         cp_group=cp_group, cp_comm_type=cp_comm_type)
 
 
@@ -403,6 +417,8 @@ class _ChunkBuild:
             config.fused_cross_entropy, config.device,
             tensor_parallel=self.tensor_parallel.size)
         gpt_chunk.to(device=config.device, dtype=config.dtype)
+        if gpt_chunk.is_last and gpt_chunk.fused_cross_entropy:  # the real vocabulary's kernel
+            warm_cross_entropy(gpt_chunk.output_weight())
         gpt_chunk.tied_across_stages = config.tie_embeddings and self.num_stages > 1
         if gpt_chunk.tied_across_stages and last:
             gpt_chunk.model.output_layer.weight.shared_embedding = True

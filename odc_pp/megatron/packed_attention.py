@@ -22,8 +22,10 @@ dense      ``scaled_dot_product_attention`` with the boolean ``[b, 1, s, s]`` ma
 ``auto`` (:func:`resolve_kernel`) is varlen where it applies, else flex on CUDA, else
 dense: a function of the device, dtype, dropout and the segment layout only, so every rank
 of a group picks the same kernel. Grouped-query attention never expands K/V
-(``enable_gqa``), except varlen on a torch whose ``varlen_attn`` predates ``enable_gqa``
-when ``flash_attn`` is not installed (the K/V heads are then repeated for that call).
+(``enable_gqa``). On a torch whose ``varlen_attn`` predates ``enable_gqa`` and without
+``flash_attn``, varlen calls the aten flash ops with the K/V heads as they are
+(:mod:`odc_pp.megatron.varlen_gqa`, checked once per device); only where that check fails
+are the K/V heads repeated for the call.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import warnings
 
 import torch
+
+from ..data.pinned import to_device
+from .varlen_gqa import aten_flash_ops, flash_varlen_gqa, gqa_flash_problem
 
 __all__ = ["PACKED_KERNELS", "PackedSegments", "packed_causal_mask", "resolve_kernel",
            "packed_attention", "varlen_backend", "short_row_segments"]
@@ -87,8 +93,8 @@ class PackedSegments:
         self.shape = (batch, seq)
         self.contiguous = int(runs.sum()) == segments
         self.max_seqlen = int((offsets[1:] - offsets[:-1]).max()) if seq else 0
-        self.segment_ids = segment_ids.to(device, non_blocking=True)
-        self.cu_seqlens = offsets.to(torch.int32).to(device, non_blocking=True)
+        self.segment_ids = to_device(segment_ids, device)
+        self.cu_seqlens = to_device(offsets.to(torch.int32), device)
         self._dense: torch.Tensor | None = None
         self._block_mask = None
 
@@ -179,8 +185,9 @@ def varlen_backend(groups: int):
     """``(name, fn)`` with ``fn(q, k, v, cu_seqlens, max_seqlen, scale)`` -> causal
     per-document attention of ``[tokens, heads, dim]`` inputs, or None when neither
     torch's ``varlen_attn`` nor ``flash_attn`` is importable. Prefers torch's when it
-    takes ``enable_gqa`` (or ``groups`` is 1), then ``flash_attn``, then torch's with
-    the K/V heads repeated."""
+    takes ``enable_gqa`` (or ``groups`` is 1), then ``flash_attn``, then the aten flash ops
+    with GQA K/V (falling back per device to repeated heads where their check fails),
+    then torch's with the K/V heads repeated."""
     try:
         from torch.nn.attention.varlen import varlen_attn
         params = inspect.signature(varlen_attn).parameters
@@ -194,10 +201,22 @@ def varlen_backend(groups: int):
         flash_attn_varlen_func = None
     if flash_attn_varlen_func is not None:
         return "flash_attn", functools.partial(_flash_attn_varlen, flash_attn_varlen_func)
+    if varlen_attn is not None and aten_flash_ops() is not None:
+        return "aten.flash_varlen_gqa", functools.partial(_gqa_or_repeated, varlen_attn, params)
     if varlen_attn is not None:
         return "torch.varlen_attn+repeat_kv", functools.partial(_torch_varlen, varlen_attn,
                                                                 params)
     return None
+
+
+def _gqa_or_repeated(varlen_attn, params, q, k, v, cu_seqlens, max_seqlen, scale):
+    """GQA-native flash (:mod:`odc_pp.megatron.varlen_gqa`) where its once-per-device check
+    passed, else torch's ``varlen_attn`` with the K/V heads repeated (warned once)."""
+    problem = gqa_flash_problem(str(q.device))
+    if problem is None:
+        return flash_varlen_gqa(q, k, v, cu_seqlens, max_seqlen, scale)
+    warnings.warn(f"packed attention repeats the K/V heads: {problem}", stacklevel=2)
+    return _torch_varlen(varlen_attn, params, q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _torch_varlen(varlen_attn, params, q, k, v, cu_seqlens, max_seqlen, scale):

@@ -130,30 +130,38 @@ def eager_rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return t * cos + torch.cat((-second, first), dim=-1) * sin
 
 
-def _check(device: torch.device) -> str | None:
-    """Forward and backward against :func:`eager_rope` in fp32: per-row angles, a head dim
-    that is not a power of two."""
+def _check(device: torch.device, shape=None) -> str | None:
+    """Forward and backward against :func:`eager_rope` (in fp32 from the same inputs):
+    per-row angles, for query and key heads. ``shape``: ``(heads, groups, dim, dtype)``,
+    the model's, so the kernels compiled here are the ones the step runs (default: 3 and
+    1 heads of dim 48, not a power of two, fp32)."""
+    heads, groups, dim, dtype = shape if shape is not None else (3, 1, 48, torch.float32)
     generator = torch.Generator().manual_seed(0)
-    seq, batch, heads, dim = 37, 2, 3, 48
-    t = torch.randn(seq, batch, heads, dim, generator=generator).to(device)
-    grad = torch.randn(seq, batch, heads, dim, generator=generator).to(device)
+    seq, batch = 37, 1
     positions = torch.randint(0, 4096, (seq, batch, 1, dim // 2), generator=generator)
     angles = (positions * 0.37).float().to(device)
     freqs = torch.cat((angles, angles), dim=-1)
-    fused_t, eager_t = t.clone().requires_grad_(), t.clone().requires_grad_()
-    fused_out = fused_rope(fused_t, *RotaryInAttention(None, freqs).cos_sin())
-    eager_out = eager_rope(eager_t, freqs)
-    fused_out.backward(grad)
-    eager_out.backward(grad)
-    return compare("RoPE", (("output", fused_out, eager_out),
-                            ("gradient", fused_t.grad, eager_t.grad)), tol=1e-4)
+    cos_sin = RotaryInAttention(None, freqs).cos_sin()
+    pairs, tol = [], 1e-4 if dtype == torch.float32 else 2e-2
+    for count in dict.fromkeys((heads, groups)):
+        t = torch.randn(seq, batch, count, dim, generator=generator).to(device=device,
+                                                                        dtype=dtype)
+        grad = torch.randn(seq, batch, count, dim, generator=generator).to(device=device,
+                                                                           dtype=dtype)
+        fused_t, eager_t = t.clone().requires_grad_(), t.float().requires_grad_()
+        fused_out, eager_out = fused_rope(fused_t, *cos_sin), eager_rope(eager_t, freqs)
+        fused_out.backward(grad)
+        eager_out.backward(grad.float())
+        pairs += [(f"output ({count} heads)", fused_out.float(), eager_out),
+                  (f"gradient ({count} heads)", fused_t.grad.float(), eager_t.grad)]
+    return compare("RoPE", pairs, tol=tol)
 
 
 FUSED_ROPE = KernelCheck("RoPE", _check)
 """Whether the kernels run on a device (``FUSED_ROPE.problem(device)``)."""
 
 
-def use_fused_rope(setting: str, device: str | torch.device) -> bool:
+def use_fused_rope(setting: str, device: str | torch.device, shape=None) -> bool:
     """``--fused-rope``: ``auto`` where the kernels run (CUDA with Triton), ``on`` there
     or a ValueError saying why not, ``off`` never."""
-    return use_kernel("--fused-rope", setting, device, FUSED_ROPE)
+    return use_kernel("--fused-rope", setting, device, FUSED_ROPE, shape)

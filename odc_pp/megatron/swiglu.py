@@ -44,13 +44,14 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     return _SwiGLUFunction.apply(x)
 
 
-def use_fused_swiglu(setting: str, device: str | torch.device) -> bool:
+def use_fused_swiglu(setting: str, device: str | torch.device, shape=None) -> bool:
     """``--fused-swiglu``: whether the MLP runs the Triton kernels
     (:mod:`odc_pp.megatron.swiglu_triton`). ``auto``: where they run and match the eager
-    path (CUDA with Triton); ``on``: there, else a ValueError saying why not; ``off``."""
+    path (CUDA with Triton); ``on``: there, else a ValueError saying why not; ``off``.
+    ``shape``: ``(ffn per rank, dtype)``, the model's (the check compiles that kernel)."""
     from .kernel_choice import use_kernel
     from .swiglu_triton import FUSED_SWIGLU
-    return use_kernel("--fused-swiglu", setting, device, FUSED_SWIGLU)
+    return use_kernel("--fused-swiglu", setting, device, FUSED_SWIGLU, shape)
 
 
 class SwiGLU(nn.Module):

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from ..schedule.ir import Action, ActionKind, COMM_KINDS, Schedule
 from ..data.microbatch import Microbatch, count_tokens
+from ..data.pinned import to_device
 from .hooks import NoDataParallel, StageDataParallel
 from .offload import ActivationStore
 from .timing import ActionClock
@@ -309,7 +310,7 @@ class PipelineRuntime:
     def _scaled_loss(self, token_losses: torch.Tensor, data: Microbatch) -> torch.Tensor:
         token_losses = token_losses.float()
         if data.loss_mask is not None:
-            token_losses = token_losses * data.loss_mask.to(token_losses.device, non_blocking=True)
+            token_losses = token_losses * to_device(data.loss_mask, token_losses.device)
         loss_sum = token_losses.sum()
         # float64 on the device, no host sync: the same sum as adding Python floats
         detached = loss_sum.detach().double()

@@ -133,14 +133,14 @@ def _fused_loss_bytes(*, tokens: int, saved: float, w_held: float, h: int,
     :mod:`odc_pp.megatron.linear_cross_entropy`): from F to B it holds ``held_bytes``
     (the input gradient, the output layer's ``V x h`` weight gradient, the per-token loss
     and weight) instead of the fp32 logits; in F, one token chunk's logits (compute dtype,
-    fp32 log-softmax, their gradient: 8 bytes each) beside the weight gradient being
+    their gradient written over them: ``chunk_transient_bytes``) beside the weight gradient being
     accumulated and the input gradient; in B, the scaled weight and input gradients. The
     output layer's weight gradient is computed in F, so W holds nothing for it."""
-    from odc_pp.megatron.linear_cross_entropy import chunk_tokens, held_bytes
+    from odc_pp.megatron.linear_cross_entropy import chunk_transient_bytes, held_bytes
 
     held = held_bytes(tokens, h, vocab_size, 2, 2)
     weight_grad, input_grad = vocab_size * h * 2, tokens * h * 2
-    transient_f = 8 * vocab_size * chunk_tokens(tokens, vocab_size) + weight_grad + input_grad
+    transient_f = chunk_transient_bytes(tokens, vocab_size, 2) + weight_grad + input_grad
     transient_b = max(weight_grad + input_grad, tokens * (w_held - saved + 32 * h))
     return ChunkBytes(saved=int(tokens * saved + held), w_held=int(tokens * w_held),
                       transient_f=int(transient_f), transient_b=int(transient_b))

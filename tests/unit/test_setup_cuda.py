@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +47,55 @@ def test_cudart_is_found_next_to_nvcc():
     assert found is not None
     library_dirs, libraries, _ = found
     assert library_dirs and ("cudart_static" in libraries or libraries[0].startswith(":"))
+
+
+# ----- the build fails loudly (issue 50, item 5) ---------------------------------------------
+
+def test_setup_without_pybind11_fails_naming_it(tmp_path):
+    """`setup.py build_ext` with pybind11 unimportable exits non-zero and says why (it used
+    to exit 0 having built nothing)."""
+    blocker = tmp_path / "block" / "pybind11"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    work = tmp_path / "src"
+    work.mkdir()
+    shutil.copy(os.path.join(ROOT, "setup.py"), work / "setup.py")
+    shutil.copytree(os.path.join(ROOT, "csrc"), work / "csrc")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "block")
+    done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "pybind11 is not importable" in done.stderr + done.stdout
+    assert not list(work.rglob("_C*.so"))
+
+
+def test_cuda_required_without_nvcc_is_an_error(monkeypatch):
+    """ODC_PP_NO_CUDA=0 (what the GPU build stage sets) with no nvcc: one error naming the
+    variable, not a silent CPU-only build."""
+    monkeypatch.setenv("ODC_PP_NO_CUDA", "0")
+    monkeypatch.setattr(build_script.shutil, "which", lambda name: None)
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit, match="ODC_PP_NO_CUDA=0 requires the CUDA backend"):
+        build_script.transport_extensions()
+
+
+def test_cpu_build_without_nvcc_is_allowed(monkeypatch):
+    monkeypatch.delenv("ODC_PP_NO_CUDA", raising=False)
+    monkeypatch.setattr(build_script.shutil, "which", lambda name: None)
+    monkeypatch.chdir(ROOT)
+    assert [ext.name for ext in build_script.transport_extensions()] == ["odc_pp._C"]
+
+
+def test_build_that_leaves_no_extension_file_fails(tmp_path, monkeypatch):
+    """A build_ext run that ends without an extension's file raises, naming it."""
+    from setuptools import Distribution, Extension
+    monkeypatch.chdir(tmp_path)
+    dist = Distribution({"ext_modules": [Extension("odc_pp._C", ["missing.cpp"])]})
+    command = build_script.TransportBuildExt(dist)
+    command.inplace = True
+    command.ensure_finalized()
+    parent = build_script.TransportBuildExt.__mro__[1]
+    monkeypatch.setattr(parent, "run", lambda self: None)  # compiles nothing
+    with pytest.raises(RuntimeError, match="without odc_pp._C"):
+        command.run()

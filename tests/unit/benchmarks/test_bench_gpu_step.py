@@ -34,14 +34,10 @@ def test_steady_step_is_the_median_after_the_first_two_iterations():
     assert summary["peak_allocated_gb"] == 0.5
 
 
-def test_verdicts_compare_against_the_hf_run_and_the_packed_path():
+def test_the_record_carries_issue_50s_verdicts():
     rows = {"full-1f1b": {"tokens_per_s": 50.0, "mfu": 0.5, "first_over_steady": 2.5},
-            "hf": {"tokens_per_s": 40.0},
-            "lbmini-packed": {"tokens_per_s": 45.0, "mfu": 0.45, "first_over_steady": 1.5},
-            "unpacked": {"tokens_per_s": 30.0}}
+            "hf": {"tokens_per_s": 40.0}}
     got = step.verdicts(rows)
-    assert got["full_vs_hf"] == pytest.approx(1.25)
-    assert got["packed_within_points_of_full"] == pytest.approx(0.05)
-    assert got["unpacked_vs_packed_per_token"] == pytest.approx(30 / 45)
-    assert got["first_over_steady"] == 2.5
-    assert set(got) <= set(step.TARGETS)
+    assert set(got) == set(step.TARGETS)
+    assert got["full_vs_hf"]["status"] == "met" and got["full_vs_hf"]["value"] == 1.25
+    assert got["unpacked_vs_packed_per_token"]["status"] == "unmeasured"
