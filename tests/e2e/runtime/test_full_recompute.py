@@ -120,14 +120,17 @@ def test_simulator_and_zb_auto_take_the_recompute_cost_in_t_b():
     base = ["--mock-data", "--vocab-size", "64", "--num-layers", "8",
             "--pipeline-model-parallel-size", "2"]
     costs = CostModel(t_f=2.0, t_b=3.0, t_w=1.0)
-    assert recompute_costs(costs, parse_args(base), 2) is costs
-    uniform = recompute_costs(costs, parse_args(base + [
-        "--recompute-granularity", "full", "--recompute-method", "uniform",
-        "--recompute-num-layers", "2"]), 2)
+
+    def recomputed(extra):
+        job = parse_args(base + extra).resolve(2)
+        return recompute_costs(costs, job.args, 2, job.placement)
+
+    assert recomputed([]) is costs
+    uniform = recomputed(["--recompute-granularity", "full", "--recompute-method", "uniform",
+                          "--recompute-num-layers", "2"])
     assert uniform.t_b == [5.0, 5.0] and uniform.t_w == 1.0  # every layer: + T_F
-    block = recompute_costs(costs, parse_args(base + [
-        "--pipeline-schedule", "zbv", "--recompute-granularity", "full",
-        "--recompute-method", "block", "--recompute-num-layers", "1"]), 2)
+    block = recomputed(["--pipeline-schedule", "zbv", "--recompute-granularity", "full",
+                        "--recompute-method", "block", "--recompute-num-layers", "1"])
     # zbv: 4 virtual stages of 2 layers; block recomputes 1 layer of each: + T_F / 2
     assert block.t_b == [4.0, 4.0, 4.0, 4.0]
     for name in ("zb-auto", "1f1b"):

@@ -51,8 +51,8 @@ def _logits(model, tokens):
 def save(root):
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import (cpu_dist_checkpointing, megatron_sharded_state_dict,
-                                        standalone_process_groups)
+    from odc_pp.megatron.compat import cpu_dist_checkpointing, megatron_sharded_state_dict
+    from odc_pp.training.distributed import standalone_process_groups
 
     groups = standalone_process_groups()
     torch.manual_seed(0)
@@ -77,8 +77,8 @@ def load_tp2(root):
     """dist_checkpointing.load of the exported checkpoint into a stock GPTModel at tp=2."""
     from megatron.core import dist_checkpointing
 
-    from odc_pp.megatron.compat import (cpu_dist_checkpointing, megatron_sharded_state_dict,
-                                        standalone_process_groups)
+    from odc_pp.megatron.compat import cpu_dist_checkpointing, megatron_sharded_state_dict
+    from odc_pp.training.distributed import standalone_process_groups
 
     groups = standalone_process_groups(tp=dist.new_group([0, 1]))
     torch.manual_seed(100 + dist.get_rank())  # other weights than the saved ones until loaded

@@ -43,7 +43,7 @@ def _dry_run(extra: list[str]):
     dry, rest = split_dry_run_flags(flags + ["--dry-run", "--dry-run-world-size", "8",
                                              "--memory-gb", "80", *extra])
     try:
-        return dry_run(parse_args(rest), dry)
+        return dry_run(parse_args(rest).resolve(dry.world_size, dry.world_size), dry)
     finally:  # the dry run's fake process group must not leak into later tests
         if dist.is_initialized():
             dist.destroy_process_group()
