@@ -133,9 +133,7 @@ class LayerResidency:
     for its backward (B, or the recompute inside it), the previous layer's (one that
     reads its weights in backward). At most :attr:`LIMIT` layer segments are resident: a
     gather ahead that would exceed it is issued when a layer is released. An action
-    (:meth:`start_action`) issues its first layer's gather before the kept segments'; a
-    training F keeps its last layer gathered for the B that follows it in 1F1B (released
-    by the next action if that is not its B)."""
+    (:meth:`start_action`) issues its first layer's gather before the kept segments'."""
 
     LIMIT = 2
     """Layer segments resident at once: the one computing and the one gathered ahead."""
@@ -165,9 +163,7 @@ class LayerResidency:
                         inputs, lambda grads: self._drop(unit, segment), mode="any")
 
         def after(module, args, output):
-            training = torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
-            if not (training and segment.backward and position == self._last(unit)):
-                self._drop(unit, segment)  # (the last layer's B comes next, in 1F1B)
+            self._drop(unit, segment)
             outputs = _grad_tensors(output) if torch.is_grad_enabled() and segment.backward \
                 else []
             if outputs:  # B needs the weights again
@@ -216,16 +212,10 @@ class LayerResidency:
 
     def start_action(self, unit, *, backward: bool) -> None:
         """A new action (F, or B / BW) of ``unit`` begins: release what the last one left
-        but the first layer this one uses (an F leaves its last layer for the B that
-        follows it in 1F1B), and issue that layer's gather if it is not resident."""
-        position = self._last(unit) if backward else 0
-        first = self._layers[unit.index][position] if position >= 0 else None
-        self._wanted = None
-        for other in self.units:
-            for segment in self._layers[other.index]:
-                if segment is not first:
-                    self._release(other, segment)
-        self.ahead(unit, position, backward=backward)
+        and issue the gather of the first layer it uses (it overlaps what computes before
+        that layer: the embedding, or the output layer's and the loss's backward)."""
+        self.release_all()
+        self.ahead(unit, self._last(unit) if backward else 0, backward=backward)
 
     def release_all(self) -> None:
         """Release every layer segment (between actions nothing needs one: a backward whose
