@@ -13,10 +13,14 @@ each with its own storage so that it can be released (resized to zero bytes) alo
   when the gradient of its output arrives (B needs the weights; W does not: it reads the
   saved input and output gradient only) and released once the gradient of its input is
   computed. The ranges between those modules (embedding, final norm, output layer, tied
-  weights) are segments kept as in ``minibatch``. Memory: ``e * (P_kept + 2 * P_layer)``
-  at most (a layer's backward gathers the layer below before the gradient hook of their
-  shared tensor releases the one above); each gathered layer costs one more read of
-  ``P_layer`` elements per F and per B, three per microbatch with recompute.
+  weights) are segments kept as in ``minibatch``. The next layer's gather (in B the
+  previous one's) is issued ahead, while the current layer computes (CPU: on the
+  transport's helper thread; CUDA: on its gather streams), every owner's copy issued before
+  one wait (``OdcGroup.get_many``); an action issues its first layer's at its start.
+  Memory: ``e * (P_kept + 2 * P_layer)`` at most (:attr:`LayerResidency.LIMIT` layers;
+  an embedding gathered per use: ``e * (P_kept + P_embedding + P_layer)`` in F); each
+  gathered layer costs one more read of ``P_layer`` elements per F and per B, three per
+  microbatch with recompute.
 
 A segment covering the unit is gathered with one ``gather_into_tensor``; a smaller one
 with one-sided ``get``s of the owners' overlapping shard ranges (odc and hierarchical

@@ -231,6 +231,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
         stage = schedule.stage_of(pp_rank, index)
         last = stage == schedule.num_stages - 1
         engine.before_forward(index, 0)
+        ahead = _layers_resident(engine)  # the first layer's gather, issued ahead
         hidden = None
         if stage > 0:
             shape, dtype = chunk.input_shape(microbatch)
@@ -239,6 +240,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
             output = chunk(hidden, microbatch)
             if last:
                 output = output.float().sum()
+        ahead -= _layers_resident(engine)  # freed inside F: not a saved activation
         grad = None if last else torch.empty_like(output)
         with tracker.phase() as backward, queue.deferring(index, 0):
             torch.autograd.backward(output, grad_tensors=grad)
@@ -250,7 +252,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
         with tracker.phase() as push:
             engine.after_weight_grad(index, 0)
         pushes[index] = (push["peak"], grads)
-        saved = forward["live"] + (message if hidden is not None else 0)
+        saved = forward["live"] + ahead + (message if hidden is not None else 0)
         sizes.append(ChunkBytes(
             saved=saved, w_held=held,
             transient_f=max(0, forward["peak"] - forward["live"]),
@@ -260,6 +262,12 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
     measured.update({f"chunk{i}_push_peak": v[0] for i, v in pushes.items()})
     measured.update({f"chunk{i}_weight_grads": v[1] for i, v in pushes.items()})
     return sizes, message, measured
+
+
+def _layers_resident(engine) -> int:
+    """Bytes of the layer segments (--odc-param-residency layer) gathered now."""
+    return sum(s.nbytes for u in engine.units for s in u.segments
+               if s.module is not None and s.resident)
 
 
 def _engine_bytes(engine, optimizer) -> dict[str, int]:

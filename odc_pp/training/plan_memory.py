@@ -224,11 +224,12 @@ def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
-        if residency == "layer" and dp * cp > 1:  # a layer and its neighbour, gathered
-            pair = 2 * layer_params(model, tp=tp) * units.param_bytes
-            sizes = [dataclasses.replace(
-                s, transient_f=s.transient_f + max(pair, e * units.param_bytes),
-                transient_b=s.transient_b + pair) for s, e in zip(sizes, per_use_embedding)]
+        if residency == "layer" and dp * cp > 1:  # a layer and the next, gathered ahead
+            layer = layer_params(model, tp=tp) * units.param_bytes
+            sizes = [dataclasses.replace(  # the embedding: with layer 0 gathered ahead
+                s, transient_f=s.transient_f + max(2 * layer, e * units.param_bytes + layer
+                                                   if e else 0),
+                transient_b=s.transient_b + 2 * layer) for s, e in zip(sizes, per_use_embedding)]
         timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
                                  costs=costs)
         peaks.append(float(sum(state_bytes(units).values()) +
