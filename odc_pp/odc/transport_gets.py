@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -50,11 +51,14 @@ class GatherRecord:
 
 
 class GatherTimings:
-    """The CPU gathers of one group since the last :meth:`reset` (thread-safe)."""
+    """The CPU gathers of one group since the last :meth:`reset`, the most recent
+    :attr:`KEPT` of them (a long run resets nothing; thread-safe)."""
+
+    KEPT = 10_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.records: list[GatherRecord] = []
+        self.records: deque[GatherRecord] = deque(maxlen=self.KEPT)
 
     def add(self, record: GatherRecord) -> GatherRecord:
         with self._lock:
@@ -64,7 +68,7 @@ class GatherTimings:
     def reset(self) -> list[GatherRecord]:
         """Forget the records; returns them."""
         with self._lock:
-            records, self.records = self.records, []
+            records, self.records = list(self.records), deque(maxlen=self.KEPT)
         return records
 
     def totals(self) -> tuple[float, float]:
