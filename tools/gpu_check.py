@@ -33,6 +33,8 @@ Stages, in order (each fits the 10-minute limit of one command; ``--stage NAME``
   it records ``train_pp2_nccl_skipped`` (NCCL refuses two ranks on one GPU).
 * ``train-dp2-shared``: dp=2 with ODC over CUDA IPC and LB-Mini packed rows, both ranks on
   one GPU (gloo for the collectives), losses equal to the same flags on CPU.
+* ``train-dp2-residency``: the same dp=2 on one GPU with ``--odc-param-residency layer``
+  vs ``minibatch``: step time within 1.1x, equal losses (``tools/gpu_check_residency.py``).
 * ``train-offload``: the offload schedule (``--cpu-offload``); the log's peak memory is the
   caching allocator's peak *reservation*.
 * ``train-zb-auto``: ZB-auto re-planned from measured costs (CUDA-event action timings).
@@ -70,6 +72,7 @@ from gpu_check_common import (GATHER_MIN_MIB, LOGS_NAME, RECORD_NAME, Check,  # 
                               assemble_record, attention_checks, bench_ratios,
                               compare_losses, pytest_counts, replan_costs, run_command,
                               write_outputs)
+from gpu_check_residency import stage_dp2_residency  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PATH = os.path.join("benchmarks", "results", "gpu_check.json")
@@ -415,6 +418,8 @@ STAGES: tuple[Stage, ...] = (
           timeout_s=560, run=_stage_pp2_nccl),
     Stage(name="train-dp2-shared", summary="pretrain_gpt.py: dp=2 ODC, two ranks on one GPU "
           "vs CPU", timeout_s=420, run=_stage_dp2_shared),
+    Stage(name="train-dp2-residency", summary="pretrain_gpt.py: dp=2 on one GPU, "
+          "--odc-param-residency layer vs minibatch", timeout_s=420, run=stage_dp2_residency),
     Stage(name="train-offload", summary="pretrain_gpt.py: offload schedule, reserved memory",
           timeout_s=560, run=_stage_offload),
     Stage(name="train-zb-auto", summary="pretrain_gpt.py: zb-auto re-planned from events",

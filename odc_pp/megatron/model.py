@@ -232,12 +232,15 @@ class GPTChunk(torch.nn.Module):
         """Shape and dtype of the activation this (non-last) stage produces."""
         return self.input_shape(microbatch)
 
-    def residency_modules(self) -> list[torch.nn.Module | tuple[torch.nn.Module, bool]]:
+    def residency_modules(self, *, keep_embedding: bool = False
+                          ) -> list[torch.nn.Module | tuple[torch.nn.Module, bool]]:
         """What ``--odc-param-residency layer`` gathers per use: the embedding (forward
-        only: its backward reads no weight), unless the output layer shares its weight,
-        then the transformer layers, in order."""
+        only: its backward reads no weight), unless the output layer shares its weight or
+        ``keep_embedding`` (the memory plan allows keeping it gathered), then the
+        transformer layers, in order."""
         layers: list = list(self.model.decoder.layers)
-        if self.is_first and not self.model.share_embeddings_and_output_weights:
+        if self.is_first and not (keep_embedding or
+                                  self.model.share_embeddings_and_output_weights):
             layers.insert(0, (self.model.embedding, False))
         return layers
 

@@ -146,7 +146,8 @@ class ShardedDataParallel(ModuleHooksDriver):
             self._attach_module_hooks()
         self._layer_residency = LayerResidency(
             self.units, lambda unit, segment: self._gather_segment(unit, segment),
-            self._release_segment) if per_layer else None
+            self._release_segment, self._prefetch_segment if config.prefetch and not config.mode.is_collective
+            else None) if per_layer else None
         self._grad_hooks: list = []
         self.local_grads = accumulates_locally(config, dp=group.world_size,
                                                deterministic=group.config.deterministic)
@@ -224,10 +225,23 @@ class ShardedDataParallel(ModuleHooksDriver):
                 self._gather_segment(unit, segment)
 
     def _gather_segment(self, unit: FlatUnit, segment: Segment) -> None:
-        if segment.resident or unit.aliased:
-            return
+        """Gather ``segment``, or wait for its gather issued ahead (``segment.pending``;
+        CUDA: the current stream waits for every owner's copy)."""
+        if segment.pending is not None:
+            pending, segment.pending = segment.pending, None
+            pending.wait()
+        if not (segment.resident or unit.aliased):
+            self._issue_segment(unit, segment, ahead=False)
+
+    def _prefetch_segment(self, unit: FlatUnit, segment: Segment) -> None:
+        """Issue ``segment``'s gather without waiting (layer residency's gather ahead)."""
+        if not (segment.resident or unit.aliased):
+            self._issue_segment(unit, segment, ahead=True)
+
+    def _issue_segment(self, unit: FlatUnit, segment: Segment, *, ahead: bool) -> None:
         segment.buffer.untyped_storage().resize_(segment.nbytes)
-        gather_segment(segment, unit.param_shard, unit.numel, self.group)
+        segment.pending = gather_segment(segment, unit.param_shard, unit.numel, self.group,
+                                         async_op=ahead)
         segment.resident = True
         self._ops.append(("G", unit.index))
 
@@ -268,6 +282,9 @@ class ShardedDataParallel(ModuleHooksDriver):
 
     @staticmethod
     def _release_segment(unit: FlatUnit, segment: Segment) -> None:
+        if segment.pending is not None:  # its copies may still be writing the buffer
+            pending, segment.pending = segment.pending, None
+            pending.wait()
         if segment.resident and not unit.aliased:
             if not segment.buffer.untyped_storage().resizable():
                 # e.g. .numpy() of a parameter pinned the storage: a fresh one, same values
@@ -308,15 +325,15 @@ class ShardedDataParallel(ModuleHooksDriver):
     def before_forward(self, chunk: int, microbatch: int) -> None:
         """Full parameters of local ``chunk`` are usable when this returns (layer
         residency: the kept segments; each layer's are gathered by its hooks)."""
-        self._gather_for_action(self._unit(chunk))
+        self._gather_for_action(self._unit(chunk), backward=False)
 
     def before_backward(self, chunk: int, microbatch: int) -> None:
         """Parameters of ``chunk`` are usable for B or BW when this returns."""
-        self._gather_for_action(self._unit(chunk))
+        self._gather_for_action(self._unit(chunk), backward=True)
 
-    def _gather_for_action(self, unit: FlatUnit) -> None:
-        if self._layer_residency is not None:
-            self._layer_residency.release_all()  # the previous action is over
+    def _gather_for_action(self, unit: FlatUnit, *, backward: bool) -> None:
+        if self._layer_residency is not None:  # the previous action is over
+            self._layer_residency.start_action(unit, backward=backward)
         self._gather(unit, kept_only=self._layer_residency is not None)
 
     def after_weight_grad(self, chunk: int, microbatch: int) -> None:
@@ -371,6 +388,8 @@ class ShardedDataParallel(ModuleHooksDriver):
         for unit in self.units:
             if unit.prefetch is not None:  # peers may overwrite shards once we synced
                 self._wait_prefetch(unit)
+        if self._layer_residency is not None:
+            self._layer_residency.release_all()  # (waits for gathers ahead)
         self._wait_pushes()
         prim.sync(self.group)
         if self.inter_host_group is not None:
@@ -494,6 +513,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         self._wait_pushes()
         self.detach_hooks()
         if self._layer_residency is not None:
+            self._layer_residency.release_all()
             self._layer_residency.remove()
         for handle in self._grad_hooks:
             handle.remove()

@@ -36,6 +36,8 @@ class OdcConfig:
     prefetch: bool = True
     """module_hooks driver, odc and hierarchical modes: while a unit computes, gather the
     next one (forward: the following unit, backward: the preceding one) on a helper thread.
+    ``param_residency='layer'``: likewise the next layer (backward: the preceding one),
+    on the transport's helper thread or CUDA gather streams (odc_pp.odc.residency).
     Ignored in collective mode, whose collectives must stay in one issue order."""
     max_inflight_pushes: int = 8
     """Gradient pushes that may be outstanding before the oldest is waited for (bounds the

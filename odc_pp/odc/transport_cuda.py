@@ -292,6 +292,27 @@ class CudaIpcPath:
                     output.numel() * output.element_size())
         stream.current_waits()
 
+    def get_many(self, pieces: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Work:
+        """Queue every ``(output, remote, peer)`` copy on its owner's gather stream (each
+        stream first waits for the current stream's work), record one event per stream;
+        the Work's ``wait()`` makes the then current stream wait for all of them."""
+        used: dict[int, CudaStream] = {}
+        for output, remote, peer in pieces:
+            allocation, offset = self._locate(remote, "remote")
+            stream = self.stream(output.device, "gather", peer)
+            if id(stream) not in used:
+                stream.after_current()
+                used[id(stream)] = stream
+            stream.copy(output.data_ptr(), allocation.peer_bases[peer] + offset,
+                        output.numel() * output.element_size())
+        done = [(stream, stream.record()) for stream in used.values()]
+
+        def current_waits(timeout=None) -> None:
+            for stream, event in done:
+                stream.current_waits(event)
+
+        return Work(waiter=current_waits)
+
     def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
         allocation, offset = self._locate(remote, "remote")
         stream = self.stream(input.device, "push")

@@ -45,6 +45,9 @@ class FakeOdcGroup(OdcGroup):
     def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
         return None
 
+    def get_many(self, pieces: list, *, async_op: bool = False) -> Work:
+        return Work()
+
     def scatter_accumulate(self, accumulator: torch.Tensor, input: torch.Tensor, *,
                            retain: bool = False) -> Work:
         if retain:

@@ -36,6 +36,7 @@ from odc_pp.odc.transport_crosshost import CrossHostPath
 from odc_pp.odc.transport_host import (Allocation, HostPath, SymmetricMemory, call_all,
                                        remove_stale_segments, segment_name,
                                        tensor_from_segment)
+from odc_pp.odc.transport_gets import ManyGets
 from odc_pp.odc.transport_path import TransportPath, Work, join_works
 from odc_pp.odc.transport_staged import StagedAccumulation
 
@@ -111,6 +112,8 @@ class OdcGroup:
         else:
             self.collective = CollectivePath(self.process_group, self.rank, self.world_size)
             self.paths.append(self.collective)
+        self.gets = ManyGets(self)
+        """Multi-piece gets (:meth:`get_many`) and their timings (``gets.timings``)."""
         self._finalizer = weakref.finalize(self, OdcGroup._release, self.memory, self.paths)
 
     # ------------------------------------------------------------------ setup
@@ -323,6 +326,11 @@ class OdcGroup:
     def get(self, output: torch.Tensor, remote: torch.Tensor, peer: int) -> None:
         self.path_to(peer, output.device).get(output, remote, peer)
 
+    def get_many(self, pieces: list, *, async_op: bool = False) -> Work:
+        """Every ``(output, remote, peer)`` piece issued, then one Work to wait for
+        (:class:`~odc_pp.odc.transport_gets.ManyGets`)."""
+        return self.gets.issue(pieces, async_op=async_op)
+
     def put(self, remote: torch.Tensor, input: torch.Tensor, peer: int) -> Work:
         return self.path_to(peer, input.device).put(remote, input, peer)
 
@@ -367,6 +375,7 @@ class OdcGroup:
         if self._destroyed:
             return
         self._destroyed = True
+        self.gets.close()
         self._finalizer()
         if any(allocation.owner is not None for allocation in self.allocations):
             self.epoch += 1

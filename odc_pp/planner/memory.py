@@ -13,7 +13,9 @@ Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation
 * parameters, gathered: ``e * P`` (the pipeline driver gathers a chunk at its first use in
   a minibatch and keeps it until the step); 0 at dp=1, where the shard is the whole unit;
   ``--odc-param-residency layer``: ``e * (P - P_layers)`` kept, and ``2 * e * P_layer``
-  (a layer and its neighbour) inside the F and B transients (odc_pp.odc.residency);
+  (a layer and the one gathered ahead: the next in F, the previous in B; an embedding
+  gathered per use with layer 0: ``e * (P_embedding + P_layer)``) inside the F and B
+  transients (odc_pp.odc.residency);
 * gradient accumulators: ``4 * O`` (fp32, peers add into them);
 * weight gradients, local accumulation (the default at dp=1 and with deterministic data
   parallelism): ``g * P`` (each unit's ``main_grad``, ``g`` = 4 for fp32, 2 with

@@ -220,11 +220,12 @@ def _kernel_summary(chunks: list[torch.nn.Module]) -> str:
 
 
 def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: Topology, *,
-                 param_dtype: str, odc_group=None,
-                 param_residency: str = "minibatch") -> ShardedDataParallel:
+                 param_dtype: str, odc_group=None, param_residency: str = "minibatch",
+                 keep_embedding: bool = False) -> ShardedDataParallel:
     """The data-parallel engine over ``chunks`` (the job's mode: ``topo.dp_mode``).
     ``odc_group``: an ODC group made already (the memory dry run's FakeOdcGroup); None:
-    a new one over the data-parallel ranks. ``param_residency``: resolved (odc_config)."""
+    a new one over the data-parallel ranks. ``param_residency``: resolved (odc_config);
+    ``keep_embedding``: layer residency keeps the embedding (plan_memory.embedding_kept)."""
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import ShardedDataParallel
 
@@ -241,7 +242,8 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
                                                     param_dtype=param_dtype,
                                                     param_residency=param_residency),
                                  odc_group, process_group=torch_group,
-                                 layers=[chunk.residency_modules() for chunk in chunks],
+                                 layers=[chunk.residency_modules(
+                                     keep_embedding=keep_embedding) for chunk in chunks],
                                  inter_host_group=inter_host)
     return engine
 
@@ -264,11 +266,12 @@ def build_optimizer(optimizer: OptimizerArgs, engine: ShardedDataParallel, topo:
 
 
 def build_components(job: Job, topo: Topology, *, vocab_size: int,
-                     param_residency: str = "minibatch",
+                     param_residency: str = "minibatch", keep_embedding: bool = False,
                      hooks: TrainingHooks | None = None) -> Components:
     """Model, engine, optimizer, its step, runtime and schedules of this rank of the
     resolved ``job``; ``param_residency``: --odc-param-residency resolved
-    (plan_memory.param_residency); ``hooks``: may wrap the optimizer step (the tests'
+    (plan_memory.param_residency), ``keep_embedding`` (plan_memory.embedding_kept);
+    ``hooks``: may wrap the optimizer step (the tests'
     faults)."""
     from odc_pp.runtime.runtime import PipelineRuntime, RuntimeConfig
 
@@ -276,7 +279,7 @@ def build_components(job: Job, topo: Topology, *, vocab_size: int,
     chunks = build_model(args.model, args.schedule, args.parallel, topo,
                          placement=job.placement, vocab_size=vocab_size, seed=args.run.seed)
     engine = build_engine(args.parallel, chunks, topo, param_dtype=args.model.compute_dtype,
-                          param_residency=param_residency)
+                          param_residency=param_residency, keep_embedding=keep_embedding)
     tied = _tie_embeddings(engine, chunks, topo)
     optimizer = build_optimizer(args.optimizer, engine, topo, norm_group=topo.norm_group,
                                 tied=tied)

@@ -49,7 +49,7 @@ from odc_pp.planner.memory import (GB, ChunkBytes, MemoryReport, UnitSizes,
 
 from .arguments import TrainingArgs, parse_args
 from .job import Job
-from .plan_memory import job_costs, param_residency, replica_microbatches
+from .plan_memory import embedding_kept, job_costs, param_residency, replica_microbatches
 
 __all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
            "split_dry_run_flags"]
@@ -175,7 +175,7 @@ def _topology(job: Job, rank: int):
     return Topology.for_job(job, rank, _CPU)
 
 
-def _build(job: Job, topo, vocab_size: int, residency: str):
+def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool = False):
     """This rank's chunks, engine and optimizer, made by the training builders on fake
     tensors, the fake process group and a fake ODC group (no --hf-checkpoint weights are
     read: only their sizes matter)."""
@@ -198,7 +198,8 @@ def _build(job: Job, topo, vocab_size: int, residency: str):
     group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
                          deterministic=not args.parallel.nondeterministic_dp)
     engine = build_engine(args.parallel, chunks, topo, param_dtype=args.model.compute_dtype,
-                          odc_group=group, param_residency=residency)
+                          odc_group=group, param_residency=residency,
+                          keep_embedding=keep_embedding)
     # a model tied across stages: the output layer's copy stays out of the norm (its
     # gradient sum over the tie group, TiedGradients, is not made here)
     tied = any(chunk.tied_across_stages for chunk in chunks)
@@ -231,6 +232,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
         stage = schedule.stage_of(pp_rank, index)
         last = stage == schedule.num_stages - 1
         engine.before_forward(index, 0)
+        ahead = _layers_resident(engine)  # the first layer's gather, issued ahead
         hidden = None
         if stage > 0:
             shape, dtype = chunk.input_shape(microbatch)
@@ -239,6 +241,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
             output = chunk(hidden, microbatch)
             if last:
                 output = output.float().sum()
+        ahead -= _layers_resident(engine)  # freed inside F: not a saved activation
         grad = None if last else torch.empty_like(output)
         with tracker.phase() as backward, queue.deferring(index, 0):
             torch.autograd.backward(output, grad_tensors=grad)
@@ -250,7 +253,7 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
         with tracker.phase() as push:
             engine.after_weight_grad(index, 0)
         pushes[index] = (push["peak"], grads)
-        saved = forward["live"] + (message if hidden is not None else 0)
+        saved = forward["live"] + ahead + (message if hidden is not None else 0)
         sizes.append(ChunkBytes(
             saved=saved, w_held=held,
             transient_f=max(0, forward["peak"] - forward["live"]),
@@ -260,6 +263,12 @@ def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch)
     measured.update({f"chunk{i}_push_peak": v[0] for i, v in pushes.items()})
     measured.update({f"chunk{i}_weight_grads": v[1] for i, v in pushes.items()})
     return sizes, message, measured
+
+
+def _layers_resident(engine) -> int:
+    """Bytes of the layer segments (--odc-param-residency layer) gathered now."""
+    return sum(s.nbytes for u in engine.units for s in u.segments
+               if s.module is not None and s.resident)
 
 
 def _engine_bytes(engine, optimizer) -> dict[str, int]:
@@ -394,7 +403,9 @@ def dry_run(job: Job, flags: DryRunFlags) -> MemoryReport:
     pp_rank = topo.pp_rank
     residency = param_residency(job, budget_bytes=flags.memory_gb * GB)
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
-        chunks, engine, optimizer = _build(job, topo, args.model.vocab_size, residency)
+        chunks, engine, optimizer = _build(
+            job, topo, args.model.vocab_size, residency,
+            embedding_kept(job, residency, budget_bytes=flags.memory_gb * GB))
         held = _engine_bytes(engine, optimizer)
         built = tracker.now()
         microbatch = _microbatch(args, args.model.vocab_size)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .job import Job
 
 __all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
-           "chunk_params", "layer_params", "param_residency", "job_peaks", "job_costs",
+           "chunk_params", "layer_params", "param_residency", "embedding_kept", "job_peaks", "job_costs",
            "replica_microbatches"]
 
 
@@ -184,8 +184,20 @@ def param_residency(job: Job, *, budget_bytes: float | None) -> str:
     return "minibatch" if fits else "layer"
 
 
-def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
-    """Peak bytes of each pipeline rank of the resolved ``job`` (rank_peaks)."""
+def embedding_kept(job: Job, residency: str, *, budget_bytes: float | None) -> bool:
+    """Under ``layer`` residency, whether an untied embedding stays gathered from its first
+    use to the step like the chunk's other kept parts (instead of gathered in every F,
+    where nothing computes before it to hide its gather): where the memory plan with it
+    kept fits ``budget_bytes`` on every pipeline rank (None: no budget known, not kept)."""
+    if residency != "layer" or budget_bytes is None or job.args.model.vocab_size is None:
+        return False
+    return max(job_peaks(job, residency, keep_embedding=True)) <= budget_bytes
+
+
+def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
+              ) -> tuple[float, ...]:
+    """Peak bytes of each pipeline rank of the resolved ``job`` (rank_peaks);
+    ``keep_embedding``: layer residency keeps the embedding (:func:`embedding_kept`)."""
     from odc_pp.schedule.build import build
 
     args, layout = job.args, job.layout
@@ -208,8 +220,8 @@ def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
     for pp_rank in range(pp):
         stages = [schedule.stage_of(pp_rank, c) for c in range(chunks)]
         last = [s == schedule.num_stages - 1 for s in stages]
-        per_use_embedding = [embedding if s == 0 and model.untie_embeddings else 0
-                             for s in stages]
+        per_use_embedding = [embedding if s == 0 and model.untie_embeddings
+                             and not keep_embedding else 0 for s in stages]
         gathered_per_use = [layers * layer_params(model, tp=tp) + e for e in per_use_embedding]
         params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
                                     pp_chunks=pp * chunks, vocab_size=vocab)
@@ -224,11 +236,12 @@ def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
-        if residency == "layer" and dp * cp > 1:  # a layer and its neighbour, gathered
-            pair = 2 * layer_params(model, tp=tp) * units.param_bytes
-            sizes = [dataclasses.replace(
-                s, transient_f=s.transient_f + max(pair, e * units.param_bytes),
-                transient_b=s.transient_b + pair) for s, e in zip(sizes, per_use_embedding)]
+        if residency == "layer" and dp * cp > 1:  # a layer and the next, gathered ahead
+            layer = layer_params(model, tp=tp) * units.param_bytes
+            sizes = [dataclasses.replace(  # the embedding: with layer 0 gathered ahead
+                s, transient_f=s.transient_f + max(2 * layer, e * units.param_bytes + layer
+                                                   if e else 0),
+                transient_b=s.transient_b + 2 * layer) for s, e in zip(sizes, per_use_embedding)]
         timeline = schedule_peak(schedule, pp_rank, sizes, message_bytes=message,
                                  costs=costs)
         peaks.append(float(sum(state_bytes(units).values()) +

@@ -46,7 +46,7 @@ from .logging_utils import TrainingLogger, tensorboard_settings, wandb_settings
 from .model_stats import ModelStats
 from .lr_schedule import LRSchedule
 from .odc_settings import device_memory
-from .plan_memory import param_residency
+from .plan_memory import embedding_kept, param_residency
 from .hooks import TrainingHooks
 from .job import Job
 from .preemption import ExitController, ExitDecision
@@ -201,9 +201,11 @@ class Trainer:
             self._say(note)  # dropped records, samples truncation left unscored
         if valid and (note := eval_size_note(args, valid)):
             self._say(note)  # --eval-iters beyond the validation data
-        residency = param_residency(job, budget_bytes=device_memory(topo.device))
+        budget = device_memory(topo.device)
+        residency = param_residency(job, budget_bytes=budget)
         self.parts: Components = build_components(
-            job, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks)
+            job, topo, vocab_size=self.vocab, param_residency=residency, hooks=self.hooks,
+            keep_embedding=embedding_kept(job, residency, budget_bytes=budget))
         if args.parallel.odc_param_residency == "auto" and residency == "layer":
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")

@@ -38,7 +38,8 @@ def test_stages_cover_the_issue_in_order_and_fit_ten_minutes():
     assert gpu_check.stage_names() == [
         "attention", "hf-config", "setup", "build", "device-choice", "pytest-gpu",
         "bench-transport", "train-zbv-bf16", "train-zbv-bf16-packed", "train-1f1b-fp32",
-        "train-pp2-nccl", "train-dp2-shared", "train-offload", "train-zb-auto", "step", "bench-tp"]
+        "train-pp2-nccl", "train-dp2-shared", "train-dp2-residency", "train-offload",
+        "train-zb-auto", "step", "bench-tp"]
     assert all(stage.timeout_s <= 600 for stage in gpu_check.STAGES)
     with pytest.raises(ValueError, match="timeout_s"):
         gpu_check.Stage(name="x", summary="x", timeout_s=601, run=lambda context: [])
@@ -196,3 +197,23 @@ def test_attention_checks_name_the_kernels_and_bounds():
     assert timing.passed and "varlen 2.25 ms" in timing.detail
     result["timing"] = result["timing"][:1]
     assert not gpu_check.attention_checks(result)[1].passed
+
+
+def test_residency_stage_compares_layer_with_minibatch_step_time_and_losses():
+    import gpu_check_residency as residency
+
+    def records(steps, losses):
+        return [{"step_s": s, "loss": loss} for s, loss in zip(steps, losses)]
+    losses = [5.0, 4.5, 4.2, 4.0]
+    fast = records([9.0, 3.0, 1.0, 1.0], losses)  # warm-up steps left out of the median
+    checks = {c.name: c for c in residency.residency_checks(
+        fast, records([1.0, 1.0, 1.05, 1.08], losses))}
+    assert checks["residency_layer_step_time"].passed
+    assert '"layer_over_minibatch": 1.065' in checks["residency_layer_step_time"].detail
+    assert checks["residency_layer_losses_equal"].passed
+    assert "bitwise equal: True" in checks["residency_layer_losses_equal"].detail
+    checks = {c.name: c for c in residency.residency_checks(
+        fast, records([1.0, 1.0, 1.3, 1.3], [5.0, 4.5, 4.3, 4.0]))}
+    assert not checks["residency_layer_step_time"].passed
+    assert not checks["residency_layer_losses_equal"].passed
+    assert not residency.residency_checks(fast, [])[0].passed

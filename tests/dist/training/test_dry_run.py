@@ -41,7 +41,9 @@ def real_worker(rank, world_size, extra):
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.components import build_components
     from odc_pp.training.distributed import Topology
+    from odc_pp.planner.memory import GB
     from odc_pp.training.dry_run import MemoryPhases
+    from odc_pp.training.plan_memory import embedding_kept
 
     job = parse_args(FLAGS + extra).resolve(world_size)
     args = job.args
@@ -49,8 +51,10 @@ def real_worker(rank, world_size, extra):
     generator = torch.Generator().manual_seed(rank // 2)
     m = args.data.global_batch_size // (args.data.micro_batch_size * topo.dp)
     with MemoryPhases() as tracker:
-        parts = build_components(job, topo, vocab_size=256,
-                                 param_residency=args.parallel.odc_param_residency)
+        residency = args.parallel.odc_param_residency  # kept embedding: as the dry run
+        parts = build_components(job, topo, vocab_size=256, param_residency=residency,
+                                 keep_embedding=embedding_kept(job, residency,
+                                                               budget_bytes=80 * GB))
         microbatches = []
         for _ in range(m):
             tokens = torch.randint(0, 256, (1, 64), generator=generator)
