@@ -104,4 +104,5 @@ def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch
         tokens=part(microbatch.tokens), labels=part(microbatch.labels),
         loss_mask=part(microbatch.loss_mask),
         position_ids=cp_position_ids(positions, rank, size).contiguous(),
+        global_token_ids=part(microbatch.global_token_ids),
         full_segment_ids=microbatch.segment_ids)

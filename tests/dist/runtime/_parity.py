@@ -26,7 +26,10 @@ def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
         tokens = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
         labels = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
         loss_mask = (torch.rand(batch, seq, generator=generator) > 0.1).float()
-        microbatches.append(Microbatch(tokens=tokens, labels=labels, loss_mask=loss_mask))
+        samples = torch.arange(index * batch, (index + 1) * batch).unsqueeze(1)
+        token_ids = (samples << 32) + torch.arange(seq)  # keys of the dropout masks
+        microbatches.append(Microbatch(tokens=tokens, labels=labels, loss_mask=loss_mask,
+                                       global_token_ids=token_ids))
     return microbatches
 
 
