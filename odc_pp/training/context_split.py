@@ -55,7 +55,9 @@ def context_parallel_problems(args) -> list[str]:
                         "rows (no --no-pack-sequences), --max-tokens-per-microbatch and "
                         "--dp-mode odc (the replicas' slot counts differ)")
     if getattr(model, "attention_dropout", 0.0):
-        problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
+        problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0 (the "
+                        f"context-parallel attention has no attention dropout; Megatron's "
+                        f"default is 0.1)")
     if parallel.cp_comm_type == "a2a":
         heads = model.num_attention_heads // parallel.tensor_model_parallel_size
         groups = (model.num_query_groups or model.num_attention_heads) // \
