@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Microbatch", "count_tokens"]
+__all__ = ["Microbatch", "count_tokens", "row_token_ids"]
 
 
 @dataclass(kw_only=True)
@@ -64,3 +64,11 @@ class Microbatch:
 
 def count_tokens(microbatches: list[Microbatch]) -> int:
     return sum(mb.num_tokens for mb in microbatches)
+
+
+def row_token_ids(batch: int, seq: int, *, first_sample: int = 0) -> torch.Tensor:
+    """``global_token_ids`` of ``batch`` rows holding one whole sample each (samples
+    ``first_sample``, ``first_sample + 1``, ...; offsets ``0..seq-1``): for microbatches
+    made outside the data plan (dry runs, benchmarks, tests)."""
+    samples = torch.arange(first_sample, first_sample + batch, dtype=torch.int64)
+    return (samples.unsqueeze(1) << 32) + torch.arange(seq, dtype=torch.int64)
