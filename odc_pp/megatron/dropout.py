@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["SITES", "TOKEN_ID_BITS", "DropoutScope", "dropout_scope", "current_scope",
-           "restored_scope", "microbatch_scope", "mix32", "site_key", "keep_mask", "keyed_dropout",
+__all__ = ["SITES", "TOKEN_ID_BITS", "DropoutScope", "AttentionKeys", "attention_keys",
+           "dropout_scope", "current_scope", "restored_scope", "microbatch_scope", "mix32", "site_key", "keep_mask", "keyed_dropout",
            "KeyedDropout", "KeyedAttentionDropout", "KeyedTransformerLayer",
            "get_keyed_bias_dropout_add", "keyed_layer_spec", "use_keyed_embedding_dropout"]
 
@@ -124,6 +124,9 @@ class DropoutScope:
     """Tensor-parallel rank: sequence-parallel shards and head partitions start here."""
     tp_size: int = 1
     """Tensor-parallel size."""
+    full_token_ids: torch.Tensor | None = None
+    """Context parallelism: the whole rows' ``[batch, seq]`` global token ids (the keys
+    that other ranks' chunks of the sequence hold); None: ``token_ids`` is the whole row."""
     layer: int = -1
     """Global layer running now; -1: the embedding."""
 
@@ -171,21 +174,23 @@ def restored_scope(scope: DropoutScope | None):
 
 
 def dropout_scope(*, seed: int, token_ids: torch.Tensor | None, tp_rank: int = 0,
-                  tp_size: int = 1):
+                  tp_size: int = 1, full_token_ids: torch.Tensor | None = None):
     """Context of one chunk forward (see :class:`DropoutScope`)."""
     return restored_scope(DropoutScope(seed=seed, token_ids=token_ids, tp_rank=tp_rank,
-                                       tp_size=tp_size))
+                                       tp_size=tp_size, full_token_ids=full_token_ids))
 
 
 def microbatch_scope(microbatch, *, seed: int, device, tensor_parallel=None):
     """:func:`dropout_scope` of a chunk forward on ``microbatch`` (its ``global_token_ids``
     moved to ``device``) under ``tensor_parallel`` (an
     :class:`~odc_pp.megatron.tp.TensorParallel`; None: tp = 1)."""
-    ids = getattr(microbatch, "global_token_ids", None)
-    ids = None if ids is None else ids.to(device, non_blocking=True)
+    ids, full = (getattr(microbatch, name, None)
+                 for name in ("global_token_ids", "full_global_token_ids"))
+    ids, full = (None if t is None else t.to(device, non_blocking=True) for t in (ids, full))
     rank, size = (0, 1) if tensor_parallel is None else \
         (tensor_parallel.rank, tensor_parallel.size)
-    return dropout_scope(seed=seed, token_ids=ids, tp_rank=rank, tp_size=size)
+    return dropout_scope(seed=seed, token_ids=ids, tp_rank=rank, tp_size=size,
+                         full_token_ids=full)
 
 
 def _scope(what: str) -> DropoutScope:
@@ -212,6 +217,56 @@ class KeyedDropout(torch.nn.Module):
         return keyed_dropout(x, keep, self.p)
 
 
+@dataclass(frozen=True)
+class AttentionKeys:
+    """The keyed mask of one attention-probability dropout: ``keep(q, k)`` for any block
+    of queries and keys, so a context-parallel attention can key the blocks it computes
+    one by one."""
+
+    prob: float
+    """Dropout probability."""
+    rows: torch.Tensor
+    """``[batch, heads, queries]`` keys of (query token, global head)."""
+    columns: torch.Tensor
+    """``[batch, keys]`` keys of the key tokens' offsets in their samples."""
+
+    @classmethod
+    def of(cls, prob: float, queries: torch.Tensor, keys: torch.Tensor, heads: int,
+           first_head: int) -> "AttentionKeys":
+        """Keys of queries / key tokens with global token ids ``queries`` / ``keys``
+        (``[batch, n]``) and heads ``first_head ..`` of the current layer."""
+        scope = _scope("attention")
+        rows = _token_keys(queries, site_key(scope.seed, scope.layer, "attention"))
+        head_keys = _columns(heads, queries.device, start=first_head)
+        return cls(prob=prob, rows=mix32(rows[:, None, :] ^ head_keys[None, :, None]),
+                   columns=mix32((keys & M32) ^ 0x2545F491))
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / (1.0 - self.prob)
+
+    def keep(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        """Bool ``[batch, heads, q, k]`` keep mask of a block."""
+        return keep_mask(self.rows[:, :, queries, None], self.columns[:, None, None, keys],
+                         self.prob)
+
+
+def attention_keys(prob: float, heads: int, *, cp_rank: int = 0, cp_size: int = 1,
+                   order: torch.Tensor | None = None) -> AttentionKeys:
+    """:class:`AttentionKeys` of the current scope: this rank's query tokens and heads
+    (``heads`` per rank: tensor-parallel partitions, then ``cp_size`` all-to-all ranks
+    each holding ``heads / cp_size``; ``cp_rank`` names this one) against the whole
+    rows' key tokens. ``order``: queries and keys are the whole rows' tokens in this
+    order (the all-to-all attention's gathered sequence)."""
+    scope = _scope("attention")
+    local = scope.tokens("attention dropout")
+    full = scope.full_token_ids if scope.full_token_ids is not None else local
+    first = (scope.tp_rank * cp_size + cp_rank) * heads
+    if order is not None:
+        local = full = full[:, order.to(full.device)]
+    return AttentionKeys.of(prob, local, full, heads, first)
+
+
 class KeyedAttentionDropout(torch.nn.Module):
     """Dropout of attention probabilities ``[batch, heads, query, key]`` keyed by the
     query token, the global head (this tensor-parallel rank's heads follow the ranks
@@ -224,19 +279,12 @@ class KeyedAttentionDropout(torch.nn.Module):
     def forward(self, probs: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return probs
-        scope = _scope("attention")
-        tokens = scope.tokens("attention dropout")
-        batch, heads, queries, keys_len = probs.shape
-        if tokens.shape[1] != queries or keys_len != queries:
-            raise ValueError(f"attention dropout: a [{queries} x {keys_len}] score block is "
-                             f"not the microbatch's {tokens.shape[1]} positions (context "
-                             "parallelism has no attention dropout)")
-        rows = _token_keys(tokens, site_key(scope.seed, scope.layer, "attention"))
-        heads_keys = _columns(heads, probs.device, start=scope.tp_rank * heads)
-        rows = mix32(rows[:, None, :] ^ heads_keys[None, :, None])  # [b, n, q]
-        offsets = mix32((tokens & M32) ^ 0x2545F491)  # [b, k]: key offsets in the sample
-        keep = keep_mask(rows.unsqueeze(-1), offsets[:, None, None, :], self.p)
-        return keyed_dropout(probs, keep, self.p)
+        keys = attention_keys(self.p, probs.shape[1])
+        if keys.rows.shape[2] != probs.shape[2] or keys.columns.shape[1] != probs.shape[3]:
+            raise ValueError(f"attention dropout: a [{probs.shape[2]} x {probs.shape[3]}] "
+                             f"score block is not the microbatch's "
+                             f"{keys.rows.shape[2]} positions")
+        return keyed_dropout(probs, keys.keep(), self.p)
 
 
 class _RecomputedKeyedAdd(torch.autograd.Function):

@@ -54,10 +54,6 @@ def context_parallel_problems(args) -> list[str]:
         problems.append("--dynamic-context-parallel needs --load-balance lb-mini with packed "
                         "rows (no --no-pack-sequences), --max-tokens-per-microbatch and "
                         "--dp-mode odc (the replicas' slot counts differ)")
-    if getattr(model, "attention_dropout", 0.0):
-        problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0 (the "
-                        f"context-parallel attention has no attention dropout; Megatron's "
-                        f"default is 0.1)")
     if parallel.cp_comm_type == "a2a":
         heads = model.num_attention_heads // parallel.tensor_model_parallel_size
         groups = (model.num_query_groups or model.num_attention_heads) // \
@@ -87,6 +83,9 @@ class ContextParallelMicrobatch(Microbatch):
     context-parallel attention masks every (query chunk, key chunk) pair with
     (:class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention`); None: one
     sample per row (causal)."""
+    full_global_token_ids: torch.Tensor | None = None
+    """The whole rows' ``global_token_ids``: the keys of the attention dropout's masks
+    for the other ranks' key chunks (:mod:`odc_pp.megatron.dropout`)."""
 
 
 def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch:
@@ -107,4 +106,5 @@ def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch
         loss_mask=part(microbatch.loss_mask),
         position_ids=cp_position_ids(positions, rank, size).contiguous(),
         global_token_ids=part(microbatch.global_token_ids),
+        full_global_token_ids=microbatch.global_token_ids,
         full_segment_ids=microbatch.segment_ids)
