@@ -5,7 +5,8 @@ iterations with --hidden-dropout 0.1 --attention-dropout 0.1: the single-process
 (pp=1 = dp=1 = tp=1) and pp=2 ZB-V, dp=2 ODC, tp=2 and tp=2 with sequence parallelism
 (each two ranks) give the same losses -- pp bitwise, dp and tp within the 1e-5 of the
 parity tests (their gradient sums and all-reduces add in another order, as without
-dropout) -- because every
+dropout) -- and so do pp=2 ZB-V with --recompute-lgd or full recompute (bitwise) and
+context parallelism 2 (ring and all-to-all, 1e-5), because every
 mask is keyed by (seed, global sample, token offset, layer, site), not drawn per rank in
 execution order (odc_pp/megatron/dropout.py). The same run without the flags is the
 same run (0.1 is the default); with --hidden-dropout 0 --attention-dropout 0 the losses
@@ -32,6 +33,16 @@ LAYOUTS = {  # name: (processes, flags, bitwise)
     "dp2_odc": (2, ["--dp-mode", "odc", "--pipeline-schedule", "1f1b"], False),
     "tp2": (2, TP2, False),
     "tp2_sp": (2, TP2 + ["--sequence-parallel"], False),
+    # beyond the six: recompute redraws nothing, context parallelism keys its blocks
+    "pp2_zbv_recompute_lgd": (2, ["--pipeline-model-parallel-size", "2",
+                                  "--pipeline-schedule", "zbv", "--recompute-lgd"], True),
+    "pp2_zbv_recompute_full": (2, ["--pipeline-model-parallel-size", "2",
+                                   "--pipeline-schedule", "zbv", "--recompute-granularity",
+                                   "full", "--recompute-method", "uniform",
+                                   "--recompute-num-layers", "1"], True),
+    "cp2_p2p": (2, ["--context-parallel-size", "2", "--pipeline-schedule", "1f1b"], False),
+    "cp2_a2a": (2, ["--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                    "--pipeline-schedule", "1f1b"], False),
 }
 
 
