@@ -139,7 +139,7 @@ def measure(args) -> dict:
             for name in rotated(list(runs), round_index):
                 value = seconds(runs[name], args.repeats)
                 if round_index:
-                    times[part][name].append(value * 1e3)
+                    times[part][name].append(round(value * 1e3, 3))
     dist.destroy_process_group()
     median = {part: {name: round(statistics.median(v), 3) for name, v in rows.items()}
               for part, rows in times.items()}

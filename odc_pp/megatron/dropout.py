@@ -55,10 +55,22 @@ hidden dropout after attention and after the MLP."""
 
 def mix32(x):
     """A 32-bit integer hash (xor-shift-multiply) of ``x`` in ``[0, 2**32)``: a Python int or
-    an int64 tensor (elementwise); the same bits on every device."""
+    an int64 tensor (elementwise, a new tensor); the same bits on every device."""
+    if isinstance(x, torch.Tensor):
+        return _mix32_(x.clone())
     x = ((x ^ (x >> 16)) * _MULT) & M32
     x = ((x ^ (x >> 16)) * _MULT) & M32
     return x ^ (x >> 16)
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`mix32` of an int64 tensor in place (fewer full-size temporaries)."""
+    for _ in range(2):
+        x ^= x >> 16
+        x *= _MULT
+        x &= M32
+    x ^= x >> 16
+    return x
 
 
 def site_key(seed: int, layer: int, site: str) -> int:
@@ -82,7 +94,7 @@ def _threshold(prob: float) -> int:
 
 def keep_mask(row_keys: torch.Tensor, column_keys: torch.Tensor, prob: float) -> torch.Tensor:
     """Bool keep mask: ``mix32(row ^ column) >= p * 2**32`` (broadcast)."""
-    return mix32(row_keys ^ column_keys) >= _threshold(prob)
+    return _mix32_(row_keys ^ column_keys) >= _threshold(prob)
 
 
 def _columns(count: int, device, start: int = 0) -> torch.Tensor:
@@ -98,12 +110,12 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x, keep, scale):
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x * keep.to(x.dtype) * scale
+        return (x * keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad_output):
         (keep,) = ctx.saved_tensors
-        return grad_output * keep.to(grad_output.dtype) * ctx.scale, None, None
+        return (grad_output * keep).mul_(ctx.scale), None, None
 
 
 def keyed_dropout(x: torch.Tensor, keep: torch.Tensor, prob: float) -> torch.Tensor:
