@@ -37,9 +37,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["SITES", "TOKEN_ID_BITS", "DropoutScope", "AttentionKeys", "attention_keys",
-           "dropout_scope", "current_scope", "restored_scope", "microbatch_scope", "mix32", "site_key", "keep_mask", "keyed_dropout",
-           "KeyedDropout", "KeyedAttentionDropout", "KeyedTransformerLayer",
+__all__ = ["SITES", "TOKEN_ID_BITS", "KEYED_ATTENTION", "DropoutScope", "AttentionKeys",
+           "attention_keys", "dropout_scope", "current_scope", "restored_scope",
+           "microbatch_scope", "mix32", "site_key", "keep_mask", "keyed_dropout", "KeyedDropout",
+           "KeyedAttentionDropout", "KeyedTransformerLayer",
            "get_keyed_bias_dropout_add", "keyed_layer_spec", "use_keyed_embedding_dropout"]
 
 M32 = 0xFFFFFFFF
@@ -123,7 +124,7 @@ def keyed_dropout(x: torch.Tensor, keep: torch.Tensor, prob: float) -> torch.Ten
     return _MaskedScale.apply(x, keep, 1.0 / (1.0 - prob))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DropoutScope:
     """What the keyed sites of one chunk forward need besides their own position."""
 
@@ -229,7 +230,7 @@ class KeyedDropout(torch.nn.Module):
         return keyed_dropout(x, keep, self.p)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionKeys:
     """The keyed mask of one attention-probability dropout: ``keep(q, k)`` for any block
     of queries and keys, so a context-parallel attention can key the blocks it computes
