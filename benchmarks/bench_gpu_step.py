@@ -58,7 +58,8 @@ def model_flags(shape: dict) -> list[str]:
             "--max-position-embeddings", str(shape["seq_length"]),
             "--micro-batch-size", "1", "--global-batch-size", str(shape["global_batch_size"]),
             "--lr", "1e-4", "--min-lr", "1e-5", "--lr-warmup-iters", "1", "--seed", "7",
-            "--no-progress-bar", "--log-interval", "1", "--pipeline-model-parallel-size", "1"]
+            "--no-progress-bar", "--log-interval", "1", "--pipeline-model-parallel-size", "1",
+            "--hidden-dropout", "0", "--attention-dropout", "0"]  # as HF Llama / the recipe
 
 
 def runs(shape: dict, rows_path: str, bf16: bool) -> dict[str, list[str]]:

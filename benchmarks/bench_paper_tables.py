@@ -100,7 +100,7 @@ def _layer_bytes(hidden: int, heads: int, seq: int, layers: int) -> tuple[int, i
     import torch
     import torch.distributed as dist
 
-    from odc_pp.data import Microbatch
+    from odc_pp.data import Microbatch, row_token_ids
     from odc_pp.training.distributed import standalone_process_groups
     from odc_pp.megatron.model import ModelConfig, build_chunks
     from odc_pp.runtime import PipelineRuntime, RuntimeConfig
@@ -115,7 +115,7 @@ def _layer_bytes(hidden: int, heads: int, seq: int, layers: int) -> tuple[int, i
     generator = torch.Generator().manual_seed(0)
     batch = [Microbatch(tokens=torch.randint(0, vocab, (1, seq), generator=generator),
                         labels=torch.randint(0, vocab, (1, seq), generator=generator),
-                        loss_mask=torch.ones(1, seq))]
+                        loss_mask=torch.ones(1, seq), global_token_ids=row_token_ids(1, seq))]
     runtime = PipelineRuntime(RuntimeConfig(track_activations=True), chunks=chunks,
                               pp_group=dist.group.WORLD)
     result = runtime.run_minibatch(generate("zb-h1", pp=1, num_microbatches=1), batch)

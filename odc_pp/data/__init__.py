@@ -15,7 +15,7 @@ _SOURCES = {
                      "balance_equal_counts", "balance_minibatch", "equal_count_balance",
                      "fit_cost_model", "fit_microbatch_costs", "microbatch_cost",
                      "pack_microbatches", "pack_padded", "replica_costs"),
-    "microbatch": ("Microbatch", "count_tokens"),
+    "microbatch": ("Microbatch", "count_tokens", "row_token_ids"),
     "assignment": ("LOAD_BALANCE_MODES", "MinibatchPlan", "plan_minibatch"),
     "samples": ("Sample", "collate", "global_batch_indices", "pack", "split_by_tokens",
                 "split_fixed"),

@@ -61,10 +61,12 @@ def _round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-def collate(samples: Sequence[Sample], *, pad_id: int, multiple: int = 1) -> Microbatch:
+def collate(samples: Sequence[Sample], *, pad_id: int, multiple: int = 1,
+            sample_ids: Sequence[int] | None = None) -> Microbatch:
     """Right-pad ``samples`` to the longest one, rounded up to a ``multiple`` (sequence
     parallelism splits the sequence over the tensor-parallel ranks); positions are
-    0..L-1 in every row and padding carries no loss."""
+    0..L-1 in every row and padding carries no loss. ``sample_ids``: the samples' global
+    indices (``global_token_ids``; None: not set)."""
     if not samples:
         raise ValueError("cannot collate an empty microbatch")
     length = _round_up(max(s.length for s in samples), multiple)
@@ -77,7 +79,27 @@ def collate(samples: Sequence[Sample], *, pad_id: int, multiple: int = 1) -> Mic
     return Microbatch(tokens=tokens_t[:, :-1].contiguous(), labels=tokens_t[:, 1:].contiguous(),
                       loss_mask=torch.from_numpy(mask),
                       position_ids=_rows(samples, "position_ids", length),
-                      segment_ids=_rows(samples, "segment_ids", length))
+                      segment_ids=_rows(samples, "segment_ids", length),
+                      global_token_ids=_token_ids(samples, sample_ids, length, packed=False))
+
+
+def _token_ids(samples: Sequence[Sample], sample_ids: Sequence[int] | None, length: int, *,
+               packed: bool) -> torch.Tensor | None:
+    """``global_token_ids`` (:class:`Microbatch`) of collated rows (one sample each) or of
+    one packed row of ``length`` positions; padding -1. None without ``sample_ids``."""
+    if sample_ids is None:
+        return None
+    if len(sample_ids) != len(samples):
+        raise ValueError(f"{len(sample_ids)} sample ids for {len(samples)} samples")
+    ids = [(int(index) << 32) + np.arange(sample.length, dtype=np.int64)
+           for index, sample in zip(sample_ids, samples)]
+    if packed:
+        row = np.concatenate(ids)
+        return torch.from_numpy(np.pad(row, (0, length - row.size), constant_values=-1)[None])
+    out = np.full((len(samples), length), -1, dtype=np.int64)
+    for row, values in enumerate(ids):
+        out[row, :values.size] = values
+    return torch.from_numpy(out)
 
 
 def _rows(samples: Sequence[Sample], name: str, length: int) -> torch.Tensor | None:
@@ -96,10 +118,12 @@ def _rows(samples: Sequence[Sample], name: str, length: int) -> torch.Tensor | N
     return torch.from_numpy(out.astype(np.int64))
 
 
-def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1) -> Microbatch:
+def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1,
+         sample_ids: Sequence[int] | None = None) -> Microbatch:
     """One ``[1, sum of lengths]`` row: the samples back to back, ``position_ids``
     ``0..L-1`` per sample and ``segment_ids`` 0, 1, 2, ... (see the module docstring);
-    padded with ``pad_id`` (segment -1, no loss) to a ``multiple`` of positions."""
+    padded with ``pad_id`` (segment -1, no loss) to a ``multiple`` of positions.
+    ``sample_ids``: the samples' global indices (``global_token_ids``; None: not set)."""
     if not samples:
         raise ValueError("cannot pack an empty microbatch")
     def row(parts, dtype) -> torch.Tensor:
@@ -116,7 +140,9 @@ def pack(samples: Sequence[Sample], *, pad_id: int = 0, multiple: int = 1) -> Mi
                       position_ids=row([np.arange(s.length) for s in samples] +
                                        [np.arange(pad)], np.int64),
                       segment_ids=row([np.full(s.length, k) for k, s in enumerate(samples)] +
-                                      [np.full(pad, -1)], np.int64))
+                                      [np.full(pad, -1)], np.int64),
+                      global_token_ids=_token_ids(samples, sample_ids, total + pad,
+                                                  packed=True))
 
 
 def empty_row(length: int, *, pad_id: int = 0) -> Microbatch:
@@ -125,7 +151,8 @@ def empty_row(length: int, *, pad_id: int = 0) -> Microbatch:
     pads = torch.full((1, length), pad_id, dtype=torch.int64)
     return Microbatch(tokens=pads, labels=pads.clone(), loss_mask=torch.zeros(1, length),
                       position_ids=torch.arange(length).unsqueeze(0),
-                      segment_ids=torch.full((1, length), -1, dtype=torch.int64))
+                      segment_ids=torch.full((1, length), -1, dtype=torch.int64),
+                      global_token_ids=torch.full((1, length), -1, dtype=torch.int64))
 
 
 def global_batch_indices(iteration: int, global_batch_size: int) -> list[int]:

@@ -14,6 +14,9 @@
   the norms (LayerNorm / RMSNorm), the activation (GeLU / SwiGLU) and hidden dropout in
   backward; :mod:`odc_pp.planner.memory`
   has the closed form of the bytes it saves (torch-free).
+* :mod:`odc_pp.megatron.dropout`: dropout masks hashed from (seed, global sample, token
+  offset, layer, site) through the layer spec, so every layout draws the same masks;
+  microbatches carry ``global_token_ids`` for it.
 
 Example (one pipeline rank; ``torch.distributed`` initialised, every rank calls it)::
 

@@ -239,12 +239,30 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(x), torch.zeros_like(x), x)
 
 
-def _forward_block(q5, kv, chunk, masks, out, lse, scale):
-    """Attend the local queries to one K/V block, merging into ``out`` / ``lse``."""
+def _block_dropout(dropout, src: int, size: int, chunk: int, shape5):
+    """``(query half, key half) -> [b, g, rep, c, c]`` scaled keep mask of this rank's
+    queries against rank ``src``'s keys (keyed attention dropout), or None."""
+    if dropout is None:
+        return None
+    key_chunks = _chunks(src, size)
+
+    def mask(qa: int, kb: int) -> torch.Tensor:
+        keep = dropout.keep(slice(qa * chunk, (qa + 1) * chunk),
+                            slice(key_chunks[kb] * chunk, (key_chunks[kb] + 1) * chunk))
+        return (keep.float() * dropout.scale).reshape(tuple(shape5[:3]) + (chunk, chunk))
+
+    return mask
+
+
+def _forward_block(q5, kv, chunk, masks, out, lse, scale, drop=None):
+    """Attend the local queries to one K/V block, merging into ``out`` / ``lse``
+    (``drop``: :func:`_block_dropout`'s masks, applied to the normalised block)."""
     for (qa, kb), mask in masks.items():
         scores = _scores(q5, kv[0], chunk, qa, kb, scale, mask)
         block_lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - _finite(block_lse).unsqueeze(-1))
+        if drop is not None:
+            probs = probs * drop(qa, kb)
         block_out = torch.matmul(probs, kv[1][..., kb * chunk:(kb + 1) * chunk, :]
                                  .unsqueeze(2).float())
         rows = slice(qa * chunk, (qa + 1) * chunk)
@@ -256,8 +274,9 @@ def _forward_block(q5, kv, chunk, masks, out, lse, scale):
         lse[..., rows] = new_lse
 
 
-def _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale):
-    """Add one K/V block's share of dQ (local) and of that block's dK/dV."""
+def _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale, drop=None):
+    """Add one K/V block's share of dQ (local) and of that block's dK/dV. With dropout
+    ``delta = rowsum(dO * O)`` still equals ``rowsum(dP * P)`` of the undropped P."""
     for (qa, kb), mask in masks.items():
         rows = slice(qa * chunk, (qa + 1) * chunk)
         keys = slice(kb * chunk, (kb + 1) * chunk)
@@ -266,9 +285,13 @@ def _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale):
         d_out = dout[..., rows, :]
         k = kv[0][..., keys, :].unsqueeze(2).float()
         v = kv[1][..., keys, :].unsqueeze(2).float()
-        dkv[1][..., keys, :] += torch.matmul(probs.transpose(-1, -2), d_out).sum(2)
-        d_scores = probs * (torch.matmul(d_out, v.transpose(-1, -2)) -
-                            delta[..., rows].unsqueeze(-1)) * scale
+        keep = None if drop is None else drop(qa, kb)
+        dropped = probs if keep is None else probs * keep
+        dkv[1][..., keys, :] += torch.matmul(dropped.transpose(-1, -2), d_out).sum(2)
+        d_probs = torch.matmul(d_out, v.transpose(-1, -2))
+        if keep is not None:
+            d_probs = d_probs * keep
+        d_scores = probs * (d_probs - delta[..., rows].unsqueeze(-1)) * scale
         dq[..., rows, :] += torch.matmul(d_scores, k)
         dkv[0][..., keys, :] += torch.matmul(d_scores.transpose(-1, -2),
                                              q5[..., rows, :]).sum(2)
@@ -309,10 +332,13 @@ class RingAttention(torch.autograd.Function):
     ``q``: ``[b, heads, 2c, d]``, ``k`` / ``v``: ``[b, groups, 2c, d]`` (GQA: ``heads`` a
     multiple of ``groups``; query head i uses K/V head ``i // (heads / groups)``), this
     rank's two chunks in load-balanced order. ``segment_ids``: None (causal) or the full
-    row's ``[b, 2c * N]`` document ids. Returns ``[b, heads, 2c, d]`` in ``q``'s dtype."""
+    row's ``[b, 2c * N]`` document ids. ``dropout``: None or the
+    :class:`~odc_pp.megatron.dropout.AttentionKeys` of the local queries against the
+    full rows' keys (keyed attention dropout, recomputed per block in backward).
+    Returns ``[b, heads, 2c, d]`` in ``q``'s dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, segment_ids, group, scale):
+    def forward(ctx, q, k, v, segment_ids, group, scale, dropout=None):
         size, rank = _ring_position(group)
         batch, heads, local, dim = q.shape
         groups, chunk = k.shape[1], local // 2
@@ -323,14 +349,16 @@ class RingAttention(torch.autograd.Function):
         for step, posts in enumerate(ring_comm_plan(rank, size)):
             incoming = torch.empty_like(kv) if step < size - 1 else None
             requests = _post(group, posts, {("send", "kv"): kv, ("recv", "kv"): incoming})
-            masks = _block_masks(rank, (rank - step) % size, size, chunk, segment_ids,
-                                 q.device)
-            _forward_block(q5, kv, chunk, masks, out, lse, scale)
+            src = (rank - step) % size
+            masks = _block_masks(rank, src, size, chunk, segment_ids, q.device)
+            _forward_block(q5, kv, chunk, masks, out, lse, scale,
+                           _block_dropout(dropout, src, size, chunk, q5.shape))
             for request in requests:
                 request.wait()
             kv = incoming
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.segment_ids, ctx.group, ctx.scale = segment_ids, group, scale
+        ctx.dropout = dropout
         return out.reshape(batch, heads, local, dim).to(q.dtype)
 
     @staticmethod
@@ -352,19 +380,20 @@ class RingAttention(torch.autograd.Function):
                                             ("send", "dkv"): dkv_done, ("recv", "dkv"): dkv_in})
             dkv = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=k.device)
             if step < size:  # the extra last step only brings this rank's dK/dV home
-                masks = _block_masks(rank, (rank - step) % size, size, chunk, segment_ids,
-                                     q.device)
-                _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale)
+                src = (rank - step) % size
+                masks = _block_masks(rank, src, size, chunk, segment_ids, q.device)
+                _backward_block(q5, kv, chunk, masks, lse, dout, delta, dq, dkv, scale,
+                                _block_dropout(ctx.dropout, src, size, chunk, q5.shape))
             for request in requests:
                 request.wait()
             if dkv_in is not None:
                 dkv += dkv_in
             dkv_done, kv = dkv, incoming
         dq = dq.reshape(q.shape).to(q.dtype)
-        return dq, dkv_done[0].to(k.dtype), dkv_done[1].to(v.dtype), None, None, None
+        return dq, dkv_done[0].to(k.dtype), dkv_done[1].to(v.dtype), None, None, None, None
 
 
-def ring_attention(q, k, v, *, group, scale: float, segment_ids=None):
+def ring_attention(q, k, v, *, group, scale: float, segment_ids=None, dropout=None):
     """:class:`RingAttention` with keyword arguments (see there)."""
     if q.shape[2] % 2:
         raise ValueError(f"the local sequence must hold two equal chunks, got "
@@ -374,7 +403,7 @@ def ring_attention(q, k, v, *, group, scale: float, segment_ids=None):
                          f"{k.shape[1]} key/value heads")
     if segment_ids is not None:
         segment_ids = segment_ids.to(q.device)
-    return RingAttention.apply(q, k, v, segment_ids, group, scale)
+    return RingAttention.apply(q, k, v, segment_ids, group, scale, dropout)
 
 
 # ---- all-to-all (Ulysses, Megatron's a2a cp_comm_type) ---------------------------------
@@ -419,12 +448,14 @@ def _sequence_to_heads(x: torch.Tensor, group) -> torch.Tensor:
     return scattered.transpose(0, 1).reshape(batch, heads * size, tokens // size, dim)
 
 
-def ulysses_attention(q, k, v, *, group, scale: float, segment_ids=None):
+def ulysses_attention(q, k, v, *, group, scale: float, segment_ids=None, dropout=None):
     """Attention over the CP group by all-to-all (Megatron's ``a2a``): queries, keys and
     values trade their heads for the sequence, every rank attends the whole sequence with
     ``heads / N`` heads (fp32 softmax, the causal / document mask in the gathered
     load-balanced order), and the output trades back. Same arguments and result as
-    :func:`ring_attention`; query and K/V head counts must be multiples of N."""
+    :func:`ring_attention`; query and K/V head counts must be multiples of N. ``dropout``:
+    None or the :class:`~odc_pp.megatron.dropout.AttentionKeys` of this rank's heads over
+    the gathered sequence (queries and keys in the gathered order)."""
     size = dist.get_world_size(group)
     if q.shape[1] % size or k.shape[1] % size:
         raise ValueError(f"--cp-comm-type a2a needs the query heads ({q.shape[1]}) and "
@@ -444,5 +475,7 @@ def ulysses_attention(q, k, v, *, group, scale: float, segment_ids=None):
     scores = torch.matmul(qs.float(), ks.repeat_interleave(groups, 1).float()
                           .transpose(-1, -2)) * scale
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    if dropout is not None:
+        probs = probs * (dropout.keep().float() * dropout.scale)
     out = torch.matmul(probs, vs.repeat_interleave(groups, 1).float()).to(q.dtype)
     return _sequence_to_heads(out, group)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import copy
 
+import torch
 import torch.distributed as dist
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from .context_parallel import CP_COMM_TYPES, LocalRows, ring_attention, ulysses_attention
+from .context_parallel import (CP_COMM_TYPES, LocalRows, cp_token_indices, ring_attention,
+                               ulysses_attention)
+from .dropout import attention_keys
 from .packed_attention import PackedSegments
 
 __all__ = ["ContextParallelDotProductAttention"]
@@ -28,8 +31,9 @@ class ContextParallelDotProductAttention(DotProductAttention):
     heads divisible by the CP size); ``comm_type``, when given, wins over it (a layer
     spec's ``functools.partial`` keyword: megatron passes its own ``cp_comm_type``). ``attention_mask``: None (causal)
     or :class:`~odc_pp.megatron.packed_attention.PackedSegments` of the *full* rows
-    (``[b, s]`` segment ids). No attention dropout, bias, softmax offset or
-    ``PackedSeqParams`` (each one a ValueError)."""
+    (``[b, s]`` segment ids). Attention dropout is keyed by the data
+    (:mod:`odc_pp.megatron.dropout`), the same masks as without context parallelism. No
+    attention bias, softmax offset or ``PackedSeqParams`` (each one a ValueError)."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None,
@@ -58,9 +62,6 @@ class ContextParallelDotProductAttention(DotProductAttention):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("context-parallel attention takes packed rows as "
                              "PackedSegments of the full rows, and no attention bias")
-        if self.training and self.attention_dropout.p > 0:
-            raise ValueError("context-parallel attention has no attention dropout "
-                             "(--attention-dropout 0)")
         group = self.cp_group
         seq_q, batch = query.shape[0], query.shape[1]
         segment_ids = None
@@ -78,9 +79,22 @@ class ContextParallelDotProductAttention(DotProductAttention):
                              "PackedSegments, not a dense mask")
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        attention = ring_attention if self.cp_comm_type == "p2p" or group is None \
-            else ulysses_attention
-        context = attention(q, k, v, group=group, scale=self.cp_scale,
-                            segment_ids=segment_ids)
+        ring = self.cp_comm_type == "p2p" or group is None
+        context = (ring_attention if ring else ulysses_attention)(
+            q, k, v, group=group, scale=self.cp_scale, segment_ids=segment_ids,
+            dropout=self._dropout_keys(q.shape[1], None if ring else group, seq_q * size))
         return context.permute(2, 0, 1, 3).reshape(seq_q, batch,
                                                    self.hidden_size_per_partition)
+
+    def _dropout_keys(self, heads: int, a2a_group, seq: int):
+        """The keyed attention dropout (:mod:`odc_pp.megatron.dropout`) of this call:
+        None without dropout; the ring keys this rank's queries against the whole rows'
+        keys, the all-to-all (``a2a_group``) its heads over the gathered sequence."""
+        if not (self.training and self.attention_dropout.p > 0):
+            return None
+        prob = self.attention_dropout.p
+        if a2a_group is None:
+            return attention_keys(prob, heads)
+        size, rank = dist.get_world_size(a2a_group), dist.get_rank(a2a_group)
+        order = torch.cat([cp_token_indices(seq, r, size) for r in range(size)])
+        return attention_keys(prob, heads // size, cp_rank=rank, cp_size=size, order=order)

@@ -10,15 +10,16 @@ layers save their activations as usual.
 How (:class:`_RecomputedGroup`). F runs the group under ``no_grad`` and saves only its
 input (a ``save_for_backward`` tensor, so the runtime's saved-tensor store accounts,
 offloads and reloads it) plus the RNG states of the host and the device generator and
-megatron's RNG tracker. B restores those states, re-runs the group's forward with
+megatron's RNG tracker, and the keyed-dropout scope (:mod:`odc_pp.megatron.dropout`: the
+microbatch's token ids). B restores those states, re-runs the group's forward with
 autograd on, puts the caller's states back, and back-propagates the output gradient
 through the recomputed graph: input gradients flow on, norm/bias gradients accumulate,
 and the deferrable linears -- B runs inside the runtime's
 ``WeightGradQueue.deferring`` -- enqueue their weight-gradient GEMMs with the inputs and
 output gradients B just recomputed. Those stay held until W, and the queue counts them
 (``held_bytes``; the runtime's store adds them to the resident activations from B to W),
-so the activation accounting sees what W keeps. Dropout masks are redrawn identically
-from the restored states, so gradients equal those of the non-recomputed split backward.
+so the activation accounting sees what W keeps. Dropout masks are recomputed identically
+from the restored scope's keys, so gradients equal those of the non-recomputed split backward.
 The recompute adds one forward of the group to B: T_B grows by T_F of the recomputed
 layers (:func:`odc_pp.schedule.costs.with_full_recompute`).
 """
@@ -26,6 +27,8 @@ layers (:func:`odc_pp.schedule.costs.with_full_recompute`).
 from __future__ import annotations
 
 import torch
+
+from .dropout import current_scope, restored_scope
 
 __all__ = ["recompute_groups", "apply_full_recompute", "RECOMPUTE_METHODS"]
 
@@ -71,6 +74,7 @@ class _RecomputedGroup(torch.autograd.Function):
     def forward(ctx, run, kwargs, hidden):
         ctx.run, ctx.kwargs = run, kwargs
         ctx.rng = _rng_states(hidden.device)
+        ctx.dropout = current_scope()
         with torch.no_grad():
             output = run(hidden, kwargs)
         ctx.save_for_backward(hidden)
@@ -83,7 +87,7 @@ class _RecomputedGroup(torch.autograd.Function):
         current = _rng_states(hidden.device)
         _set_rng_states(ctx.rng, hidden.device)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), restored_scope(ctx.dropout):
                 output = ctx.run(hidden, ctx.kwargs)
         finally:
             _set_rng_states(current, hidden.device)

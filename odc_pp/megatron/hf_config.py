@@ -201,6 +201,9 @@ def merge_hf_flags(values: dict, given: set[str], directory: str) -> dict:
         merged["max_position_embeddings"] = max(
             int(config.get("max_position_embeddings", values["seq_length"])),
             values["seq_length"])
+    for name in ("hidden_dropout", "attention_dropout"):  # HF configs: 0.0 (Llama, Qwen)
+        if name not in given:
+            merged[name] = float(config.get(name, 0.0) or 0.0)
     sliding = config.get("sliding_window")
     uses_sliding = config.get("use_sliding_window", config.get("model_type") == "mistral")
     if sliding and uses_sliding and int(sliding) < values["seq_length"]:

@@ -41,6 +41,7 @@ from ..schedule.placement import Placement, stage_of
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
                      rotary_embedding, deferrable_output_layer)
+from .dropout import microbatch_scope, use_keyed_embedding_dropout
 from .full_recompute import apply_full_recompute
 from .rope_triton import RotaryInAttention, use_fused_rope
 from .swiglu import use_fused_swiglu
@@ -118,6 +119,8 @@ class GPTChunk(torch.nn.Module):
         """Rows of this many tokens keep ``is_causal`` SDPA; shorter unpacked rows go
         through the varlen kernel where it runs (:func:`~odc_pp.megatron.packed_attention.
         short_row_segments`). None: always ``is_causal``."""
+        self.dropout_seed = 0
+        """Seed of the keyed dropout masks (the model's init seed)."""
         self.fused_cross_entropy = False
         """The last stage applies its output layer inside the loss, chunk by chunk
         (:func:`~odc_pp.megatron.linear_cross_entropy.linear_cross_entropy`)."""
@@ -207,8 +210,10 @@ class GPTChunk(torch.nn.Module):
                              "microbatch; packed rows with their own position ids need the "
                              "unfused path (uninstall transformer-engine or do not pack)")
         sequence_group = tp.group if tp.sequence_parallel else None
-        return gpt_chunk_forward(self.model, tokens, positions, mask, rotary,
-                                 sequence_group=sequence_group, output_layer=output_layer)
+        with microbatch_scope(microbatch, seed=self.dropout_seed, device=device,
+                              tensor_parallel=tp):  # keyed dropout (odc_pp.megatron.dropout)
+            return gpt_chunk_forward(self.model, tokens, positions, mask, rotary,
+                                     sequence_group=sequence_group, output_layer=output_layer)
 
     def _short_rows(self, batch: int, seq_len: int, device) -> PackedSegments | None:
         if self.full_length is None or self.tensor_parallel.sequence_parallel or \
@@ -394,6 +399,7 @@ class _ChunkBuild:
             deferrable_output_layer(model)
         if stage == 0:
             use_main_grad_lookup(model.embedding.word_embeddings)
+        use_keyed_embedding_dropout(model, layers.start)
         if config.recompute_method is not None:
             apply_full_recompute(model.decoder, config.recompute_method,
                                  config.recompute_num_layers)
@@ -416,6 +422,7 @@ class _ChunkBuild:
         gpt_chunk.context_parallel = self.cp_group is not None
         gpt_chunk.full_length = config.max_sequence_length
         gpt_chunk.fused_rope = self.fused_rope
+        gpt_chunk.dropout_seed = self.seed
         gpt_chunk.fused_cross_entropy = use_fused_cross_entropy(
             config.fused_cross_entropy, config.device,
             tensor_parallel=self.tensor_parallel.size)

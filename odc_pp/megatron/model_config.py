@@ -41,9 +41,10 @@ class ModelConfig:
     init_method_std: float = 0.02
     """Std of the normal init of weights (output projections are scaled by 1/sqrt(2L))."""
     hidden_dropout: float = 0.0
-    """Dropout after attention/MLP."""
+    """Dropout on the embedding and after attention/MLP (keyed by the data:
+    :mod:`odc_pp.megatron.dropout`)."""
     attention_dropout: float = 0.0
-    """Dropout on attention probabilities."""
+    """Dropout on attention probabilities (keyed by the data)."""
     device: str = "cpu"
     """Device the chunks live on."""
     recompute_lgd: bool = False

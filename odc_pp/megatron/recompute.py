@@ -16,16 +16,11 @@ Transformer Engine's ``LayerNormLinear`` is plugged into megatron-core, entirely
   spec-provided activation) and ``linear_fc2`` becomes
   :class:`DeferrableGeluRowParallelLinear`, which applies GeLU to its input itself and
   saves only the pre-activation (which GeLU's own backward needs anyway).
-* ``self_attn_bda`` / ``mlp_bda`` become :func:`get_recomputed_bias_dropout_add`:
-  ``residual + dropout(x + bias)`` whose mask is not saved. **Choice: the RNG state is
-  saved, not the mask.** Before drawing the mask the function records the generator state
-  of the activation's device (5056 B for the CPU mt19937 generator, 16 B for CUDA's
-  Philox) and in backward restores it, redraws the identical mask, and puts the caller's
-  state back. That is O(1) per call instead of a bool (s*b*h B) or bit-packed (s*b*h/8 B)
-  mask. The mask is drawn exactly like torch's CPU dropout
-  (``empty.bernoulli_(1 - p).div_(1 - p)``), so on CPU the recompute path consumes the
-  generator and produces values bitwise equal to megatron's unfused bias-dropout-add; on
-  CUDA it is the same distribution but not the ``native_dropout`` stream.
+* ``self_attn_bda`` / ``mlp_bda`` become the keyed bias-dropout-add of
+  :mod:`odc_pp.megatron.dropout` with ``recompute=True``: ``residual + dropout(x + bias)``
+  whose mask is not saved. Its mask is a hash of the data (sample, token, layer, site,
+  hidden unit), so backward recomputes it from the ``[s, b, 1]`` token keys it saves
+  (8 B per token instead of a bool s*b*h B mask), identical to the stored path's.
 
 Both linears are the plain deferrable linears of :mod:`odc_pp.megatron.layers` with an
 :class:`~odc_pp.megatron.layers.InputOp` (:class:`LayerNormInputOp`, :class:`GeluInputOp`):
@@ -44,12 +39,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .compat import unfused_bias_dropout_add
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear, InputOp
 
 __all__ = ["DeferrableNormColumnParallelLinear", "DeferrableGeluRowParallelLinear",
            "LayerNormInputOp", "GeluInputOp", "RMSNormInputOp", "SwiGLUInputOp",
-           "AutogradInputOp", "get_recomputed_bias_dropout_add",
+           "AutogradInputOp",
            "CANONICAL_NORM_NAMES", "canonical_name"]
 
 CANONICAL_NORM_NAMES = {
@@ -205,66 +199,6 @@ class DeferrableGeluRowParallelLinear(DeferrableRowParallelLinear):
             raise ValueError("recompute_lgd applies GeLU inside linear_fc2: set "
                              "use_te_activation_func=True so the MLP uses the spec's "
                              "IdentityOp activation instead of applying GeLU twice")
-
-
-# ----- bias + dropout + residual -------------------------------------------------------
-def _rng_state(device: torch.device) -> torch.Tensor:
-    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-def _set_rng_state(state: torch.Tensor, device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
-def _dropout_noise(shape, like: torch.Tensor, prob: float) -> torch.Tensor:
-    """Scaled keep-mask, drawn like torch's composite (CPU) dropout."""
-    noise = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return noise.bernoulli_(1 - prob).div_(1 - prob)
-
-
-class _DropoutAddFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, bias, residual, prob):
-        rng_state = _rng_state(x.device)
-        kept = x + bias if bias is not None else x
-        noise = _dropout_noise(kept.shape, kept, prob)
-        ctx.save_for_backward(rng_state)
-        ctx.prob = prob
-        ctx.bias_shape = bias.shape if bias is not None else None
-        return residual + kept * noise
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (rng_state,) = ctx.saved_tensors
-        device = grad_output.device
-        current = _rng_state(device)
-        _set_rng_state(rng_state, device)
-        try:
-            noise = _dropout_noise(grad_output.shape, grad_output, ctx.prob)
-        finally:
-            _set_rng_state(current, device)
-        grad_kept = grad_output * noise
-        grad_bias = None if ctx.bias_shape is None else grad_kept.sum_to_size(ctx.bias_shape)
-        return grad_kept, grad_bias, grad_output, None
-
-
-def get_recomputed_bias_dropout_add(training: bool, fused: bool):
-    """Drop-in for megatron's ``get_bias_dropout_add`` (spec ``self_attn_bda``/``mlp_bda``):
-    ``residual + dropout(x + bias)`` recomputing the dropout mask in backward from the saved
-    RNG state. ``fused`` is ignored (no jit fusion). Without dropout (eval, p = 0) or with
-    p = 1 it is megatron's unfused function, which then saves nothing anyway."""
-
-    def bias_dropout_add(x_with_bias, residual, prob):
-        x, bias = x_with_bias
-        if not training or not 0.0 < prob < 1.0:
-            return unfused_bias_dropout_add(x_with_bias, residual, prob, training)
-        residual = residual if residual.dtype == x.dtype else residual.to(x.dtype)
-        return _DropoutAddFunction.apply(x, bias, residual, prob)
-
-    return bias_dropout_add
 
 
 def canonical_name(name: str) -> str:

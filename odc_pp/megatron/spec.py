@@ -18,8 +18,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from .compat import HostDotProductAttention, SdpaDotProductAttention, TorchNorm, mlp_submodules
 from .layers import DeferrableColumnParallelLinear, DeferrableRowParallelLinear
-from .recompute import (DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear,
-                        get_recomputed_bias_dropout_add)
+from .dropout import keyed_layer_spec
+from .recompute import DeferrableGeluRowParallelLinear, DeferrableNormColumnParallelLinear
 from .swiglu import SwiGLU
 
 __all__ = ["deferrable_gpt_layer_spec", "apply_recompute_lgd", "CORE_ATTENTION"]
@@ -61,6 +61,8 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     context-parallel group of more than one rank: the core attention is
     :class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention` over it
     (``cp_comm_type`` ``p2p`` ring or ``a2a``), whatever ``core_attention`` says.
+    Dropout is keyed by the data, the same in every layout
+    (:func:`~odc_pp.megatron.dropout.keyed_layer_spec`).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -92,6 +94,7 @@ def deferrable_gpt_layer_spec(*, host_attention: bool = True, recompute_lgd: boo
     mlp.linear_fc2 = DeferrableRowParallelLinear
     if swiglu:
         mlp.activation_func = ModuleSpec(module=SwiGLU, params={"fused": fused_swiglu})
+    keyed_layer_spec(spec)
     if recompute_lgd:
         apply_recompute_lgd(spec)
     return spec
@@ -109,6 +112,5 @@ def apply_recompute_lgd(spec: ModuleSpec) -> ModuleSpec:
     mlp.linear_fc1 = DeferrableNormColumnParallelLinear
     mlp.activation_func = IdentityOp
     mlp.linear_fc2 = DeferrableGeluRowParallelLinear
-    layer.self_attn_bda = get_recomputed_bias_dropout_add
-    layer.mlp_bda = get_recomputed_bias_dropout_add
+    keyed_layer_spec(spec, recompute=True)
     return spec

@@ -64,10 +64,10 @@ stops saving (see :mod:`odc_pp.megatron.recompute`):
   layernorm, ``2 * 2 * tokens * stat_bytes`` (fp32 statistics: ``stat_bytes = 4``);
 * the GeLU output (input of ``linear_fc2``): ``tokens * f * e``;
 * with hidden dropout > 0, the two hidden-dropout masks ``2 * tokens * h * m``, replaced by
-  two RNG states of ``rng_state_bytes`` each (held in the saved-tensor store when the
-  generator state lives on the compute device's host, i.e. the CPU generator on CPU).
+  the two ``[s, b, 1]`` int64 token keys they are recomputed from
+  (``2 * tokens * key_bytes``, ``key_bytes = 8``; :mod:`odc_pp.megatron.dropout`).
 
-With f = 4h, e = 2 (bf16), m = 1 (CUDA's bool mask) and the O(tokens) terms dropped,
+With f = 4h, e = 2 (bf16), m = 1 (the keyed dropout's bool mask) and the O(tokens) terms dropped,
 this is 14 * s * b * h: the standard per-layer 34 sbh (+ 5 a s^2 b) becomes 20 sbh
 (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
 :func:`layer_activation_bytes` uses :func:`lgd_saving_per_token_hidden` for that
@@ -88,7 +88,7 @@ from .model import ModelShape
 __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
            "MemoryReport", "ChunkBytes", "schedule_peak", "count_sends", "Workload",
            "layer_activation_bytes", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
-           "dropout_mask_bytes", "CPU_RNG_STATE_BYTES"]
+           "dropout_mask_bytes", "DROPOUT_KEY_BYTES"]
 
 GB = 1e9
 
@@ -350,15 +350,15 @@ def count_sends(schedule, rank: int) -> int:
     return sum(a.kind.value.startswith("SEND") for a in schedule.ranks[rank])
 
 
-CPU_RNG_STATE_BYTES = 5056
-"""Size of ``torch.get_rng_state()`` (the mt19937 CPU generator state)."""
+DROPOUT_KEY_BYTES = 8
+"""Bytes per token of the int64 key a recomputed (``recompute_lgd``) dropout keeps."""
 
 
 def dropout_mask_bytes(device_type: str, bytes_per_value: int) -> int:
-    """Bytes per element that a *stored* dropout keeps for backward: CUDA's
-    ``native_dropout`` saves a bool mask; on CPU torch's composite dropout saves its
-    scaled noise tensor in the activation dtype."""
-    return 1 if device_type == "cuda" else bytes_per_value
+    """Bytes per element that a *stored* dropout keeps for backward: the keyed dropout
+    (:mod:`odc_pp.megatron.dropout`) saves a bool mask on every device and dtype."""
+    del device_type, bytes_per_value
+    return 1
 
 
 def lgd_saving_per_token_hidden(*, ffn_ratio: float = 4.0, bytes_per_value: int = 2,
@@ -370,11 +370,11 @@ def lgd_saving_per_token_hidden(*, ffn_ratio: float = 4.0, bytes_per_value: int 
 
 def lgd_saved_bytes_per_layer(*, tokens: int, hidden_size: int, ffn_hidden_size: int,
                               bytes_per_value: int, dropout: bool, mask_bytes: int,
-                              stat_bytes: int = 4, rng_state_bytes: int = 0) -> int:
+                              stat_bytes: int = 4, key_bytes: int = DROPOUT_KEY_BYTES) -> int:
     """Exact bytes one layer stops holding per microbatch (module docstring)."""
     norms = 2 * tokens * (hidden_size * bytes_per_value + 2 * stat_bytes)
     gelu = tokens * ffn_hidden_size * bytes_per_value
-    masks = 2 * (tokens * hidden_size * mask_bytes - rng_state_bytes) if dropout else 0
+    masks = 2 * tokens * (hidden_size * mask_bytes - key_bytes) if dropout else 0
     return norms + gelu + masks
 
 

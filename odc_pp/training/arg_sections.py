@@ -81,6 +81,10 @@ class ModelArgs:
     """Zero-centred norm weights, as Megatron's: every norm (layer, final, q/k; LayerNorm
     or RMSNorm) stores its weight starting at 0 and scales by 1 + weight. Checkpoints keep
     the stored (zero-centred) values; Hugging Face import/export adds/subtracts 1."""
+    hidden_dropout: float = 0.1
+    """Dropout on the embedding and after attention and the MLP (Megatron's default)."""
+    attention_dropout: float = 0.1
+    """Dropout on the attention probabilities (Megatron's default)."""
     init_method_std: float = 0.02
     """Standard deviation of the normal initialisation of the weights (output projections:
     divided by sqrt(2 x --num-layers), as megatron-core)."""

@@ -126,6 +126,10 @@ def _validate_model(args) -> list[str]:
         problems.append("--norm-epsilon and --rotary-base must be > 0")
     if not (math.isfinite(model.init_method_std) and model.init_method_std > 0):
         problems.append(f"--init-method-std must be finite and > 0, got {model.init_method_std}")
+    for flag, value in (("--hidden-dropout", model.hidden_dropout),
+                        ("--attention-dropout", model.attention_dropout)):
+        if not 0.0 <= value < 1.0:
+            problems.append(f"{flag} must be in [0, 1), got {value}")
     return problems
 
 

@@ -158,10 +158,6 @@ def parse_args_with_notes(argv: list[str] | None = None) -> tuple[TrainingArgs, 
         notes.append(f"note: --tokenizer-model {values['tokenizer_model']} without "
                      f"--tokenizer-type: HuggingFaceTokenizer")
     notes.append(sample_construction_note(args))
-    # --hidden-dropout 0 and --attention-dropout 0 were answered: the trainer's dropout
-    # note would say it a second time
-    args.dropout_noted = all(any(note.startswith(f"note: --{kind}-dropout") for note in notes)
-                             for kind in ("hidden", "attention"))
     if args.optimizer.lr == 0:
         notes.append("warning: --lr 0: the weights will not change (evaluation / parity run)")
     return args, notes

@@ -37,8 +37,6 @@ def context_parallel_problems(args) -> list[str]:
         problems.append("--dynamic-context-parallel needs --load-balance lb-mini with packed "
                         "rows (no --no-pack-sequences) and --max-tokens-per-microbatch "
                         "(and --dp-mode odc: the replicas' slot counts differ)")
-    if getattr(model, "attention_dropout", 0.0):
-        problems.append(f"--context-parallel-size {cp} needs --attention-dropout 0")
     if parallel.cp_comm_type == "a2a":
         heads = model.num_attention_heads // parallel.tensor_model_parallel_size
         groups = (model.num_query_groups or model.num_attention_heads) // \

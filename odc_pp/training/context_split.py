@@ -38,6 +38,9 @@ class ContextParallelMicrobatch(Microbatch):
     context-parallel attention masks every (query chunk, key chunk) pair with
     (:class:`~odc_pp.megatron.cp_attention.ContextParallelDotProductAttention`); None: one
     sample per row (causal)."""
+    full_global_token_ids: torch.Tensor | None = None
+    """The whole rows' ``global_token_ids``: the keys of the attention dropout's masks
+    for the other ranks' key chunks (:mod:`odc_pp.megatron.dropout`)."""
 
 
 def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch:
@@ -57,4 +60,6 @@ def split_microbatch(microbatch: Microbatch, rank: int, size: int) -> Microbatch
         tokens=part(microbatch.tokens), labels=part(microbatch.labels),
         loss_mask=part(microbatch.loss_mask),
         position_ids=cp_position_ids(positions, rank, size).contiguous(),
+        global_token_ids=part(microbatch.global_token_ids),
+        full_global_token_ids=microbatch.global_token_ids,
         full_segment_ids=microbatch.segment_ids)

@@ -345,6 +345,6 @@ class BatchAssigner:
     def microbatches(self, groups: list[list[int]]) -> list[Microbatch]:
         if self.packed:
             return [pack([self.source[i] for i in group], pad_id=self.source.pad_id,
-                         multiple=self.multiple) for group in groups]
+                         multiple=self.multiple, sample_ids=group) for group in groups]
         return [collate([self.source[i] for i in group], pad_id=self.source.pad_id,
-                        multiple=self.multiple) for group in groups]
+                        multiple=self.multiple, sample_ids=group) for group in groups]

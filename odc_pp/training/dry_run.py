@@ -209,12 +209,13 @@ def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool
 
 
 def _microbatch(args: TrainingArgs, vocab_size: int):
-    from odc_pp.data import Microbatch
+    from odc_pp.data import Microbatch, row_token_ids
 
     packed = args.data.max_tokens_per_microbatch
     shape = (1, packed) if packed else (args.data.micro_batch_size, args.model.seq_length)
     tokens = torch.randint(0, vocab_size, shape)
-    return Microbatch(tokens=tokens, labels=tokens.clone(), loss_mask=torch.ones(shape))
+    return Microbatch(tokens=tokens, labels=tokens.clone(), loss_mask=torch.ones(shape),
+                      global_token_ids=row_token_ids(*shape))
 
 
 def _measure_chunks(tracker, chunks, engine, schedule, pp_rank: int, microbatch) -> tuple[

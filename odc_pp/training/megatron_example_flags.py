@@ -20,8 +20,6 @@ _MOE = ("mixture of experts is not supported (dense GPT models only): drop the M
         "or train with Megatron-LM")
 _FSDP = ("Megatron-FSDP tuning: ODC already shards parameters, gradients and optimizer "
          "state over the data-parallel ranks (--dp-mode odc); nothing to set")
-_NO_DROPOUT = ("odc-pp trains without dropout, so every layout gives the same run "
-               "(docs/megatron.md): use 0.0, as Megatron's Llama, Mixtral and Qwen scripts do")
 _RAMPUP = ("a stepped batch-size schedule is not implemented: use --rampup-batch-size "
            "START INCREMENT SAMPLES (Megatron's linear ramp-up) or drop it")
 _HF_DATASET = ("maps to --data-path: the dataset's local JSONL file, one-document samples "
@@ -53,8 +51,7 @@ EXAMPLE_FLAGS: dict[str, PastedFlag] = {
         replacement=("--position-embedding-type", "rope")),
     "--rope-type": at_value(("rope",), "plain RoPE (Llama-3 scaling: --use-rope-scaling)",
                             "--rope-type takes 'rope' here (YaRN is not supported)"),
-    "--attention-dropout": at_value(("0", "0.0"), "no attention dropout", _NO_DROPOUT),
-    "--hidden-dropout": at_value(("0", "0.0"), "no hidden dropout", _NO_DROPOUT),
+    # --attention-dropout, --hidden-dropout: odc-pp's own flags (native, Megatron's 0.1)
     "--padded-vocab-size": maps_value(
         "--vocab-size", "the embedding rows of the model: maps to --vocab-size"),
     # --apply-layernorm-1p, --decoupled-lr, --decoupled-min-lr: odc-pp's own flags (native)

@@ -40,6 +40,7 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
         add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
         tie_embeddings=ties_embeddings(model), attention_backend=model.attention_backend,
         packed_attention=model.packed_attention, init_method_std=model.init_method_std,
+        hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
         fused_cross_entropy=model.fused_cross_entropy, fused_swiglu=model.fused_swiglu,
         fused_rope=model.fused_rope)
 

@@ -55,7 +55,7 @@ from .tracing import TraceRecorder
 from .throughput import (ModelShape, default_peak_tflops, microbatch_flops, peak_allocated_mb,
                          peak_memory_mb)
 
-__all__ = ["Trainer", "StepStats", "TrainingStopped", "DROPOUT_NOTE"]
+__all__ = ["Trainer", "StepStats", "TrainingStopped"]
 
 
 class TrainingStopped(RuntimeError):
@@ -167,12 +167,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-DROPOUT_NOTE = ("note: dropout 0.0 (hidden and attention), where Megatron-LM's default is 0.1: "
-                "odc-pp keeps every layout's run bitwise comparable (docs/megatron.md, "
-                "\"Dropout\"); set --hidden-dropout 0.0 --attention-dropout 0.0 in Megatron-LM "
-                "to compare")
-
-
 class Trainer:
     """Trains the resolved ``job`` on ``topo``: builds the data plan, the components and
     the checkpointing, resuming from --load; :meth:`train` runs the iterations."""
@@ -209,10 +203,6 @@ class Trainer:
         if args.parallel.odc_param_residency == "auto" and residency == "layer":
             self._say("--odc-param-residency auto: layer (the memory plan of minibatch "
                       "residency exceeds the GPU's memory; each layer is gathered per use)")
-        if not (getattr(args.model, "hidden_dropout", 0.0) or
-                getattr(args.model, "attention_dropout", 0.0) or
-                getattr(args, "dropout_noted", False)):  # the launch's dropout flags said it
-            self._say(DROPOUT_NOTE)
         opt = args.optimizer
         self.lr_schedule = LRSchedule(lr=opt.lr, min_lr=opt.min_lr,
                                       warmup_iters=opt.lr_warmup_iters,

@@ -10,7 +10,9 @@ global name (:func:`assemble_by_name`) and cuts out the ranges it owns now
 (:func:`owned_state`). The result is the same model and optimizer state, so training goes
 on from the same point; losses then match an uninterrupted run to rounding (summation
 order changes with the layout), not bit for bit. RNG states are per rank and do not carry
-over: dropout masks after a resharded resume differ from an uninterrupted run.
+over; dropout does not need them (its masks are keyed by the data,
+:mod:`odc_pp.megatron.dropout`), so its masks after a resharded resume are the
+uninterrupted run's.
 
 Tensor parallelism. A tp rank's units hold shards; its layout records the tp rank and
 size and, per parameter, how it is split (:mod:`odc_pp.megatron.tp_layout`, the one

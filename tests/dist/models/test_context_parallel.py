@@ -114,8 +114,8 @@ def _module_worker(rank, size):
                                num_query_groups=2, kv_channels=16, attention_dropout=0.0,
                                context_parallel_size=size)
     _module_refusals(groups, config)
-    return [_module_case(rank, size, groups, config, packed, comm)
-            for packed in (False, True) for comm in ("p2p", "a2a")]
+    return [_module_case(rank, size, groups, config, packed, comm, dropout)
+            for packed in (False, True) for comm in ("p2p", "a2a") for dropout in (0.0, 0.1)]
 
 
 def _module_refusals(groups, config):
@@ -132,15 +132,17 @@ def _module_refusals(groups, config):
     x = torch.zeros(32, 2, 4, 16)
     with pytest.raises(ValueError, match="not a dense mask"):
         module(x, x[:, :, :2], x[:, :, :2], causal_mask(32, "cpu"))
-    module.attention_dropout.p = 0.1
-    with pytest.raises(ValueError, match="--attention-dropout 0"):
-        module(x, x[:, :, :2], x[:, :, :2], None)
 
 
-def _module_case(rank, size, groups, config, packed, comm):
+def _module_case(rank, size, groups, config, packed, comm, dropout):
     """Output and input gradients of the CP module against megatron's unfused attention
-    on the full rows."""
+    on the full rows; with ``dropout`` both key their masks by the same global token ids
+    (odc_pp.megatron.dropout: the host attention's keyed subclass on the full rows)."""
+    import contextlib
     import dataclasses
+
+    from odc_pp.data import row_token_ids
+    from odc_pp.megatron.dropout import KEYED_ATTENTION, dropout_scope
 
     from megatron.core.transformer.enums import AttnMaskType
 
@@ -156,16 +158,35 @@ def _module_case(rank, size, groups, config, packed, comm):
     segments = PackedSegments(segment_ids_from_lengths([[9, 30, 20], [33, 31]], seq), "cpu") \
         if packed else None
     weight = torch.randn(seq, batch, 64, generator=generator)
-    reference = HostDotProductAttention(dataclasses.replace(config, context_parallel_size=1),
-                                        1, AttnMaskType.causal, "self", pg_collection=groups)
+    config = dataclasses.replace(config, attention_dropout=dropout)
+    ids = row_token_ids(batch, seq, first_sample=5)
+
+    def scope(full):
+        if not dropout:
+            return contextlib.nullcontext()
+        return dropout_scope(seed=3, token_ids=ids if full else cp_split(ids, rank, size, dim=1),
+                             full_token_ids=None if full else ids)
+
+    host = KEYED_ATTENTION[HostDotProductAttention] if dropout else HostDotProductAttention
+    reference = host(dataclasses.replace(config, context_parallel_size=1),
+                     1, AttnMaskType.causal, "self", pg_collection=groups)
     full = [t.clone().requires_grad_() for t in (query, key, value)]
-    expected = reference(*full, segments if packed else causal_mask(seq, "cpu"))
+    with scope(True):
+        expected = reference(*full, segments if packed else causal_mask(seq, "cpu"))
     (expected * weight).sum().backward()
     module = ContextParallelDotProductAttention(config, 1, AttnMaskType.causal, "self",
                                                 cp_comm_type=comm, pg_collection=groups)
     local = [cp_split(t, rank, size).requires_grad_() for t in (query, key, value)]
-    got = module(*local, segments)
+    with scope(False):
+        got = module(*local, segments)
     (got * cp_split(weight, rank, size)).sum().backward()
+    if dropout:  # the masks are on: without them the output differs
+        with torch.no_grad():
+            plain = HostDotProductAttention(dataclasses.replace(
+                config, context_parallel_size=1, attention_dropout=0.0), 1,
+                AttnMaskType.causal, "self", pg_collection=groups)(
+                query, key, value, segments if packed else causal_mask(seq, "cpu"))
+        assert _error(expected.detach(), plain) > 1e-2
     pairs = [(got, expected)] + [(mine.grad, whole.grad) for mine, whole in zip(local, full)]
     return max(_error(mine.detach(), cp_split(whole.detach(), rank, size))
                for mine, whole in pairs)
@@ -173,6 +194,7 @@ def _module_case(rank, size, groups, config, packed, comm):
 
 def test_core_attention_module_uses_the_cp_group():
     """Causal and packed rows through the megatron module (GQA, CP=2, p2p and a2a)
-    against megatron's unfused attention (HostDotProductAttention) on the full rows."""
+    against megatron's unfused attention (HostDotProductAttention) on the full rows,
+    without and with keyed attention dropout 0.1 (the same masks on both)."""
     errors = run_workers(_module_worker, 2, config=LaunchConfig(timeout_s=120))
     assert max(max(e) for e in errors) <= TOL, errors

@@ -115,8 +115,10 @@ def worker(rank, world_size, root, out_path):
                                           chunks[False].logits_or_hidden(None, microbatch))
         report["sdpa_packed"] = _relative(sdpa.logits_or_hidden(None, packed),
                                           chunks[False].logits_or_hidden(None, packed))
-    report["sdpa_is_sdpa"] = type(sdpa.model.decoder.layers[0].self_attention.core_attention
-                                  ).__name__ == "SdpaDotProductAttention"
+    from odc_pp.megatron.compat import SdpaDotProductAttention
+
+    report["sdpa_is_sdpa"] = isinstance(  # (its keyed-dropout subclass)
+        sdpa.model.decoder.layers[0].self_attention.core_attention, SdpaDotProductAttention)
     # a missing tensor is named
     directory = os.path.join(root, "llama")
     from safetensors.torch import load_file, save_file

@@ -17,7 +17,7 @@ CLIP_NORM = 0.05  # small enough that every step of the tiny model clips
 
 def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
                       equal_lengths: bool = False):
-    from odc_pp.data import Microbatch
+    from odc_pp.data import Microbatch, row_token_ids
 
     generator = torch.Generator().manual_seed(seed)
     microbatches = []
@@ -26,7 +26,9 @@ def make_microbatches(num_microbatches: int, seed: int = 7, *, batch: int = 2,
         tokens = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
         labels = torch.randint(0, MODEL["vocab_size"], (batch, seq), generator=generator)
         loss_mask = (torch.rand(batch, seq, generator=generator) > 0.1).float()
-        microbatches.append(Microbatch(tokens=tokens, labels=labels, loss_mask=loss_mask))
+        microbatches.append(Microbatch(  # global_token_ids: the keys of the dropout masks
+            tokens=tokens, labels=labels, loss_mask=loss_mask,
+            global_token_ids=row_token_ids(batch, seq, first_sample=index * batch)))
     return microbatches
 
 

@@ -37,7 +37,7 @@ WORLD = 4
 def real_worker(rank, world_size, extra):
     import torch
 
-    from odc_pp.data import Microbatch
+    from odc_pp.data import Microbatch, row_token_ids
     from odc_pp.training.arguments import parse_args
     from odc_pp.training.components import build_components
     from odc_pp.training.distributed import Topology
@@ -56,10 +56,12 @@ def real_worker(rank, world_size, extra):
                                  keep_embedding=embedding_kept(job, residency,
                                                                budget_bytes=80 * GB))
         microbatches = []
-        for _ in range(m):
+        for index in range(m):
             tokens = torch.randint(0, 256, (1, 64), generator=generator)
             microbatches.append(Microbatch(tokens=tokens, labels=tokens.roll(1, 1),
-                                           loss_mask=torch.ones(1, 64)))
+                                           loss_mask=torch.ones(1, 64),
+                                           global_token_ids=row_token_ids(
+                                               1, 64, first_sample=index)))
         schedule = parts.schedules.training(m)
         tokens = 2 * m * 64
         for step in range(2):

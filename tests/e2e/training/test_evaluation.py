@@ -113,7 +113,9 @@ def test_eval_loss_at_lr_0_equals_the_training_loss_on_the_same_samples(layout, 
              "--global-batch-size", "8", "--micro-batch-size", "1", "--lr", "0",
              "--train-iters", "3", "--eval-interval", "1", "--eval-iters", "1",
              "--pipeline-model-parallel-size", "2", "--seed", "5", "--no-progress-bar",
-             "--distributed-timeout-minutes", "1.5", *layout]
+             "--distributed-timeout-minutes", "1.5",
+             "--hidden-dropout", "0", "--attention-dropout", "0",  # evaluation has none
+             *layout]
     run = launch(flags, nproc=4, tmp_path=tmp_path, name="eval")
     assert run.returncode == 0, run.describe()
     losses = run.losses()

@@ -67,12 +67,13 @@ def tied_run(tmp_path_factory):
                    script=STOCK)
     assert saved.returncode == 0, saved.describe()
     torch.save(_batches(FLAGS, (1, 4)), root / "batches.pt")
+    # the stock model's losses are forward-only (no dropout): train ours without dropout
     run = launch(FLAGS + ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b",
                           "--load", str(root / "megatron"), "--finetune", "--train-iters", "4",
-                          "--save", str(root / "ours"), "--save-interval", "3"],
+                          "--save", str(root / "ours"), "--save-interval", "3",
+                          "--hidden-dropout", "0", "--attention-dropout", "0"],
                  nproc=4, tmp_path=root, name="pp2_dp2")
     assert run.returncode == 0, run.describe()
-    assert run.stdout.count("note: dropout 0.0") == 1, run.stdout[-3000:]  # said once
     return root, {record["iteration"]: record["loss"] for record in run.records()}
 
 

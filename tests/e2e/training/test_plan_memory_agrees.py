@@ -25,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
 LLAMA3_8B = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
              "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --swiglu "
              "--normalization RMSNorm --position-embedding-type rope --vocab-size 128256 "
-             "--disable-bias-linear --untie-embeddings-and-output-weights")
+             "--disable-bias-linear --untie-embeddings-and-output-weights "
+             "--attention-dropout 0.0 --hidden-dropout 0.0")  # as Megatron's Llama-3 recipe
 MEMORY_GB = "72"
 CASES = {
     "8xH100": ["--model-flags", LLAMA3_8B + " --seq-length 8192", "--gpus", "8",

@@ -31,8 +31,10 @@ def worker(rank, world_size, root, out_path):
         model = model_config_from_hf(config, device=device)
         (chunk,) = build_chunks(model, pp_rank=0, pp_size=1, process_groups=groups)
         load_hf_weights([chunk], root, model, tied_in_hf=False)
-        report[f"{device}_attention"] = type(
-            chunk.model.decoder.layers[0].self_attention.core_attention).__name__
+        report[f"{device}_attention"] = next(  # the compat class under the keyed subclass
+            cls.__name__ for cls in type(
+                chunk.model.decoder.layers[0].self_attention.core_attention).__mro__
+            if cls.__module__ == "odc_pp.megatron.compat")
         for name, microbatch in (("plain", plain), ("packed", packed)):
             chunk.zero_grad(set_to_none=True)
             loss = chunk(None, microbatch).sum()
