@@ -18,7 +18,7 @@ disturbed one); the medians are reported too.
 
     .venv/bin/python benchmarks/bench_dropout.py --json            # CPU -> dropout_cpu.json
     .venv/bin/python benchmarks/bench_dropout.py --device cuda --json --out \\
-        benchmarks/results/dropout_gpu.json
+        $OUT/dropout_gpu.json      # on a GPU (not measured yet)
 """
 
 from __future__ import annotations
