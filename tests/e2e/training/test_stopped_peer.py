@@ -53,6 +53,7 @@ class _Lines:
         self.stopped_at: float | None = None
         self.stopped_pid: int | None = None
         self.named_at: float | None = None
+        self.named: str = ""
         self.thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
         self.thread.start()
 
@@ -63,7 +64,7 @@ class _Lines:
                 self.stopped_at = time.monotonic()
                 self.stopped_pid = int(match.group(1))
             if _NAMED.search(line) and self.named_at is None:
-                self.named_at = time.monotonic()
+                self.named_at, self.named = time.monotonic(), line.strip()
             self.lines.append(line)
 
     def text(self) -> str:
@@ -117,6 +118,6 @@ def test_stopped_peer_is_named_within_the_timeout(tmp_path, layout):
     assert err.named_at is not None, \
         f"{layout}: rank 1 not named as stopped within {limit_s:g} s\n{text[-4000:]}"
     took = err.named_at - err.stopped_at
-    print(f"{layout}: rank 1 named {took:.1f} s after it stopped")
+    print(f"{layout}: rank 1 named {took:.1f} s after it stopped: {err.named}")
     assert took <= limit_s, f"{layout}: named only after {took:.1f} s\n{text[-4000:]}"
     assert exited and process.returncode != 0, f"{layout}: no failed exit\n{text[-4000:]}"
