@@ -34,6 +34,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from .liveness import active_heartbeat
 from .p2p_channels import PipelineChannels, channel_key
 
 __all__ = ["PeerTransport", "PendingMessage", "TorchP2POps", "Watchdog"]
@@ -195,8 +196,10 @@ class Watchdog:
 
 
 def _end_process(error: BaseException) -> None:
-    print(f"odc-pp watchdog: {error}; the host did not return to the pipeline within "
-          "the grace period, ending the process", file=sys.stderr, flush=True)
+    heartbeat = active_heartbeat()
+    stalled = f" ({heartbeat.report()})" if heartbeat is not None else ""
+    print(f"odc-pp watchdog: {error}{stalled}; the host did not return to the pipeline "
+          "within the grace period, ending the process", file=sys.stderr, flush=True)
     os._exit(1)
 
 

@@ -3,7 +3,9 @@ trains like ``python -m odc_pp.train FLAGS`` with these faults installed through
 :class:`odc_pp.training.hooks.TrainingHooks` (the product's flags know nothing of them):
 
 * ``--inject-fault-rank R --inject-fault-iter I``: rank R kills itself (SIGKILL) before
-  iteration I (1-based) -- the job must fail with a message naming it;
+  iteration I (1-based) -- the job must fail with a message naming it; with
+  ``--inject-fault-signal STOP`` it stops itself (SIGSTOP) instead: a hung peer, which the
+  others must name within ``--distributed-timeout-minutes``;
 * ``--inject-nonfinite-grad-iter I``: the last rank writes inf into its first owned
   gradient element at iteration I, just before the optimizer step takes the gradients
   (synchronous, or the eager step of post-validation; again if the minibatch repeats):
@@ -45,6 +47,8 @@ class FaultInjection(TrainingHooks):
     """This rank SIGKILLs itself before :attr:`fault_iter`."""
     fault_iter: int = 1
     """1-based iteration of the killed rank's fault."""
+    fault_signal: str = "KILL"
+    """What the faulty rank sends itself: ``KILL`` (a crash) or ``STOP`` (a hang)."""
     nonfinite_iter: int | None = None
     """1-based iteration whose optimizer step gets an inf on the last rank."""
     armed: bool = False
@@ -55,8 +59,9 @@ class FaultInjection(TrainingHooks):
     def before_iteration(self, iteration: int, topo) -> None:
         if self.fault_rank == topo.rank and iteration + 1 == self.fault_iter:
             print(f"rank {topo.rank}: injected fault at iteration {iteration + 1} "
-                  f"(SIGKILL)", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+                  f"(SIG{self.fault_signal}, pid {os.getpid()})", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), getattr(signal, f"SIG{self.fault_signal}"))
         if self.sigterm_iter == iteration + 1 and topo.rank == 0:
             os.kill(os.getpid(), signal.SIGTERM)  # handled: the stop is decided after it
         self.armed = self.nonfinite_iter == iteration + 1 and \
@@ -87,6 +92,7 @@ def parse_fault_flags(argv: list[str]) -> tuple[FaultInjection, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m odc_pp.testing.faults", add_help=False)
     parser.add_argument("--inject-fault-rank", type=int, default=None)
     parser.add_argument("--inject-fault-iter", type=int, default=1)
+    parser.add_argument("--inject-fault-signal", choices=("KILL", "STOP"), default="KILL")
     parser.add_argument("--inject-nonfinite-grad-iter", type=int, default=None)
     parser.add_argument("--inject-sigterm-iter", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
@@ -96,6 +102,7 @@ def parse_fault_flags(argv: list[str]) -> tuple[FaultInjection, list[str]]:
         raise ValueError("--inject-fault-iter must be >= 1")
     return FaultInjection(fault_rank=known.inject_fault_rank,
                           fault_iter=known.inject_fault_iter,
+                          fault_signal=known.inject_fault_signal,
                           nonfinite_iter=known.inject_nonfinite_grad_iter,
                           sigterm_iter=known.inject_sigterm_iter), rest
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.runtime.host_memory import keep_freed_host_memory
+from odc_pp.runtime.liveness import name_stalled_peers, start_heartbeat
 
 from .arguments import parse_args_with_notes
 from .components import cuda_ipc_layout
@@ -57,11 +58,13 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None,
             print(note, flush=True)
     args = job.args
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    heartbeat = None
     try:
         device = init_distributed(env, timeout_minutes=args.parallel.distributed_timeout_minutes,
                                   backend=args.parallel.distributed_backend)
         if device.type == "cpu":  # no page faults for re-allocated activations
             keep_freed_host_memory()
+        heartbeat = start_heartbeat(job.layout, timeout_s=job.timeout_s)
         topo = Topology.for_job(job, env.rank, device)
         warm_up_topology(topo, timeout_s=job.timeout_s)
         job = job.with_layout(cuda_ipc_layout(topo))  # the flags checked again
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None,
             print(f"pretrain_gpt.py: stopped: {exc}", file=sys.stderr, flush=True)
         exit_after_failure(exc, EXIT_STOPPED)
     except BaseException as exc:
+        exc = name_stalled_peers(exc, rank=env.rank)  # a timeout: which peer stopped
         if is_peer_echo(exc):
             print(f"pretrain_gpt.py: rank {env.rank} failed because a peer rank went away "
                   f"({type(exc).__name__}: {exc}); the failing rank's message names the "
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None, *, hooks: TrainingHooks | None = None,
             print(f"pretrain_gpt.py: rank {env.rank} failed: {type(exc).__name__}: {exc}\n"
                   f"{traceback.format_exc(limit=4)}", file=sys.stderr, flush=True)
         exit_after_failure(exc, 1)
+    if heartbeat is not None:
+        heartbeat.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
     return code
