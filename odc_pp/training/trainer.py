@@ -180,6 +180,29 @@ class Trainer:
         self.exits = ExitController.for_args(args)  # SIGTERM etc.: finish, save, exit
         self.stop = ExitDecision(stop=False)
         seed_everything(args.run.seed)
+        self._plan_data()
+        self._build_parts()
+        self._open_logs()
+        self.records: list[dict] = []
+        self.window = Window()
+        self.shape = ModelShape.of(args.model, self.vocab)
+        self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
+        self.skipped_in_a_row = 0
+        self.skipped_since_log = 0
+        """Skipped steps since the last log record (Megatron's "number of skipped
+        iterations")."""
+        self.replanner = Replanner(job, topo)
+        self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
+        self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
+        self.pending: StepStats | None = None
+        """Post-validation: the step awaiting its validation in the next iteration."""
+        self.last_schedule = None
+        """The schedule the last iteration ran (the picture and the trace draw it)."""
+
+    def _plan_data(self) -> None:
+        """The training and validation data, their plans and the data position; what was
+        dropped or truncated, said once."""
+        args, topo = self.args, self.topo
         source, self.vocab = build_source(args)
         self._say(tokenizer_log_line(args, self.vocab))
         self.position = DataPosition.of(args.data)  # the samples consumed; --load moves it
@@ -195,6 +218,12 @@ class Trainer:
             self._say(note)  # dropped records, samples truncation left unscored
         if valid and (note := eval_size_note(args, valid)):
             self._say(note)  # --eval-iters beyond the validation data
+
+    def _build_parts(self) -> None:
+        """The components (with the parameter residency the memory plan resolves), the
+        learning-rate schedule and the checkpointer, resumed from --load."""
+        args, topo = self.args, self.topo
+        job, out = self.job, self.out
         budget = device_memory(topo.device)
         residency = param_residency(job, budget_bytes=budget)
         self.parts: Components = build_components(
@@ -212,6 +241,10 @@ class Trainer:
         self.checkpointer = Checkpointer(job, topo, self.parts, vocab_size=self.vocab,
                                          say=self._say, out=out, position=self.position)
         self.start = self.checkpointer.load()
+
+    def _open_logs(self) -> None:
+        """The log (rank 0) and the optional per-step model statistics."""
+        args, topo, out = self.args, self.topo, self.out
         self.logger = TrainingLogger(
             train_iters=args.run.train_iters, log_json=args.logging.log_json,
             tensorboard_dir=args.logging.tensorboard_dir,
@@ -220,23 +253,8 @@ class Trainer:
         self.model_stats = ModelStats(
             self.parts, params_norm=args.logging.log_params_norm,
             zeros=args.logging.log_num_zeros_in_grad,
-            timeout_s=args.parallel.distributed_timeout_minutes * 60) \
+            timeout_s=self.job.timeout_s) \
             if args.logging.log_params_norm or args.logging.log_num_zeros_in_grad else None
-        self.records: list[dict] = []
-        self.window = Window()
-        self.shape = ModelShape.of(args.model, self.vocab)
-        self.peak_tflops = args.logging.peak_tflops or default_peak_tflops(topo.device)
-        self.skipped_in_a_row = 0
-        self.skipped_since_log = 0
-        """Skipped steps since the last log record (Megatron's "number of skipped
-        iterations")."""
-        self.replanner = Replanner(job, topo)
-        self.tracer = TraceRecorder(args.logging.trace, topo) if args.logging.trace else None
-        self.render_pending = bool(args.logging.schedule_png) and topo.rank == 0
-        self.pending: StepStats | None = None
-        """Post-validation: the step awaiting its validation in the next iteration."""
-        self.last_schedule = None
-        """The schedule the last iteration ran (the picture and the trace draw it)."""
 
     # ----- the loop -------------------------------------------------------------------
     def train(self) -> list[dict]:
