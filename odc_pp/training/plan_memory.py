@@ -178,7 +178,8 @@ def param_residency(job: Job, *, budget_bytes: float | None) -> str:
     chosen, layout = job.args.parallel.odc_param_residency, job.layout
     if chosen != "auto":
         return chosen
-    if budget_bytes is None or layout.dp * layout.cp == 1 or layout.mode.is_collective:
+    if budget_bytes is None or layout.dp * layout.cp == 1 or \
+            layout.mode.transport == "collective":
         return "minibatch"
     fits = max(job_peaks(job, "minibatch")) <= budget_bytes
     return "minibatch" if fits else "layer"

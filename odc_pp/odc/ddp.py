@@ -1,0 +1,110 @@
+"""``--dp-mode ddp``: Megatron's data parallelism (DDP with the distributed optimizer) on the
+engine's units.
+
+Every data-parallel replica keeps each unit's full parameters resident (compute dtype,
+replicated; never released), sums the minibatch's weight gradients of the whole unit
+locally in ``main_grad`` (fp32; bf16 with ``--grad-reduce-in-bf16``), and reduce-scatters
+them over the data-parallel group once per minibatch: rank r receives the sum of its
+owned range (``shard_range``) into its fp32 accumulator. The optimizer
+(:class:`~odc_pp.odc.sharded_optimizer.ShardedAdamW`, Megatron's distributed optimizer)
+steps the owned fp32 master shard and AdamW moments; :meth:`finish_step` then all-gathers
+the updated shards into every replica's full copy.
+
+Overlap: when :meth:`begin_minibatch` is told this replica's microbatch count and it equals
+the largest of any replica, a unit's reduce-scatter starts (asynchronously) right after
+its last microbatch's weight gradients, while the other chunks' backward goes on;
+:meth:`finish_minibatch` waits for them. Every replica then runs the same schedule, so the
+reduce-scatters pair up in the same order. With unequal counts (not allowed by the
+training job, ``odc_pp.training.job``; tolerated here) every unit is reduced at
+:meth:`finish_minibatch`, in unit order.
+
+Memory per rank and unit of P elements over dp ranks: ``e * P`` replicated parameters,
+``g * P`` for ``main_grad`` (g = 4, or 2 in bf16), and sharded: ``e * S`` parameter shard,
+``4 * S`` gradient accumulator and the optimizer's ``12 * S`` (master, two moments), with
+``S = ceil(P / dp)``. The shard layout is the collective and odc modes' one, so
+checkpoints resume across the three modes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+from . import primitives as prim
+from .engine import ShardedDataParallel
+from .engine_config import OdcConfig
+from .flat_unit import FlatUnit
+from .residency import gather_segment
+
+__all__ = ["ReplicatedDataParallel"]
+
+
+class ReplicatedDataParallel(ShardedDataParallel):
+    """:class:`ShardedDataParallel` with replicated parameters (module docstring);
+    ``config.mode`` must be ``ddp`` and ``config.unit_driver`` ``pipeline``."""
+
+    def __init__(self, modules: Sequence[nn.Module], config: OdcConfig, group,
+                 **kwargs) -> None:
+        if not config.mode.is_ddp:
+            raise ValueError(f"ReplicatedDataParallel runs --dp-mode ddp, got "
+                             f"{config.mode.value!r}")
+        self._weights_done: list[int] = []
+        self._reduced: list[bool] = []
+        self._expected: int | None = None
+        # the units' gathered buffers hold the initial parameters after construction and
+        # _release keeps them: every replica starts with the full (identical) copy
+        super().__init__(modules, config, group, **kwargs)
+        self._weights_done = [0] * len(self.units)
+        self._reduced = [False] * len(self.units)
+
+    def _release(self, unit: FlatUnit) -> None:
+        """Replicated parameters are never released."""
+
+    def begin_minibatch(self, *, max_microbatches: int | None = None,
+                        num_microbatches: int | None = None) -> None:
+        """Start a minibatch; reduce-scatters overlap the backward when
+        ``num_microbatches`` is given and equals ``max_microbatches`` (or that is None)."""
+        super().begin_minibatch(max_microbatches=max_microbatches,
+                                num_microbatches=num_microbatches)
+        equal = max_microbatches is None or num_microbatches == max_microbatches
+        self._expected = num_microbatches if equal else None
+        self._weights_done = [0] * len(self.units)
+        self._reduced = [False] * len(self.units)
+
+    def after_weight_grad(self, chunk: int, microbatch: int) -> None:
+        """The weight gradients of (chunk, microbatch) are in ``main_grad``; after the
+        chunk's last microbatch its reduce-scatter starts."""
+        super().after_weight_grad(chunk, microbatch)
+        self._weights_done[chunk] += 1
+        if self._expected is not None and self._weights_done[chunk] == self._expected:
+            self._reduce(self.units[chunk])
+
+    def _reduce(self, unit: FlatUnit) -> None:
+        if not self._reduced[unit.index]:
+            self._reduced[unit.index] = True
+            self._push_main_grad(unit)
+
+    def finish_minibatch(self) -> None:
+        """Reduce-scatter the units not reduced yet (unit order), wait for every
+        reduce-scatter; afterwards the owned accumulators hold the minibatch's sums."""
+        for unit in self.units:
+            self._reduce(unit)
+        self._wait_pushes()
+        prim.sync(self.group)
+        if self._tied is not None:
+            self._tied.sum()
+
+    def finish_step(self) -> None:
+        """After the optimizer wrote the owned parameter shards: zero the gradients and
+        all-gather the shards into every replica's full parameters."""
+        for unit in self.units:
+            unit.grad_acc.zero_()
+            if unit.main_grad is not None and not unit.aliased:
+                unit.main_grad.zero_()
+            unit.clear_grads()
+        prim.sync(self.group)
+        for unit in self.units:
+            if not unit.aliased:
+                for segment in unit.segments:
+                    gather_segment(segment, unit.param_shard, unit.numel, self.group)
