@@ -18,10 +18,11 @@ reduce-scatters pair up in the same order. With unequal counts (not allowed by t
 training job, ``odc_pp.training.job``; tolerated here) every unit is reduced at
 :meth:`finish_minibatch`, in unit order.
 
-Memory per rank and unit of P elements over dp ranks: ``e * P`` replicated parameters,
-``g * P`` for ``main_grad`` (g = 4, or 2 in bf16), and sharded: ``e * S`` parameter shard,
-``4 * S`` gradient accumulator and the optimizer's ``12 * S`` (master, two moments), with
-``S = ceil(P / dp)``. The shard layout is the collective and odc modes' one, so
+Memory per rank and unit of P elements over dp ranks, ``S = ceil(P / dp)``: ``e * dp * S``
+replicated parameters (padded to whole shards; each rank's parameter shard is its slice
+of them, no copy), ``g * P`` for ``main_grad`` (g = 4, or 2 in bf16), and sharded: the
+fp32 gradient accumulator ``4 * S`` and the optimizer's ``12 * S`` (fp32 master, two
+moments) -- Megatron's 4 + 16/dp bytes per parameter with bf16 gradients. The shard layout is the collective and odc modes' one, so
 checkpoints resume across the three modes.
 """
 
@@ -29,13 +30,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 from torch import nn
 
 from . import primitives as prim
 from .engine import ShardedDataParallel
 from .engine_config import OdcConfig
 from .flat_unit import FlatUnit
-from .residency import gather_segment
 
 __all__ = ["ReplicatedDataParallel"]
 
@@ -57,6 +58,26 @@ class ReplicatedDataParallel(ShardedDataParallel):
         super().__init__(modules, config, group, **kwargs)
         self._weights_done = [0] * len(self.units)
         self._reduced = [False] * len(self.units)
+        self._padded: dict[int, torch.Tensor] = {}
+        for unit in self.units:
+            if not unit.aliased:
+                self._share_shard(unit)
+
+    def _share_shard(self, unit: FlatUnit) -> None:
+        """Make the unit's parameter shard a view of its replicated parameters: one
+        buffer of ``dp x S`` elements whose r-th slice of S is rank r's shard, so the
+        all-gather after the step lands in place and the shard costs no memory of its own."""
+        (segment,) = unit.segments  # minibatch residency: the whole unit
+        size = unit.shard_numel
+        padded = torch.zeros(size * self.group.world_size, dtype=segment.buffer.dtype,
+                             device=segment.buffer.device)
+        padded[:unit.numel].copy_(segment.buffer)
+        segment.buffer = padded[:unit.numel]
+        segment.nbytes = padded.untyped_storage().nbytes()
+        start = self.group.rank * size
+        unit.param_shard = padded[start:start + size]
+        unit.point_params()
+        self._padded[unit.index] = padded
 
     def _release(self, unit: FlatUnit) -> None:
         """Replicated parameters are never released."""
@@ -105,6 +126,6 @@ class ReplicatedDataParallel(ShardedDataParallel):
             unit.clear_grads()
         prim.sync(self.group)
         for unit in self.units:
-            if not unit.aliased:
-                for segment in unit.segments:
-                    gather_segment(segment, unit.param_shard, unit.numel, self.group)
+            if not unit.aliased:  # (the shard is a slice of the output: gathered from a copy)
+                prim.gather_into_tensor(self._padded[unit.index], unit.param_shard.clone(),
+                                        self.group)

@@ -222,6 +222,7 @@ def job_peaks(job: Job, residency: str) -> tuple[float, ...]:
                           gathered_params=None if residency != "layer" else tuple(
                               p - per_use for p, per_use in zip(params, gathered_per_use)),
                           post_validation=args.schedule.enable_optimizer_post_validation,
+                          replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
