@@ -10,13 +10,12 @@ owned range (``shard_range``) into its fp32 accumulator. The optimizer
 steps the owned fp32 master shard and AdamW moments; :meth:`finish_step` then all-gathers
 the updated shards into every replica's full copy.
 
-Overlap: when :meth:`begin_minibatch` is told this replica's microbatch count and it equals
-the largest of any replica, a unit's reduce-scatter starts (asynchronously) right after
-its last microbatch's weight gradients, while the other chunks' backward goes on;
-:meth:`finish_minibatch` waits for them. Every replica then runs the same schedule, so the
-reduce-scatters pair up in the same order. With unequal counts (not allowed by the
-training job, ``odc_pp.training.job``; tolerated here) every unit is reduced at
-:meth:`finish_minibatch`, in unit order.
+Overlap: a unit's reduce-scatter starts (asynchronously) as soon as this replica's last
+microbatch's weight gradients of it are in, while the other chunks' backward goes on;
+:meth:`finish_minibatch` waits for them. The reduce-scatters are issued in one order on
+every replica, descending unit index (a later pipeline stage finishes its backward
+first), a unit waiting for those before it: they pair up whatever each replica's
+microbatch count (the training job asks for equal counts, ``odc_pp.training.job``).
 
 Memory per rank and unit of P elements over dp ranks, ``S = ceil(P / dp)``: ``e * dp * S``
 replicated parameters (padded to whole shards; each rank's parameter shard is its slice
@@ -35,7 +34,7 @@ from torch import nn
 
 from . import primitives as prim
 from .engine import ShardedDataParallel
-from .engine_config import OdcConfig
+from .engine_config import OdcConfig, into_main_grad
 from .flat_unit import FlatUnit
 
 __all__ = ["ReplicatedDataParallel"]
@@ -53,6 +52,7 @@ class ReplicatedDataParallel(ShardedDataParallel):
         self._weights_done: list[int] = []
         self._reduced: list[bool] = []
         self._expected: int | None = None
+        self._buckets: dict[int, torch.Tensor] = {}
         # the units' gathered buffers hold the initial parameters after construction and
         # _release keeps them: every replica starts with the full (identical) copy
         super().__init__(modules, config, group, **kwargs)
@@ -79,17 +79,27 @@ class ReplicatedDataParallel(ShardedDataParallel):
         unit.point_params()
         self._padded[unit.index] = padded
 
+    def _new_main_grad(self, unit: FlatUnit) -> torch.Tensor:
+        """``main_grad`` as the head of a bucket of ``dp x S`` elements (zero padding), so
+        the reduce-scatter reads it in place, with no padded copy."""
+        if unit.aliased:
+            return super()._new_main_grad(unit)
+        bucket = torch.zeros(unit.shard_numel * self.group.world_size,
+                             dtype=getattr(torch, self.config.main_grad_dtype),
+                             device=unit.param_shard.device)
+        self._buckets[unit.index] = bucket
+        return bucket[:unit.numel]
+
     def _release(self, unit: FlatUnit) -> None:
         """Replicated parameters are never released."""
 
     def begin_minibatch(self, *, max_microbatches: int | None = None,
                         num_microbatches: int | None = None) -> None:
-        """Start a minibatch; reduce-scatters overlap the backward when
-        ``num_microbatches`` is given and equals ``max_microbatches`` (or that is None)."""
+        """Start a minibatch; with ``num_microbatches`` (this replica's count) the
+        reduce-scatters overlap the backward, else they all start at the end."""
         super().begin_minibatch(max_microbatches=max_microbatches,
                                 num_microbatches=num_microbatches)
-        equal = max_microbatches is None or num_microbatches == max_microbatches
-        self._expected = num_microbatches if equal else None
+        self._expected = num_microbatches
         self._weights_done = [0] * len(self.units)
         self._reduced = [False] * len(self.units)
 
@@ -98,18 +108,29 @@ class ReplicatedDataParallel(ShardedDataParallel):
         chunk's last microbatch its reduce-scatter starts."""
         super().after_weight_grad(chunk, microbatch)
         self._weights_done[chunk] += 1
-        if self._expected is not None and self._weights_done[chunk] == self._expected:
-            self._reduce(self.units[chunk])
+        for unit in reversed(self.units):  # the one issue order of every replica
+            if self._reduced[unit.index]:
+                continue
+            if self._expected is None or self._weights_done[unit.index] < self._expected:
+                return
+            self._reduce(unit)
 
     def _reduce(self, unit: FlatUnit) -> None:
-        if not self._reduced[unit.index]:
-            self._reduced[unit.index] = True
-            self._push_main_grad(unit)
+        """Start the reduce-scatter of the unit's bucket (once per minibatch); it stays
+        untouched until :meth:`finish_step` zeroes it."""
+        if self._reduced[unit.index]:
+            return
+        self._reduced[unit.index] = True
+        for param in unit.params:
+            if param.grad is not None:  # set outside autograd's accumulation
+                into_main_grad(param)
+        if not unit.aliased:  # dp=1: main_grad is the owner's accumulator
+            self._push(unit, self._buckets[unit.index], retain=True)
 
     def finish_minibatch(self) -> None:
-        """Reduce-scatter the units not reduced yet (unit order), wait for every
+        """Reduce-scatter the units not reduced yet (in the issue order), wait for every
         reduce-scatter; afterwards the owned accumulators hold the minibatch's sums."""
-        for unit in self.units:
+        for unit in reversed(self.units):
             self._reduce(unit)
         self._wait_pushes()
         prim.sync(self.group)
