@@ -163,15 +163,18 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
 
 
 def planned_state_bytes(unit_params: Sequence[float], *, dp: int, param_bytes: int = 2,
-                        one_sided: bool = True, post_validation: bool = False) -> int:
+                        one_sided: bool = True, post_validation: bool = False,
+                        replicated: bool = False) -> int:
     """:func:`state_bytes` of one rank as the planner and the tuner assume the job runs:
     ODC's pipeline driver with deterministic data parallelism (weight gradients summed in
     each unit's fp32 ``main_grad``), or ``one_sided=False`` the collective mode (pushed
-    per microbatch); ``unit_params``: trainable elements of each local chunk on this
+    per microbatch), or ``replicated`` ``--dp-mode ddp`` (replicated parameters, local
+    ``main_grad``); ``unit_params``: trainable elements of each local chunk on this
     tensor-parallel rank; ``dp``: the group the state is sharded over (dp x cp)."""
     sizes = UnitSizes(unit_params=tuple(int(round(p)) for p in unit_params), dp=dp,
                       param_bytes=param_bytes, deterministic=one_sided,
-                      post_validation=post_validation, local_grads=one_sided)
+                      post_validation=post_validation, local_grads=one_sided or replicated,
+                      replicated=replicated)
     return sum(state_bytes(sizes).values())
 
 

@@ -57,3 +57,14 @@ def test_replicated_state_is_padded_parameters_and_no_separate_shard():
     assert odc["params_gathered"] == 2 * 17
     assert {k: v for k, v in ddp.items() if not k.startswith("params")} == \
         {k: v for k, v in odc.items() if not k.startswith("params")}
+
+
+def test_the_planner_state_of_ddp_is_megatrons_distributed_optimizer():
+    """bf16 parameters, fp32 gradients: 6 + 12/dp bytes per parameter beside the fp32
+    gradient shard the engine accumulates into (4/dp): 6 + 16/dp in all."""
+    from odc_pp.planner.memory import planned_state_bytes
+
+    params = 8 * 1000
+    ddp = planned_state_bytes([params], dp=8, replicated=True)
+    assert ddp == (2 + 4) * params + (4 + 12) * params // 8
+    assert planned_state_bytes([params], dp=8) - ddp == 2 * params // 8  # odc: own shard
