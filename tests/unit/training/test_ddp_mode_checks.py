@@ -68,3 +68,8 @@ def test_the_planner_state_of_ddp_is_megatrons_distributed_optimizer():
     ddp = planned_state_bytes([params], dp=8, replicated=True)
     assert ddp == (2 + 4) * params + (4 + 12) * params // 8
     assert planned_state_bytes([params], dp=8) - ddp == 2 * params // 8  # odc: own shard
+
+
+def test_ddp_refuses_layer_residency_naming_the_flag():
+    with pytest.raises(ValueError, match="--odc-param-residency layer .*--dp-mode ddp"):
+        parse_args(BASE + ["--dp-mode", "ddp", "--odc-param-residency", "layer"]).resolve(2)
