@@ -104,8 +104,9 @@ class ReplicatedDataParallel(ShardedDataParallel):
         self._reduced = [False] * len(self.units)
 
     def after_weight_grad(self, chunk: int, microbatch: int) -> None:
-        """The weight gradients of (chunk, microbatch) are in ``main_grad``; after the
-        chunk's last microbatch its reduce-scatter starts."""
+        """The weight gradients of (chunk, microbatch) are in ``main_grad``; the
+        reduce-scatters of the units whose last microbatch is done start, in the issue
+        order (descending unit index) as far as it goes."""
         super().after_weight_grad(chunk, microbatch)
         self._weights_done[chunk] += 1
         for unit in reversed(self.units):  # the one issue order of every replica
