@@ -34,6 +34,9 @@ class DataParallelMode(str, enum.Enum):
     """All-gather and reduce-scatter collectives over the data-parallel group."""
     HIERARCHICAL = "hierarchical"
     """ODC inside a host, collectives between hosts."""
+    DDP = "ddp"
+    """Megatron's DDP with the distributed optimizer: replicated parameters, gradients
+    reduce-scattered once per minibatch, parameters all-gathered after the step."""
 
     def __str__(self) -> str:
         return self.value
@@ -63,9 +66,14 @@ class DataParallelMode(str, enum.Enum):
         return self is DataParallelMode.ODC
 
     @property
+    def is_ddp(self) -> bool:
+        """Replicated parameters, sharded optimizer state (odc_pp.odc.ddp)."""
+        return self is DataParallelMode.DDP
+
+    @property
     def transport(self) -> str:
         """The transport backend of its groups (odc_pp.odc.primitives.TransportConfig)."""
-        return "collective" if self.is_collective else "odc"
+        return "collective" if self.is_collective or self.is_ddp else "odc"
 
 
 class ParallelFlags(Protocol):
@@ -170,7 +178,7 @@ class ParallelLayout:
             raise ValueError(f"--dp-mode hierarchical maps the GPU memory of a host's "
                              f"data-parallel ranks, which is not possible here ({problem}); "
                              f"use --dp-mode collective")
-        if self.mode.is_collective:
+        if self.mode.transport == "collective":
             return self
         return replace(self, mode=DataParallelMode.COLLECTIVE, fallback=(
             f"--dp-mode odc needs CUDA IPC between the data-parallel ranks, which is not "

@@ -206,12 +206,16 @@ class ShardedDataParallel(ModuleHooksDriver):
         or ``main_grad_dtype``; at dp=1 the owner's fp32 accumulator). Deferred W
         (``odc_pp.megatron.layers.accumulate_weight_grad``) adds into it; a
         post-accumulate hook moves whatever autograd puts in ``.grad`` there at once."""
-        dtype = getattr(torch, self.config.main_grad_dtype)
-        unit.main_grad = (unit.grad_acc[:unit.numel] if unit.aliased else
-                          torch.zeros(unit.numel, dtype=dtype, device=unit.param_shard.device))
+        unit.main_grad = self._new_main_grad(unit)
         for param, offset, shape in zip(unit.params, unit.offsets, unit.shapes):
             param.main_grad = unit.main_grad[offset:offset + param.numel()].view(shape)
             self._grad_hooks.append(param.register_post_accumulate_grad_hook(into_main_grad))
+
+    def _new_main_grad(self, unit: FlatUnit) -> torch.Tensor:
+        """The unit's zeroed local accumulator (at dp=1 the owner's accumulator)."""
+        dtype = getattr(torch, self.config.main_grad_dtype)
+        return (unit.grad_acc[:unit.numel] if unit.aliased else
+                torch.zeros(unit.numel, dtype=dtype, device=unit.param_shard.device))
 
     # ----- gather / release / push -----------------------------------------------------
     def _gather(self, unit: FlatUnit, *, kept_only: bool = False) -> None:

@@ -85,9 +85,13 @@ class OdcConfig:
             raise ValueError(f"param_residency must be 'minibatch' or 'layer', got "
                              f"{self.param_residency!r}")
         if self.param_residency == "layer" and (self.unit_driver != "pipeline"
-                                                or self.mode.is_collective):
+                                                or self.mode.transport == "collective"):
             raise ValueError("param_residency='layer' needs unit_driver='pipeline' and the "
                              "one-sided odc or hierarchical mode")
+        if self.mode.is_ddp and (self.unit_driver != "pipeline"
+                                 or self.grad_accumulation == "push"):
+            raise ValueError("mode='ddp' needs unit_driver='pipeline' and local gradient "
+                             "accumulation (its main_grad is reduce-scattered once)")
         if self.max_inflight_pushes < 1:
             raise ValueError(f"max_inflight_pushes must be >= 1, got {self.max_inflight_pushes}")
 
@@ -100,8 +104,8 @@ def accumulates_locally(config: OdcConfig, *, dp: int, deterministic: bool) -> b
     """Whether an engine with ``config`` over a group of ``dp`` members (deterministic or
     not) sums weight gradients in fp32 ``main_grad`` buffers (OdcConfig.grad_accumulation);
     the memory model asks the same question."""
-    if config.grad_accumulation != "auto":
-        return config.grad_accumulation == "local"
+    if config.grad_accumulation != "auto" or config.mode.is_ddp:
+        return config.grad_accumulation != "push"
     if config.unit_driver != "pipeline" or config.mode.is_collective:
         return False
     return dp == 1 or deterministic

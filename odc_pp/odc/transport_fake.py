@@ -21,11 +21,13 @@ __all__ = ["FakeOdcGroup"]
 class FakeOdcGroup(OdcGroup):
     """One member's view of a group whose peers do not exist (memory accounting only)."""
 
-    def __init__(self, *, rank: int, world_size: int, deterministic: bool) -> None:
+    def __init__(self, *, rank: int, world_size: int, deterministic: bool,
+                 backend: str = "odc") -> None:
         # deliberately not OdcGroup.__init__: no process group, segments or paths
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
-        self.config = TransportConfig(backend="odc", deterministic=deterministic)
+        # backend: the one the engine's mode asks for (DataParallelMode.transport)
+        self.config = TransportConfig(backend=backend, deterministic=deterministic)
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0

@@ -9,7 +9,9 @@ value (2 for bf16), ``M`` bytes of one pipeline message (``s/t_sp * b * h * e``)
 
 Per parameter (``odc_pp.odc.engine`` / ``sharded_optimizer`` / ``post_validation``):
 
-* parameters, sharded: ``e * O`` (symmetric shard, peers read it);
+* parameters, sharded: ``e * O`` (symmetric shard, peers read it); ``--dp-mode ddp``: 0,
+  and the gathered parameters are ``e * dp * O`` (replicated, padded to whole shards, each
+  rank's shard a slice of them);
 * parameters, gathered: ``e * P`` (the pipeline driver gathers a chunk at its first use in
   a minibatch and keeps it until the step); 0 at dp=1, where the shard is the whole unit;
   ``--odc-param-residency layer``: ``e * (P - P_layers)`` kept, and ``2 * e * P_layer``
@@ -120,6 +122,9 @@ class UnitSizes:
     without its layers, which the F/B transients hold one or two at a time); None: all."""
     main_grad_bytes: int = 4
     """Bytes of a ``main_grad`` value at dp > 1: 4 (fp32), 2 (``--grad-reduce-in-bf16``)."""
+    replicated: bool = False
+    """``--dp-mode ddp``: every unit's parameters are resident, padded to ``dp`` whole
+    shards, and each rank's parameter shard is a slice of them (odc_pp.odc.ddp)."""
     norm_mask: tuple[bool, ...] = ()
     """Per unit: some of its owned parameters are kept out of the gradient norm (tp rank
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
@@ -142,10 +147,15 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
         weight_grads, staging = (0 if alone else sizes.main_grad_bytes * params), 0
     else:
         weight_grads, staging = 2 * e * largest, 4 * params if sizes.deterministic else 0
+    if sizes.replicated and not alone:
+        gathered, sharded = e * sizes.dp * owned, 0
+    else:
+        gathered = 0 if alone else e * (params if sizes.gathered_params is None
+                                        else sum(sizes.gathered_params))
+        sharded = e * owned
     return {
-        "params_gathered": 0 if alone else e * (params if sizes.gathered_params is None
-                                                 else sum(sizes.gathered_params)),
-        "params_sharded": e * owned,
+        "params_gathered": gathered,
+        "params_sharded": sharded,
         "weight_grads": weight_grads,
         "grad_accumulators": 4 * owned,
         "optimizer_state": (8 + master) * owned + masks,
@@ -155,15 +165,18 @@ def state_bytes(sizes: UnitSizes) -> dict[str, int]:
 
 
 def planned_state_bytes(unit_params: Sequence[float], *, dp: int, param_bytes: int = 2,
-                        one_sided: bool = True, post_validation: bool = False) -> int:
+                        one_sided: bool = True, post_validation: bool = False,
+                        replicated: bool = False) -> int:
     """:func:`state_bytes` of one rank as the planner and the tuner assume the job runs:
     ODC's pipeline driver with deterministic data parallelism (weight gradients summed in
     each unit's fp32 ``main_grad``), or ``one_sided=False`` the collective mode (pushed
-    per microbatch); ``unit_params``: trainable elements of each local chunk on this
+    per microbatch), or ``replicated`` ``--dp-mode ddp`` (replicated parameters, local
+    ``main_grad``); ``unit_params``: trainable elements of each local chunk on this
     tensor-parallel rank; ``dp``: the group the state is sharded over (dp x cp)."""
     sizes = UnitSizes(unit_params=tuple(int(round(p)) for p in unit_params), dp=dp,
                       param_bytes=param_bytes, deterministic=one_sided,
-                      post_validation=post_validation, local_grads=one_sided)
+                      post_validation=post_validation, local_grads=one_sided or replicated,
+                      replicated=replicated)
     return sum(state_bytes(sizes).values())
 
 

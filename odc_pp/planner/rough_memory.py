@@ -55,7 +55,8 @@ def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
         return (layers * model.layer_params() + table * ((stage == 0) + output)) / cand.tp
     return [float(planned_state_bytes(
         [params(stage) for stage in rank_stages(fam.placement, cand.pp, chunks, rank)],
-        dp=cpm.sharding_group(cand.dp, cand.cp), one_sided=not cand.dp_mode.is_collective))
+        dp=cpm.sharding_group(cand.dp, cand.cp), one_sided=not cand.dp_mode.is_collective,
+        replicated=cand.dp_mode.is_ddp))
         for rank in range(cand.pp)]
 
 

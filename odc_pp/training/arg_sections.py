@@ -182,7 +182,7 @@ class ParallelArgs:
     until its deferred weight gradient (W), instead of gathering it again in W. Saves one
     all-gather per linear in W for tp times the bytes of its input held until W."""
     dp_mode: str = "odc"
-    """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical."""
+    """Data-parallel engine: odc (one-sided sharded), collective (all-reduce), hierarchical, ddp (Megatron's DDP + distributed optimizer)."""
     dp_ranks_per_host: int | None = None
     """With `--dp-mode hierarchical`: data-parallel ranks per host (default: local
     processes / (pp x tp), the model copies one host holds)."""

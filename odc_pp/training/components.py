@@ -125,7 +125,7 @@ def cuda_ipc_layout(topo: Topology, check=None) -> ParallelLayout:
     prints why). Collective over all ranks (every rank takes the same decision).
     ``check``: ``cuda_ipc_problem`` (tests pass a mock)."""
     layout = topo.layout
-    if layout.mode.is_collective or topo.device.type != "cuda" or topo.dp == 1:
+    if layout.mode.transport == "collective" or topo.device.type != "cuda" or topo.dp == 1:
         return layout
     if check is None:
         from odc_pp.odc.transport_cuda import cuda_ipc_problem as check
@@ -236,9 +236,12 @@ def build_engine(parallel: ParallelArgs, chunks: list[torch.nn.Module], topo: To
             timeout_s=parallel.distributed_timeout_minutes * 60,
             deterministic=not parallel.nondeterministic_dp)
         odc_group = prim.new_group(torch_group, config=transport)
-    if odc_group.world_size == 1:
-        param_residency = "minibatch"  # nothing is gathered at dp=1
-    engine = ShardedDataParallel(chunks, odc_config(parallel, topo.dp_mode,
+    if odc_group.world_size == 1 or topo.dp_mode.is_ddp:
+        param_residency = "minibatch"  # nothing is gathered at dp=1; ddp replicates
+    engine_class = ShardedDataParallel
+    if topo.dp_mode.is_ddp:
+        from odc_pp.odc.ddp import ReplicatedDataParallel as engine_class
+    engine = engine_class(chunks, odc_config(parallel, topo.dp_mode,
                                                     param_dtype=param_dtype,
                                                     param_residency=param_residency),
                                  odc_group, process_group=torch_group,

@@ -184,8 +184,9 @@ def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool
     from .components import build_engine, build_model, build_optimizer
 
     args = job.args
-    if not job.layout.mode.is_odc:
-        raise ValueError(f"--dry-run models --dp-mode odc; got --dp-mode {job.layout.mode}")
+    if not (job.layout.mode.is_odc or job.layout.mode.is_ddp):
+        raise ValueError(f"--dry-run models --dp-mode odc and ddp; got --dp-mode "
+                         f"{job.layout.mode}")
     backend = args.model.attention_backend  # what GPUs run: sdpa, the fused loss
     fused = args.model.fused_cross_entropy
     model = dataclasses.replace(args.model,
@@ -196,7 +197,8 @@ def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool
                              placement=job.placement, vocab_size=vocab_size,
                              seed=args.run.seed, load_weights=False)
     group = FakeOdcGroup(rank=topo.dp_rank, world_size=topo.dp,
-                         deterministic=not args.parallel.nondeterministic_dp)
+                         deterministic=not args.parallel.nondeterministic_dp,
+                         backend=job.layout.mode.transport)
     engine = build_engine(args.parallel, chunks, topo, param_dtype=args.model.compute_dtype,
                           odc_group=group, param_residency=residency,
                           keep_embedding=keep_embedding)
@@ -276,7 +278,9 @@ def _engine_bytes(engine, optimizer) -> dict[str, int]:
     """Bytes of the real engine's and optimizer's tensors (fake: nothing allocated)."""
     units = engine.units
     owned_params = [p for p in optimizer.master]
-    shard = _nbytes(u.param_shard for u in units)
+    # ddp (dp > 1): each shard is a slice of the replicated parameters, no memory of its own
+    shard = 0 if engine.config.mode.is_ddp and not units[0].aliased else \
+        _nbytes(u.param_shard for u in units)
     master = sum(m.numel() * 4 for m, u in zip(owned_params, units)
                  if m.dtype != u.param_shard.dtype)  # fp32 params: the shard is the master
     masks = _nbytes(m for m in optimizer.norm_mask)  # weight decay: pieces, no mask
@@ -427,6 +431,7 @@ def dry_run(job: Job, flags: DryRunFlags) -> MemoryReport:
                               for u in engine.units)
         if engine.config.param_residency == "layer" else None,
         post_validation=args.schedule.enable_optimizer_post_validation,
+        replicated=engine.config.mode.is_ddp,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))
     _check(state_bytes(units), {**held, "post_validation_snapshot": snapshot["live"]})
     report = _report(job, flags, schedule, pp_rank, units, sizes, message, measured)

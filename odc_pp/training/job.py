@@ -159,6 +159,14 @@ def _check_against_layout(args, layout: ParallelLayout) -> None:
             f"counts on every replica when a pipeline rank runs several model chunks "
             f"(--pipeline-schedule {args.schedule.pipeline_schedule}, {chunks} chunks): use "
             f"--load-balance balanced or none, --dp-mode odc, or a one-chunk schedule")
+    if dp > 1 and layout.mode.is_ddp and data.load_balance == "lb-mini":
+        raise ValueError(
+            "--dp-mode ddp needs equal microbatch counts on every replica (its "
+            "reduce-scatters overlap the last backward), which --load-balance lb-mini does "
+            "not give: add --load-balance balanced (or none)")
+    if layout.mode.is_ddp and args.parallel.odc_param_residency == "layer":
+        raise ValueError("--odc-param-residency layer frees ODC's gathered parameters; "
+                         "--dp-mode ddp keeps every parameter replicated: drop the flag")
     if args.parallel.dynamic_context_parallel and not layout.mode.is_odc:
         raise ValueError(f"--dynamic-context-parallel needs --dp-mode odc (the replicas' "
                          f"slot counts differ); the job runs --dp-mode {layout.mode}")

@@ -26,10 +26,16 @@ __all__ = ["PastedFlag", "PASTED_FLAGS", "PREFIX_FLAGS", "Translation", "answer_
 PASTED_FLAGS: dict[str, PastedFlag] = {
     "--use-distributed-optimizer": honoured(
         "optimizer state is always sharded over the data-parallel group (ODC / collective "
-        "engines keep fp32 master weights and AdamW moments per owned shard)"),
+        "engines keep fp32 master weights and AdamW moments per owned shard; --dp-mode ddp "
+        "is Megatron's DDP with this distributed optimizer)"),
     "--overlap-grad-reduce": honoured(
         "gradient reduction overlaps compute: with --dp-mode odc and collective each unit's "
-        "gradient is pushed to its owners as soon as its weight gradients are complete"),
+        "gradient is pushed to its owners as soon as its weight gradients are complete; "
+        "with --dp-mode ddp each chunk's reduce-scatter starts after its last weight "
+        "gradient"),
+    "--ddp-bucket-size": noop(
+        "--dp-mode ddp reduce-scatters each model chunk's gradients as one bucket",
+        takes_value=True),
     "--overlap-param-gather": honoured(
         "accepted, but there is nothing to switch on: pretrain_gpt.py gathers each model "
         "chunk's parameters once per minibatch, at the chunk's first action, and keeps them "

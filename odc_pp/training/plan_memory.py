@@ -178,7 +178,8 @@ def param_residency(job: Job, *, budget_bytes: float | None) -> str:
     chosen, layout = job.args.parallel.odc_param_residency, job.layout
     if chosen != "auto":
         return chosen
-    if budget_bytes is None or layout.dp * layout.cp == 1 or layout.mode.is_collective:
+    if budget_bytes is None or layout.dp * layout.cp == 1 or \
+            layout.mode.transport == "collective":
         return "minibatch"
     fits = max(job_peaks(job, "minibatch")) <= budget_bytes
     return "minibatch" if fits else "layer"
@@ -233,6 +234,7 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           gathered_params=None if residency != "layer" else tuple(
                               p - per_use for p, per_use in zip(params, gathered_per_use)),
                           post_validation=args.schedule.enable_optimizer_post_validation,
+                          replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
