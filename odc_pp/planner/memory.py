@@ -81,6 +81,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from odc_pp.schedule.costs import tensor_parallel_activation_factor
 
+from .hardware import GB
 from .model import ModelShape
 
 __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
@@ -88,7 +89,6 @@ __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes"
            "layer_activation_bytes", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
            "dropout_mask_bytes", "CPU_RNG_STATE_BYTES"]
 
-GB = 1e9
 
 CATEGORIES = ("params_gathered", "params_sharded", "weight_grads", "grad_accumulators",
               "optimizer_state", "odc_staging", "post_validation_snapshot", "sends",

@@ -54,7 +54,7 @@ from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import FAMILIES, family
 
 from .config import Candidate, PlanConfig, Prediction
-from .hardware import PRESETS, Hardware
+from .hardware import GB, PRESETS, Hardware
 from .inputs import ModelSpec
 from .memory import Workload
 from .offload_report import describe_hardware, format_ranking
@@ -64,7 +64,6 @@ from .search import rank
 __all__ = ["OffloadChoice", "TunerConfig", "tune", "tune_devices", "plan_config",
            "candidates_of", "format_ranking", "measure_hardware", "main"]
 
-GB = 1e9
 
 
 @dataclass(kw_only=True)

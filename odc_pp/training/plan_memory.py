@@ -151,23 +151,29 @@ _NO_MEMORY_EFFECT = ("--load-balance", "--dp-mode")
 _CACHE: dict[tuple, tuple[float, ...]] = {}
 
 
-def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int) -> list[float]:
+def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int, *,
+               budget_bytes: float | None = None) -> list[float]:
     """Peak bytes of each pipeline rank (tp rank 0, dp rank 0) of the job ``flags`` on
-    ``world_size`` GPUs, as the dry run of that rank computes them (cached)."""
+    ``world_size`` GPUs, as the dry run of that rank with the budget ``budget_bytes``
+    computes them (it resolves ``--odc-param-residency auto`` by the budget; None: no
+    budget known, minibatch) (cached)."""
     flags = tuple(flags)
     key = (tuple(f for i, f in enumerate(flags) if f not in _NO_MEMORY_EFFECT and
-                 (i == 0 or flags[i - 1] not in _NO_MEMORY_EFFECT)), world_size)
+                 (i == 0 or flags[i - 1] not in _NO_MEMORY_EFFECT)), world_size, budget_bytes)
     if key not in _CACHE:
-        _CACHE[key] = _rank_peaks(flags, world_size)
+        _CACHE[key] = _rank_peaks(flags, world_size, budget_bytes)
     return list(_CACHE[key])
 
 
-def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
+def _rank_peaks(flags: tuple[str, ...], world_size: int,
+                budget_bytes: float | None) -> tuple[float, ...]:
+    from odc_pp.planner.verdict import memory_flags
+
     from .arguments import parse_args
 
-    args = parse_args(list(flags) + ["--mock-data"])
+    args = parse_args(memory_flags(flags))
     job = args.resolve(world_size, world_size)
-    return job_peaks(job, param_residency(job, budget_bytes=None))
+    return job_peaks(job, param_residency(job, budget_bytes=budget_bytes))
 
 
 def param_residency(job: Job, *, budget_bytes: float | None) -> str:
