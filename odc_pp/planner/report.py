@@ -25,7 +25,9 @@ LEGEND = (
     "opt: the optimizer step of a rank's owned shard (fused AdamW at the GPU's memory "
     "bandwidth);",
     "  mem GB: predicted peak of the fullest pipeline rank (the dry run's memory model of "
-    "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within --memory-gb.")
+    "the printed flags); MFU: model FLOPs utilisation; fits: mem GB within the budget "
+    "(--memory-gb, else 90% of the --cluster GPU's HBM: the dry run's budget, printed "
+    "with each row's dry-run command).")
 """The legend printed under the table: every column."""
 
 
