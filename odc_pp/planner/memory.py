@@ -409,8 +409,8 @@ COEFFICIENTS = {False: ActivationCoefficients(h_split=15.55, ffn_split=6.0,
                                               h_replicated=0.23),
                 True: ActivationCoefficients(h_split=11.55, ffn_split=4.0,
                                              h_replicated=0.23)}
-"""Saved activations per layer without / with --recompute-lgd (calibrated against the dry run: :mod:`odc_pp.training.plan_memory`). Issue 29
-moved the first: SwiGLU keeps only its input (ffn_split 10 -> 6: 4 x ffn bytes per
+"""Saved activations per layer without / with --recompute-lgd (calibrated against the dry
+run: :mod:`odc_pp.training.plan_memory`). Issue 29 moved the first: SwiGLU keeps only its input (ffn_split 10 -> 6: 4 x ffn bytes per
 token, measured by the dry run of NVIDIA's Llama-3-8B), and the CPU RMSNorm keeps what
 the fused CUDA kernel keeps (h_split 27.55 -> 15.55: 12 x h, measured at the GPU step's
 Llama-3-8B layers)."""

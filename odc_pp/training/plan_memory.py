@@ -14,7 +14,8 @@ The two things the dry run measures on fake tensors are formulas here:
   vocabulary-parallel, the linear layers split over tp, norms replicated);
 * the per-microbatch bytes of a chunk (:class:`~odc_pp.planner.memory.ChunkBytes`),
   per token; the layers' saved activations are the planner's one activation model
-  (:func:`~odc_pp.planner.memory.saved_bytes_per_token`), calibrated against the dry run of the Llama-3-8B shape (hidden 4096, SwiGLU
+  (:func:`~odc_pp.planner.memory.saved_bytes_per_token`), calibrated against the dry run
+  of the Llama-3-8B shape (hidden 4096, SwiGLU
   ffn 14336 and 7168, 8 KV groups, RMSNorm, vocabulary 128256, tp 1/2/4 with sequence
   parallelism, with and without --recompute-lgd, first/middle/last stage; every
   coefficient within 0.5% of the measurement there). Other layer kinds (GELU MLPs,
