@@ -6,16 +6,18 @@ See docs/planner.md for the model and where it is weak."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
 
 from odc_pp.layout import DataParallelMode
-from odc_pp.planner.hardware import PRESETS
+from odc_pp.planner.hardware import GB, PRESETS, memory_budget_gb
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
 from odc_pp.planner.report import format_plan
 from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, plan, predict
+from odc_pp.planner.verdict import budget_flags
 from odc_pp.training.hf_model import model_from_hf
 from odc_pp.training.plan_memory import rank_peaks
 
@@ -116,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--global-batch-tokens", type=int, default=None,
                         help="tokens per step instead (converted with the mean length)")
     parser.add_argument("--memory-gb", type=float, default=None,
-                        help="usable memory per GPU (default 90%% of HBM)")
+                        help="usable memory per GPU, GB (default 90%% of the --cluster GPU's "
+                             "HBM, as the dry run's --dry-run-gpu)")
     parser.add_argument("--tp-sizes", type=_ints, default=(1, 2, 4, 8))
     parser.add_argument("--schedules", default=",".join(SCHEDULES),
                         help="schedule families tried (comma-separated)")
@@ -168,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                             schedules=tuple(args.schedules.split(",")),
                             token_caps=args.token_caps,
                             dp_modes=tuple(args.dp_modes.split(",")), samples=args.samples,
-                            seed=args.seed, rank_memory=rank_peaks,
+                            seed=args.seed, rank_memory=functools.partial(
+                                rank_peaks, budget_bytes=memory_budget_gb(
+                                    cluster, args.memory_gb) * GB),
                             workers=args.jobs or _usable_cpus())
         baseline = None
         if args.baseline:
@@ -190,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - began:.1f} s with {config.workers} processes")
     if args.lengths_histogram:
         print(describe_histogram(args.lengths_histogram, lengths))
-    print(format_plan(predictions, default, top=args.top, baseline=baseline))
+    print(format_plan(predictions, default, top=args.top, baseline=baseline, gpus=args.gpus,
+                      budget=tuple(budget_flags(args.cluster, args.memory_gb)),
+                      budget_gb=config.memory_bytes / GB))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"predictions": [p.to_dict() for p in predictions],

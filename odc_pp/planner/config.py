@@ -12,12 +12,11 @@ from odc_pp.layout import DataParallelMode
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import family
 
-from .hardware import Hardware
+from .hardware import GB, Hardware, memory_budget_gb
 from .inputs import ModelSpec
 
 __all__ = ["PlanConfig", "Candidate", "Prediction", "SCHEDULES", "MEGATRON_SCHEDULES", "GB"]
 
-GB = 1e9
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "offload")
 MEGATRON_SCHEDULES = ("1f1b", "interleaved")
 
@@ -37,7 +36,8 @@ class PlanConfig:
     lengths: np.ndarray
     """The sample-length distribution (samples are drawn from it)."""
     memory_gb: float | None = None
-    """Usable memory per GPU (default: the GPU's HBM less 10%)."""
+    """Usable memory per GPU, GB (default: :func:`~.hardware.memory_budget_gb` of
+    ``cluster``, the dry run's budget for the same GPU)."""
     tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """Tensor-parallel sizes tried (within a node)."""
     schedules: tuple[str, ...] = SCHEDULES
@@ -81,7 +81,7 @@ class PlanConfig:
 
     @property
     def memory_bytes(self) -> float:
-        return (self.memory_gb or 0.9 * self.cluster.memory_gb) * GB
+        return memory_budget_gb(self.cluster, self.memory_gb) * GB
 
 
 @dataclass(frozen=True, kw_only=True)

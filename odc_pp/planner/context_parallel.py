@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 
-from .hardware import Hardware
+from .hardware import GB, Hardware
 from .inputs import ModelSpec
 
 __all__ = ["CP_SIZES", "compute_share", "activation_share", "sharding_group", "ring_link",
            "attention_flops", "ring_seconds", "cp_fits_length", "cp_worth_trying"]
 
-GB = 1e9
 CP_SIZES = (1, 2, 4, 8)
 """Context-parallel sizes the planner tries."""
 

@@ -19,8 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Hardware", "PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY",
+__all__ = ["GB", "Hardware", "PRESETS", "DEFAULT_PRESET", "USABLE_MEMORY_FRACTION",
+           "memory_budget_gb", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY",
            "EMBEDDING_GRAD_BYTES", "OUTPUT_GRAD_BYTES"]
+
+GB = 1e9
+"""Bytes in a GB (decimal, as HBM sizes are quoted): every memory figure of the project
+is printed in these."""
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """Bytes a fused AdamW step moves per owned parameter: it reads the fp32 gradient,
@@ -112,3 +117,21 @@ PRESETS = {
                      memory_gbps=4800.0),
 }
 """Presets (``--preset`` / ``--cluster``)."""
+
+DEFAULT_PRESET = "h100"
+"""The GPU kind ``odc-pp plan --cluster`` and the dry run's ``--dry-run-gpu`` assume."""
+
+USABLE_MEMORY_FRACTION = 0.9
+"""Share of a GPU's HBM a job may plan to fill: the rest is the CUDA context, NCCL's
+buffers and the caching allocator's fragmentation, which no memory model counts."""
+
+
+def memory_budget_gb(gpu: Hardware, memory_gb: float | None = None) -> float:
+    """The one memory verdict's budget per GPU, in GB: ``memory_gb`` (``--memory-gb``)
+    when given, else :data:`USABLE_MEMORY_FRACTION` of ``gpu``'s HBM (``odc-pp plan
+    --cluster``, the dry run's ``--dry-run-gpu``: a :data:`PRESETS` entry)."""
+    if memory_gb is None:
+        return USABLE_MEMORY_FRACTION * gpu.memory_gb
+    if not (math.isfinite(memory_gb) and memory_gb > 0):
+        raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
+    return float(memory_gb)

@@ -51,11 +51,10 @@ Per microbatch (measured by the dry run per chunk, placed in time by the schedul
 * in-flight receives: ``M`` per receive posted and not yet consumed;
 * offload buffers: the offloaded activations live in host memory (device: 0).
 
-Activations in closed form (what the planner and the tuner rank with before a dry run
-measures them): :func:`layer_activation_bytes` per layer and microbatch, and what
-``recompute_lgd`` removes from it:
-
-Closed forms of the saved-activation bytes that ``recompute_lgd`` removes (torch-free).
+Activations in closed form (one model: :func:`saved_bytes_per_token`, per layer and token,
+with coefficients calibrated against the dry run; the dry run's memory model
+``odc_pp.training.plan_memory`` and the planner's :func:`layer_activation_bytes` both use
+it). What ``recompute_lgd`` removes, exactly (torch-free):
 
 Per transformer layer and microbatch, with ``tokens = s * b``, hidden size h, MLP width f,
 ``e`` bytes per activation value and ``m`` bytes per dropout-mask element, the layer
@@ -69,12 +68,12 @@ stops saving (see :mod:`odc_pp.megatron.recompute`):
   the two ``[s, b, 1]`` int64 token keys they are recomputed from
   (``2 * tokens * key_bytes``, ``key_bytes = 8``; :mod:`odc_pp.megatron.dropout`).
 
-With f = 4h, e = 2 (bf16), m = 1 (the keyed dropout's bool mask) and the O(tokens) terms dropped,
-this is 14 * s * b * h: the standard per-layer 34 sbh (+ 5 a s^2 b) becomes 20 sbh
-(Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
-:func:`layer_activation_bytes` uses :func:`lgd_saving_per_token_hidden` for that
-coefficient. The attention-probability dropout is not recomputed (it stays in the
-5 a s^2 b term).
+With f = 4h, e = 2 (bf16), m = 1 (the keyed dropout's bool mask) and the O(tokens) terms
+dropped, this is 14 * s * b * h (:func:`lgd_saving_per_token_hidden`; Korthikanti et al.,
+"Reducing Activation Recomputation in Large Transformer Models"). The activation model
+(:data:`COEFFICIENTS`) is measured instead: a Llama layer without dropout, whose fused
+kernels keep less than the standard 34 sbh. The attention-probability dropout is not
+recomputed (without flash attention it stays in the 5 a s^2 b term).
 """
 
 from __future__ import annotations
@@ -83,16 +82,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from odc_pp.schedule.costs import tensor_parallel_activation_factor
-
+from .hardware import GB
 from .model import ModelShape
 
 __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
            "MemoryReport", "ChunkBytes", "schedule_peak", "count_sends", "Workload",
-           "layer_activation_bytes", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
+           "layer_activation_bytes", "saved_bytes_per_token", "ActivationCoefficients",
+           "COEFFICIENTS", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
            "dropout_mask_bytes", "DROPOUT_KEY_BYTES"]
 
-GB = 1e9
 
 CATEGORIES = ("params_gathered", "params_sharded", "weight_grads", "grad_accumulators",
               "optimizer_state", "odc_staging", "post_validation_snapshot", "sends",
@@ -412,23 +410,51 @@ class Workload:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
 
 
+@dataclass(frozen=True)
+class ActivationCoefficients:
+    """Bytes per token of one layer's tensors held from F to B: ``(h_split * h + ffn_split
+    * ffn) / tp + h_replicated * h`` (tp: tensor-parallel size with sequence parallelism)."""
+
+    h_split: float
+    ffn_split: float
+    h_replicated: float
+
+
+COEFFICIENTS = {False: ActivationCoefficients(h_split=15.55, ffn_split=6.0,
+                                              h_replicated=0.23),
+                True: ActivationCoefficients(h_split=11.55, ffn_split=4.0,
+                                             h_replicated=0.23)}
+"""Saved activations per layer without / with --recompute-lgd (calibrated against the dry
+run: :mod:`odc_pp.training.plan_memory`). Issue 29 moved the first: SwiGLU keeps only its input (ffn_split 10 -> 6: 4 x ffn bytes per
+token, measured by the dry run of NVIDIA's Llama-3-8B), and the CPU RMSNorm keeps what
+the fused CUDA kernel keeps (h_split 27.55 -> 15.55: 12 x h, measured at the GPU step's
+Llama-3-8B layers)."""
+
+
+
+def saved_bytes_per_token(*, hidden_size: int, ffn_hidden_size: int, tp: int = 1,
+                          recompute: bool = False, sequence_parallel: bool = True) -> float:
+    """Bytes one transformer layer holds from its F to its B per token on one
+    tensor-parallel rank (bf16; :data:`COEFFICIENTS`): the one activation model, which the
+    dry run's memory model (``odc_pp.training.plan_memory``) and the planner's estimate
+    (:func:`layer_activation_bytes`) both use. Without sequence parallelism (tp > 1) only
+    the MLP part is split over tp."""
+    c = COEFFICIENTS[bool(recompute)]
+    h_tp = tp if sequence_parallel else 1
+    return c.h_split * hidden_size / h_tp + c.ffn_split * ffn_hidden_size / tp \
+        + c.h_replicated * hidden_size
+
+
 def layer_activation_bytes(shape: Workload, *, recompute: bool, tp: int = 1,
                            sequence_parallel: bool = False) -> float:
-    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank."""
+    """Saved activation bytes of one layer and microbatch on one tensor-parallel rank:
+    :func:`saved_bytes_per_token` of its tokens, scaled to ``shape.bytes_per_value``,
+    plus the ``5 a s^2 b`` attention scores without flash attention."""
     model = shape.model
     b, s, h, a = (shape.micro_batch_size, shape.seq_length, model.hidden_size,
                   model.num_attention_heads)
-    ffn_ratio = model.ffn / h
-    fc1_outputs = 2 if model.gated_mlp else 1
-    # bytes per s*b*h at 16-bit values (module doc; 34 for a GPT); recompute_lgd's saving
-    # (14 for a GPT) from the runtime. Outside the tensor-parallel regions 10 (6 of them
-    # -- layernorm inputs and dropout masks -- recomputed by lgd, which also drops the
-    # split activation output)
-    full = (10 + 4 * model.query_width / h + 4 * model.kv_width / h
-            + 2 * ffn_ratio * (fc1_outputs + 1))
-    per_value = full - (lgd_saving_per_token_hidden(ffn_ratio=ffn_ratio) if recompute else 0)
-    replicated = (10 - (6 if recompute else 0)) / per_value
-    factor = tensor_parallel_activation_factor(tp=tp, sequence_parallel=sequence_parallel,
-                                               replicated_share=replicated)
-    attention = 0.0 if shape.flash_attention else 5 * a * s / h / tp
-    return s * b * h * (per_value * factor + attention) * shape.bytes_per_value / 2
+    per_token = saved_bytes_per_token(hidden_size=h, ffn_hidden_size=model.ffn, tp=tp,
+                                      recompute=recompute,
+                                      sequence_parallel=sequence_parallel or tp == 1)
+    attention = 0.0 if shape.flash_attention else 5 * a * s * b * s / tp
+    return (s * b * per_token + attention) * shape.bytes_per_value / 2

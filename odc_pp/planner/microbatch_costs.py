@@ -20,7 +20,7 @@ from . import context_parallel as cpm
 from .config import GB, Candidate, PlanConfig
 from .hardware import EMBEDDING_GRAD_BYTES, OUTPUT_GRAD_BYTES
 from .inputs import ModelSpec
-from .rough_memory import chunk_bytes
+from .rough_memory import chunk_activation_bytes
 
 __all__ = ["Drawn", "drawn_plans", "replica_costs", "sample_cost", "scaled_costs",
            "stage_times", "total_of"]
@@ -133,7 +133,7 @@ def scaled_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, in
     comm = tokens * config.model.hidden_size * 2 / (cand.tp * cand.cp) / link \
         if cand.pp > 1 else 0.0
     # an offloaded microbatch-chunk's activations cross the host link each way
-    host = config.cluster.host_link_gbps * GB / chunk_bytes(config, cand, tokens) \
+    host = config.cluster.host_link_gbps * GB / chunk_activation_bytes(config, cand, tokens) \
         if cand.offloaded else None
     return CostModel(t_f=mean[0], t_b=mean[1], t_w=mean[2], t_comm=comm,
                      mem_f=memory[0], mem_b=memory[1], mem_w=memory[2],

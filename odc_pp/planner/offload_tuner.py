@@ -54,7 +54,7 @@ from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import FAMILIES, family
 
 from .config import Candidate, PlanConfig, Prediction
-from .hardware import PRESETS, Hardware
+from .hardware import GB, PRESETS, Hardware, memory_budget_gb
 from .inputs import ModelSpec
 from .memory import Workload
 from .offload_report import describe_hardware, format_ranking
@@ -64,7 +64,6 @@ from .search import rank
 __all__ = ["OffloadChoice", "TunerConfig", "tune", "tune_devices", "plan_config",
            "candidates_of", "format_ranking", "measure_hardware", "main"]
 
-GB = 1e9
 
 
 @dataclass(kw_only=True)
@@ -82,7 +81,8 @@ class TunerConfig:
     dp: int = 1
     """Data-parallel ranks sharing the optimizer state (ODC)."""
     memory_budget_gb: float | None = None
-    """Usable device memory per rank (default: the hardware's memory)."""
+    """Usable device memory per rank, GB (default: :func:`~.hardware.memory_budget_gb` of
+    ``hardware``, the budget of ``odc-pp plan`` and the dry run)."""
     schedules: tuple[str, ...] = tuple(f.name for f in FAMILIES if not f.searched)
     """Schedule families tried (registry names; an offloading family is tried with every
     non-empty set of offload chunks)."""
@@ -131,7 +131,7 @@ class TunerConfig:
 
     @property
     def budget_bytes(self) -> float:
-        return (self.memory_budget_gb or self.hardware.memory_gb) * GB
+        return memory_budget_gb(self.hardware, self.memory_budget_gb) * GB
 
 
 @dataclass
@@ -347,7 +347,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None)
     p.add_argument("--measure", action="store_true", help="measure this machine instead")
     p.add_argument("--memory-budget-gb", type=bounded_float(0, 1e6, open_low=True), default=None,
-                   help="usable memory per rank (default: the device's)")
+                   help="usable memory per rank, GB (default: 90%% of the device's, as "
+                        "odc-pp plan and the dry run)")
     p.add_argument("--cost-model", default=None, metavar="FILE",
                    help="the CostModel JSON file pretrain_gpt.py will get as --cost-model "
                         "(it plans the schedule; default: none, the frontend's default)")

@@ -14,10 +14,10 @@ from . import context_parallel as cpm
 from .config import Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes, planned_state_bytes
 
-__all__ = ["chunk_bytes", "memory_units", "static_bytes", "peak_bytes"]
+__all__ = ["chunk_activation_bytes", "memory_units", "static_bytes", "peak_bytes"]
 
 
-def chunk_bytes(config: PlanConfig, cand: Candidate, tokens: float) -> float:
+def chunk_activation_bytes(config: PlanConfig, cand: Candidate, tokens: float) -> float:
     """Activation bytes one microbatch-chunk of ``tokens`` tokens keeps from F to B on a
     rank (:func:`~odc_pp.planner.memory.layer_activation_bytes` of its layers)."""
     model = config.model
@@ -37,7 +37,7 @@ def memory_units(config: PlanConfig, cand: Candidate) -> tuple[float, float, flo
     model, length = config.model, config.model.seq_length
     layers = model.num_layers / (cand.pp * family(cand.schedule).default_chunks)
     kept = 2 * (1 - 1 / cand.tp) * length * model.hidden_size * 2 * layers \
-        * cpm.activation_share(cand.cp) / chunk_bytes(config, cand, length)
+        * cpm.activation_share(cand.cp) / chunk_activation_bytes(config, cand, length)
     return (1.0, kept, -1.0 - kept)
 
 
@@ -67,7 +67,7 @@ def peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
     the fp32 logits."""
     # ``units`` counts what the simulator keeps on the device: an offloaded chunk leaves
     # when its OFFLOAD completes and returns when its RELOAD starts
-    chunk = chunk_bytes(config, cand, biggest)
+    chunk = chunk_activation_bytes(config, cand, biggest)
     peaks = [static + u * chunk for static, u in zip(static_bytes(config, cand), units)]
     fam = family(cand.schedule)
     last = cand.pp * fam.default_chunks - 1  # the rank holding it (rank 0 in a V)

@@ -7,7 +7,9 @@ group (:class:`~odc_pp.odc.transport_fake.FakeOdcGroup`) and its tensor-parallel
 on torch's ``fake`` process-group backend, all under ``FakeTensorMode`` (no bytes are
 allocated), and reports the rank's peak memory by category
 (:data:`odc_pp.planner.memory.CATEGORIES`) as one table, whether it fits
-``--memory-gb`` (default 80) and, when not, which flags to change and their effect.
+the GPU's budget (:func:`~odc_pp.planner.hardware.memory_budget_gb`: ``--memory-gb``, else
+90% of the HBM of ``--dry-run-gpu``, default h100: 72 GB; ``odc-pp plan`` judges with the
+same budget) and, when not, which flags to change and their effect.
 ``--dry-run-json PATH`` writes ``{"job": report}`` (:data:`REPORT_KEY`).
 
 What is measured and what is computed:
@@ -44,8 +46,8 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_pp.layout import ParallelLayout, layout_rank
-from odc_pp.planner.memory import (GB, ChunkBytes, MemoryReport, UnitSizes,
-                                         schedule_peak, state_bytes)
+from odc_pp.planner.hardware import DEFAULT_PRESET, GB, PRESETS, memory_budget_gb
+from odc_pp.planner.memory import ChunkBytes, MemoryReport, UnitSizes, schedule_peak, state_bytes
 
 from .arguments import TrainingArgs, parse_args
 from .job import Job
@@ -63,7 +65,10 @@ _CPU = torch.device("cpu")
 class DryRunFlags(argparse.Namespace):
     rank: int = 0
     world_size: int = 1
-    memory_gb: float = 80.0
+    gpu: str = DEFAULT_PRESET
+    """--dry-run-gpu: the GPU kind whose budget the verdict uses."""
+    memory_gb: float = memory_budget_gb(PRESETS[DEFAULT_PRESET])
+    """The budget, GB: --memory-gb, else the one of --dry-run-gpu."""
     json: str | None = None
     receives_preposted: bool = False
     """Every receive of a minibatch is posted when it starts (the runtime does so on
@@ -76,15 +81,16 @@ def split_dry_run_flags(argv: list[str]) -> tuple[DryRunFlags, list[str]]:
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--dry-run-rank", dest="rank", type=int, default=0)
     parser.add_argument("--dry-run-world-size", dest="world_size", type=int, default=None)
-    parser.add_argument("--memory-gb", dest="memory_gb", type=float, default=80.0)
+    parser.add_argument("--dry-run-gpu", dest="gpu", choices=sorted(PRESETS),
+                        default=DEFAULT_PRESET)
+    parser.add_argument("--memory-gb", dest="memory_gb", type=float, default=None)
     parser.add_argument("--dry-run-json", dest="json", default=None)
     flags, rest = parser.parse_known_args(argv, namespace=DryRunFlags())
     if flags.world_size is None:
         raise ValueError("--dry-run needs --dry-run-world-size N (the job's GPU count)")
     if not 0 <= flags.rank < flags.world_size:
         raise ValueError(f"--dry-run-rank {flags.rank} outside 0..{flags.world_size - 1}")
-    if not (math.isfinite(flags.memory_gb) and flags.memory_gb > 0):
-        raise ValueError(f"--memory-gb must be > 0, got {flags.memory_gb}")
+    flags.memory_gb = memory_budget_gb(PRESETS[flags.gpu], flags.memory_gb)
     return flags, rest
 
 

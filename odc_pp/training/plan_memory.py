@@ -13,7 +13,9 @@ The two things the dry run measures on fake tensors are formulas here:
 * the trainable elements of each local chunk (exact: the embedding and output layer
   vocabulary-parallel, the linear layers split over tp, norms replicated);
 * the per-microbatch bytes of a chunk (:class:`~odc_pp.planner.memory.ChunkBytes`),
-  per token, calibrated against the dry run of the Llama-3-8B shape (hidden 4096, SwiGLU
+  per token; the layers' saved activations are the planner's one activation model
+  (:func:`~odc_pp.planner.memory.saved_bytes_per_token`), calibrated against the dry run
+  of the Llama-3-8B shape (hidden 4096, SwiGLU
   ffn 14336 and 7168, 8 KV groups, RMSNorm, vocabulary 128256, tp 1/2/4 with sequence
   parallelism, with and without --recompute-lgd, first/middle/last stage; every
   coefficient within 0.5% of the measurement there). Other layer kinds (GELU MLPs,
@@ -24,39 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from odc_pp.planner.memory import ChunkBytes, UnitSizes, schedule_peak, state_bytes
+from odc_pp.planner.memory import (ChunkBytes, UnitSizes, saved_bytes_per_token, schedule_peak,
+                                   state_bytes)
 
 if TYPE_CHECKING:
     from .arguments import TrainingArgs
     from .job import Job
 
-__all__ = ["ActivationCoefficients", "COEFFICIENTS", "rank_peaks", "chunk_bytes",
+__all__ = ["rank_peaks", "chunk_sizes",
            "chunk_params", "layer_params", "param_residency", "embedding_kept", "job_peaks", "job_costs",
            "replica_microbatches"]
-
-
-@dataclass(frozen=True)
-class ActivationCoefficients:
-    """Bytes per token of one layer's tensors held from F to B: ``(h_split * h + ffn_split
-    * ffn) / tp + h_replicated * h`` (tp: tensor-parallel size with sequence parallelism)."""
-
-    h_split: float
-    ffn_split: float
-    h_replicated: float
-
-
-COEFFICIENTS = {False: ActivationCoefficients(h_split=15.55, ffn_split=6.0,
-                                              h_replicated=0.23),
-                True: ActivationCoefficients(h_split=11.55, ffn_split=4.0,
-                                             h_replicated=0.23)}
-"""Saved activations per layer without / with --recompute-lgd (module docstring). Issue 29
-moved the first: SwiGLU keeps only its input (ffn_split 10 -> 6: 4 x ffn bytes per
-token, measured by the dry run of NVIDIA's Llama-3-8B), and the CPU RMSNorm keeps what
-the fused CUDA kernel keeps (h_split 27.55 -> 15.55: 12 x h, measured at the GPU step's
-Llama-3-8B layers)."""
 
 
 def layer_params(model, *, tp: int) -> int:
@@ -97,15 +78,15 @@ def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chu
     return total
 
 
-def chunk_bytes(model, *, tokens: int, layers: int, last: bool, tp: int,
+def chunk_sizes(model, *, tokens: int, layers: int, last: bool, tp: int,
                 vocab_size: int, fused_loss: bool = False) -> ChunkBytes:
     """Per-microbatch bytes of one chunk (the dry run's measured quantities) for a
     microbatch of ``tokens`` tokens, bf16 (module docstring). ``fused_loss``: the last
     chunk runs ``--fused-cross-entropy`` (the dry run's GPU default at tp = 1):
     :func:`_fused_loss_bytes` instead of the logits."""
     h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
-    c = COEFFICIENTS[bool(model.recompute_lgd)]
-    per_layer = (c.h_split * h + c.ffn_split * ffn) / tp + c.h_replicated * h
+    per_layer = saved_bytes_per_token(hidden_size=h, ffn_hidden_size=ffn, tp=tp,
+                                      recompute=bool(model.recompute_lgd))
     saved = 2 * h / tp + layers * per_layer  # the chunk's input (embedding or received)
     w_held = layers * (4 * h + (9 * h + 6 * ffn) / tp)
     if last and fused_loss:
@@ -151,23 +132,29 @@ _NO_MEMORY_EFFECT = ("--load-balance", "--dp-mode")
 _CACHE: dict[tuple, tuple[float, ...]] = {}
 
 
-def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int) -> list[float]:
+def rank_peaks(flags: list[str] | tuple[str, ...], world_size: int, *,
+               budget_bytes: float | None = None) -> list[float]:
     """Peak bytes of each pipeline rank (tp rank 0, dp rank 0) of the job ``flags`` on
-    ``world_size`` GPUs, as the dry run of that rank computes them (cached)."""
+    ``world_size`` GPUs, as the dry run of that rank with the budget ``budget_bytes``
+    computes them (it resolves ``--odc-param-residency auto`` by the budget; None: no
+    budget known, minibatch) (cached)."""
     flags = tuple(flags)
     key = (tuple(f for i, f in enumerate(flags) if f not in _NO_MEMORY_EFFECT and
-                 (i == 0 or flags[i - 1] not in _NO_MEMORY_EFFECT)), world_size)
+                 (i == 0 or flags[i - 1] not in _NO_MEMORY_EFFECT)), world_size, budget_bytes)
     if key not in _CACHE:
-        _CACHE[key] = _rank_peaks(flags, world_size)
+        _CACHE[key] = _rank_peaks(flags, world_size, budget_bytes)
     return list(_CACHE[key])
 
 
-def _rank_peaks(flags: tuple[str, ...], world_size: int) -> tuple[float, ...]:
+def _rank_peaks(flags: tuple[str, ...], world_size: int,
+                budget_bytes: float | None) -> tuple[float, ...]:
+    from odc_pp.planner.verdict import memory_flags
+
     from .arguments import parse_args
 
-    args = parse_args(list(flags) + ["--mock-data"])
+    args = parse_args(memory_flags(flags))
     job = args.resolve(world_size, world_size)
-    return job_peaks(job, param_residency(job, budget_bytes=None))
+    return job_peaks(job, param_residency(job, budget_bytes=budget_bytes))
 
 
 def param_residency(job: Job, *, budget_bytes: float | None) -> str:
@@ -236,7 +223,7 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
-        sizes = [chunk_bytes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
+        sizes = [chunk_sizes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
                              vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
         if residency == "layer" and dp * cp > 1:  # a layer and the next, gathered ahead
             layer = layer_params(model, tp=tp) * units.param_bytes

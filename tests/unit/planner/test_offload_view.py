@@ -88,7 +88,7 @@ def test_tune_offload_rows_are_the_plan_commands_predictions():
 def test_the_logits_are_counted_on_the_rank_holding_the_last_stage():
     """In a V placement the last stage is on rank 0: the planner's own estimate puts the
     fp32 logits there, not on the last pipeline rank."""
-    from odc_pp.planner.rough_memory import chunk_bytes, static_bytes
+    from odc_pp.planner.rough_memory import chunk_activation_bytes, static_bytes
     from odc_pp.planner.search import _pipeline_link, _simulated
 
     config = _plan_config()
@@ -96,7 +96,7 @@ def test_the_logits_are_counted_on_the_rank_holding_the_last_stage():
         cand = Candidate(**{**vars(_offload()), "schedule": schedule})
         pred = predict(config, cand)
         _, units, biggest, _, _ = _simulated(config, cand, _pipeline_link(config, cand))
-        chunk = chunk_bytes(config, cand, biggest)
+        chunk = chunk_activation_bytes(config, cand, biggest)
         extra = [p * 1e9 - (s + u * chunk) for p, s, u in
                  zip(pred.peak_memory_gb, static_bytes(config, cand), units)]
         logits = biggest * SHAPE["vocab_size"] * 4
