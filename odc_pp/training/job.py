@@ -60,6 +60,10 @@ class Job:
         notes = list(args.resolution_notes)
         notes += _fill_size_defaults(args, layout.dp)
         _check_against_layout(args, layout)
+        stages = stage_layout_of(args, layout.pp)
+        if stages.uneven:
+            notes.append(f"note: uneven pipeline stages: decoder layers per virtual stage "
+                         f"{list(stages.counts())}")
         request = training_request(
             args.schedule, pp=layout.pp, num_microbatches=1,
             post_validation=args.schedule.enable_optimizer_post_validation)
