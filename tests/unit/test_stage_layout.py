@@ -108,3 +108,34 @@ def test_even_split_unchanged():
     assert StageLayout.even(10, 4).counts() == (3, 3, 2, 2)
     assert StageLayout.resolve(8, 2, 2).relative_sizes() == (1.0,) * 4
     assert StageLayout.resolve(6, 2, 2, first=2, last=4).counts() == (1, 2, 1, 2)
+
+
+def test_schedules_are_made_for_the_uneven_stage_costs():
+    from odc_pp.schedule.costs import CostModel
+    from odc_pp.schedule.generators import family
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.components import recompute_costs
+    from odc_pp.training.job import Job
+
+    flags = ["--mock-data", "--vocab-size", "64", "--num-layers", "8",
+             "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "1",
+             "--decoder-last-pipeline-num-layers", "1"]
+    job = Job.resolve(parse_args(flags + ["--pipeline-schedule", "1f1b"]), world=4)
+    assert job.stage_layout.counts() == (1, 3, 3, 1)
+    costs = recompute_costs(CostModel(t_f=1.0, t_b=2.0, t_w=[1.0, 1.0, 1.0, 2.0]), job.args,
+                            4, job.placement)
+    assert costs.t_f == [0.5, 1.5, 1.5, 0.5]
+    assert costs.t_b == [1.0, 3.0, 3.0, 1.0]
+    assert costs.t_w == [0.5, 1.5, 1.5, 1.0]
+    zbv = Job.resolve(parse_args(["--mock-data", "--vocab-size", "64", "--num-layers", "12",
+                                  "--pipeline-model-parallel-size", "4",
+                                  "--decoder-first-pipeline-num-layers", "2",
+                                  "--decoder-last-pipeline-num-layers", "2",
+                                  "--pipeline-schedule", "zbv"]), world=4)
+    counts = zbv.stage_layout.counts()
+    assert counts == (1, 2, 2, 1, 1, 2, 2, 1)
+    costs = recompute_costs(CostModel(), zbv.args, 4, family("zbv").placement)
+    assert costs.t_f == [c / 1.5 for c in counts]
+    with pytest.raises(ValueError, match="--decoder-first-pipeline-num-layers 1 must be "
+                                         "divisible"):
+        Job.resolve(parse_args(flags + ["--pipeline-schedule", "zbv"]), world=4)
