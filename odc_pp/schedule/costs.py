@@ -142,8 +142,9 @@ def with_stage_sizes(costs: CostModel, sizes: Sequence[float],
     """``costs`` for stages of different sizes: each virtual stage's T_F, T_B and T_W
     scaled by ``sizes[stage]`` (its layers over the mean,
     :meth:`~odc_pp.schedule.stage_layout.StageLayout.relative_sizes`; ``stage_ranks``: the
-    rank of each virtual stage, for per-rank cost lists). The result gives per-stage
-    lists; all-ones sizes return ``costs`` unchanged."""
+    rank of each virtual stage, for per-rank cost lists). A time given per virtual stage
+    already is each stage's own (measured) and stays as it is; a scalar or per-rank time
+    becomes a per-stage list. All-ones sizes return ``costs`` unchanged."""
     from dataclasses import replace
 
     if all(size == 1.0 for size in sizes):
@@ -153,7 +154,9 @@ def with_stage_sizes(costs: CostModel, sizes: Sequence[float],
         raise ValueError("give one rank per virtual stage")
     scaled = {name: [size * _per_stage(getattr(costs, name), stage, rank, pp, num_stages, name)
                      for stage, (size, rank) in enumerate(zip(sizes, stage_ranks))]
-              for name in ("t_f", "t_b", "t_w")}
+              for name in ("t_f", "t_b", "t_w")
+              if isinstance(getattr(costs, name), (int, float))
+              or len(getattr(costs, name)) != num_stages}
     return replace(costs, **scaled)
 
 

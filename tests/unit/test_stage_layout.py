@@ -122,11 +122,13 @@ def test_schedules_are_made_for_the_uneven_stage_costs():
              "--decoder-last-pipeline-num-layers", "1"]
     job = Job.resolve(parse_args(flags + ["--pipeline-schedule", "1f1b"]), world=4)
     assert job.stage_layout.counts() == (1, 3, 3, 1)
+    # a scalar is scaled by each stage's layers; a per-stage list (--cost-model measured
+    # on these stages) is each stage's own already
     costs = recompute_costs(CostModel(t_f=1.0, t_b=2.0, t_w=[1.0, 1.0, 1.0, 2.0]), job.args,
                             4, job.placement)
     assert costs.t_f == [0.5, 1.5, 1.5, 0.5]
     assert costs.t_b == [1.0, 3.0, 3.0, 1.0]
-    assert costs.t_w == [0.5, 1.5, 1.5, 1.0]
+    assert costs.t_w == [1.0, 1.0, 1.0, 2.0]
     zbv = Job.resolve(parse_args(["--mock-data", "--vocab-size", "64", "--num-layers", "12",
                                   "--pipeline-model-parallel-size", "4",
                                   "--decoder-first-pipeline-num-layers", "2",
