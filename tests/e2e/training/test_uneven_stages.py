@@ -43,3 +43,23 @@ def test_uneven_flags_are_checked_as_megatron(tmp_path):
     assert "--decoder-first-pipeline-num-layers 1 and --decoder-last-pipeline-num-layers 1: " \
            "2 middle layers remain for 0 middle pipeline stages" in bad.stdout + bad.stderr, \
         bad.describe()
+
+
+SIX = list(TINY_MODEL)
+SIX[SIX.index("--num-layers") + 1] = "6"
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "zbv"])
+def test_two_chunk_families_train_uneven_stages_like_one_process(tmp_path, schedule):
+    """Two chunks a rank, first stage 2 layers (1 a chunk), last stage 4 (2 a chunk)."""
+    flags = SIX + ["--train-iters", "3"]
+    reference = launch(flags, nproc=1, tmp_path=tmp_path, name="reference")
+    assert reference.returncode == 0, reference.describe()
+    uneven = launch(flags + ["--pipeline-schedule", schedule,
+                             "--pipeline-model-parallel-size", "2",
+                             "--decoder-first-pipeline-num-layers", "2",
+                             "--decoder-last-pipeline-num-layers", "4"],
+                    nproc=2, tmp_path=tmp_path, name=schedule)
+    assert uneven.returncode == 0, uneven.describe()
+    assert "decoder layers per virtual stage [1, 2, 1, 2]" in uneven.stdout, uneven.stdout
+    assert _close(uneven.losses(), reference.losses()), (uneven.losses(), reference.losses())
