@@ -56,8 +56,8 @@ from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
 from .tp_layout import partition_of
 
-__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "stage_layout", "global_name",
-           "tied_embedding_params", "EMBEDDING_WEIGHT", "OUTPUT_WEIGHT"]
+__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "stage_layout",
+           "global_name", "tied_embedding_params", "EMBEDDING_WEIGHT", "OUTPUT_WEIGHT"]
 
 EMBEDDING_WEIGHT = "model.embedding.word_embeddings.weight"
 """Canonical global name of the input embedding."""

@@ -80,7 +80,8 @@ def test_refused_where_megatron_core_refuses(num_layers, pp, vp, first, last):
                                    pipeline_model_parallel_size=pp,
                                    virtual_pipeline_model_parallel_size=vp,
                                    num_layers_in_first_pipeline_stage=first,
-                                   num_layers_in_last_pipeline_stage=last, pipeline_dtype=torch.float32)
+                                   num_layers_in_last_pipeline_stage=last,
+                                   pipeline_dtype=torch.float32)
         from megatron.core.transformer.transformer_block import get_num_layers_to_build
         for stage in range(pp * (vp or 1)):
             vp_stage, pp_rank = divmod(stage, pp)
