@@ -38,6 +38,7 @@ import torch.distributed as dist
 from ..data.microbatch import Microbatch
 from ..data.pinned import to_device
 from ..schedule.placement import Placement, stage_of
+from ..schedule.stage_layout import StageLayout
 from .compat import (causal_mask, gpt_chunk_forward, new_gpt_model, packed_causal_mask,
                      prepare_megatron_for_device, rope_fusion_available, rope_inv_freq,
                      rotary_embedding, deferrable_output_layer)
@@ -56,8 +57,8 @@ from .spec import deferrable_gpt_layer_spec
 from .tp import TensorParallel, reduce_partial_grads, vocab_parallel_cross_entropy
 from .tp_layout import partition_of
 
-__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "global_name",
-           "tied_embedding_params", "EMBEDDING_WEIGHT", "OUTPUT_WEIGHT"]
+__all__ = ["ModelConfig", "GPTChunk", "build_chunks", "stage_layers", "stage_layout",
+           "global_name", "tied_embedding_params", "EMBEDDING_WEIGHT", "OUTPUT_WEIGHT"]
 
 EMBEDDING_WEIGHT = "model.embedding.word_embeddings.weight"
 """Canonical global name of the input embedding."""
@@ -74,13 +75,16 @@ def _same_rows(positions: torch.Tensor | None) -> bool:
 
 
 def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
-    """Global decoder layers of ``stage``: an even split, earlier stages take the rest."""
-    if num_layers < num_stages:
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages; "
-                         "use at least one layer per stage (pp * num_chunks <= num_layers)")
-    base, extra = divmod(num_layers, num_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
+    """Global decoder layers of ``stage`` of an even split (earlier stages take the rest);
+    uneven stages: :class:`~odc_pp.schedule.stage_layout.StageLayout`."""
+    return StageLayout.even(num_layers, num_stages).layers(stage)
+
+
+def stage_layout(config: ModelConfig, pp_size: int, num_chunks: int) -> StageLayout:
+    """The layer layout of ``config`` over ``pp_size`` ranks of ``num_chunks`` chunks."""
+    return StageLayout.resolve(config.num_layers, pp_size, num_chunks,
+                               first=config.num_layers_in_first_pipeline_stage,
+                               last=config.num_layers_in_last_pipeline_stage)
 
 
 class GPTChunk(torch.nn.Module):
@@ -311,6 +315,7 @@ def build_chunks(config: ModelConfig, *, pp_rank: int, pp_size: int, num_chunks:
     prepare_megatron_for_device(config.device, seed=seed)
     build = _ChunkBuild(
         config=config, seed=seed, num_stages=pp_size * num_chunks,
+        layout=stage_layout(config, pp_size, num_chunks),
         tensor_parallel=tensor_parallel, cp_group=cp_group,
         groups=process_groups,
         spec=_layer_spec(config, tensor_parallel, cp_group, cp_comm_type),
@@ -373,6 +378,7 @@ class _ChunkBuild:
     config: ModelConfig
     seed: int
     num_stages: int
+    layout: StageLayout
     tensor_parallel: TensorParallel
     cp_group: object
     groups: object
@@ -383,7 +389,7 @@ class _ChunkBuild:
         """The chunk holding virtual ``stage``, initialised."""
         config, tensor_parallel = self.config, self.tensor_parallel
         last = stage == self.num_stages - 1
-        layers = stage_layers(config.num_layers, self.num_stages, stage)
+        layers = self.layout.layers(stage)
         model = new_gpt_model(_transformer_config(config, len(layers), tensor_parallel),
                               self.spec, vocab_size=config.vocab_size,
                               max_sequence_length=config.max_sequence_length,

@@ -30,6 +30,11 @@ class ModelConfig:
     """Model width."""
     num_layers: int = 4
     """Decoder layers in the whole model (split over pp * num_chunks stages)."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    """Layers of the first pipeline stage (megatron-core's field of that name; None: even
+    stages, :class:`~odc_pp.schedule.stage_layout.StageLayout`)."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    """Layers of the last pipeline stage (megatron-core's field of that name)."""
     num_attention_heads: int = 4
     """Attention heads; must divide hidden_size."""
     ffn_hidden_size: int | None = None

@@ -109,6 +109,9 @@ class Candidate:
     keep_sp_input_for_w: bool = False
     """--keep-sp-input-for-w (tp > 1): B keeps W's gathered inputs instead of W
     re-gathering them."""
+    uneven: tuple[int, int] | None = None
+    """(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers): lighter
+    embedding and loss stages (None: equal stages)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))

@@ -21,6 +21,7 @@ from .config import GB, Candidate, PlanConfig
 from .hardware import EMBEDDING_GRAD_BYTES, OUTPUT_GRAD_BYTES
 from .inputs import ModelSpec
 from .rough_memory import chunk_activation_bytes
+from .uneven import stage_layout
 
 __all__ = ["Drawn", "drawn_plans", "replica_costs", "sample_cost", "scaled_costs",
            "stage_times", "total_of"]
@@ -48,7 +49,7 @@ def stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     attention per document); computed once per shape and layout."""
     cache = config.memo.setdefault("stage_times", {})
     key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
-           cand.keep_sp_input_for_w, rows, length, documents)
+           cand.keep_sp_input_for_w, cand.uneven, rows, length, documents)
     if key not in cache:
         cache[key] = _compute_stage_times(config, cand, rows, length, documents)
     return cache[key]
@@ -58,9 +59,7 @@ def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length:
                          documents: tuple | None) -> tuple[list[float], list[float],
                                                            list[float]]:
     model, cluster = config.model, config.cluster
-    chunks = family(cand.schedule).default_chunks
-    stages = cand.pp * chunks
-    layers = model.num_layers / stages
+    counts = stage_layout(config, cand).counts()
     share = cpm.compute_share(cand.cp)
     tokens = rows * length * share  # one CP rank's tokens
     speed = cluster.flops_per_s(tokens) * cand.tp
@@ -77,13 +76,12 @@ def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length:
         link_bytes_per_s=(cluster.tp_link_gbps or math.inf) * GB,
         sequence_parallel=cand.tp > 1,
         keep_sp_input_for_w=cand.keep_sp_input_for_w)
-    t_f = layers * (f / speed + cf + ring_f)
-    t_b = layers * (b / speed + cb + ring_b) + (0.05 * layers * f / speed if cand.recompute
-                                                 else 0.0)
-    t_w = layers * (w / speed + cw)
+    t_f = f / speed + cf + ring_f  # one layer
+    t_b = b / speed + cb + ring_b + (0.05 * f / speed if cand.recompute else 0.0)
+    t_w = w / speed + cw
     logits = 2.0 * tokens * model.hidden_size * model.vocab_size / speed
     table = model.vocab_size * model.hidden_size / cand.tp  # a rank's embedding elements
-    out = [[t_f] * stages, [t_b] * stages, [t_w] * stages]
+    out = [[n * t for n in counts] for t in (t_f, t_b, t_w)]
     out[0][-1] += logits
     out[1][-1] += logits
     # W of the output layer: its GEMM, then the bf16 product added into the fp32
@@ -99,7 +97,8 @@ def replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     per layout and replica: schedules of the same chunk count share them)."""
     cache = config.memo.setdefault("replica_costs", {})
     key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
-           cand.keep_sp_input_for_w, bool(cand.offloaded), link, memory, tuple(shapes))
+           cand.keep_sp_input_for_w, cand.uneven, bool(cand.offloaded), link, memory,
+           tuple(shapes))
     if key not in cache:
         times = [stage_times(config, cand, rows, length, docs)
                  for rows, length, docs in shapes]

@@ -13,6 +13,7 @@ from odc_pp.schedule.placement import rank_stages
 from . import context_parallel as cpm
 from .config import Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes, planned_state_bytes
+from .uneven import stage_layout
 
 __all__ = ["chunk_activation_bytes", "memory_units", "static_bytes", "peak_bytes"]
 
@@ -21,7 +22,7 @@ def chunk_activation_bytes(config: PlanConfig, cand: Candidate, tokens: float) -
     """Activation bytes one microbatch-chunk of ``tokens`` tokens keeps from F to B on a
     rank (:func:`~odc_pp.planner.memory.layer_activation_bytes` of its layers)."""
     model = config.model
-    layers = model.num_layers / (cand.pp * family(cand.schedule).default_chunks)
+    layers = max(stage_layout(config, cand).counts())  # the largest stage's (a bound)
     shape = Workload(model=model, seq_length=max(1, int(round(tokens))),
                      flash_attention=config.flash_attention)
     return layers * cpm.activation_share(cand.cp) * layer_activation_bytes(
@@ -35,7 +36,7 @@ def memory_units(config: PlanConfig, cand: Candidate) -> tuple[float, float, flo
     if not cand.keep_sp_input_for_w:
         return (1.0, 0.0, -1.0)
     model, length = config.model, config.model.seq_length
-    layers = model.num_layers / (cand.pp * family(cand.schedule).default_chunks)
+    layers = max(stage_layout(config, cand).counts())
     kept = 2 * (1 - 1 / cand.tp) * length * model.hidden_size * 2 * layers \
         * cpm.activation_share(cand.cp) / chunk_activation_bytes(config, cand, length)
     return (1.0, kept, -1.0 - kept)
@@ -48,11 +49,11 @@ def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
     model, fam = config.model, family(cand.schedule)
     chunks = fam.default_chunks
     stages = cand.pp * chunks
-    layers, table = model.num_layers / stages, model.vocab_size * model.hidden_size
+    counts, table = stage_layout(config, cand).counts(), model.vocab_size * model.hidden_size
 
     def params(stage: int) -> float:
         output = stage == stages - 1 and (stages > 1 or not model.tied)
-        return (layers * model.layer_params() + table * ((stage == 0) + output)) / cand.tp
+        return (counts[stage] * model.layer_params() + table * ((stage == 0) + output)) / cand.tp
     return [float(planned_state_bytes(
         [params(stage) for stage in rank_stages(fam.placement, cand.pp, chunks, rank)],
         dp=cpm.sharding_group(cand.dp, cand.cp), one_sided=not cand.dp_mode.is_collective,

@@ -71,6 +71,7 @@ from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
                                stage_times, total_of)
 from .rough_memory import memory_units, peak_bytes
+from .uneven import try_uneven
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
            "megatron_default", "flags_of", "MEGATRON_SOURCE", "candidates", "SCHEDULES",
@@ -271,6 +272,9 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         flags.append("--keep-sp-input-for-w")
     if cand.offloaded:
         flags += ["--cpu-offload", "--offload-chunks", *map(str, cand.offloaded)]
+    if cand.uneven is not None:
+        flags += ["--decoder-first-pipeline-num-layers", str(cand.uneven[0]),
+                  "--decoder-last-pipeline-num-layers", str(cand.uneven[1])]
     if config.plan_costs_path is not None:
         flags += ["--cost-model", config.plan_costs_path]
     return flags
@@ -328,7 +332,7 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     out = [pred for pred in _predict_all(rough, candidates(config)) if pred is not None]
     for pred in out:
         pred.megatron_default = megatron_default(pred.candidate)
-    out = _order(out)
+    out = _order(try_uneven(rough, _order(out), functools.partial(_predict_fitting, rough)))
     if config.rank_memory is not None:
         out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
@@ -423,4 +427,4 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
-            cand.keep_sp_input_for_w)
+            cand.keep_sp_input_for_w, cand.uneven or (0, 0))

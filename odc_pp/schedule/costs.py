@@ -9,7 +9,8 @@ from typing import Sequence
 from .ir import ActionKind
 
 __all__ = ["transformer_layer_flops", "CostModel", "tensor_parallel_comm_seconds",
-           "tensor_parallel_activation_factor", "with_full_recompute"]
+           "tensor_parallel_activation_factor", "with_full_recompute",
+           "with_stage_sizes"]
 
 Number = float | int
 
@@ -134,6 +135,29 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(**data)
+
+
+def with_stage_sizes(costs: CostModel, sizes: Sequence[float],
+                     stage_ranks: Sequence[int]) -> CostModel:
+    """``costs`` for stages of different sizes: each virtual stage's T_F, T_B and T_W
+    scaled by ``sizes[stage]`` (its layers over the mean,
+    :meth:`~odc_pp.schedule.stage_layout.StageLayout.relative_sizes`; ``stage_ranks``: the
+    rank of each virtual stage, for per-rank cost lists). A time given per virtual stage
+    already is each stage's own (measured) and stays as it is; a scalar or per-rank time
+    becomes a per-stage list. All-ones sizes return ``costs`` unchanged."""
+    from dataclasses import replace
+
+    if all(size == 1.0 for size in sizes):
+        return costs
+    num_stages, pp = len(sizes), max(stage_ranks) + 1
+    if len(stage_ranks) != num_stages:
+        raise ValueError("give one rank per virtual stage")
+    scaled = {name: [size * _per_stage(getattr(costs, name), stage, rank, pp, num_stages, name)
+                     for stage, (size, rank) in enumerate(zip(sizes, stage_ranks))]
+              for name in ("t_f", "t_b", "t_w")
+              if isinstance(getattr(costs, name), (int, float))
+              or len(getattr(costs, name)) != num_stages}
+    return replace(costs, **scaled)
 
 
 def with_full_recompute(costs: CostModel, fractions: Sequence[float],

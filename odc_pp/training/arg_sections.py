@@ -155,6 +155,13 @@ class ParallelArgs:
 
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (pp); data-parallel size is world size / (pp x tp)."""
+    decoder_first_pipeline_num_layers: int | None = None
+    """Decoder layers of the first pipeline stage (Megatron's uneven pipeline: the middle
+    stages share the layers the first and last stages leave, evenly; with several model
+    chunks each chunk of the stage holds an equal part)."""
+    decoder_last_pipeline_num_layers: int | None = None
+    """Decoder layers of the last pipeline stage (Megatron's uneven pipeline, as
+    --decoder-first-pipeline-num-layers)."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size (tp): megatron-core's column/row-parallel layers, vocab-parallel
     embedding and cross entropy; ranks are laid out tp fastest, then pp, then dp."""

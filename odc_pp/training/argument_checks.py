@@ -147,7 +147,16 @@ def _validate_layout(args) -> list[str]:
                       else f">= {fam.min_chunks}")
             problems.append(f"--pipeline-schedule {schedule} needs --num-model-chunks "
                             f"{wanted}, got {chunks}")
-    if args.model.num_layers % (pp * chunks):
+    parallel = args.parallel
+    first, last = (parallel.decoder_first_pipeline_num_layers,
+                   parallel.decoder_last_pipeline_num_layers)
+    if first is not None or last is not None:  # Megatron's uneven stages: their checks
+        from odc_pp.schedule.stage_layout import StageLayout
+        try:
+            StageLayout.resolve(args.model.num_layers, pp, chunks, first=first, last=last)
+        except ValueError as exc:
+            problems.append(str(exc))
+    elif args.model.num_layers % (pp * chunks):
         problems.append(f"--num-layers {args.model.num_layers} must be divisible by "
                         f"--pipeline-model-parallel-size {pp} x model chunks {chunks}")
     if args.data.mock_data == bool(args.data.data_path):

@@ -5,6 +5,7 @@ section(s) it reads; :class:`~odc_pp.training.trainer.Trainer` runs the step wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ from .distributed import Topology
 from .model_setup import load_initial_weights, model_config
 from .odc_settings import odc_config
 from .hooks import TrainingHooks
-from .job import Job
+from .job import Job, stage_layout_of
 from .model_stats import ZeroCountingStep
 from .optimizer_step import build_optimizer_step
 from .schedules import Schedules
@@ -83,24 +84,25 @@ def load_cost_model(schedule: ScheduleArgs) -> CostModel:
 
 def recompute_costs(costs: CostModel, args: TrainingArgs, pp: int,
                     placement: Placement) -> CostModel:
-    """With full recompute, T_B of each virtual stage grows by the forward of its
-    recomputed layers (the schedules and ZB-auto's first plan take it into account;
-    ZB-auto's re-plans measure it); ``placement``: the schedule family's."""
+    """The costs the schedules are made for: each virtual stage's times scaled by its
+    layers (uneven stages: --decoder-first/last-pipeline-num-layers) and, with full
+    recompute, T_B of each virtual stage grown by the forward of its recomputed layers
+    (the schedules and ZB-auto's first plan take it into account; ZB-auto's re-plans
+    measure it); ``placement``: the schedule family's."""
     from odc_pp.megatron.full_recompute import recompute_groups
-    from odc_pp.megatron.model import stage_layers
+    from odc_pp.schedule.costs import with_stage_sizes
     from odc_pp.schedule.placement import locate
 
-    model = args.model
+    model, layout = args.model, stage_layout_of(args, pp)
+    ranks = [locate(placement, pp, layout.num_chunks, stage)[0]
+             for stage in range(layout.num_stages)]
+    costs = with_stage_sizes(costs, layout.relative_sizes(), ranks)
     if not model.recompute_full:
         return costs
-    chunks = args.schedule.num_model_chunks
-    num_stages = pp * chunks
-    fractions, ranks = [], []
-    for stage in range(num_stages):
-        layers = len(stage_layers(model.num_layers, num_stages, stage))
+    fractions = []
+    for layers in layout.counts():
         groups = recompute_groups(layers, model.recompute_method, model.recompute_num_layers)
         fractions.append(sum(len(group) for group in groups) / layers)
-        ranks.append(locate(placement, pp, chunks, stage)[0])
     return with_full_recompute(costs, fractions, ranks)
 
 
@@ -188,8 +190,11 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
     from odc_pp.megatron.model import build_chunks
     from odc_pp.megatron.tp import TensorParallel
 
-    config = model_config(model, vocab_size=vocab_size, device=str(topo.device),
-                          num_stages=topo.pp * schedule.num_model_chunks)
+    config = dataclasses.replace(
+        model_config(model, vocab_size=vocab_size, device=str(topo.device),
+                     num_stages=topo.pp * schedule.num_model_chunks),
+        num_layers_in_first_pipeline_stage=parallel.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers)
     tensor_parallel = TensorParallel(group=topo.tp_group,
                                      sequence_parallel=parallel.sequence_parallel,
                                      keep_sp_input_for_w=parallel.keep_sp_input_for_w)

@@ -24,10 +24,11 @@ from odc_pp.schedule.generators import Family
 from odc_pp.schedule.generators.gaps import DEFAULT_FILL_EVALUATIONS
 from odc_pp.schedule.ir import Placement
 from odc_pp.schedule.placement import last_stage_rank
+from odc_pp.schedule.stage_layout import StageLayout
 
 from .model_facts import ties_embeddings
 
-__all__ = ["Job", "training_request"]
+__all__ = ["Job", "training_request", "stage_layout_of"]
 
 # ``TrainingArgs`` (``args``) and ``ScheduleArgs`` are named, not imported: the flag
 # sections import this module (TrainingArgs.resolve), so it imports none of them.
@@ -59,6 +60,10 @@ class Job:
         notes = list(args.resolution_notes)
         notes += _fill_size_defaults(args, layout.dp)
         _check_against_layout(args, layout)
+        stages = stage_layout_of(args, layout.pp)
+        if stages.uneven:
+            notes.append(f"note: uneven pipeline stages: decoder layers per virtual stage "
+                         f"{list(stages.counts())}")
         request = training_request(
             args.schedule, pp=layout.pp, num_microbatches=1,
             post_validation=args.schedule.enable_optimizer_post_validation)
@@ -88,6 +93,11 @@ class Job:
         return self.schedule.num_chunks
 
     @property
+    def stage_layout(self) -> StageLayout:
+        """The decoder layers of every virtual stage (even, or Megatron's uneven stages)."""
+        return stage_layout_of(self.args, self.layout.pp)
+
+    @property
     def timeout_s(self) -> float:
         """Every wait on a peer and every process group: --distributed-timeout-minutes."""
         return self.args.parallel.distributed_timeout_minutes * 60
@@ -105,6 +115,15 @@ class Job:
         if self.layout.pp * self.num_chunks == 1 or not ties_embeddings(self.args.model):
             return None
         return self.last_stage
+
+
+def stage_layout_of(args, pp: int) -> StageLayout:
+    """The layer layout of ``args`` (``TrainingArgs``) over ``pp`` pipeline ranks:
+    --num-layers, --num-model-chunks, --decoder-first/last-pipeline-num-layers."""
+    parallel = args.parallel
+    return StageLayout.resolve(args.model.num_layers, pp, args.schedule.num_model_chunks,
+                               first=parallel.decoder_first_pipeline_num_layers,
+                               last=parallel.decoder_last_pipeline_num_layers)
 
 
 def training_request(schedule, *, pp: int, num_microbatches: int,
@@ -152,6 +171,7 @@ def _check_against_layout(args, layout: ParallelLayout) -> None:
             args.model.vocab_size % tp:
         raise ValueError(f"--vocab-size {args.model.vocab_size} is not divisible by "
                          f"--tensor-model-parallel-size {tp}")
+    stage_layout_of(args, layout.pp)  # the uneven stages' checks
     chunks = args.schedule.num_model_chunks
     if dp > 1 and layout.mode.is_collective and data.load_balance == "lb-mini" and chunks > 1:
         raise ValueError(

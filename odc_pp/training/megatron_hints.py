@@ -26,10 +26,6 @@ MEGATRON_HINTS: dict[str, str] = {
                         "the valid part of --split",
     "--data-args-path": "give the data files with --data-path",
     "--per-split-data-args-path": "give --data-path and --valid-data-path",
-    "--decoder-first-pipeline-num-layers": "uneven pipeline stages are not supported: "
-                                           "--num-layers divides by pp x --num-model-chunks",
-    "--decoder-last-pipeline-num-layers": "uneven pipeline stages are not supported: "
-                                          "--num-layers divides by pp x --num-model-chunks",
     "--pipeline-model-parallel-layout": "uneven pipeline stages are not supported: use "
                                         "--num-model-chunks and --pipeline-schedule",
     "--log-l2-norm-grad-to-tensorboard": "grad-norm is written to TensorBoard with every "

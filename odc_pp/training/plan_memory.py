@@ -198,7 +198,7 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
     cp = layout.cp  # each rank holds 1/cp of every row
     tokens = (args.data.max_tokens_per_microbatch or
               args.data.micro_batch_size * model.seq_length) // cp
-    layers = model.num_layers // (pp * chunks)
+    counts = job.stage_layout.counts()  # decoder layers of each virtual stage
     tied = not model.untie_embeddings and pp * chunks > 1  # the output copy: out of the norm
     message = 2 * tokens * model.hidden_size // (tp if args.parallel.sequence_parallel else 1)
     # the dry run models a GPU job: --fused-cross-entropy auto is on there (never under tp)
@@ -210,8 +210,9 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
         last = [s == schedule.num_stages - 1 for s in stages]
         per_use_embedding = [embedding if s == 0 and model.untie_embeddings
                              and not keep_embedding else 0 for s in stages]
-        gathered_per_use = [layers * layer_params(model, tp=tp) + e for e in per_use_embedding]
-        params = tuple(chunk_params(model, layers=layers, first=s == 0, last=is_last, tp=tp,
+        gathered_per_use = [counts[s] * layer_params(model, tp=tp) + e
+                            for s, e in zip(stages, per_use_embedding)]
+        params = tuple(chunk_params(model, layers=counts[s], first=s == 0, last=is_last, tp=tp,
                                     pp_chunks=pp * chunks, vocab_size=vocab)
                        for s, is_last in zip(stages, last))
         units = UnitSizes(unit_params=params, dp=dp * cp, param_bytes=2 if model.bf16 or model.fp16 else 4,
@@ -223,8 +224,9 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
-        sizes = [chunk_sizes(model, tokens=tokens, layers=layers, last=is_last, tp=tp,
-                             vocab_size=vocab, fused_loss=fused_loss) for is_last in last]
+        sizes = [chunk_sizes(model, tokens=tokens, layers=counts[s], last=is_last, tp=tp,
+                             vocab_size=vocab, fused_loss=fused_loss)
+                 for s, is_last in zip(stages, last)]
         if residency == "layer" and dp * cp > 1:  # a layer and the next, gathered ahead
             layer = layer_params(model, tp=tp) * units.param_bytes
             sizes = [dataclasses.replace(  # the embedding: with layer 0 gathered ahead

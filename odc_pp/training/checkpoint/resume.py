@@ -69,9 +69,12 @@ _ARCH_DEFAULTS = {name: getattr(ModelArgs(), name) for name in (
 MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size",
-               "tp", "sequence_parallel", "cp")
+               "tp", "sequence_parallel", "cp", "decoder_first_pipeline_num_layers",
+               "decoder_last_pipeline_num_layers")
 # layout keys that checkpoints written before they existed lack
-_LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False, "cp": 1}
+_LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False, "cp": 1,
+                    "decoder_first_pipeline_num_layers": None,
+                    "decoder_last_pipeline_num_layers": None}
 _META_BYTES = 1 << 12  # meta.json of a checkpoint
 
 
@@ -85,6 +88,8 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "vocab_size": vocab_size, "dp_mode": topo.dp_mode.value, "world_size": topo.world_size,
             "tp": topo.tp, "sequence_parallel": args.parallel.sequence_parallel,
             "cp": topo.cp,
+            "decoder_first_pipeline_num_layers": args.parallel.decoder_first_pipeline_num_layers,
+            "decoder_last_pipeline_num_layers": args.parallel.decoder_last_pipeline_num_layers,
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
             "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
                                            num_stages=1).tie_embeddings,
