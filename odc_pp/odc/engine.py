@@ -4,9 +4,11 @@ demand, gradients scatter-accumulated to their owners, one synchronisation per m
 Layout. The model is cut into *units* (a list of modules: transformer blocks, or pipeline
 chunks). Each unit's trainable parameters are flattened, in ``module.parameters()`` order,
 into one flat buffer of ``numel`` elements. Data-parallel rank r owns elements
-``shard_range(numel, r, world)`` of it and keeps them in two symmetric tensors of
-``S = ceil(numel / world)`` elements: the parameter shard (compute dtype; peers read it) and
-the gradient accumulator (fp32; peers add into it). The optimizer
+``shard_range(numel, r, world)`` of it (``param_residency='layer'``: about ``1/world`` of
+every layer, :mod:`odc_pp.odc.shard_map`) and keeps them in two symmetric tensors of
+``S = ceil(numel / world)`` elements (a little more with layer residency's padding): the
+parameter shard (compute dtype; peers read it) and the gradient accumulator (fp32; peers
+add into it). The optimizer
 (:class:`~odc_pp.odc.sharded_optimizer.ShardedAdamW`) updates only the owned shard.
 
 Parameters. Every parameter's ``.data`` is a view into a buffer of its unit's *segment*
@@ -192,7 +194,8 @@ class ShardedDataParallel(ModuleHooksDriver):
                 unit.param_shard.zero_()
                 full = torch.cat([unit.flat(offset, param.numel())
                                   for param, offset in zip(params, unit.offsets)])
-                unit.param_shard[:unit.owned_numel].copy_(full[unit.start:unit.end])
+                for lo, hi, at in unit.owned:
+                    unit.param_shard[at:at + hi - lo].copy_(full[lo:hi])
                 del full
             unit.grad_acc.zero_()
             unit.point_params()
@@ -240,7 +243,7 @@ class ShardedDataParallel(ModuleHooksDriver):
 
     def _issue_segment(self, unit: FlatUnit, segment: Segment, *, ahead: bool) -> None:
         segment.buffer.untyped_storage().resize_(segment.nbytes)
-        segment.pending = gather_segment(segment, unit.param_shard, unit.numel, self.group,
+        segment.pending = gather_segment(segment, unit.param_shard, unit.map, self.group,
                                          async_op=ahead)
         segment.resident = True
         self._ops.append(("G", unit.index))
@@ -298,6 +301,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if flat_grad is None:
             flat_grad = unit.flat_grad()
             unit.clear_grads()
+        flat_grad = unit.map.shard_order(flat_grad)  # (the flat gradient: one span)
         work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group, retain=retain)
         self._pending.append((work, flat_grad))
         unit.pushes += 1
@@ -477,7 +481,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         owned range (the order of :meth:`owned_params` and of the optimizer's state)."""
         return [UnitLayout(index=unit.index, module=unit.module, names=tuple(unit.names),
                            shapes=tuple(unit.shapes), offsets=tuple(unit.offsets),
-                           numel=unit.numel, start=unit.start, end=unit.end)
+                           numel=unit.numel, owned=tuple(unit.owned))
                 for unit in self.units]
 
     def owned_grads(self) -> list[torch.Tensor]:
