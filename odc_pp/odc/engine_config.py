@@ -63,7 +63,9 @@ class OdcConfig:
     """pipeline driver, odc and hierarchical modes: how long gathered parameters live
     (odc_pp.odc.residency). ``minibatch``: a chunk from its first use to the step.
     ``layer``: each of the modules passed as ``layers`` only while it computes (FSDP's
-    per-layer gather and free), the rest of the chunk as in ``minibatch``."""
+    per-layer gather and free), the rest of the chunk as in ``minibatch``; each of those
+    segments is sharded over all ranks on its own (odc_pp.odc.shard_map), so a layer's
+    gather reads from every rank."""
     check_collective_order: bool = True
     """collective mode: verify that each microbatch issued the canonical sequence of
     collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
