@@ -133,7 +133,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         # Peers read our shards and add into our accumulators one-sidedly: nobody may start
         # before every member has filled its shards and zeroed its accumulators.
         prim.sync(group)
-        self._pending: list[tuple[object, torch.Tensor]] = []
+        self._pending: list[tuple[list, torch.Tensor]] = []  # (a push's Works, its input)
         self._handles: list = []
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
@@ -301,29 +301,29 @@ class ShardedDataParallel(ModuleHooksDriver):
         if flat_grad is None:
             flat_grad = unit.flat_grad()
             unit.clear_grads()
-        flat_grad = unit.map.shard_order(flat_grad)  # (the flat gradient: one span)
-        work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group, retain=retain)
-        self._pending.append((work, flat_grad))
+        works = [prim.scatter_accumulate(accumulator, part, self.group, retain=retain)
+                 for accumulator, part in unit.map.split(unit.grad_acc, flat_grad)]
+        self._pending.append((works, flat_grad))
         unit.pushes += 1
         self._ops.append(("S", unit.index))
         self._reap_pushes()
         while len(self._pending) > self.config.max_inflight_pushes:
-            self._pending.pop(0)[0].wait()
+            _wait_all(self._pending.pop(0)[0])
 
     def _reap_pushes(self) -> None:
         """Drop the pushes whose Work completed (their flat gradients are free at once;
         ``wait`` on a completed Work returns at once or raises its error)."""
         still = []
-        for work, flat_grad in self._pending:
-            if work.is_completed():
-                work.wait()
+        for works, flat_grad in self._pending:
+            if all(work.is_completed() for work in works):
+                _wait_all(works)
             else:
-                still.append((work, flat_grad))
+                still.append((works, flat_grad))
         self._pending = still
 
     def _wait_pushes(self) -> None:
         while self._pending:
-            self._pending.pop(0)[0].wait()
+            _wait_all(self._pending.pop(0)[0])
 
     # ----- pipeline driver (odc_pp.runtime.hooks.StageDataParallel) ----------------------
     def before_forward(self, chunk: int, microbatch: int) -> None:
@@ -525,3 +525,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
 
+
+def _wait_all(works) -> None:
+    for work in works:
+        work.wait()

@@ -14,7 +14,9 @@ shard holds ``sum(chunk)`` elements, the padding (a span's tail past ``hi``) zer
   every rank owns about ``1/world`` of every layer, so a layer's gather reads from all
   ranks (all links), not from the one or two that own its range of a contiguous cut.
 
-Everything that maps owned elements to parameters (the optimizer's masks, tied
+A span's gradient is pushed with one ``scatter_accumulate`` into the owners' accumulator
+views at its base (:meth:`ShardMap.split`: no copy). Everything that maps owned elements
+to parameters (the optimizer's masks, tied
 gradients, model statistics, checkpoint layouts) goes through :meth:`ShardMap.owned_in`
 (or :func:`owned_in` on recorded ``(flat_lo, flat_hi, shard_lo)`` pieces).
 """
@@ -86,20 +88,16 @@ class ShardMap:
         """The pieces of flat range ``[lo, hi)`` that ``rank`` owns."""
         return owned_in(self.pieces(rank), lo, hi)
 
-    def shard_order(self, flat: torch.Tensor) -> torch.Tensor:
-        """``flat`` (``numel`` elements) laid out as the ranks' shards one after another
-        (``world * shard_numel`` elements, zeros at the padding): what
-        ``scatter_accumulate`` cuts into equal contiguous parts. ``flat`` itself when
-        there is one span."""
+    def split(self, shard: torch.Tensor, flat: torch.Tensor
+              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(shard part, flat part)`` per span: ``shard[base:base + chunk]`` (a view, at
+        the same offset on every rank) and ``flat[lo:hi]``, whose ``shard_range`` cut over
+        the ranks is the span's ownership -- what ``scatter_accumulate`` (and
+        ``gather_into_tensor``) take. ``shard``: ``shard_numel`` elements; ``flat``:
+        ``numel``."""
         if self.contiguous:
-            return flat
-        out = torch.zeros(self.world, self.shard_numel, dtype=flat.dtype, device=flat.device)
-        for lo, hi, chunk, base in self.spans:
-            full, rest = divmod(hi - lo, chunk)
-            out[:full, base:base + chunk] = flat[lo:lo + full * chunk].view(full, chunk)
-            if rest:
-                out[full, base:base + rest] = flat[lo + full * chunk:hi]
-        return out.view(-1)
+            return [(shard, flat)]
+        return [(shard[base:base + chunk], flat[lo:hi]) for lo, hi, chunk, base in self.spans]
 
 
 def owned_in(pieces: Sequence[Sequence[int]], lo: int, hi: int) -> list[Piece]:

@@ -8,7 +8,9 @@ runtime drives a chunk.
 * Every per-layer gather reads from the other rank (``get_many`` names every other rank).
 * Losses and parameters after several steps are bitwise those of minibatch residency
   (elementwise AdamW; the padding stays zero), and the model statistics' masks count
-  exactly the owned parameter elements.
+  exactly the owned parameter elements. Over a group that adds pushes as they arrive
+  (each microbatch's gradient pushed per layer into the owners' accumulator views): the
+  same training to rounding.
 * A checkpoint saved under layer residency resumes under minibatch residency (and the
   other way round) by parameter name: the same parameters, and one more step on each
   gives bitwise the same parameters as the run that went on without the checkpoint."""
@@ -58,14 +60,15 @@ class Model(nn.Module):
         return self.head(x)
 
 
-def _build(residency: str):
+def _build(residency: str, deterministic: bool = True):
     from odc_pp.odc import primitives as prim
     from odc_pp.odc.engine import OdcConfig, ShardedDataParallel
     from odc_pp.odc.sharded_optimizer import AdamWConfig, ShardedAdamW
 
     torch.manual_seed(0)
     model = Model()
-    group = prim.new_group(config=prim.TransportConfig(deterministic=True, timeout_s=60))
+    group = prim.new_group(config=prim.TransportConfig(deterministic=deterministic,
+                                                             timeout_s=60))
     engine = ShardedDataParallel(
         [model], OdcConfig(mode="odc", unit_driver="pipeline", param_residency=residency),
         group, layers=[list(model.layers)])
@@ -170,8 +173,21 @@ def _resume(rank: int, residency: str, directory: str) -> dict:
     return result
 
 
+def _added_up(rank: int) -> dict:
+    """Layer residency over a group that adds each push into the owners as it arrives
+    (every microbatch's gradient pushed, per layer, into accumulator views)."""
+    model, group, engine, optimizer = _build("layer", deterministic=False)
+    assert not engine.local_grads
+    losses = _steps(model, engine, optimizer, rank, range(STEPS + 1))
+    params = {k: v.numpy().copy() for k, v in engine.full_state_dict().items()}
+    engine.destroy()
+    group.destroy()
+    return {"losses": losses, "params": params}
+
+
 def _worker(rank, world, root):
     runs = {residency: _run(rank, residency, root) for residency in ("layer", "minibatch")}
+    runs["added"] = _added_up(rank)
     resumed = {"minibatch": _resume(rank, "minibatch", runs["layer"]["directory"]),
                "layer": _resume(rank, "layer", runs["minibatch"]["directory"])}
     return runs, resumed
@@ -203,4 +219,9 @@ def test_layer_residency_shards_every_layer_over_all_ranks(tmp_path):
             assert run["step"] == STEPS and run["clean"]
             assert _equal(run["restored"], layer["saved"])
             assert _equal(run["params"], layer["params"])
+        # pushes added up as they arrive: the same training to rounding
+        added = runs["added"]
+        assert added["losses"] == pytest.approx(whole["losses"], rel=1e-5)
+        assert all(added["params"][k] == pytest.approx(v, rel=1e-4, abs=1e-6)
+                   for k, v in whole["params"].items())
     assert results[0][0]["layer"]["losses"] != results[1][0]["layer"]["losses"]

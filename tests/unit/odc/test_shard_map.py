@@ -1,7 +1,7 @@
 """odc_pp.odc.shard_map: one span is the contiguous cut of ``shard_range``; several spans
 (layer residency) give every rank about ``1/world`` of each span, every element owned
-once, at the same shard offset on every rank, and ``shard_order`` puts each element where
-its owner's pieces say."""
+once, at the same shard offset on every rank, and ``split`` hands scatter_accumulate
+each element where its owner's pieces say."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def test_one_span_is_the_contiguous_cut(numel, world):
         start, end = shard_range(numel, rank, world)
         assert shard_map.pieces(rank) == ([(start, end, 0)] if end > start else [])
         assert shard_map.owned_numel(rank) == end - start
-    flat = torch.arange(numel, dtype=torch.float32)
-    assert shard_map.shard_order(flat) is flat
+    flat, shard = torch.arange(numel, dtype=torch.float32), torch.zeros(-(-numel // world))
+    ((shard_part, flat_part),) = shard_map.split(shard, flat)
+    assert shard_part is shard and flat_part is flat
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -30,7 +31,13 @@ def test_every_span_is_sharded_over_all_ranks(world):
     shard_map = ShardMap(171, world, spans)
     owners = torch.zeros(171, dtype=torch.long)
     flat = torch.arange(1, 172, dtype=torch.float32)
-    ordered = shard_map.shard_order(flat).view(world, shard_map.shard_numel)
+    # what scatter_accumulate does with each (shard part, flat part): rank r's accumulator
+    # part += flat part[shard_range(r)]
+    ordered = torch.zeros(world, shard_map.shard_numel)
+    for rank in range(world):
+        for shard_part, flat_part in shard_map.split(ordered[rank], flat):
+            start, end = shard_range(flat_part.numel(), rank, world)
+            shard_part[:end - start] += flat_part[start:end]
     for rank in range(world):
         pieces = shard_map.pieces(rank)
         for lo, hi, at in pieces:
