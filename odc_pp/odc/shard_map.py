@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["ShardMap", "owned_in", "owned_numel", "param_pieces"]
+__all__ = ["Piece", "ShardMap", "owned_in", "owned_numel", "param_pieces"]
 
 Piece = tuple[int, int, int]
 """``(flat_lo, flat_hi, shard_lo)``: flat elements ``[flat_lo, flat_hi)`` lie at shard
