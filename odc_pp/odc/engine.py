@@ -4,9 +4,11 @@ demand, gradients scatter-accumulated to their owners, one synchronisation per m
 Layout. The model is cut into *units* (a list of modules: transformer blocks, or pipeline
 chunks). Each unit's trainable parameters are flattened, in ``module.parameters()`` order,
 into one flat buffer of ``numel`` elements. Data-parallel rank r owns elements
-``shard_range(numel, r, world)`` of it and keeps them in two symmetric tensors of
-``S = ceil(numel / world)`` elements: the parameter shard (compute dtype; peers read it) and
-the gradient accumulator (fp32; peers add into it). The optimizer
+``shard_range(numel, r, world)`` of it (``param_residency='layer'``: about ``1/world`` of
+every layer, :mod:`odc_pp.odc.shard_map`) and keeps them in two symmetric tensors of
+``S = ceil(numel / world)`` elements (a little more with layer residency's padding): the
+parameter shard (compute dtype; peers read it) and the gradient accumulator (fp32; peers
+add into it). The optimizer
 (:class:`~odc_pp.odc.sharded_optimizer.ShardedAdamW`) updates only the owned shard.
 
 Parameters. Every parameter's ``.data`` is a view into a buffer of its unit's *segment*
@@ -131,7 +133,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         # Peers read our shards and add into our accumulators one-sidedly: nobody may start
         # before every member has filled its shards and zeroed its accumulators.
         prim.sync(group)
-        self._pending: list[tuple[object, torch.Tensor]] = []
+        self._pending: list[tuple[list, torch.Tensor]] = []  # (a push's Works, its input)
         self._handles: list = []
         self._max_microbatches: int | None = None
         self._local_microbatches = 0
@@ -192,7 +194,8 @@ class ShardedDataParallel(ModuleHooksDriver):
                 unit.param_shard.zero_()
                 full = torch.cat([unit.flat(offset, param.numel())
                                   for param, offset in zip(params, unit.offsets)])
-                unit.param_shard[:unit.owned_numel].copy_(full[unit.start:unit.end])
+                for lo, hi, at in unit.owned:
+                    unit.param_shard[at:at + hi - lo].copy_(full[lo:hi])
                 del full
             unit.grad_acc.zero_()
             unit.point_params()
@@ -244,7 +247,7 @@ class ShardedDataParallel(ModuleHooksDriver):
 
     def _issue_segment(self, unit: FlatUnit, segment: Segment, *, ahead: bool) -> None:
         segment.buffer.untyped_storage().resize_(segment.nbytes)
-        segment.pending = gather_segment(segment, unit.param_shard, unit.numel, self.group,
+        segment.pending = gather_segment(segment, unit.param_shard, unit.map, self.group,
                                          async_op=ahead)
         segment.resident = True
         self._ops.append(("G", unit.index))
@@ -302,28 +305,29 @@ class ShardedDataParallel(ModuleHooksDriver):
         if flat_grad is None:
             flat_grad = unit.flat_grad()
             unit.clear_grads()
-        work = prim.scatter_accumulate(unit.grad_acc, flat_grad, self.group, retain=retain)
-        self._pending.append((work, flat_grad))
+        works = [prim.scatter_accumulate(accumulator, part, self.group, retain=retain)
+                 for accumulator, part in unit.map.split(unit.grad_acc, flat_grad)]
+        self._pending.append((works, flat_grad))
         unit.pushes += 1
         self._ops.append(("S", unit.index))
         self._reap_pushes()
         while len(self._pending) > self.config.max_inflight_pushes:
-            self._pending.pop(0)[0].wait()
+            _wait_all(self._pending.pop(0)[0])
 
     def _reap_pushes(self) -> None:
         """Drop the pushes whose Work completed (their flat gradients are free at once;
         ``wait`` on a completed Work returns at once or raises its error)."""
         still = []
-        for work, flat_grad in self._pending:
-            if work.is_completed():
-                work.wait()
+        for works, flat_grad in self._pending:
+            if all(work.is_completed() for work in works):
+                _wait_all(works)
             else:
-                still.append((work, flat_grad))
+                still.append((works, flat_grad))
         self._pending = still
 
     def _wait_pushes(self) -> None:
         while self._pending:
-            self._pending.pop(0)[0].wait()
+            _wait_all(self._pending.pop(0)[0])
 
     # ----- pipeline driver (odc_pp.runtime.hooks.StageDataParallel) ----------------------
     def before_forward(self, chunk: int, microbatch: int) -> None:
@@ -481,7 +485,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         owned range (the order of :meth:`owned_params` and of the optimizer's state)."""
         return [UnitLayout(index=unit.index, module=unit.module, names=tuple(unit.names),
                            shapes=tuple(unit.shapes), offsets=tuple(unit.offsets),
-                           numel=unit.numel, start=unit.start, end=unit.end)
+                           numel=unit.numel, owned=tuple(unit.owned))
                 for unit in self.units]
 
     def owned_grads(self) -> list[torch.Tensor]:
@@ -525,3 +529,7 @@ class ShardedDataParallel(ModuleHooksDriver):
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
 
+
+def _wait_all(works) -> None:
+    for work in works:
+        work.wait()

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..dtypes import float_dtype
 from ..layout import DataParallelMode
+from .shard_map import owned_numel
 
 __all__ = ["OdcConfig", "UnitLayout", "accumulates_locally", "into_main_grad"]
 
@@ -62,7 +63,9 @@ class OdcConfig:
     """pipeline driver, odc and hierarchical modes: how long gathered parameters live
     (odc_pp.odc.residency). ``minibatch``: a chunk from its first use to the step.
     ``layer``: each of the modules passed as ``layers`` only while it computes (FSDP's
-    per-layer gather and free), the rest of the chunk as in ``minibatch``."""
+    per-layer gather and free), the rest of the chunk as in ``minibatch``; each of those
+    segments is sharded over all ranks on its own (odc_pp.odc.shard_map), so a layer's
+    gather reads from every rank."""
     check_collective_order: bool = True
     """collective mode: verify that each microbatch issued the canonical sequence of
     collectives that padding replays (a mismatch would otherwise pair wrong collectives)."""
@@ -129,17 +132,23 @@ class UnitLayout:
     """Offset of each parameter in the flat buffer."""
     numel: int
     """Elements of the flat buffer."""
-    start: int
-    """First flat element this rank owns."""
-    end: int
-    """One past the last flat element this rank owns (``end - start`` may be 0)."""
+    owned: tuple[tuple[int, int, int], ...]
+    """This rank's owned ``(flat_lo, flat_hi, shard_lo)`` pieces: flat elements
+    ``[flat_lo, flat_hi)`` at shard positions from ``shard_lo`` (odc_pp.odc.shard_map; one
+    piece at 0, or none, when the unit is sharded contiguously)."""
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.shapes) == len(self.offsets):
             raise ValueError("names, shapes and offsets must have one entry per parameter")
-        if not 0 <= self.start <= self.end <= self.numel:
-            raise ValueError(f"owned range [{self.start}, {self.end}) is not inside "
-                             f"[0, {self.numel}]")
+        for lo, hi, at in self.owned:
+            if not (0 <= lo < hi <= self.numel and at >= 0):
+                raise ValueError(f"owned piece [{lo}, {hi}) at {at} is not inside "
+                                 f"[0, {self.numel}]")
+
+    @property
+    def owned_numel(self) -> int:
+        """Shard positions ``[0, n)`` holding the owned elements (and padding between)."""
+        return owned_numel(self.owned)
 
 
 def into_main_grad(param: torch.Tensor) -> None:

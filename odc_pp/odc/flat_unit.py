@@ -14,6 +14,7 @@ from torch import nn
 
 from . import primitives as prim
 from .residency import Segment, plan_segments
+from .shard_map import Piece, ShardMap, owned_numel
 
 __all__ = ["FlatUnit"]
 
@@ -37,20 +38,26 @@ class FlatUnit:
             self.offsets.append(offset)
             offset += p.numel()
         self.numel = offset
-        self.start, self.end = prim.shard_range(self.numel, group.rank, group.world_size)
-        self.shard_numel = -(-self.numel // group.world_size)
-        self.param_shard = prim.symmetric_empty((self.shard_numel,), dtype, group, device)
-        self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
         self.aliased = group.world_size == 1
         """dp=1: the gathered parameters are the shard itself (never released)."""
+        ranges = ([] if self.aliased else
+                  plan_segments(params, self.offsets, self.numel, residency_modules))
+        self.map = ShardMap(self.numel, group.world_size,
+                            [(lo, hi) for lo, hi, _, _ in ranges] if residency_modules else None)
+        """Which flat elements each rank owns (odc_pp.odc.shard_map): with residency
+        modules (layer residency) every segment is sharded over all ranks on its own."""
+        self.owned: list[Piece] = self.map.pieces(group.rank)
+        """This rank's ``(flat_lo, flat_hi, shard_lo)`` pieces."""
+        self.shard_numel = self.map.shard_numel
+        self.param_shard = prim.symmetric_empty((self.shard_numel,), dtype, group, device)
+        self.grad_acc = prim.symmetric_empty((self.shard_numel,), torch.float32, group, device)
         self.segments: list[Segment] = []
         """Separately released ranges of the flat buffer (odc_pp.odc.residency)."""
         if self.aliased:
             self.segments.append(Segment(lo=0, hi=self.numel, nbytes=0,
                                          buffer=self.param_shard[:self.numel]))
         else:
-            for lo, hi, part, backward in plan_segments(params, self.offsets, self.numel,
-                                                        residency_modules):
+            for lo, hi, part, backward in ranges:
                 buffer = torch.empty(hi - lo, dtype=dtype, device=device)
                 self.segments.append(Segment(lo=lo, hi=hi, buffer=buffer, module=part,
                                              backward=backward,
@@ -65,7 +72,8 @@ class FlatUnit:
 
     @property
     def owned_numel(self) -> int:
-        return self.end - self.start
+        """Shard positions ``[0, n)`` holding the owned elements (and padding between)."""
+        return owned_numel(self.owned)
 
     @property
     def kept_nbytes(self) -> int:

@@ -22,9 +22,12 @@ each with its own storage so that it can be released (resized to zero bytes) alo
   gathered layer costs one more read of ``P_layer`` elements per F and per B, three per
   microbatch with recompute.
 
-A segment covering the unit is gathered with one ``gather_into_tensor``; a smaller one
-with one-sided ``get``s of the owners' overlapping shard ranges (odc and hierarchical
-modes: the owners do not take part, so ranks may differ in when they gather).
+Under ``layer`` residency each segment is sharded over all ranks on its own
+(:mod:`odc_pp.odc.shard_map`), so a layer's gather reads about ``1/dp`` of it from every
+rank. A segment covering a contiguously sharded unit is gathered with one
+``gather_into_tensor``; any other with one-sided ``get``s of the owners' pieces (odc and
+hierarchical modes: the owners do not take part, so ranks may differ in when they
+gather).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from . import primitives as prim
+from .shard_map import ShardMap
 
 __all__ = ["Segment", "plan_segments", "gather_segment", "LayerResidency"]
 
@@ -102,27 +106,25 @@ def plan_segments(params: Sequence[nn.Parameter], offsets: Sequence[int], numel:
     return segments
 
 
-def gather_segment(segment: Segment, shard: torch.Tensor, numel: int, group, *,
+def gather_segment(segment: Segment, shard: torch.Tensor, shard_map: ShardMap, group, *,
                    async_op: bool = False) -> prim.Work | None:
-    """``segment.buffer`` = the flat buffer's ``[lo, hi)``, read from its owners: the whole
-    unit with one ``gather_into_tensor`` (blocking); a smaller range with every owner's
-    ``get`` issued before one wait (``group.get_many``). ``async_op``: return that wait
-    (the Work) instead of waiting; the buffer is not to be read before it."""
-    if segment.lo == 0 and segment.hi == numel:
+    """``segment.buffer`` = the flat buffer's ``[lo, hi)``, read from its owners
+    (``shard_map``): the whole unit of a contiguous map with one ``gather_into_tensor``
+    (blocking); otherwise every owner's pieces with ``get``s issued before one wait
+    (``group.get_many``). ``async_op``: return that wait (the Work) instead of waiting;
+    the buffer is not to be read before it."""
+    if shard_map.contiguous and segment.lo == 0 and segment.hi == shard_map.numel:
         prim.gather_into_tensor(segment.buffer, shard, group)
         return None
     pieces = []
     for owner in range(group.world_size):
-        start, end = prim.shard_range(numel, owner, group.world_size)
-        lo, hi = max(segment.lo, start), min(segment.hi, end)
-        if lo >= hi:
-            continue
-        output = segment.buffer[lo - segment.lo:hi - segment.lo]
-        source = shard[lo - start:hi - start]
-        if owner == group.rank:
-            output.copy_(source)
-        else:
-            pieces.append((output, source, owner))
+        for lo, hi, at in shard_map.owned_in(owner, segment.lo, segment.hi):
+            output = segment.buffer[lo - segment.lo:hi - segment.lo]
+            source = shard[at:at + hi - lo]
+            if owner == group.rank:
+                output.copy_(source)
+            else:
+                pieces.append((output, source, owner))
     work = group.get_many(pieces, async_op=async_op)
     return work if async_op else None
 

@@ -33,6 +33,7 @@ from ..optim import clip
 from ..optim.rates import decoupled_rate
 from ..optim.step import StepOutcome
 from .engine import ShardedDataParallel
+from .shard_map import param_pieces
 
 __all__ = ["AdamWConfig", "ShardedAdamW"]
 
@@ -126,20 +127,18 @@ class ShardedAdamW:
         """``(start, end, group)`` runs over the owned range, ``group`` the
         ``group_of(name, shape)`` of its parameters (decided without reading data); a gap
         is ``(True, False)``: decayed, the step's rate."""
-        runs, position, size, gap = [], 0, unit.end - unit.start, (True, False)
+        runs, position, size, gap = [], 0, unit.owned_numel, (True, False)
         for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
-            start = max(offset, unit.start) - unit.start
-            end = min(offset + math.prod(shape), unit.end) - unit.start
-            if end <= start:
-                continue
             group = group_of(name, shape)
-            if runs and runs[-1][2] == group and runs[-1][1] == start:
-                runs[-1] = (runs[-1][0], end, group)
-            else:
-                if start > position:  # a gap (none in a packed unit)
-                    runs.append((position, start, gap))
-                runs.append((start, end, group))
-            position = end
+            for low, high, start in param_pieces(unit.owned, offset, math.prod(shape)):
+                end = start + high - low
+                if runs and runs[-1][2] == group and runs[-1][1] == start:
+                    runs[-1] = (runs[-1][0], end, group)
+                else:
+                    if start > position:  # a gap (a layer's padding; none in a packed unit)
+                        runs.append((position, start, gap))
+                    runs.append((start, end, group))
+                position = end
         if position < size or not runs:
             runs.append((position, size, gap))
         return runs
@@ -152,12 +151,12 @@ class ShardedAdamW:
             return None
         cut = []  # excluded pieces inside the owned range (decided without reading data)
         for name, shape, offset in zip(unit.names, unit.shapes, unit.offsets):
-            start, end = max(offset, unit.start), min(offset + math.prod(shape), unit.end)
-            if end > start and excluded(name, shape):
-                cut.append((start - unit.start, end - unit.start))
+            if excluded(name, shape):
+                cut += [(start, start + high - low) for low, high, start
+                        in param_pieces(unit.owned, offset, math.prod(shape))]
         if not cut:
             return None
-        mask = torch.ones(unit.end - unit.start, dtype=torch.bool, device=unit.grad_acc.device)
+        mask = torch.ones(unit.owned_numel, dtype=torch.bool, device=unit.grad_acc.device)
         for start, end in cut:
             mask[start:end] = False
         return mask

@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from .shard_map import param_pieces
+
 __all__ = ["TiedGradients"]
 
 
@@ -46,11 +48,13 @@ class TiedGradients:
     @staticmethod
     def _overlap(unit, position: int) -> tuple[slice, slice]:
         """(slice of the parameter, slice of the owned accumulator) this rank owns."""
-        offset = unit.offsets[position]
-        first = max(unit.start, offset)
-        last = max(first, min(unit.end, offset + unit.params[position].numel()))
-        return slice(first - offset, last - offset), slice(first - unit.start,
-                                                           last - unit.start)
+        pieces = param_pieces(unit.owned, unit.offsets[position],
+                              unit.params[position].numel())
+        if len(pieces) > 1:  # a parameter lies in one segment, so in one owned piece
+            raise ValueError(f"tied parameter {unit.names[position]!r} is owned in "
+                             f"{len(pieces)} pieces; it must lie in one shard span")
+        low, high, at = pieces[0] if pieces else (0, 0, 0)
+        return slice(low, high), slice(at, at + high - low)
 
     @torch.no_grad()
     def sum(self) -> None:

@@ -128,7 +128,14 @@ class UnitSizes:
     > 0: the replicated ones; a model tied across stages: the output layer's copy) -- a
     1-byte mask per owned element; empty: no unit has one."""
 
+    shard_params: tuple[int, ...] | None = None
+    """Per unit: elements of each rank's shard, padding included (layer residency shards
+    every layer on its own, ``odc_pp.odc.shard_map``: up to one element more per layer);
+    None: ``ceil(unit_params / dp)``."""
+
     def owned(self, unit: int) -> int:
+        if self.shard_params is not None:
+            return self.shard_params[unit]
         return math.ceil(self.unit_params[unit] / self.dp)
 
 

@@ -436,6 +436,7 @@ def dry_run(job: Job, flags: DryRunFlags) -> MemoryReport:
         gathered_params=tuple(sum(s.numel for s in u.segments if s.module is None)
                               for u in engine.units)
         if engine.config.param_residency == "layer" else None,
+        shard_params=tuple(u.shard_numel for u in engine.units),
         post_validation=args.schedule.enable_optimizer_post_validation,
         replicated=engine.config.mode.is_ddp,
         norm_mask=tuple(mask is not None for mask in optimizer.norm_mask))

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from odc_pp.optim import clip
+from odc_pp.odc.shard_map import param_pieces
 from odc_pp.optim.step import OptimizerStep, StepReport, StepOutcome
 
 __all__ = ["ZeroCountingStep", "ModelStats", "owned_pieces", "counted_masks"]
@@ -35,13 +36,10 @@ def counted_masks(optimizer) -> list[torch.Tensor | None]:
     all do."""
     masks = []
     for unit, norm_mask in zip(optimizer.engine.units, optimizer.norm_mask):
-        covered = torch.zeros(unit.end - unit.start, dtype=torch.bool,
-                              device=unit.grad_acc.device)
+        covered = torch.zeros(unit.owned_numel, dtype=torch.bool, device=unit.grad_acc.device)
         for shape, offset in zip(unit.shapes, unit.offsets):
-            start = max(offset, unit.start) - unit.start
-            end = min(offset + math.prod(shape), unit.end) - unit.start
-            if end > start:
-                covered[start:end] = True
+            for low, high, start in param_pieces(unit.owned, offset, math.prod(shape)):
+                covered[start:start + high - low] = True
         if norm_mask is not None:
             covered &= norm_mask.to(covered.device)
         masks.append(None if bool(covered.all()) else covered)

@@ -221,6 +221,10 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           main_grad_bytes=_main_grad_bytes(args, layout.mode),
                           gathered_params=None if residency != "layer" else tuple(
                               p - per_use for p, per_use in zip(params, gathered_per_use)),
+                          shard_params=None if residency != "layer" else tuple(
+                              _layer_shard(p, layers, layer_params(model, tp=tp),
+                                           embedding if s == 0 else 0, dp * cp)
+                              for p, s in zip(params, stages)),
                           post_validation=args.schedule.enable_optimizer_post_validation,
                           replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
@@ -276,3 +280,11 @@ def replica_microbatches(args: TrainingArgs, dp: int) -> int:
     if packed:
         return max(1, math.ceil(samples * args.model.seq_length / packed))
     return samples // args.data.micro_batch_size
+
+
+def _layer_shard(params: int, layers: int, layer: int, embedding: int, dp: int) -> int:
+    """Elements of a rank's shard of a chunk under layer residency: the embedding (first
+    stage), each layer and the rest sharded on their own, each padded to whole
+    ``dp`` parts (``odc_pp.odc.shard_map``)."""
+    rest = params - layers * layer - embedding
+    return layers * -(-layer // dp) + -(-embedding // dp) + -(-max(rest, 0) // dp)

@@ -4,7 +4,8 @@ size or mode, schedule, model chunks).
 Each rank's checkpoint file carries, beside its optimizer shard, the layout of its units
 (:func:`unit_layout`): per parameter its global name (decoder layer indices made global,
 see :mod:`odc_pp.megatron.model`), offset and size in the unit's flat buffer, and the
-range of that buffer the rank owned. Under another layout every rank reads all files of
+range of that buffer the rank owned (``start``/``end``; layer residency: its ``owned``
+pieces, :mod:`odc_pp.odc.shard_map`). Under another layout every rank reads all files of
 the checkpoint, assembles each parameter's fp32 master weights and AdamW moments by
 global name (:func:`assemble_by_name`) and cuts out the ranges it owns now
 (:func:`owned_state`). The result is the same model and optimizer state, so training goes
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ...odc.shard_map import owned_numel, param_pieces
 from ...megatron.model import EMBEDDING_WEIGHT, OUTPUT_WEIGHT
 from ...megatron.tp_layout import Partition, partition_of
 from .checkpointing import load_rank_state, rank_file, read_meta
@@ -63,7 +65,7 @@ def unit_layout(engine) -> list[dict]:
         entry = {"names": names, "offsets": list(unit.offsets),
                  "numels": [int(torch.Size(shape).numel()) for shape in unit.shapes],
                  "shapes": [list(shape) for shape in unit.shapes],
-                 "start": unit.start, "end": unit.end}
+                 **_owned_entry(unit.owned)}
         tp = getattr(unit.module, "tensor_parallel", None)
         if tp is not None and tp.size > 1:
             gated = bool(getattr(unit.module, "gated_mlp", False))
@@ -72,6 +74,24 @@ def unit_layout(engine) -> list[dict]:
                                for name in names]
         layout.append(entry)
     return layout
+
+
+def _owned_entry(owned) -> dict:
+    """How a rank file records the owned pieces: ``start``/``end`` for one contiguous
+    range at shard position 0 (and for none), else ``owned`` ``[flat_lo, flat_hi,
+    shard_lo]`` pieces (layer residency, :mod:`odc_pp.odc.shard_map`)."""
+    if not owned:
+        return {"start": 0, "end": 0}
+    if len(owned) == 1 and owned[0][2] == 0:
+        return {"start": owned[0][0], "end": owned[0][1]}
+    return {"owned": [list(piece) for piece in owned]}
+
+
+def _owned_pieces(unit: dict) -> list:
+    """A saved or current unit layout's owned ``(flat_lo, flat_hi, shard_lo)`` pieces."""
+    if "owned" in unit:
+        return [tuple(piece) for piece in unit["owned"]]
+    return [(unit["start"], unit["end"], 0)] if unit["end"] > unit["start"] else []
 
 
 def _split_of(partition: Partition) -> list | None:
@@ -118,22 +138,19 @@ def assemble_by_name(directory: str, saved_world_size: int, *, iteration: int | 
 def _scatter_unit(unit: dict, pieces: dict, tensors: dict, filled: dict) -> None:
     """Copy a rank's owned range of one unit into the per-name flat tensors (a split
     parameter's shards under ``(name, tp rank)``)."""
-    start, end = unit["start"], unit["end"]
+    owned = _owned_pieces(unit)
     tp_rank, tp_size, splits = _unit_tp(unit)
     for name, offset, numel, shape, split in zip(unit["names"], unit["offsets"],
                                                  unit["numels"], unit["shapes"], splits):
-        low, high = max(start, offset), min(end, offset + numel)
-        if high <= low:
-            continue
-        key_name = name if split is None else (name, tp_rank)
-        if key_name not in tensors:
-            tensors[key_name] = {"shape": list(shape), "split": split, "tp_size": tp_size,
-                                 **{key: torch.zeros(numel) for key in STATE_NAMES}}
-            filled[key_name] = torch.zeros(numel, dtype=torch.bool)
-        for key in STATE_NAMES:
-            tensors[key_name][key][low - offset:high - offset] = \
-                pieces[key][low - start:high - start]
-        filled[key_name][low - offset:high - offset] = True
+        for low, high, at in param_pieces(owned, offset, numel):
+            key_name = name if split is None else (name, tp_rank)
+            if key_name not in tensors:
+                tensors[key_name] = {"shape": list(shape), "split": split, "tp_size": tp_size,
+                                     **{key: torch.zeros(numel) for key in STATE_NAMES}}
+                filled[key_name] = torch.zeros(numel, dtype=torch.bool)
+            for key in STATE_NAMES:
+                tensors[key_name][key][low:high] = pieces[key][at:at + high - low]
+            filled[key_name][low:high] = True
 
 
 def _unshard(tensors: dict, directory: str) -> dict[str, dict]:
@@ -166,8 +183,8 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
     naming a parameter the checkpoint lacks or holds with another shape (another model)."""
     state = {"step": step, **{key: [] for key in STATE_NAMES}}
     for unit in layout:
-        size = unit["end"] - unit["start"]
-        owned = {key: torch.zeros(size) for key in STATE_NAMES}
+        mine = _owned_pieces(unit)
+        owned = {key: torch.zeros(owned_numel(mine)) for key in STATE_NAMES}
         tp_rank, tp_size, splits = _unit_tp(unit)
         for name, offset, numel, shape, split in zip(unit["names"], unit["offsets"],
                                                      unit["numels"], unit["shapes"], splits):
@@ -179,13 +196,11 @@ def owned_state(tensors: dict[str, dict], step: int, layout: list[dict],
                 raise ValueError(f"checkpoint holds a different model: parameter {name!r} "
                                  f"is {found}, the model needs shape {full_shape}: resume "
                                  f"with the model flags it was saved with")
-            low, high = max(unit["start"], offset), min(unit["end"], offset + numel)
-            if high > low:
+            for low, high, at in param_pieces(mine, offset, numel):
                 for key in STATE_NAMES:
                     local = partition.shard(saved[key].view(full_shape), tp_rank,
                                             tp_size).reshape(-1)
-                    owned[key][low - unit["start"]:high - unit["start"]] = \
-                        local[low - offset:high - offset]
+                    owned[key][at:at + high - low] = local[low:high]
         for key in STATE_NAMES:
             state[key].append(owned[key])
     for key in STATE_NAMES:

@@ -162,9 +162,11 @@ def test_pp2_dp2_zb_matches_single_process():
     results = run_workers(worker, PP * DP, runs, config=LaunchConfig(timeout_s=300))
     for run in runs:
         check_mode([rank_results[run] for rank_results in results])
-    for rank_results in results:  # layer residency: the same numbers, fewer bytes
+    for rank_results in results:  # layer residency: the same parameters, fewer bytes
         layer, whole = rank_results["odc-zbv-layer"], rank_results["odc-zbv"]
-        assert layer["norms"] == whole["norms"]
+        # each rank owns other elements (every layer sharded on its own), so the norm's
+        # sum of squares is added up in another order; the update is elementwise
+        assert layer["norms"] == pytest.approx(whole["norms"], rel=1e-6)
         assert all((layer["params"][k] == v).all() for k, v in whole["params"].items())
         assert layer["gathered_peak"] <= layer["kept"] + 2 * layer["layer"]
         assert layer["gathered_peak"] < whole["gathered_peak"]

@@ -36,14 +36,15 @@ def test_tied_unless_untied_as_megatron():
 
 
 def _unit(index, names, values, start, end):
-    """A unit of the engine as TiedGradients sees it: its owned range [start, end)."""
+    """A unit of the engine as TiedGradients sees it: its owned range [start, end) (one
+    piece at shard position 0, odc_pp.odc.shard_map)."""
     params = [torch.nn.Parameter(value.clone()) for value in values]
     offsets = [0]
     for value in values[:-1]:
         offsets.append(offsets[-1] + value.numel())
     return SimpleNamespace(index=index, names=names, params=params,
                            shapes=[tuple(v.shape) for v in values], offsets=offsets,
-                           start=start, end=end, grad_acc=torch.zeros(end - start))
+                           owned=[(start, end, 0)], grad_acc=torch.zeros(end - start))
 
 
 def test_differing_compares_the_owned_pieces_of_both_copies():
@@ -58,7 +59,7 @@ def test_differing_compares_the_owned_pieces_of_both_copies():
     # the embedding's elements 0..4 are not owned here (another rank's): seen as zeros
     assert tied.differing(owned) == 4.0
     assert tied.differing(owned, window=5) == 4.0  # assembled 5 elements at a time
-    first.start = 0
+    first.owned = [(0, 14, 0)]
     owned[0] = torch.cat([weight.reshape(-1), bias])
     assert tied.differing(owned) == 0.0 and tied.differing(owned, window=5) == 0.0
     owned[1] = owned[1].clone()
