@@ -32,7 +32,7 @@ def test_plan_is_deterministic_and_shows_the_megatron_default(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "flags of the Megatron default (M)" in text
     default = outputs[0]["megatron_default"]
-    assert default["config"]["dp_mode"] == "collective"
+    assert default["config"]["dp_mode"] == "ddp"
     assert default["config"]["schedule"] in ("1f1b", "interleaved")
     for pred in outputs[0]["predictions"]:
         parts = pred["breakdown"]

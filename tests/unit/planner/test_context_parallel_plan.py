@@ -87,7 +87,7 @@ def test_plan_proposes_cp_for_a_128k_tail():
     assert default is not None and default.fits and default.candidate.cp > 1
     assert "--context-parallel-size" in preds[0].flags
     text = format_plan(preds, default, top=3)
-    assert "cp: --context-parallel-size" in text and "M: the best layout Megatron-LM" in text
+    assert "cp: --context-parallel-size" in text and "M: Megatron-LM as its users run it" in text
 
 
 def test_baseline_takes_cp_and_micro_batch():
