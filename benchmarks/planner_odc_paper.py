@@ -10,7 +10,7 @@ minibatch 4 on 16 A100-80GB (FSDP: no tensor or pipeline parallelism). Its figur
 with the search tools, its table was not, so they are unverified. LB-Micro is odc-pp's
 ``balanced`` (replicas balanced by cost with equal microbatch counts), LB-Mini
 ``lb-mini``; both pack rows under the same token cap. Lengths: the demo's LongAlign-like
-histogram (``odc_pp.demo.LONGALIGN_LIKE``, up to 32K), not LongAlign itself.
+histogram (``odc_pp.planner.inputs.LONGALIGN_LIKE``, up to 32K), not LongAlign itself.
 
     python benchmarks/planner_odc_paper.py --update benchmarks/results/planner_validation.json
 """
@@ -34,9 +34,8 @@ PAPER = {"source": "Wan et al., Revisiting Parameter Server in LLM Post-Training
 
 def odc_paper_section(samples: int = 4) -> dict:
     """The planner's prediction for the paper's setting, next to the paper's ratio."""
-    from odc_pp.demo import LONGALIGN_LIKE
     from odc_pp.planner.hardware import PRESETS
-    from odc_pp.planner.inputs import ModelSpec, load_lengths
+    from odc_pp.planner.inputs import LONGALIGN_LIKE, ModelSpec, load_lengths
     from odc_pp.planner.search import Candidate, PlanConfig, predict
 
     seq = 32768

@@ -35,6 +35,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from odc_pp.planner.inputs import LONGALIGN_LIKE  # part (c)'s lengths
+
 __all__ = ["main", "Comparison", "measure", "correctness", "predicted", "plan_arguments", "PLAN_MODEL_FLAGS", "PLAN_GPUS"]
 
 SPEED_MODEL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
@@ -61,10 +63,6 @@ COMPARISONS = {
                                "--pipeline-schedule", "1f1b"])},
 }
 """name -> {"ours"/"base": (label, flags)}; both sides of one comparison share the model."""
-
-LONGALIGN_LIKE = "512:30,1024:20,2048:15,4096:12,8192:10,16384:8,32768:5"
-"""LENGTH:WEIGHT bins, most samples short and a few near the 32K maximum (the planner's
-length distribution for part (c))."""
 
 
 @dataclass(kw_only=True)

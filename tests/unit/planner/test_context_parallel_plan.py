@@ -96,6 +96,6 @@ def test_baseline_takes_cp_and_micro_batch():
     cand = baseline_candidate("--tensor-model-parallel-size 2 --context-parallel-size 2 "
                               "--micro-batch-size 2", _llama(8192), 16)
     assert (cand.tp, cand.cp, cand.pp, cand.dp, cand.micro_batch) == (2, 2, 1, 4, 2)
-    with pytest.raises(ValueError, match="cp 4"):
+    with pytest.raises(ValueError, match="--context-parallel-size 4"):
         baseline_candidate("--tensor-model-parallel-size 8 --context-parallel-size 4",
                            _llama(8192), 16)
