@@ -46,7 +46,7 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
     rows = shown + extra + ([baseline] if baseline is not None else [])
     for rank, pred in enumerate(rows, 1):
         c, b = pred.candidate, pred.breakdown
-        label = "B" if pred is baseline else "M" if pred.megatron_default else \
+        label = "B" if pred is baseline else "M" if pred is default else \
             "F" if pred in extra else str(rank)
         lines.append(
             f"{label:>3} {c.tp:>2} {c.cp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} "
