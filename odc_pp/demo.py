@@ -35,7 +35,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["main", "Comparison", "measure", "correctness", "predicted"]
+from odc_pp.planner.inputs import LONGALIGN_LIKE  # part (c)'s lengths
+
+__all__ = ["main", "Comparison", "measure", "correctness", "predicted", "plan_arguments", "PLAN_MODEL_FLAGS", "PLAN_GPUS"]
 
 SPEED_MODEL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
                "--seq-length", "1024", "--max-position-embeddings", "1024",
@@ -61,10 +63,6 @@ COMPARISONS = {
                                "--pipeline-schedule", "1f1b"])},
 }
 """name -> {"ours"/"base": (label, flags)}; both sides of one comparison share the model."""
-
-LONGALIGN_LIKE = "512:30,1024:20,2048:15,4096:12,8192:10,16384:8,32768:5"
-"""LENGTH:WEIGHT bins, most samples short and a few near the 32K maximum (the planner's
-length distribution for part (c))."""
 
 
 @dataclass(kw_only=True)
@@ -169,17 +167,28 @@ def correctness(out_dir: str, *, iterations: int = 6) -> dict:
     return {"losses": losses, "max_relative_difference": worst}
 
 
+PLAN_MODEL_FLAGS = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+                    "--num-attention-heads 32 --num-query-groups 8 --group-query-attention "
+                    "--seq-length 32768 --vocab-size 128256 --swiglu "
+                    "--position-embedding-type rope --normalization RMSNorm "
+                    "--untie-embeddings-and-output-weights")  # Llama-3-8B is untied
+"""Part (c)'s model: Llama-3-8B's shape as Megatron flags."""
+PLAN_GPUS = 32
+"""Part (c)'s job: 4 nodes x 8 H100."""
+
+
+def plan_arguments(json_path: str) -> list[str]:
+    """``odc-pp plan``'s arguments of part (c) (after ``plan``), the predictions written
+    to ``json_path``."""
+    return ["--model-flags", PLAN_MODEL_FLAGS, "--cluster", "h100", "--gpus", str(PLAN_GPUS),
+            "--lengths-histogram", LONGALIGN_LIKE, "--global-batch", "128", "--top", "3",
+            "--json", json_path]
+
+
 def predicted(out_dir: str) -> str:
     """Part (c): ``odc-pp plan`` for Llama-3-8B SFT on 4 x 8 H100."""
-    flags = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
-             "--num-attention-heads 32 --num-query-groups 8 --group-query-attention "
-             "--seq-length 32768 --vocab-size 128256 --swiglu "
-             "--position-embedding-type rope --normalization RMSNorm "
-             "--untie-embeddings-and-output-weights")  # Llama-3-8B is untied
-    command = [sys.executable, "-m", "odc_pp.cli", "plan", "--model-flags", flags,
-               "--cluster", "h100", "--gpus", "32", "--lengths-histogram", LONGALIGN_LIKE,
-               "--global-batch", "128", "--top", "3",
-               "--json", os.path.join(out_dir, "plan.json")]
+    command = [sys.executable, "-m", "odc_pp.cli", "plan",
+               *plan_arguments(os.path.join(out_dir, "plan.json"))]
     done = subprocess.run(command, text=True, capture_output=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"odc-pp plan failed:\n{done.stderr[-2000:]}")

@@ -41,36 +41,46 @@ def model_from_flags(text: str) -> ModelSpec:
                      source_flags=tuple(text.split()))
 
 
-def baseline_candidate(text: str, model: ModelSpec, gpus: int) -> Candidate:
-    """The user's current layout (``--baseline "FLAGS"``: Megatron / pretrain_gpt.py
-    parallelism (tp, cp, pp), schedule, batching (--micro-batch-size: unpacked rows
-    padded to the longest) and recompute flags) as a candidate; data parallelism
-    is Megatron's collective unless --dp-mode is given."""
+def baseline_candidate(text: str, model: ModelSpec, gpus: int, *,
+                       global_batch: int | None = None,
+                       gpus_per_node: int | None = None) -> Candidate:
+    """The user's current layout (``--baseline "FLAGS"``: any flags ``pretrain_gpt.py``
+    accepts; what the planner models of them: tp, cp, pp, schedule, --dp-mode, load
+    balance, packing and its token cap, --micro-batch-size, recompute, offload) as a
+    candidate. Data parallelism is Megatron's (``ddp``: DDP with the distributed
+    optimizer) unless --dp-mode is given. The flags are checked as the training job
+    checks them on ``gpus`` ranks (``odc_pp.training.job``): a combination that cannot
+    run is refused with the flag to add."""
     from odc_pp.schedule.generators import family
     from odc_pp.training.arguments import parse_args
+    from odc_pp.training.data_plan import packs_sequences
+    from odc_pp.training.job import Job
 
     given = text.split()
+    batch = ["--global-batch-size", str(global_batch)] \
+        if global_batch is not None and "--global-batch-size" not in given else []
     try:
-        args = parse_args(list(model.model_flags()) + given + ["--mock-data"])
+        args = parse_args(list(model.model_flags()) + given + batch + ["--mock-data"])
+        if "--dp-mode" not in given:
+            args.parallel.dp_mode = DataParallelMode.DDP.value
+        args = Job.resolve(args, gpus, gpus_per_node).args
     except (ValueError, SystemExit) as exc:
         raise ValueError(f"--baseline {text!r}: {exc}") from None
     tp = args.parallel.tensor_model_parallel_size
     pp = args.parallel.pipeline_model_parallel_size
     cp = args.parallel.context_parallel_size
-    if gpus % (tp * cp * pp):
-        raise ValueError(f"--baseline: tp {tp} x cp {cp} x pp {pp} does not divide "
-                         f"--gpus {gpus}")
     name = args.schedule.pipeline_schedule
     chunks = args.schedule.num_model_chunks
     if chunks not in (None, family(name).default_chunks):
         raise ValueError(f"--baseline: --num-model-chunks {chunks} with {name}: the planner "
                          f"models {family(name).default_chunks}")
-    packed = bool(args.data.pack_sequences and args.data.max_tokens_per_microbatch)
+    packed = packs_sequences(args)  # and the row cap, as the trainer reads them
+    cap = args.data.max_tokens_per_microbatch or \
+        args.data.micro_batch_size * args.model.seq_length
     return Candidate(tp=tp, cp=cp, pp=pp, dp=gpus // (tp * cp * pp), schedule=name,
-                     dp_mode=DataParallelMode.parse(args.parallel.dp_mode) if "--dp-mode" in given
-                     else "collective",
-                     balance=args.data.load_balance, packed=packed,
-                     token_cap=args.data.max_tokens_per_microbatch if packed else None,
+                     dp_mode=args.parallel.dp_mode, balance=args.data.load_balance,
+                     packed=packed,
+                     token_cap=cap if packed else None,
                      recompute=args.model.recompute_lgd,
                      micro_batch=1 if packed else args.data.micro_batch_size,
                      offload_chunks=tuple(args.schedule.offload_chunks)
@@ -135,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", default=None, metavar='"FLAGS"',
                         help='your current layout, quoted, e.g. "--tensor-model-parallel-size '
                              '4 --pipeline-model-parallel-size 2 --pipeline-schedule 1f1b": '
-                             'predicted as row B (collective data parallelism unless '
-                             '--dp-mode is given)')
+                             'predicted as row B (any pretrain_gpt.py flags; Megatron\'s '
+                             'ddp data parallelism unless --dp-mode is given)')
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write every prediction here")
     return parser
@@ -177,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                             workers=args.jobs or _usable_cpus())
         baseline = None
         if args.baseline:
+            cand = baseline_candidate(args.baseline, model, args.gpus, global_batch=batch,
+                                      gpus_per_node=cluster.gpus_per_node)
             try:
-                baseline = predict(config, baseline_candidate(args.baseline, model, args.gpus))
+                baseline = predict(config, cand)
             except ValueError as exc:
                 raise ValueError(f"--baseline {args.baseline!r}: {exc}") from None
     except (ValueError, OSError, KeyError) as exc:

@@ -8,6 +8,8 @@ from dataclasses import replace
 from odc_pp.schedule.generators import family
 
 from . import context_parallel as cpm
+from odc_pp.layout import DataParallelMode
+
 from .config import MEGATRON_SCHEDULES, Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes
 
@@ -39,8 +41,8 @@ def _cp_sizes(config: PlanConfig, tp: int) -> tuple[list[int], list[int]]:
 
 
 MICRO_BATCHES = (1, 2, 4)
-"""--micro-batch-size values tried for the Megatron-default candidates (unpacked,
-collective, equal microbatches: Megatron pads every row to the microbatch's longest)."""
+"""--micro-batch-size values tried for the Megatron-default candidates' unpacked rows
+(Megatron pads every row to the microbatch's longest)."""
 
 
 def candidates(config: PlanConfig) -> list[Candidate]:
@@ -72,11 +74,14 @@ def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
             continue
         if pp == 1 and name != "1f1b":
             continue  # every schedule is the same single stage
-        for dp_mode, balance, cap in _data_modes(config, dp, caps[:1] if cp > 1 else caps):
+        for dp_mode, balance, cap, searched in _data_modes(config, dp,
+                                                           caps[:1] if cp > 1 else caps):
             base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
                              balance=balance, packed=cap is not None, token_cap=cap)
+            if not searched and not megatron_default(base):
+                continue  # added for row M only
             out.append(base)
-            if megatron_default(base):
+            if megatron_default(base) and not base.packed:
                 out += [replace(base, micro_batch=m) for m in MICRO_BATCHES[1:]
                         if config.global_batch % (dp * m) == 0 and
                         config.global_batch // (dp * m) >= pp]
@@ -84,26 +89,37 @@ def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
 
 
 def _data_modes(config: PlanConfig, dp: int, caps: list[int]):
-    for dp_mode in config.dp_modes:
-        if dp == 1 and dp_mode is not config.dp_modes[0]:
-            continue  # one replica: the dp mode does not matter
+    """(dp mode, load balance, packed cap or None, searched) of one layout. One replica
+    needs one dp mode (it does not matter), the first. ``ddp`` with ``none`` (unpacked,
+    or packed under every cap: Megatron's own data path) is always tried for the
+    Megatron default; ``searched`` is False for those added only for it."""
+    first, ddp = config.dp_modes[0], DataParallelMode.DDP
+    modes = [mode for mode in config.dp_modes if dp > 1 or mode is first]
+    for dp_mode in modes + ([] if ddp in modes else [ddp]):
+        searched = dp_mode in modes
         if config.global_batch % dp == 0:
-            yield dp_mode, "none", None
-            if dp > 1:
-                yield dp_mode, "balanced", None
+            yield dp_mode, "none", None, searched
+            if dp > 1 and searched:
+                yield dp_mode, "balanced", None, searched
+        if dp_mode.is_ddp:
+            for cap in caps:
+                yield dp_mode, "none", cap, searched
         if dp_mode.is_odc:
             for cap in caps:
-                yield dp_mode, "lb-mini", cap
+                yield dp_mode, "lb-mini", cap, searched
 
 
-MEGATRON_SOURCE = ("the best layout Megatron-LM supports: 1F1B/interleaved, collective "
-                   "DP, equal microbatches, tp/cp/pp/dp, --micro-batch-size 1/2/4 (rows "
-                   "padded to the longest), --recompute-lgd when needed; fastest that fits")
+MEGATRON_SOURCE = ("Megatron-LM as its users run it: --dp-mode ddp (DDP with the distributed "
+                   "optimizer), 1F1B/interleaved, tp/cp/pp/dp, packed rows under a token "
+                   "cap (as Megatron-Bridge packs SFT data) or unpacked rows at "
+                   "--micro-batch-size 1/2/4 (padded to the longest), --recompute-lgd when "
+                   "needed; fastest that fits")
 """What the Megatron-default row (M) is, as printed under the plan."""
 
 
 def megatron_default(cand: Candidate) -> bool:
-    """Megatron's default: 1F1B or interleaved, collective, equal microbatch counts,
-    unpacked rows (any tp, cp, pp, dp and micro-batch size)."""
-    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode.is_collective and \
-        cand.balance == "none" and not cand.packed
+    """Megatron's default: 1F1B or interleaved, ``ddp`` (Megatron's DDP with the
+    distributed optimizer), no load balancing (``none``), packed or unpacked rows (any tp,
+    cp, pp, dp, micro-batch size and token cap)."""
+    return cand.schedule in MEGATRON_SCHEDULES and cand.dp_mode.is_ddp and \
+        cand.balance == "none"

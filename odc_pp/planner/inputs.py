@@ -12,7 +12,12 @@ import numpy as np
 
 from .model import ModelShape
 
-__all__ = ["ModelSpec", "load_lengths", "describe_histogram"]
+__all__ = ["ModelSpec", "load_lengths", "describe_histogram", "LONGALIGN_LIKE"]
+
+LONGALIGN_LIKE = "512:30,1024:20,2048:15,4096:12,8192:10,16384:8,32768:5"
+"""``--lengths-histogram`` bins shaped like LongAlign's SFT lengths: most samples short
+and a few near the 32K maximum (the demo's part (c), the ODC paper's setting in
+``benchmarks/planner_odc_paper.py``)."""
 
 
 @dataclass(kw_only=True, frozen=True)

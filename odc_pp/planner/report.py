@@ -1,6 +1,7 @@
 """``odc-pp plan``'s table: the ranked predictions of :mod:`.search` as text, with a legend
 for every column, the Megatron default (row M, its source named) and the user's
-``--baseline`` (row B)."""
+``--baseline`` (row B), and the best FSDP-style configuration (``--dp-mode collective``,
+row F) when none of the rows above is one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ __all__ = ["format_plan", "dry_run_lines", "DRY_RUN_PREFIX", "LEGEND"]
 
 
 LEGEND = (
-    "columns: # rank by predicted tok/s (M: the Megatron default, B: --baseline); "
+    "columns: # rank by predicted tok/s (M: the Megatron default, F: the best FSDP-style "
+    "--dp-mode collective, B: --baseline); "
     "tp: tensor-parallel size; cp: --context-parallel-size (sequence split, ring "
     "attention); pp: pipeline-parallel size; dp: data-parallel size;",
     "  schedule: --pipeline-schedule; dp-mode: --dp-mode; balance: --load-balance; cap: "
@@ -44,10 +46,13 @@ def format_plan(preds: list[Prediction], default: Prediction | None, *, top: int
              f"{'MFU':>5} fits"]
     shown = preds[:top] + ([default] if default is not None and default not in preds[:top]
                            else [])
-    rows = shown + ([baseline] if baseline is not None else [])
+    fsdp = next((p for p in preds if p.candidate.dp_mode.is_collective and p.fits), None)
+    extra = [fsdp] if fsdp is not None and fsdp not in shown else []
+    rows = shown + extra + ([baseline] if baseline is not None else [])
     for rank, pred in enumerate(rows, 1):
         c, b = pred.candidate, pred.breakdown
-        label = "B" if pred is baseline else "M" if pred.megatron_default else str(rank)
+        label = "B" if pred is baseline else "M" if pred is default else \
+            "F" if pred in extra else str(rank)
         lines.append(
             f"{label:>3} {c.tp:>2} {c.cp:>2} {c.pp:>2} {c.dp:>3} {c.schedule:<11} "
             f"{c.dp_mode:<10} {c.balance:<8} {c.token_cap or '-':>6} {c.micro_batch:>2} "

@@ -23,10 +23,13 @@ balance, packing and token cap) is predicted as follows, deterministically:
    (:func:`~odc_pp.schedule.build.build`), simulated
    (:func:`~odc_pp.schedule.simulator.simulate`) with the replica's mean microbatch costs
    and the pipeline transfer time of its activations (NVLink inside a node, else the
-   inter-node link). ODC: the step waits once for the slowest replica. Collective: the
-   replicas run in lock step, each microbatch as slow as its slowest replica's.
-4. Data-parallel gradient traffic that is not overlapped is added: collective all-reduce
-   (2 (dp-1)/dp of the stage's bf16 gradients), ODC reduce-scatter ((dp-1)/dp). So is the
+   inter-node link). ODC and ddp (Megatron's DDP): the step waits once for the slowest
+   replica's whole minibatch. Collective (FSDP-style): the replicas run in lock step,
+   each microbatch as slow as its slowest replica's (a replica with fewer microbatches
+   replays only their collectives).
+4. Data-parallel traffic that is not overlapped is added
+   (:mod:`odc_pp.planner.dp_traffic`: collective all-reduce, ODC reduce-scatter, ddp's
+   reduce-scatter beyond the last backward plus its parameter all-gather). So is the
    optimizer step of a rank's owned shard (:meth:`Hardware.optimizer_seconds`: a fused
    AdamW streaming its fp32 state at the device's memory bandwidth; the ranks step after
    the minibatch, without post-validation).
@@ -67,6 +70,7 @@ from odc_pp.schedule.simulator import compile_schedule, simulate
 
 from . import context_parallel as cpm
 from .candidates import MEGATRON_SOURCE, candidates, megatron_default
+from .dp_traffic import dp_comm_seconds, link_bytes
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
                                stage_times, total_of)
@@ -118,28 +122,9 @@ def _planned(request: ScheduleRequest, plan_costs: str):
     return compile_schedule(build(request, costs))
 
 
-def _link_bytes(config: PlanConfig, inside: bool) -> float:
-    """Bytes/s between two GPUs of the job: NVLink inside a node, else the inter-node
-    link; unknown (a measured machine has neither figure): not costed."""
-    cluster = config.cluster
-    gbps = cluster.tp_link_gbps if inside else cluster.internode_gbps
-    return (gbps or math.inf) * GB
-
-
 def _pipeline_link(config: PlanConfig, cand: Candidate) -> float:
-    """The link between a candidate's pipeline stages (:func:`_link_bytes`)."""
-    return _link_bytes(config, cand.tp * cand.cp * cand.pp <= config.cluster.gpus_per_node)
-
-
-def _dp_comm(config: PlanConfig, cand: Candidate) -> float:
-    group = cpm.sharding_group(cand.dp, cand.cp)  # gradients are summed over dp x cp
-    if group == 1:
-        return 0.0
-    grads = config.model.params() / (cand.tp * cand.pp) * 2  # bf16 gradient bytes per rank
-    inside = cand.tp * cand.pp * group <= config.cluster.gpus_per_node
-    link = _link_bytes(config, inside)
-    share = (group - 1) / group * grads / link
-    return 2 * share if cand.dp_mode.is_collective else share
+    """The link between a candidate's pipeline stages (:func:`~.dp_traffic.link_bytes`)."""
+    return link_bytes(config, cand.tp * cand.cp * cand.pp <= config.cluster.gpus_per_node)
 
 
 def _optimizer_seconds(config: PlanConfig, cand: Candidate) -> float:
@@ -151,39 +136,53 @@ def _optimizer_seconds(config: PlanConfig, cand: Candidate) -> float:
 
 def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
                     link: float) -> tuple[tuple[float, ...], list]:
-    """((step, compute, bubble, dp wait) seconds, simulations) of one planned minibatch
-    (``per_replica``: each replica's microbatch shapes)."""
+    """((step, compute, bubble, dp wait, last backward) seconds, simulations) of one
+    planned minibatch (``per_replica``: each replica's microbatch shapes; last backward:
+    the slowest replica's last microbatch's B + W on a rank, which ``ddp``'s gradient
+    reduce-scatter overlaps)."""
     memory = memory_units(config, cand)
     if cand.dp_mode.is_collective:
-        counts = {len(s) for s in per_replica}
-        if len(counts) != 1:
-            raise ValueError("collective needs equal microbatch counts")
-        count = counts.pop()
-        # each microbatch's stage times, computed once for the replicas and the lock step
-        times = [[stage_times(config, cand, *shape) for shape in s] for s in per_replica]
-        own = [scaled_costs(config, cand, s, t, link, memory)
-               for s, t in zip(per_replica, times)]
-        # lock step: at every microbatch position the slowest replica's microbatch
-        total = total_of(config)
-        slowest = [max((t[j] for t in times), key=total) for j in range(count)]
-        widest = [max((s[j] for s in per_replica), key=lambda sh: sh[0] * sh[1])
-                  for j in range(count)]
-        lock = scaled_costs(config, cand, widest, slowest, link, memory)
-        sim = _simulate_planned(config, request_of(cand, count), lock)
-        busy = max(sim.busy)
-        # each replica's own work on its busiest rank; the rest of lock step is waiting
-        chunks = family(cand.schedule).default_chunks
-        work = float(np.mean([count * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
-                              for c in own]))
-        return (sim.makespan, min(work, busy), sim.makespan - busy,
-                max(0.0, busy - work)), [sim]
+        return _lock_step(config, cand, per_replica, link, memory)
     sims = [_simulate_planned(config, request_of(cand, len(shapes)),
                               replica_costs(config, cand, shapes, link, memory))
             for shapes in per_replica]
     spans = [sim.makespan for sim in sims]
+    slowest = per_replica[int(np.argmax(spans))]
     return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
             float(np.mean([sim.makespan - max(sim.busy) for sim in sims])),
-            max(spans) - float(np.mean(spans))), sims
+            max(spans) - float(np.mean(spans)),
+            _last_backward(config, cand, slowest[-1])), sims
+
+
+def _last_backward(config: PlanConfig, cand: Candidate, shape: tuple) -> float:
+    """One microbatch's B + W on its busiest pipeline rank (every chunk of it)."""
+    _, t_b, t_w = stage_times(config, cand, *shape)
+    return family(cand.schedule).default_chunks * max(np.add(t_b, t_w))
+
+
+def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
+               memory) -> tuple[tuple[float, ...], list]:
+    """Collective (FSDP-style): the replicas run in lock step, at every microbatch
+    position the slowest replica's microbatch; a replica with fewer microbatches replays
+    only the collectives of the missing ones (no compute), as ``odc_pp.odc.engine`` does."""
+    count = max(len(s) for s in per_replica)
+    # each microbatch's stage times, computed once for the replicas and the lock step
+    times = [[stage_times(config, cand, *shape) for shape in s] for s in per_replica]
+    own = [scaled_costs(config, cand, s, t, link, memory)
+           for s, t in zip(per_replica, times)]
+    total = total_of(config)
+    slowest = [max((t[j] for t in times if j < len(t)), key=total) for j in range(count)]
+    widest = [max((s[j] for s in per_replica if j < len(s)), key=lambda sh: sh[0] * sh[1])
+              for j in range(count)]
+    lock = scaled_costs(config, cand, widest, slowest, link, memory)
+    sim = _simulate_planned(config, request_of(cand, count), lock)
+    busy = max(sim.busy)
+    # each replica's own work on its busiest rank; the rest of lock step is waiting
+    chunks = family(cand.schedule).default_chunks
+    work = float(np.mean([len(s) * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
+                          for s, c in zip(per_replica, own)]))
+    return (sim.makespan, min(work, busy), sim.makespan - busy,
+            max(0.0, busy - work), 0.0), [sim]
 
 
 def _simulated(config: PlanConfig, cand: Candidate, link: float) -> tuple:
@@ -229,8 +228,8 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
     model, cluster = config.model, config.cluster
     link = _pipeline_link(config, cand)
     parts, units, biggest, real_tokens, flops = _simulated(config, cand, link)
-    step, compute, bubble, wait = (float(v) for v in np.mean(parts, axis=0))
-    comm = _dp_comm(config, cand)
+    step, compute, bubble, wait, overlap = (float(v) for v in np.mean(parts, axis=0))
+    comm = dp_comm_seconds(config, cand, overlap)
     optimizer = _optimizer_seconds(config, cand)
     step_s = step + comm + optimizer
     flags = flags_of(config, cand)

@@ -32,7 +32,7 @@ def test_plan_is_deterministic_and_shows_the_megatron_default(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "flags of the Megatron default (M)" in text
     default = outputs[0]["megatron_default"]
-    assert default["config"]["dp_mode"] == "collective"
+    assert default["config"]["dp_mode"] == "ddp"
     assert default["config"]["schedule"] in ("1f1b", "interleaved")
     for pred in outputs[0]["predictions"]:
         parts = pred["breakdown"]
@@ -107,8 +107,26 @@ def test_baseline_is_the_users_layout(tmp_path, capsys):
     assert "predicted speed-up of #1 over B" in out
     row = json.loads(path.read_text())["baseline"]
     assert row["config"]["pp"] == 2 and row["config"]["tp"] == 1
-    assert row["config"]["schedule"] == "1f1b" and row["config"]["dp_mode"] == "collective"
+    assert row["config"]["schedule"] == "1f1b" and row["config"]["dp_mode"] == "ddp"
     flags = row["flags"]
     assert flags[flags.index("--pipeline-model-parallel-size") + 1] == "2"
     assert odc_pp_main(PLAN + ["--baseline", "--tensor-model-parallel-size 3"]) == 2
     assert "--baseline" in capsys.readouterr().err
+
+
+def test_packed_baselines_run_under_collective_and_ddp(tmp_path, capsys):
+    """Issue 49: a packed --baseline is predicted under collective (lock step; a replica
+    with fewer rows replays only their collectives) and ddp; one the trainer refuses
+    names the flag to add."""
+    for mode in ("collective", "ddp"):
+        path = tmp_path / f"{mode}.json"
+        flags = f"--dp-mode {mode} --pack-sequences --max-tokens-per-microbatch 96"
+        assert odc_pp_main(PLAN + ["--baseline", flags, "--json", str(path)]) == 0
+        row = json.loads(path.read_text())["baseline"]
+        assert row["config"]["dp_mode"] == mode and row["config"]["packed"]
+        assert row["config"]["token_cap"] == 96 and row["tokens_per_s"] > 0
+    capsys.readouterr()
+    refused = "--pack-sequences --load-balance lb-mini"  # ddp is the baseline's default
+    assert odc_pp_main(PLAN + ["--baseline", refused]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline" in err and "add --load-balance balanced" in err

@@ -87,7 +87,7 @@ def test_plan_proposes_cp_for_a_128k_tail():
     assert default is not None and default.fits and default.candidate.cp > 1
     assert "--context-parallel-size" in preds[0].flags
     text = format_plan(preds, default, top=3)
-    assert "cp: --context-parallel-size" in text and "M: the best layout Megatron-LM" in text
+    assert "cp: --context-parallel-size" in text and "M: Megatron-LM as its users run it" in text
 
 
 def test_baseline_takes_cp_and_micro_batch():
@@ -96,6 +96,6 @@ def test_baseline_takes_cp_and_micro_batch():
     cand = baseline_candidate("--tensor-model-parallel-size 2 --context-parallel-size 2 "
                               "--micro-batch-size 2", _llama(8192), 16)
     assert (cand.tp, cand.cp, cand.pp, cand.dp, cand.micro_batch) == (2, 2, 1, 4, 2)
-    with pytest.raises(ValueError, match="cp 4"):
+    with pytest.raises(ValueError, match="--context-parallel-size 4"):
         baseline_candidate("--tensor-model-parallel-size 8 --context-parallel-size 4",
                            _llama(8192), 16)
