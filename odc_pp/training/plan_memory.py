@@ -222,7 +222,7 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           gathered_params=None if residency != "layer" else tuple(
                               p - per_use for p, per_use in zip(params, gathered_per_use)),
                           shard_params=None if residency != "layer" else tuple(
-                              _layer_shard(p, layers, layer_params(model, tp=tp),
+                              _layer_shard(p, counts[s], layer_params(model, tp=tp),
                                            embedding if s == 0 else 0, dp * cp)
                               for p, s in zip(params, stages)),
                           post_validation=args.schedule.enable_optimizer_post_validation,

@@ -70,7 +70,9 @@ def test_nvidia_llama3_8b_layout_fits_80gb_with_its_default_flags():
     assert report.fits, report.format()
     gb = {name: value / 1e9 for name, value in report.categories.items()}
     params = 8.03e9
-    assert gb["params_gathered"] < 1.1  # the embedding table at most, not 16 GB
+    # per use, with the next piece gathered ahead (issue 50's prefetch): at most the two
+    # 1.05 GB vocabulary tables (the untied embedding and output layer), not 16 GB
+    assert gb["params_gathered"] < 2.2
     assert gb["weight_grads"] == pytest.approx(2 * params / 1e9, rel=0.01)  # bf16 main_grad
     kept = _dry_run(["--odc-param-residency", "minibatch"])
     assert not kept.fits and kept.total - report.total > 14e9  # the 16 GB of one copy
