@@ -392,26 +392,20 @@ def sweep_table(d: dict) -> list[str]:
                     f"{'calibrated' if '--sample-cost-model' in d['settings']['model'] else 'FLOPs'}."]
 
 
-def ddp_table(d: dict) -> list[str]:
-    """ODC + LB-Mini against both baselines, same rows: FSDP-style collective + balanced
-    and Megatron's ddp (none, balanced), per path and batch."""
-    bases = [b for b in ("collective+balanced", "ddp+none", "ddp+balanced")
+def ddp_line(d: dict) -> str:
+    """ODC + LB-Mini against each baseline of the same rounds: Megatron's ddp (balanced,
+    none) and the FSDP-style collective + balanced, per path and batch."""
+    bases = [b for b in ("ddp+balanced", "ddp+none", "collective+balanced")
              if b in d["settings"]["configs"]]
-    lines = ["| path, samples per replica | " + " | ".join(
-        f"vs {b.replace('+', ' + ')}" for b in bases) + " | step s: ODC + LB-Mini / " +
-        " / ".join(b.replace("+", " + ") for b in bases) + " |",
-        "|---|" + "---|" * (len(bases) + 1)]
-    for point in d["points"]:
-        ours = point["configs"]["odc+lb-mini"]
-        steps = " / ".join(f"{point['configs'][c]['step_s_median']:.2f}"
-                           for c in ["odc+lb-mini", *bases])
-        lines.append(f"| {point['path']}, {point['samples_per_replica']} | " + " | ".join(
-            _ratio({"speedup_vs_baseline": ours["speedup_vs"][b]}) for b in bases) +
-            f" | {steps} |")
-    loads = [x for p in d["points"] for c in p["configs"].values() for x in c["load_1min"]]
-    return lines + ["", f"Median (min-max) of the per-round ratios over "
-                    f"{d['settings']['rounds']} rounds, configurations rotating within each "
-                    f"round; load average {min(loads):.1f}-{max(loads):.1f} on 2 cores."]
+    points = d["points"]
+    at = " / ".join(f"{p['path']} {p['samples_per_replica']}" for p in points)
+    parts = [f"vs {b.replace('+', ' + ')} " + " / ".join(
+        _ratio({"speedup_vs_baseline": p["configs"]["odc+lb-mini"]["speedup_vs"][b]})
+        for p in points) for b in bases]
+    loads = [x for p in points for c in p["configs"].values() for x in c["load_1min"]]
+    return (f"ODC + LB-Mini at {at} samples per replica: " + "; ".join(parts) +
+            f" (median (min-max), {d['settings']['rounds']} rounds, load "
+            f"{min(loads):.1f}-{max(loads):.1f}).")
 
 
 def paper_table(d: dict) -> list[str]:
@@ -448,15 +442,13 @@ def machine_table(d: dict) -> list[str]:
 def speed_evidence() -> str:
     """The README's sweep and validation tables (a part whose result is missing says so)."""
     sweep, validation = _result("lb_mini_sweep.json"), _result("planner_validation.json")
-    out = ["**ODC + LB-Mini vs collective + balanced (FSDP-style, lock-step per layer), "
-           "dp=2, measured here** "
+    out = ["**ODC + LB-Mini vs collective + balanced (FSDP-style), dp=2, measured here** "
            "([json](benchmarks/results/lb_mini_sweep.json)):", ""]
     out += sweep_table(sweep) if sweep else ["(not measured)"]
     ddp = _result("lb_mini_vs_ddp.json")
-    out += ["", "**ODC + LB-Mini vs Megatron's own data parallelism (`--dp-mode ddp`: one "
-            "gradient sync per minibatch) and vs collective + balanced, same runs, dp=2, "
-            "measured here** ([json](benchmarks/results/lb_mini_vs_ddp.json)):", ""]
-    out += ddp_table(ddp) if ddp else ["(not measured)"]
+    out += ["", "**Against Megatron's DDP** (`--dp-mode ddp`: one sync a minibatch; same "
+            "runs, [json](benchmarks/results/lb_mini_vs_ddp.json)): " +
+            (ddp_line(ddp) if ddp else "(not measured)")]
     out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows) from its Table 9 "
             "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
             ""]
