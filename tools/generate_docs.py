@@ -398,14 +398,16 @@ def ddp_line(d: dict) -> str:
     bases = [b for b in ("ddp+balanced", "ddp+none", "collective+balanced")
              if b in d["settings"]["configs"]]
     points = d["points"]
-    at = " / ".join(f"{p['path']} {p['samples_per_replica']}" for p in points)
+    at = f"{'/'.join(sorted({p['path'] for p in points}))} " + " / ".join(
+        str(p["samples_per_replica"]) for p in points)
     parts = [f"vs {b.replace('+', ' + ')} " + " / ".join(
         _ratio({"speedup_vs_baseline": p["configs"]["odc+lb-mini"]["speedup_vs"][b]})
         for p in points) for b in bases]
     loads = [x for p in points for c in p["configs"].values() for x in c["load_1min"]]
-    return (f"ODC + LB-Mini at {at} samples per replica: " + "; ".join(parts) +
-            f" (median (min-max), {d['settings']['rounds']} rounds, load "
-            f"{min(loads):.1f}-{max(loads):.1f}).")
+    busy = ": above the 2 cores, noisy" if max(loads) > 2 else ""
+    return (f"ODC + LB-Mini, {at} samples per replica: " + "; ".join(parts) +
+            f" ({d['settings']['rounds']} rounds, load {min(loads):.1f}-{max(loads):.1f}"
+            f"{busy}).")
 
 
 def paper_table(d: dict) -> list[str]:
@@ -446,8 +448,8 @@ def speed_evidence() -> str:
            "([json](benchmarks/results/lb_mini_sweep.json)):", ""]
     out += sweep_table(sweep) if sweep else ["(not measured)"]
     ddp = _result("lb_mini_vs_ddp.json")
-    out += ["", "**Against Megatron's DDP** (`--dp-mode ddp`: one sync a minibatch; same "
-            "runs, [json](benchmarks/results/lb_mini_vs_ddp.json)): " +
+    out += ["", "**Against Megatron's DDP** (`--dp-mode ddp`, same runs, "
+            "[json](benchmarks/results/lb_mini_vs_ddp.json)): " +
             (ddp_line(ddp) if ddp else "(not measured)")]
     out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows) from its Table 9 "
             "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
