@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ODC + LB-Mini against collective + balanced (and ODC + balanced), swept over the batch
-per replica, in the padded and the packed path (issue 22's sweep).
+"""ODC + LB-Mini against collective + balanced and Megatron's ddp, swept over the batch
+per replica, in the padded and the packed path (issue 22's sweep; issue 49's baselines).
 
 Every point trains the same model on the same data with ``pretrain_gpt.py`` under
 torchrun: dp = 2, two ranks with one thread each (ranks <= cores on the 2-core machine, so
@@ -15,8 +15,10 @@ samples sit at the 1024 cap, most are short: a LongAlign-like shape scaled to 1K
 
 Configurations take turns within each round and the order rotates between rounds; a
 configuration's time in a round is its mean step after the warm-up step. The speedup of a
-round is collective + balanced's time over the configuration's, reported as median with
-min-max over the rounds (a
+round is collective + balanced's time over the configuration's (``speedup_vs_baseline``;
+``speedup_vs`` holds one such ratio per baseline the run includes: collective + balanced,
+the FSDP-style lock-step, and ``ddp`` + none / ``ddp`` + balanced, Megatron's DDP, which
+syncs once per minibatch), reported as median with min-max over the rounds (a
 run's time is its mean step after one warm-up step: throughput), next to the 1-minute load average before each run, the per-rank
 idle time (step - busy, from the training log) and the microbatches per replica.
 
