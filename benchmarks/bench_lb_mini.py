@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ODC + LB-Mini against collective + balanced (and ODC + balanced), swept over the batch
-per replica, in the padded and the packed path (issue 22's sweep).
+"""ODC + LB-Mini against collective + balanced and Megatron's ddp, swept over the batch
+per replica, in the padded and the packed path (issue 22's sweep; issue 49's baselines).
 
 Every point trains the same model on the same data with ``pretrain_gpt.py`` under
 torchrun: dp = 2, two ranks with one thread each (ranks <= cores on the 2-core machine, so
@@ -15,8 +15,10 @@ samples sit at the 1024 cap, most are short: a LongAlign-like shape scaled to 1K
 
 Configurations take turns within each round and the order rotates between rounds; a
 configuration's time in a round is its mean step after the warm-up step. The speedup of a
-round is collective + balanced's time over the configuration's, reported as median with
-min-max over the rounds (a
+round is collective + balanced's time over the configuration's (``speedup_vs_baseline``;
+``speedup_vs`` holds one such ratio per baseline the run includes: collective + balanced,
+the FSDP-style lock-step, and ``ddp`` + none / ``ddp`` + balanced, Megatron's DDP, which
+syncs once per minibatch), reported as median with min-max over the rounds (a
 run's time is its mean step after one warm-up step: throughput), next to the 1-minute load average before each run, the per-rank
 idle time (step - busy, from the training log) and the microbatches per replica.
 
@@ -52,10 +54,20 @@ PATHS = {"padded": ["--micro-batch-size", "2"],
 
 CONFIGS = {"collective+balanced": ["--dp-mode", "collective", "--load-balance", "balanced"],
            "odc+balanced": ["--dp-mode", "odc", "--load-balance", "balanced"],
-           "odc+lb-mini": ["--dp-mode", "odc", "--load-balance", "lb-mini"]}
-"""The baseline first; its time is every ratio's numerator."""
+           "odc+lb-mini": ["--dp-mode", "odc", "--load-balance", "lb-mini"],
+           "ddp+none": ["--dp-mode", "ddp", "--load-balance", "none"],
+           "ddp+balanced": ["--dp-mode", "ddp", "--load-balance", "balanced"]}
+"""Every configuration a run may pick with ``--configs``; ``ddp`` is Megatron's own data
+parallelism (one gradient sync per minibatch, replicated parameters)."""
 
 BASELINE = "collective+balanced"
+"""FSDP-style lock-step: ``speedup_vs_baseline``'s numerator."""
+
+BASELINES = ("collective+balanced", "ddp+none", "ddp+balanced")
+"""Every baseline a run includes gets its own ratio per configuration (``speedup_vs``)."""
+
+DEFAULT_CONFIGS = "collective+balanced,odc+balanced,odc+lb-mini,ddp+none,ddp+balanced"
+"""What a run measures unless ``--configs`` says otherwise."""
 
 
 def config_flags(path: str, config: str) -> list[str]:
@@ -83,9 +95,8 @@ def run_point(path: str, config: str, per_replica: int, iterations: int, tmp: Pa
 
 
 def sweep(batches: list[int], paths: list[str], rounds: int, iterations: int,
-          extra: list[str]) -> dict:
+          extra: list[str], names: list[str]) -> dict:
     """Every (path, batch) point, configurations rotating within and between rounds."""
-    names = list(CONFIGS)
     runs: dict = {}
     with tempfile.TemporaryDirectory(prefix="lbmini-") as tmp:
         for round_index in range(rounds):
@@ -108,17 +119,19 @@ def sweep(batches: list[int], paths: list[str], rounds: int, iterations: int,
 def summarize(runs: dict) -> list[dict]:
     points = []
     for (path, per_replica), configs in sorted(runs.items()):
-        base = [r["step_s"] for r in configs[BASELINE]]
+        bases = {b: [r["step_s"] for r in configs[b]] for b in BASELINES if b in configs}
         point = {"path": path, "samples_per_replica": per_replica,
                  "flags": {c: " ".join(config_flags(path, c)) for c in configs},
                  "configs": {}}
         for config, results in configs.items():
             times = [r["step_s"] for r in results]
-            ratios = [b / t for b, t in zip(base, times)]
+            speedup_vs = {b: spread([x / t for x, t in zip(base, times)], digits=3)
+                          for b, base in bases.items() if b != config}
             point["configs"][config] = {
                 "step_s_rounds": [round(t, 4) for t in times],
                 "step_s_median": round(statistics.median(times), 4),
-                "speedup_vs_baseline": spread(ratios, digits=3),
+                "speedup_vs_baseline": speedup_vs.get(BASELINE, spread([1.0], digits=3)),
+                "speedup_vs": speedup_vs,
                 "idle_s_per_rank_median": [round(statistics.median(
                     r["idle_s"][k] for r in results), 4) for k in range(2)],
                 "busy_s_per_rank_median": [round(statistics.median(
@@ -130,8 +143,12 @@ def summarize(runs: dict) -> list[dict]:
 
 
 def verdict(points: list[dict]) -> dict:
-    """The issue's three conditions, per path."""
+    """The issue's three conditions, per path (when the run measured all three
+    configurations they compare)."""
     out = {}
+    if not points or not {"odc+lb-mini", "odc+balanced", BASELINE} <= set(
+            points[0]["configs"]):
+        return out
     for path in sorted({p["path"] for p in points}):
         mine = [p for p in points if p["path"] == path]
         ours = [p["configs"]["odc+lb-mini"]["speedup_vs_baseline"]["median"] for p in mine]
@@ -151,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="2,4,8,16",
                         help="samples per replica (global batch = 2 x this)")
     parser.add_argument("--paths", default="padded,packed", help="padded and/or packed")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated, from {', '.join(CONFIGS)}; rotating within "
+                             f"each round; must include at least one of {', '.join(BASELINES)}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=5,
                         help="training iterations per run (the first warms up)")
@@ -165,24 +185,28 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.paths.split(",")
     if args.rounds < 1 or args.iterations < 2 or not set(paths) <= set(PATHS):
         parser.error("--rounds >= 1, --iterations >= 2, --paths from padded,packed")
+    names = args.configs.split(",")
+    if not set(names) <= set(CONFIGS) or not set(names) & set(BASELINES):
+        parser.error(f"--configs {args.configs!r}: pick from {', '.join(CONFIGS)}, with at "
+                     f"least one of {', '.join(BASELINES)}")
     started = time.perf_counter()
     extra = ["--sample-cost-model", args.sample_cost_model] if args.sample_cost_model else []
-    points = summarize(sweep(batches, paths, args.rounds, args.iterations, extra))
+    points = summarize(sweep(batches, paths, args.rounds, args.iterations, extra, names))
     doc = {"benchmark": "bench_lb_mini", "doc": __doc__.split("\n\n")[1],
            "machine": {"cpus": os.cpu_count(), "ranks": 2, "threads_per_rank": 1,
                        "device": "cpu (gloo)"},
            "settings": {"model": " ".join(MODEL + extra), "rounds": args.rounds,
+                        "configs": names,
                         "iterations": args.iterations, "warmup_iterations": 1},
            "points": points, "verdict": verdict(points),
            "wall_s": round(time.perf_counter() - started, 1)}
     emit(doc, out=args.out, as_json=args.json)
     if not args.json:
         for p in points:
-            row = "  ".join(f"{c} {v['speedup_vs_baseline']['median']:.2f}x "
-                            f"({v['speedup_vs_baseline']['min']:.2f}-"
-                            f"{v['speedup_vs_baseline']['max']:.2f})"
-                            for c, v in p["configs"].items() if c != BASELINE)
-            print(f"{p['path']:6s} b={p['samples_per_replica']:<2d} {row}")
+            for c, v in p["configs"].items():
+                row = "  ".join(f"vs {b} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+                                for b, r in v["speedup_vs"].items())
+                print(f"{p['path']:6s} b={p['samples_per_replica']:<2d} {c:20s} {row}")
         print(json.dumps(doc["verdict"], indent=1))
     return 0
 

@@ -5,7 +5,10 @@
     up to 1024 tokens, long-tailed lengths) trained by ``odc_pp.train`` under two
     comparisons, configurations alternating round by round:
 
-    * data parallelism, dp=2: ODC + LB-Mini vs collective + balanced;
+    * data parallelism, dp=2: ODC + LB-Mini vs two baselines, each its own line:
+      collective + balanced (FSDP-style: ranks meet at every layer's gather and
+      reduce-scatter) and Megatron's own ``ddp`` (replicated parameters, one gradient sync
+      per minibatch), with ``balanced`` and with Megatron's default split (``none``);
     * pipeline parallelism, pp=2: ZB-H2 vs 1F1B.
 
     Each prints the per-round ratios' median with min-max and the load average; on a
@@ -55,14 +58,19 @@ TINY_MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads
 
 COMPARISONS = {
     "dp=2": {"ours": ("ODC + LB-Mini", ["--dp-mode", "odc", "--load-balance", "lb-mini"]),
-             "base": ("collective + balanced",
-                      ["--dp-mode", "collective", "--load-balance", "balanced"])},
+             "bases": [("collective + balanced (FSDP-style, lock-step per layer)",
+                        ["--dp-mode", "collective", "--load-balance", "balanced"]),
+                       ("ddp + balanced (Megatron DDP, one sync per minibatch)",
+                        ["--dp-mode", "ddp", "--load-balance", "balanced"]),
+                       ("ddp + none (Megatron DDP, Megatron's default split)",
+                        ["--dp-mode", "ddp", "--load-balance", "none"])]},
     "pp=2": {"ours": ("ZB-H2", ["--pipeline-model-parallel-size", "2",
                                 "--pipeline-schedule", "zb-h2"]),
-             "base": ("1F1B", ["--pipeline-model-parallel-size", "2",
-                               "--pipeline-schedule", "1f1b"])},
+             "bases": [("1F1B", ["--pipeline-model-parallel-size", "2",
+                                 "--pipeline-schedule", "1f1b"])]},
 }
-"""name -> {"ours"/"base": (label, flags)}; both sides of one comparison share the model."""
+"""name -> {"ours": (label, flags), "bases": [(label, flags), ...]}; every side of one
+comparison shares the model, and odc-pp's side is compared with each baseline in turn."""
 
 
 @dataclass(kw_only=True)
@@ -121,23 +129,29 @@ def _torchrun(flags: list[str], *, nproc: int, log: str, timeout_s: float) -> li
 
 def measure(out_dir: str, *, rounds: int = 3, iterations: int = 3,
             warmup: int = 1) -> list[Comparison]:
-    """Part (a): every comparison, sides alternating within a round and the order
-    flipping between rounds; a side's time is its median step after ``warmup``."""
+    """Part (a): every comparison, its sides (odc-pp's and each baseline) taking turns
+    within a round and the order rotating between rounds; a side's time is its median
+    step after ``warmup``. One :class:`Comparison` per baseline."""
     results = []
     for name, sides in COMPARISONS.items():
-        comparison = Comparison(name=name, ours=sides["ours"][0], base=sides["base"][0])
+        labelled = [sides["ours"], *sides["bases"]]
+        times: list[list[float]] = [[] for _ in labelled]
+        loads = []
         for round_index in range(rounds):
-            order = ["ours", "base"] if round_index % 2 == 0 else ["base", "ours"]
-            comparison.load.append(os.getloadavg()[0])
-            for side in order:
-                log = os.path.join(out_dir, f"{name.replace('=', '')}_{side}_{round_index}.jsonl")
-                records = _torchrun(SPEED_MODEL + sides[side][1] +
+            shift = round_index % len(labelled)
+            loads.append(os.getloadavg()[0])
+            for index in [*range(shift, len(labelled)), *range(shift)]:
+                log = os.path.join(out_dir,
+                                   f"{name.replace('=', '')}_{index}_{round_index}.jsonl")
+                records = _torchrun(SPEED_MODEL + labelled[index][1] +
                                     ["--train-iters", str(iterations)], nproc=2, log=log,
                                     timeout_s=300)
-                step = statistics.median(r["step_s"] for r in records[warmup:])
-                getattr(comparison, f"{side}_s").append(step)
-        print(comparison.line(), flush=True)
-        results.append(comparison)
+                times[index].append(statistics.median(r["step_s"] for r in records[warmup:]))
+        for (label, _), base_s in zip(sides["bases"], times[1:]):
+            comparison = Comparison(name=name, ours=sides["ours"][0], base=label,
+                                    ours_s=times[0], base_s=base_s, load=loads)
+            print(comparison.line(), flush=True)
+            results.append(comparison)
     return results
 
 

@@ -127,8 +127,9 @@ def _fused_loss_bytes(*, tokens: int, saved: float, w_held: float, h: int,
                       transient_f=int(transient_f), transient_b=int(transient_b))
 
 
-_NO_MEMORY_EFFECT = ("--load-balance", "--dp-mode")
-"""Flags (with their value) the peak does not depend on: the dry run models ODC."""
+_NO_MEMORY_EFFECT = ("--load-balance",)
+"""Flags (with their value) the peak does not depend on (``--dp-mode`` does: ``ddp``
+keeps the parameters replicated)."""
 _CACHE: dict[tuple, tuple[float, ...]] = {}
 
 

@@ -77,7 +77,9 @@ def _known_flags() -> set[str]:
 
 def test_readme_is_short_and_starts_with_the_two_commands():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert len(text) < 12_000, f"README.md has {len(text)} characters (keep it < 12k)"
+    # 12.5k since issue 49: each measured speed-up names its baseline (FSDP-style
+    # collective and Megatron's ddp), the comparison against ddp included
+    assert len(text) < 12_500, f"README.md has {len(text)} characters (keep it < 12.5k)"
     first_block = text.index("```")
     assert first_block < text.index("\n## "), "the commands come before the first section"
     block = text[first_block:text.index("```", first_block + 3)]

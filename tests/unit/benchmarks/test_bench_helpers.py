@@ -60,6 +60,24 @@ def test_sweep_verdict_checks_the_three_conditions():
     assert not verdict["never_below_odc_balanced"]  # 0.952 < 1.111
 
 
+def test_sweep_gives_a_ratio_against_each_baseline_fsdp_style_and_megatron_ddp():
+    """Issue 49: ODC + LB-Mini against collective + balanced and against ddp + none /
+    ddp + balanced, from the same rounds; a run without odc+balanced has no verdict."""
+    runs = {("packed", 4): _runs({"collective+balanced": [2.0, 2.0, 2.0],
+                                  "ddp+none": [1.8, 2.4, 2.0],
+                                  "ddp+balanced": [1.6, 1.6, 1.7],
+                                  "odc+lb-mini": [1.6, 2.0, 1.7]})}
+    (point,) = sweep.summarize(runs)
+    vs = point["configs"]["odc+lb-mini"]["speedup_vs"]
+    assert set(vs) == {"collective+balanced", "ddp+none", "ddp+balanced"}
+    assert vs["ddp+none"]["rounds"] == [1.125, 1.2, 1.176]
+    assert vs["ddp+balanced"]["median"] == 1.0 and vs["ddp+balanced"]["min"] == 0.8
+    assert point["configs"]["odc+lb-mini"]["speedup_vs_baseline"] == vs["collective+balanced"]
+    assert "ddp+none" not in point["configs"]["ddp+none"]["speedup_vs"]
+    assert sweep.CONFIGS["ddp+balanced"] == ["--dp-mode", "ddp", "--load-balance", "balanced"]
+    assert sweep.verdict([point]) == {}
+
+
 def test_padded_lb_mini_runs_unpacked_and_every_config_shares_the_path_flags():
     assert "--no-pack-sequences" in sweep.config_flags("padded", "odc+lb-mini")
     for config in sweep.CONFIGS:
