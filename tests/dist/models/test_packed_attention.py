@@ -203,5 +203,5 @@ def test_packed_attention_flag_choices_are_the_kernels():
     from odc_pp.training.arguments import CHOICES, parse_args
 
     assert CHOICES["packed_attention"] == pa.PACKED_KERNELS
-    with pytest.raises(ValueError, match="--packed-attention: invalid choice: 'flash'"):
+    with pytest.raises(ValueError, match="--packed-attention 'flash': invalid choice"):
         parse_args(["--mock-data", "--vocab-size", "64", "--packed-attention", "flash"])
