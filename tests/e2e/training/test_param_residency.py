@@ -75,4 +75,5 @@ def test_nvidia_llama3_8b_layout_fits_80gb_with_its_default_flags():
     assert gb["params_gathered"] < 2.2
     assert gb["weight_grads"] == pytest.approx(2 * params / 1e9, rel=0.01)  # bf16 main_grad
     kept = _dry_run(["--odc-param-residency", "minibatch"])
-    assert not kept.fits and kept.total - report.total > 14e9  # the 16 GB of one copy
+    # one 16 GB copy, less the 2.1 GB the layer residency gathers per use
+    assert not kept.fits and kept.total - report.total > 13.5e9
