@@ -21,12 +21,13 @@ DATA_FLAGS = ("--mock-data", "--data-path")
 
 
 def memory_flags(flags: Sequence[str]) -> list[str]:
-    """``flags`` as the memory model and the dry run read them: ``--dp-mode odc`` (the
-    dry run models ODC) and ``--mock-data`` unless a data flag is given (the memory does
-    not depend on the data's source)."""
+    """``flags`` as the memory model and the dry run read them: ``--dp-mode`` collective
+    or hierarchical as ``odc`` (the dry run models ODC's sharding for them; ``ddp``, whose
+    parameters are replicated, is kept) and ``--mock-data`` unless a data flag is given
+    (the memory does not depend on the data's source)."""
     out = list(flags)
     for i, flag in enumerate(out[:-1]):
-        if flag == "--dp-mode":
+        if flag == "--dp-mode" and out[i + 1] != "ddp":
             out[i + 1] = "odc"
     if not set(DATA_FLAGS) & set(out):
         out.append("--mock-data")
