@@ -12,7 +12,7 @@ import pytest
 
 from odc_pp.data import ByteLevelTokenizer, HuggingFaceTokenizer, JsonlDataset, encode_document
 
-from .tiny_hf import (CHATML_MARKERS, CHATML_PLAIN, DATED, DROPS_OLD_REPLIES, USER_FIRST,
+from tests.unit.data.tiny_hf import (CHATML_MARKERS, CHATML_PLAIN, DATED, DROPS_OLD_REPLIES, USER_FIRST,
                       byte_bpe_tokenizer, word_level_tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
