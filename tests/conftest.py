@@ -23,3 +23,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # (not keywords: a folder named gpu)
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_process_group(request):
+    """Tests share one pytest process: a test that leaves torch.distributed initialised
+    changes what every later test sees (the dry run refuses a real group, say). The group is
+    destroyed and the test that left it fails, named."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    pytest.fail(f"{request.node.nodeid} left a torch.distributed process group "
+                f"({backend}) initialised; destroy it before returning", pytrace=False)
