@@ -37,7 +37,8 @@ from export_checkpoint import export  # noqa: E402  (the one full-state assemble
 
 from odc_pp.training.distributed import standalone_process_groups  # noqa: E402
 from odc_pp.megatron.dist_ckpt import save_megatron_checkpoint  # noqa: E402
-from odc_pp.megatron.hf_config import llama3_rope_scaling  # noqa: E402
+from odc_pp.megatron.hf_config import (  # noqa: E402
+    MEGATRON_ROPE_SCALING, llama3_rope_scaling, megatron_rope_scaling)
 from odc_pp.megatron.model import ModelConfig, build_chunks  # noqa: E402
 from odc_pp.megatron.model_identity import megatron_args  # noqa: E402
 from odc_pp.training.checkpoint.checkpointing import checkpoint_dir, read_meta  # noqa: E402
@@ -66,12 +67,6 @@ def model_config_from_meta(meta: dict, *, tied: bool) -> ModelConfig:
         rope_scaling=rope_scaling_of_meta(meta))
 
 
-MEGATRON_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192}
-"""What Megatron-LM's ``--use-rope-scaling`` fixes (only ``--rope-scaling-factor`` is a
-flag): megatron-core's ``RotaryEmbedding._apply_scaling`` defaults."""
-
-
 def rope_scaling_of_meta(meta: dict) -> dict | None:
     """The Llama-3 RoPE scaling the run trained with, as the trainer built it: from the
     ``--hf-checkpoint`` config the checkpoint records, else ``--use-rope-scaling`` with
@@ -81,8 +76,7 @@ def rope_scaling_of_meta(meta: dict) -> dict | None:
     if hf:
         scaling = llama3_rope_scaling(hf, "the checkpoint's hf_config")
     elif meta.get("use_rope_scaling"):
-        scaling = {"factor": float(meta.get("rope_scaling_factor", 8.0)),
-                   **MEGATRON_ROPE_SCALING}
+        scaling = megatron_rope_scaling(meta.get("rope_scaling_factor", 8.0))
     else:
         return None
     if scaling is not None:

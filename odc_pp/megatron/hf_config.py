@@ -23,7 +23,7 @@ import re
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "read_hf_config", "flags_from_hf", "merge_hf_flags",
            "hf_config_from_model", "megatron_to_hf_names", "given_flags", "rope_theta",
-           "llama3_rope_scaling"]
+           "llama3_rope_scaling", "MEGATRON_ROPE_SCALING", "megatron_rope_scaling"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -105,6 +105,18 @@ def _llama3_fields(scaling: dict) -> dict:
             "high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
             "original_max_position_embeddings":
                 int(scaling.get("original_max_position_embeddings", 8192))}
+
+
+MEGATRON_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+"""What Megatron-LM's ``--use-rope-scaling`` fixes (only ``--rope-scaling-factor`` is a
+flag): megatron-core's ``RotaryEmbedding._apply_scaling`` defaults."""
+
+
+def megatron_rope_scaling(factor: float) -> dict:
+    """The Llama-3 scaling Megatron-LM's ``--use-rope-scaling --rope-scaling-factor
+    factor`` builds (the other three fields fixed: :data:`MEGATRON_ROPE_SCALING`)."""
+    return {"factor": float(factor), **MEGATRON_ROPE_SCALING}
 
 
 def llama3_rope_scaling(config: dict, path: str = "config.json") -> dict | None:

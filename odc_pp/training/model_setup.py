@@ -14,15 +14,14 @@ def model_config(model: ModelArgs, *, vocab_size: int, device: str, num_stages: 
     merged at parse time; its Llama-3 rope scaling and tied embeddings come from it).
     Tied embeddings as Megatron: tied unless ``--untie-embeddings-and-output-weights``
     (:func:`ties_embeddings`)."""
-    from odc_pp.megatron.hf_config import llama3_rope_scaling
+    from odc_pp.megatron.hf_config import llama3_rope_scaling, megatron_rope_scaling
     from odc_pp.megatron.model import ModelConfig
 
     hf = hf_config_of(model)
     if hf is not None:
         scaling = llama3_rope_scaling(hf)
     else:
-        scaling = {"factor": model.rope_scaling_factor, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} \
+        scaling = megatron_rope_scaling(model.rope_scaling_factor) \
             if model.use_rope_scaling else None
     return ModelConfig(
         vocab_size=vocab_size, hidden_size=model.hidden_size, num_layers=model.num_layers,
