@@ -1,24 +1,31 @@
 #!/usr/bin/env python3
 """Validate the planner's performance model against published and measured numbers.
 
-``--json`` (section ``zb_paper``, issue 22 item 6a): the zero-bubble paper's Table 4
-(A100 throughput of 1F1B, 1F1B-interleaved, ZB-1p and ZB-2p at pp = 8) predicted from the
-paper's own profiled per-stage costs (Table 9: T_F, T_B, T_W, T_comm, in
+``--json`` (section ``zb_paper``, issue 22 item 6a, issue 48): the zero-bubble paper's
+Table 4 (A100 throughput of 1F1B, 1F1B-interleaved, ZB-1p and ZB-2p at pp = 8) predicted
+from the paper's own profiled per-stage costs (Table 9: T_F, T_B, T_W, T_comm, in
 ``benchmarks/data/zb_paper_tables.json``) with the project's one simulator: a schedule's
 throughput is 1F1B's measured throughput x (1F1B's simulated iteration time / the
-schedule's), the iteration time being the simulated makespan (first action to last,
-transfers included). Schedules: 1F1B; 1F1B-interleaved with two chunks per rank at half
-the per-stage costs and the same transfer time per chunk boundary; ZB-1p as the paper
-ran it (its Table 5 gives ZB-1p the ZB-H1 bubble in every row: our zb-h1 generator);
-ZB-2p as ZB-auto under a 2p memory limit with the paper's memory model (F +1, B -(1-r),
-W -r). ZB-1p and ZB-2p are also predicted from their steady period
-(``odc_pp.schedule.steady_state``: iterations overlap under the paper's post-validation,
-as in odc-pp's runtime), where the makespan is one iteration alone. Also reported: ZB-1p
-as our ZB-auto under a p limit, and the bubble-only model (1F1B measured x (1 - bubble)
-/ (1 - bubble_1F1B) with the paper's Table 5 bubbles), the bar to beat, computed on the same rows. Memory: the simulated activation peak
-(microbatch units, rank 0) turned into GB by the two baselines' measured peaks (1F1B and
-1F1B-interleaved give the static memory and the GB per microbatch of activations), then
-ZB-1p and ZB-2p predicted and compared with the paper's peaks.
+schedule's). The runs are modelled as the authors ran them: (1) 1F1B-interleaved with one
+transformer layer per virtual stage (their script's --num-layers-per-virtual-pipeline-stage
+1: ceil(layers / pp) chunks, 3 for 1.5B and 4 for 6.2B; Table 5's interleaved bubbles are
+those of that count), each chunk at 1/chunks of the per-stage costs; (2) synchronous
+point-to-point transfers (Megatron's p2p waits for its send before the next pass): every
+schedule is lowered with explicit SEND/RECV and a SEND holds its rank for T_comm
+(``CostModel.t_send_cpu``), the transfer landing T_comm after it starts; the schedules
+themselves are built on the paper's latency-only cost model, as its scheduler planned
+them; (3) the iteration time: the makespan for 1F1B and interleaved (they synchronise
+before the optimizer step), the steady period of consecutive iterations for ZB-1p and
+ZB-2p (post-validation replaces that synchronisation; ``odc_pp.schedule.steady_state``).
+ZB-1p is our zb-h1 (the paper's Table 5 gives ZB-1p the ZB-H1 bubble in every row); ZB-2p
+is ZB-auto under a 2p memory limit with the paper's memory model (F +1, B -(1-r), W -r).
+Also reported: each schedule's single-iteration makespan error, ZB-1p as our ZB-auto under
+a p limit, and the bubble-only model (1F1B measured x (1 - bubble) / (1 - bubble_1F1B)
+with the paper's Table 5 bubbles), the bar to beat, computed on the same rows. Memory: the
+simulated activation peak (microbatch units, rank 0) turned into GB by the two baselines'
+measured peaks (1F1B and 1F1B-interleaved give the static memory and the GB per
+microbatch of activations), then ZB-1p and ZB-2p predicted and compared with the paper's
+peaks.
 
 ``--odc`` (section ``odc_port``, item 6c): the independent ODC port's speed-up of ODC +
 LB-Mini over padded collectives against the global batch, next to the planner's
@@ -31,12 +38,15 @@ per-layer F/B/W seconds of a pp=1 run), then runs >= 10 two-rank configurations
 per rank and compares each measured median step time with the prediction.
 
     python benchmarks/bench_planner_validation.py --json [--output FILE]
+    python benchmarks/bench_planner_validation.py --update benchmarks/results/planner_validation.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,6 +56,7 @@ sys.path.insert(0, ROOT)
 
 from odc_pp.schedule import CostModel  # noqa: E402
 from odc_pp.schedule.generators import generate  # noqa: E402
+from odc_pp.schedule.lowering import lower  # noqa: E402
 from odc_pp.schedule.simulator import simulate  # noqa: E402
 from odc_pp.schedule.steady_state import steady_period  # noqa: E402
 
@@ -53,10 +64,13 @@ DATA = os.path.join(ROOT, "benchmarks", "data")
 SCHEDULES = ("1f1b-interleaved", "zb-1p", "zb-2p")
 POST_VALIDATED = ("zb-1p", "zb-2p")
 """The paper's ZB schedules step the optimizer with post-validation: their iterations
-overlap, so their steady period (odc_pp.schedule.steady_state) is reported beside the
-makespan (1F1B and interleaved synchronise before the step: period = makespan)."""
+overlap, so their iteration time is the steady period (odc_pp.schedule.steady_state); 1F1B
+and interleaved synchronise before the step: their iteration time is the makespan."""
 BAR = {"zb-1p": 1.4, "zb-2p": 3.2, "1f1b-interleaved": 6.5}
 """The bubble-only model's mean errors (%) as the shared data file states them."""
+STEADY_ITERATIONS = 3
+"""Consecutive iterations simulated for a steady period (the period is exact from 2 on for
+these periodic schedules; 3 checks it)."""
 
 
 def _load(name: str) -> dict:
@@ -64,30 +78,102 @@ def _load(name: str) -> dict:
         return json.load(handle)
 
 
+def interleaved_chunks(tables: dict, row: dict) -> int:
+    """Model chunks per rank of the paper's 1F1B-interleaved runs: one transformer layer per
+    virtual stage (``table3_note``), i.e. ceil(layers / pp)."""
+    layers = tables["table3_layers"].get(row["model"])
+    if layers is None:
+        raise ValueError(f"zb_paper_tables.json: no table3_layers entry for model "
+                         f"{row['model']!r}")
+    return math.ceil(layers / row["pp"])
+
+
 def _costs(row: dict, chunks: int = 1) -> CostModel:
+    """The paper's cost model of one row (per chunk): T_comm as a latency only."""
     r = row["paper_memory_r"]
     return CostModel(t_f=row["t_f"] / chunks, t_b=row["t_b"] / chunks, t_w=row["t_w"] / chunks,
                      t_comm=row["t_comm"], mem_f=1.0, mem_b=-(1.0 - r), mem_w=-r)
 
 
-def simulate_row(row: dict) -> dict[str, dict]:
-    """Simulated makespan (ms) and rank-0 activation peak (microbatch units) per schedule."""
+def synchronous(costs: CostModel) -> CostModel:
+    """``costs`` with synchronous transfers: a SEND holds its rank for the whole T_comm."""
+    return dataclasses.replace(costs, t_send_cpu=costs.t_comm)
+
+
+def simulate_row(row: dict, tables: dict) -> dict[str, dict]:
+    """Per schedule: the single-iteration makespan (ms), the iteration time (ms: makespan,
+    or the steady period under post-validation) and the rank-0 activation peak (microbatch
+    units); schedules built on the paper's costs, run with synchronous transfers."""
     pp, m = row["pp"], row["microbatches"]
-    plans = {"1f1b": ("1f1b", 1, None), "1f1b-interleaved": ("interleaved", 2, None),
+    v = interleaved_chunks(tables, row)
+    plans = {"1f1b": ("1f1b", 1, None), "1f1b-interleaved": ("interleaved", v, None),
              "zb-1p": ("zb-h1", 1, None), "zb-2p": ("zb-auto", 1, 2.0 * pp),
              "zb-1p/zb-auto": ("zb-auto", 1, float(pp))}
     out = {}
     for label, (name, chunks, limit) in plans.items():
-        costs = _costs(row, chunks)
+        planned = _costs(row, chunks)
         options = {"num_chunks": chunks} if chunks > 1 else {}
-        schedule = generate(name, pp=pp, num_microbatches=m, costs=costs,
-                            memory_limit=limit, **options)
+        schedule = lower(generate(name, pp=pp, num_microbatches=m, costs=planned,
+                                  memory_limit=limit, **options), planned)
+        costs = synchronous(planned)
         sim = simulate(schedule, costs)
         # activation units: a chunk holds 1/chunks of a stage's layers
-        out[label] = {"makespan_ms": sim.makespan,
-                      "peak_units": max(sim.peak_activation) / chunks}
+        out[label] = {"makespan_ms": sim.makespan, "iteration_ms": sim.makespan,
+                      "peak_units": max(sim.peak_activation) / chunks, "chunks": chunks}
         if label.split("/")[0] in POST_VALIDATED:
-            out[label]["steady_ms"] = steady_period(schedule, costs, iterations=3)
+            out[label]["iteration_ms"] = steady_period(schedule, costs,
+                                                       iterations=STEADY_ITERATIONS)
+    return out
+
+
+def _error(pred: float, measured: float) -> float:
+    return 100 * (pred - measured) / measured
+
+
+def _row_entry(measured: dict, row: dict, sim: dict, bubbles: dict) -> dict:
+    """One Table 4 row: predictions (iteration time, and the single-iteration makespan) and
+    the bubble-only model's, with signed errors (%)."""
+    base = sim["1f1b"]["iteration_ms"]
+    entry = {"model": measured["model"], "pp": row["pp"], "microbatches": row["microbatches"],
+             "interleaved_chunks": sim["1f1b-interleaved"]["chunks"],
+             "measured": {k: measured[k] for k in ("1f1b",) + SCHEDULES},
+             "predicted": {}, "error_pct": {}, "makespan_error_pct": {},
+             "bubble_only": {}, "bubble_only_error_pct": {}}
+    for name in SCHEDULES + ("zb-1p/zb-auto",):
+        target = measured[name.split("/")[0]]
+        pred = measured["1f1b"] * base / sim[name]["iteration_ms"]
+        entry["predicted"][name] = round(pred, 3)
+        entry["error_pct"][name] = round(_error(pred, target), 2)
+        entry["makespan_error_pct"][name] = round(_error(
+            measured["1f1b"] * sim["1f1b"]["makespan_ms"] / sim[name]["makespan_ms"], target), 2)
+    for name in SCHEDULES:
+        pred = measured["1f1b"] * (1 - bubbles[name]) / (1 - bubbles["1f1b"])
+        entry["bubble_only"][name] = round(pred, 3)
+        entry["bubble_only_error_pct"][name] = round(_error(pred, measured[name]), 2)
+    entry["simulated_ms"] = {k: {"iteration": round(v["iteration_ms"], 3),
+                                 "makespan": round(v["makespan_ms"], 3)}
+                             for k, v in sim.items()}
+    return entry
+
+
+def _summary(rows: list[dict]) -> dict:
+    """Per schedule over the rows: mean and max absolute error, signed mean error, the
+    makespan-only model's signed mean, and the bubble-only model's mean on the same rows."""
+    out = {}
+    for name in SCHEDULES + ("zb-1p/zb-auto",):
+        errors = [row["error_pct"][name] for row in rows]
+        bubble = [abs(row["bubble_only_error_pct"][name]) for row in rows
+                  if name in row["bubble_only_error_pct"]]
+        bar = BAR[name.split("/")[0]]
+        out[name] = {"ours_mean_abs_error_pct": round(statistics.fmean(map(abs, errors)), 2),
+                     "ours_max_abs_error_pct": round(max(map(abs, errors)), 2),
+                     "ours_mean_error_pct": round(statistics.fmean(errors), 2),
+                     "makespan_mean_error_pct": round(statistics.fmean(
+                         row["makespan_error_pct"][name] for row in rows), 2),
+                     "bubble_only_mean_abs_error_pct_same_rows":
+                         round(statistics.fmean(bubble), 2) if bubble else None,
+                     "bar_pct": bar,
+                     "beats_bar": statistics.fmean(map(abs, errors)) < bar}
     return out
 
 
@@ -96,55 +182,17 @@ def zb_paper_section() -> dict:
     table4 = published["zero_bubble_table4"]
     index = {(r["model"], r["microbatches"]): i for i, r in enumerate(tables["table5"])}
     interleaved_bubbles = tables["table5_other_columns"]["1f1b-interleaved"]
-    rows, errors, bubble_errors, units, steady_errors = [], {}, {}, {}, {}
+    rows, units = [], {}
     for measured in table4["rows"]:
         i = index[(measured["model"], measured["microbatches"])]
         row = tables["table5"][i]
-        sim = simulate_row(row)
-        base = sim["1f1b"]["makespan_ms"]
+        sim = simulate_row(row, tables)
         bubbles = dict(row["paper_bubble"], **{"1f1b-interleaved": interleaved_bubbles[i]})
         bubbles["zb-1p"] = bubbles["zb-h1"]
-        entry = {"model": measured["model"], "pp": row["pp"], "microbatches": row["microbatches"],
-                 "measured": {k: measured[k] for k in ("1f1b",) + SCHEDULES},
-                 "predicted": {}, "bubble_only": {}, "error_pct": {}, "bubble_only_error_pct": {}}
-        for name in SCHEDULES + ("zb-1p/zb-auto",):
-            target = name.split("/")[0]
-            pred = measured["1f1b"] * base / sim[name]["makespan_ms"]
-            entry["predicted"][name] = round(pred, 3)
-            error = 100 * (pred - measured[target]) / measured[target]
-            entry["error_pct"][name] = round(error, 2)
-            errors.setdefault(name, []).append(abs(error))
-        for name in SCHEDULES:
-            pred = measured["1f1b"] * (1 - bubbles[name]) / (1 - bubbles["1f1b"])
-            entry["bubble_only"][name] = round(pred, 3)
-            error = 100 * (pred - measured[name]) / measured[name]
-            entry["bubble_only_error_pct"][name] = round(error, 2)
-            bubble_errors.setdefault(name, []).append(abs(error))
-        entry["steady_error_pct"] = {}
-        for name in POST_VALIDATED:
-            pred = measured["1f1b"] * base / sim[name]["steady_ms"]
-            error = 100 * (pred - measured[name]) / measured[name]
-            entry["steady_error_pct"][name] = round(error, 2)
-            steady_errors.setdefault(name, []).append(error)
+        rows.append(_row_entry(measured, row, sim, bubbles))
         units[measured["model"]] = {k: v["peak_units"] for k, v in sim.items()}
-        entry["simulated_ms"] = {k: round(v["makespan_ms"], 3) for k, v in sim.items()}
-        rows.append(entry)
-    summary = {name: {"ours_mean_abs_error_pct": round(statistics.fmean(errors[name]), 2),
-                      "ours_max_abs_error_pct": round(max(errors[name]), 2),
-                      "bubble_only_mean_abs_error_pct_same_rows":
-                          round(statistics.fmean(bubble_errors[name]), 2)
-                          if name in bubble_errors else None,
-                      "bar_pct": BAR.get(name.split("/")[0]),
-                      "beats_bar": statistics.fmean(errors[name]) < BAR[name.split("/")[0]]}
-               for name in errors}
-    for name, values in steady_errors.items():  # signed: the truth lies between the two
-        summary[name]["steady_mean_abs_error_pct"] = round(
-            statistics.fmean(abs(v) for v in values), 2)
-        summary[name]["steady_mean_error_pct"] = round(statistics.fmean(values), 2)
-        summary[name]["makespan_mean_error_pct"] = round(statistics.fmean(
-            row["error_pct"][name] for row in rows), 2)
     return {"source": table4["source"], "method": __doc__.split("\n\n")[1],
-            "rows": rows, "summary": summary,
+            "rows": rows, "summary": _summary(rows),
             "memory": memory_check(units, table4["peak_memory_gb"])}
 
 
@@ -258,10 +306,21 @@ def main(argv: list[str] | None = None) -> int:
                              "calibration and errors are kept under 'previous'")
     parser.add_argument("--write-sample-cost", default=None,
                         help="with --measure: write the calibrated --sample-cost-model file")
+    parser.add_argument("--update", default=None, metavar="FILE",
+                        help="replace only section zb_paper of this planner_validation.json "
+                             "(the measured sections are kept)")
     parser.add_argument("--output", default=None,
                         help="write the document here (benchmarks/results/"
                              "planner_validation.json)")
     args = parser.parse_args(argv)
+    if args.update:
+        with open(args.update, encoding="utf-8") as handle:
+            kept = json.load(handle)
+        kept["zb_paper"] = zb_paper_section()
+        with open(args.update, "w", encoding="utf-8") as handle:
+            json.dump(kept, handle, indent=1)
+            handle.write("\n")
+        return 0
     doc = {"benchmark": "planner_validation", "zb_paper": zb_paper_section()}
     if args.odc:
         doc["odc_port"] = odc_port_section()
