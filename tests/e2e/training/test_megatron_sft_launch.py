@@ -50,10 +50,14 @@ def test_llama2_sft_script_trains_on_the_first_launch(tmp_path):
     skip = ("--load", "--finetune", "--use-checkpoint-args", "--exit-on-missing-checkpoint",
             "--no-load-optim", "--no-load-rng", "--save", "--tensorboard-dir")
     base = [t for t in flags if t[0] not in skip]
-    made = launch(argv_of(base) + EXTRA + ["--save", pretrained], nproc=2, tmp_path=tmp_path,
-                  name="pretrained", timeout=300)
+    # --timing-log-level maps to --trace timers_trace.json, relative to the launch's
+    # directory (the repository here): the test's own --trace keeps the checkout clean
+    trace = ["--trace", str(tmp_path / "timers_trace.json")]
+    made = launch(argv_of(base) + EXTRA + trace + ["--save", pretrained], nproc=2,
+                  tmp_path=tmp_path, name="pretrained", timeout=300)
     assert made.returncode == 0, made.describe()
-    run = launch(argv_of(flags) + EXTRA, nproc=2, tmp_path=tmp_path, name="sft", timeout=300)
+    run = launch(argv_of(flags) + EXTRA + trace, nproc=2, tmp_path=tmp_path, name="sft",
+                 timeout=300)
     assert run.returncode == 0, run.describe()
     last = run.records()[-1]  # --log-interval 10: the last iteration is logged
     assert last["iteration"] == 4, run.describe()
