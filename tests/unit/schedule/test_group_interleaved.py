@@ -86,3 +86,23 @@ def test_request_carries_group_size_and_selective_offload():
     assert schedule.meta["group_size"] == 1 and "offload_skipped" in schedule.meta
     with pytest.raises(ValueError, match="grouped schedule"):
         ScheduleRequest.of("zbv", pp=4, num_microbatches=8, group_size=2)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("family,group_size,chunks", [
+    ("gis", 1, None), ("gis", "pp", None), ("offload", 1, [0]), ("offload", 1, None),
+    ("offload", "half", [0])])
+def test_nccl_order_of_the_lowered_schedules(pp, family, group_size, chunks):
+    """GIS at g = 1 and pp, PO-H / PO-F (g = 1, selective) and GIS-H under NCCL
+    semantics on the directed channels, batched sends or not (after the warm-up)."""
+    from odc_pp.runtime.p2p_channels import ChannelLayout
+    from odc_pp.schedule.validate import check_nccl_order
+
+    group = {"pp": pp, "half": (pp + 1) // 2}.get(group_size, group_size)
+    request = ScheduleRequest.of(family, pp=pp, num_microbatches=2 * pp, group_size=group,
+                                 offload_chunks=chunks, selective_offload=family == "offload",
+                                 post_validation=True)
+    schedule = build(request, CostModel(offload_bandwidth=1.0))
+    validate(schedule, CostModel(offload_bandwidth=1.0))
+    for batch_sends in (True, False):
+        check_nccl_order(schedule, ChannelLayout.DIRECTED, batch_sends=batch_sends)
