@@ -42,7 +42,8 @@ class ScheduleRequest:
     """Cap on each rank's activation memory in the cost model's units (None: none)."""
     options: tuple[tuple[str, object], ...] = ()
     """Generator options as sorted (name, value) pairs (zb-auto: ``objective``,
-    ``max_evaluations``; any family but offload: ``fill_gaps``)."""
+    ``max_evaluations``; interleaved, gis, offload: ``group_size``; any family but
+    offload: ``fill_gaps``)."""
     offload: tuple[int, ...] | str = ALL_CHUNKS
     """Chunks whose saved activations go to host memory, for an offloading family:
     ``ALL_CHUNKS``, ``PLANNED_CHUNKS`` or a tuple of chunks (empty: no offload passes).
@@ -58,6 +59,9 @@ class ScheduleRequest:
     forward_only: bool = False
     """Keep only the forwards, in training order (evaluation); no offload, no
     post-validation."""
+    selective_offload: bool = False
+    """Offload only the (chunk, microbatch) passes whose activations live long enough to
+    hide the transfers (PipeOffload's selective offload, ``lowering.insert_offload``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.offload, str) and self.offload not in (ALL_CHUNKS, PLANNED_CHUNKS):
@@ -72,12 +76,14 @@ class ScheduleRequest:
     @classmethod
     def of(cls, name: str, *, pp: int, num_microbatches: int, num_chunks: int | None = None,
            offload_chunks=None, search: dict | None = None, fill_gaps: int = 0,
-           **fields) -> ScheduleRequest:
+           group_size: int | None = None, **fields) -> ScheduleRequest:
         """The request for family ``name`` (ValueError for an unknown one).
         ``offload_chunks``: a list of chunks, or None / empty for every local chunk;
         ``search``: ``objective`` / ``max_evaluations`` for a searched family (zb-auto),
         ignored by the others (None values are dropped); ``fill_gaps``: candidate moves of
-        the gap-filling pass (``generators.gaps``; 0: none)."""
+        the gap-filling pass (``generators.gaps``; 0: none); ``group_size``: microbatches
+        per model chunk at a time (families with the ``group_size`` option; None: the
+        family's default)."""
         fam = family(name)
         if offload_chunks and "offload" in fields:
             raise ValueError("give offload_chunks or offload, not both")
@@ -87,6 +93,11 @@ class ScheduleRequest:
             if fam.searched else ()
         if fill_gaps:
             kept = tuple(sorted(kept + (("fill_gaps", int(fill_gaps)),)))
+        if group_size is not None:
+            if "group_size" not in fam.options:
+                raise ValueError(f"a microbatch group size ({group_size}) needs a grouped "
+                                 f"schedule (interleaved, gis, offload), not {name}")
+            kept = tuple(sorted(kept + (("group_size", int(group_size)),)))
         return cls(family=fam, pp=pp, num_microbatches=num_microbatches,
                    num_chunks=fam.default_chunks if num_chunks is None else num_chunks,
                    options=kept, **fields)
@@ -136,4 +147,5 @@ def build(request: ScheduleRequest, costs: CostModel | None = None) -> Schedule:
         schedule = forward_only(schedule)
     return lower(schedule, costs, communication=request.communication,
                  offload=_offload_chunks(request, schedule),
+                 selective_offload=request.selective_offload,
                  post_validation=request.post_validation and not request.forward_only)

@@ -26,7 +26,8 @@ class _UsageError(Exception):
 FLAG_OF = {"num_microbatches": "--microbatches", "num_chunks": "--chunks",
            "memory_limit": "--memory-limit", "mem_f": "--mem-f", "mem_b": "--mem-b",
            "mem_w": "--mem-w", "t_f": "--cost-f", "t_b": "--cost-b", "t_w": "--cost-w",
-           "t_comm": "--cost-comm", "offload_bandwidth": "--offload-bandwidth"}
+           "t_comm": "--cost-comm", "offload_bandwidth": "--offload-bandwidth",
+           "group_size": "--microbatch-group-size-per-virtual-pipeline-stage"}
 """The schedule library's names (shared with training, whose flags differ) -> this
 command's flags, for its error messages."""
 
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="move W's into the schedule's idle gaps under these costs, "
                              "scoring at most this many candidate moves (0: off; training's "
                              "--fill-pipeline-gaps uses 3000; not with offload)")
+    parser.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=bounded_int(
+        1, MAX_MICROBATCHES), default=None, dest="group_size",
+                        help="microbatches per model chunk at a time (Megatron's flag): "
+                             "interleaved >= pp; gis/offload 1..pp (PipeOffload's order)")
+    parser.add_argument("--selective-offload", action="store_true",
+                        help="with --lower: offload only the passes long-lived enough to "
+                             "hide the transfers (PipeOffload's selective offload)")
     parser.add_argument("--lower", action="store_true",
                         help="insert explicit SEND/RECV (and offload) before simulating")
     parser.add_argument("--compare", action="store_true",
@@ -177,7 +185,8 @@ def _run_one(args, costs: CostModel) -> int:
         args.schedule, pp=args.pp, num_microbatches=args.microbatches, num_chunks=args.chunks,
         memory_limit=args.memory_limit,
         search={"objective": args.objective, "max_evaluations": args.max_evaluations},
-        fill_gaps=args.fill_gaps,
+        fill_gaps=args.fill_gaps, group_size=args.group_size,
+        selective_offload=args.selective_offload,
         offload=PLANNED_CHUNKS if args.lower else (), assumed_offload_bandwidth=None,
         communication=bool(args.lower))
     schedule = build(request, costs)

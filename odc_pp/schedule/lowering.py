@@ -139,7 +139,8 @@ def _hoisted_slot(compute_positions: list[int], consumer: int, lookahead: int) -
 
 
 def insert_offload(schedule: Schedule, costs: CostModel,
-                   offload_chunks: list[int] | None = None) -> Schedule:
+                   offload_chunks: list[int] | None = None, *,
+                   selective: bool = False) -> Schedule:
     """Offload the saved activations of ``offload_chunks`` (default
     ``schedule.meta["offload_chunks"]``) to host memory and reload them for backward.
 
@@ -150,6 +151,12 @@ def insert_offload(schedule: Schedule, costs: CostModel,
     reload itself), so the reload hides behind compute when the activation lives long
     enough; when it does not, the RELOAD directly follows the OFFLOAD (correct, but the
     backward waits). Memory counts ``-mem_f`` at OFFLOAD and ``+mem_f`` at RELOAD.
+
+    ``selective`` (PipeOffload's selective offload): a (chunk, microbatch) pass of an
+    offloaded chunk is offloaded only when its activations live (F end to backward start,
+    simulated) at least ``2 / offload_bandwidth``, long enough to hide the offload and the
+    reload; the shorter-lived passes keep their activations on the device
+    (``meta["offload_skipped"]``: their [rank, chunk, microbatch]).
     """
     chunks = list(schedule.meta.get("offload_chunks", []) if offload_chunks is None
                   else offload_chunks)
@@ -167,13 +174,31 @@ def insert_offload(schedule: Schedule, costs: CostModel,
 
     timing = simulate(schedule, costs)
     wanted = set(chunks)
+    if not selective:
+        return _offloaded(schedule, result, timing, lead, wanted, set())
+    from .offload_select import skipped_passes
+
+    skipped = skipped_passes(schedule, costs, wanted, timing, lambda skip: _offloaded(
+        schedule, schedule.copy(), timing, lead, wanted, skip))
+    result.meta["offload_skipped"] = [list(item) for item in sorted(skipped)]
+    return _offloaded(schedule, result, timing, lead, wanted, skipped)
+
+
+def _offloaded(schedule: Schedule, result: Schedule, timing, lead: float, wanted: set[int],
+               skipped: set[tuple[int, int, int]]) -> Schedule:
+    """``result`` (a copy of ``schedule``) with the OFFLOAD/RELOAD of every pass of
+    ``wanted`` but the ``skipped`` (rank, chunk, microbatch), placed as
+    :func:`insert_offload` says under the compute ``timing``."""
+    def offloads(action: Action) -> bool:
+        return action.chunk in wanted and \
+            (action.rank, action.chunk, action.microbatch) not in skipped
     for rank, actions in enumerate(schedule.ranks):
         out: list[Action] = []
         reload_before: dict[int, list[Action]] = {}
         forward_at = {(a.chunk, a.microbatch): i for i, a in enumerate(actions)
                       if a.kind is ActionKind.F}
         for index, action in enumerate(actions):
-            if action.kind in _BACKWARD and action.chunk in wanted:
+            if action.kind in _BACKWARD and offloads(action):
                 slot = _reload_slot(actions, index, timing.start, lead, action,
                                     forward_at[(action.chunk, action.microbatch)])
                 reload_before.setdefault(slot, []).append(
@@ -186,7 +211,7 @@ def insert_offload(schedule: Schedule, costs: CostModel,
                 pending_offload = None
             out.extend(reload_before.get(index, []))
             out.append(action)
-            if action.kind is ActionKind.F and action.chunk in wanted:
+            if action.kind is ActionKind.F and offloads(action):
                 pending_offload = Action(rank=rank, kind=ActionKind.OFFLOAD,
                                          chunk=action.chunk, microbatch=action.microbatch)
         if pending_offload is not None:
@@ -243,9 +268,11 @@ def forward_only(schedule: Schedule) -> Schedule:
 
 
 def lower(schedule: Schedule, costs: CostModel | None = None, *, communication: bool = True,
-          offload: list[int] | bool | None = None, post_validation: bool = False) -> Schedule:
+          offload: list[int] | bool | None = None, post_validation: bool = False,
+          selective_offload: bool = False) -> Schedule:
     """Chain the passes: offload (None: ``meta["offload_chunks"]`` if any; False: none;
-    a list: those chunks), then communication, then post-validation."""
+    a list: those chunks; ``selective_offload``: skip the passes too short-lived to hide,
+    see :func:`insert_offload`), then communication, then post-validation."""
     costs = CostModel() if costs is None else costs
     chunks: list[int]
     if offload is None:
@@ -257,7 +284,8 @@ def lower(schedule: Schedule, costs: CostModel | None = None, *, communication: 
                          "schedule.meta['offload_chunks']")
     else:
         chunks = list(offload)
-    result = insert_offload(schedule, costs, chunks) if chunks else schedule
+    result = insert_offload(schedule, costs, chunks, selective=selective_offload) \
+        if chunks else schedule
     if communication:
         result = lower_communication(result)
     if post_validation:

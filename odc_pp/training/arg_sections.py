@@ -229,6 +229,17 @@ class ScheduleArgs:
     """Offload saved activations to host memory (schedule 'offload')."""
     offload_chunks: list[int] | None = None
     """Local model chunks whose activations are offloaded (default: all)."""
+    selective_offload: bool = False
+    """PipeOffload's selective offload: of the offloaded chunks, move only the microbatch
+    passes whose activations live long enough to hide both host transfers (the cost
+    model's offload time), each rank its longest-lived ones while the simulated iteration
+    stays as short as without offload; the others stay on the device. PO-H: --offload-chunks
+    of the first half of the chunks; PO-F: all chunks."""
+    microbatch_group_size_per_virtual_pipeline_stage: int | None = None
+    """Megatron's flag: microbatches run through one model chunk at a time (interleaved:
+    >= pp, default pp; gis and offload: 1..pp, PipeOffload's group-interleaved order, 1 its
+    uniform repeating order; gis defaults to ceil(pp/2), offload without it runs
+    Megatron's order)."""
     enable_optimizer_post_validation: bool = False
     """Zero-bubble optimizer post-validation (step speculatively, roll back on inf/nan or clip)."""
     cost_model: str | None = None

@@ -198,10 +198,30 @@ def _validate_layout(args) -> list[str]:
     if args.schedule.offload_chunks and any(not 0 <= c < chunks for c in args.schedule.offload_chunks):
         problems.append(f"--offload-chunks {args.schedule.offload_chunks} must be local chunk "
                         f"indices in 0..{chunks - 1}")
+    problems += _group_size_problems(args.schedule, fam, pp)
+    if args.schedule.selective_offload and not fam.offloads:
+        problems.append(f"--selective-offload needs --pipeline-schedule {offloading}")
     if args.schedule.memory_limit is not None and not (math.isfinite(args.schedule.memory_limit) and
                                               args.schedule.memory_limit > 0):
         problems.append(f"--memory-limit must be a finite number > 0, got {args.schedule.memory_limit}")
     return problems
+
+
+def _group_size_problems(schedule, fam, pp: int) -> list[str]:
+    """--microbatch-group-size-per-virtual-pipeline-stage against the schedule family."""
+    group = schedule.microbatch_group_size_per_virtual_pipeline_stage
+    flag = "--microbatch-group-size-per-virtual-pipeline-stage"
+    if group is None:
+        return []
+    if "group_size" not in fam.options:
+        return [f"{flag} needs a grouped --pipeline-schedule (interleaved, gis, offload), "
+                f"not {fam.name}"]
+    if group < 1 or (fam.name == "gis" and group > pp):
+        return [f"{flag} {group} must be in 1..{pp} (pp) for --pipeline-schedule gis"]
+    if fam.name == "interleaved" and group < pp:
+        return [f"{flag} {group} is below pp ({pp}): Megatron's interleaved order needs a "
+                f"group that fills the pipeline; --pipeline-schedule gis takes 1..pp"]
+    return []
 
 
 def _validate_run(args) -> list[str]:

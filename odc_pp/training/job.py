@@ -137,6 +137,9 @@ def training_request(schedule, *, pp: int, num_microbatches: int,
                               num_chunks=schedule.num_model_chunks,
                               memory_limit=schedule.memory_limit,
                               offload_chunks=schedule.offload_chunks,
+                              group_size=schedule
+                              .microbatch_group_size_per_virtual_pipeline_stage,
+                              selective_offload=schedule.selective_offload,
                               post_validation=post_validation,
                               fill_gaps=DEFAULT_FILL_EVALUATIONS
                               if schedule.fill_pipeline_gaps else 0)

@@ -89,7 +89,7 @@ def generate(name: str, *, pp: int, num_microbatches: int, num_chunks: int | Non
     ``memory_limit`` caps each rank's activation memory (units in the module doc);
     families with a fixed pattern (``memory_controlled`` False in the registry) reject a
     limit below their peak, memory-controlled ones build within ``min(nominal, limit)``.
-    Options: ``group_size`` for interleaved/offload; zb-auto forwards ``objective`` and
+    Options: ``group_size`` for interleaved/gis/offload; zb-auto forwards ``objective`` and
     ``max_evaluations`` to ``odc_pp.schedule.generators.search.zb_auto``; every family but
     the offloading one takes ``fill_gaps`` (candidate moves, 0: off): the family's schedule
     is then passed through ``gaps.fill_gaps`` under ``costs``, within the family's memory

@@ -91,7 +91,7 @@ def interleaved(pp: int, num_microbatches: int, num_chunks: int, *,
     group_size = pp if group_size is None else group_size
     if group_size < pp:
         raise ValueError(f"group_size must be >= pp ({pp}) so a group fills the pipeline, "
-                         f"got {group_size}")
+                         f"got {group_size} (the gis schedule takes 1..pp)")
     schedule = Schedule(name=name, pp=pp, num_microbatches=num_microbatches,
                         num_chunks=num_chunks, placement=Placement.INTERLEAVED)
     forward = interleaved_order(num_microbatches, num_chunks, group_size, backward=False)

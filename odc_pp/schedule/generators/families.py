@@ -23,6 +23,7 @@ from ..costs import CostModel
 from ..ir import Schedule
 from ..placement import Placement
 from . import classic, memory, offload
+from .group_interleaved import group_interleaved
 from .search import zb_auto
 
 __all__ = ["Family", "FAMILIES", "FAMILY_NAMES", "family"]
@@ -121,6 +122,11 @@ FAMILIES: tuple[Family, ...] = (
            min_chunks=2, max_chunks=None, memory_controlled=False, microbatches_per_rank=1,
            options=_GROUPED,
            builder=lambda pp, m, v, costs, limit, opts: classic.interleaved(
+               pp, m, v, group_size=opts.get("group_size"))),
+    Family(name="gis", placement=Placement.INTERLEAVED, default_chunks=2, min_chunks=2,
+           max_chunks=None, memory_controlled=False, microbatches_per_rank=1,
+           options=_GROUPED,
+           builder=lambda pp, m, v, costs, limit, opts: group_interleaved(
                pp, m, v, group_size=opts.get("group_size"))),
     Family(name="zb-h1", placement=Placement.INTERLEAVED, default_chunks=1, min_chunks=1,
            max_chunks=1, memory_controlled=False,

@@ -1,7 +1,8 @@
 """PipeOffload: group-interleaved 1F1B whose long-lived activations go to host memory.
 
-The compute order is Megatron's interleaved 1F1B with microbatch groups of
-``group_size`` (default ``pp``). Which chunks to offload is decided from the simulated
+The compute order is Megatron's interleaved 1F1B when no ``group_size`` is given (or one
+above ``pp``), else PipeOffload's group-interleaved order (``group_interleaved``:
+``ceil(pp / 2) <= g <= pp`` its GIS, ``g = 1`` its uniform repeating order). Which chunks to offload is decided from the simulated
 timing of that order: a chunk qualifies when every one of its activations lives (F end to
 backward start) at least ``2 / offload_bandwidth`` -- long enough for the offload and the
 reload to both run hidden in the gap. Qualifying chunks are taken longest-lived first
@@ -19,6 +20,7 @@ from ..lowering import insert_offload
 from ..simulator import simulate
 from ..validate import peak_memory
 from .classic import interleaved
+from .group_interleaved import group_interleaved
 
 __all__ = ["offload_schedule"]
 
@@ -45,8 +47,12 @@ def offload_schedule(pp: int, num_microbatches: int, num_chunks: int, costs: Cos
         raise ValueError("the offload schedule needs the host-link bandwidth: give "
                          "--offload-bandwidth (microbatch-chunk activations per time unit; "
                          "\"offload_bandwidth\" in a --cost-model file)")
-    schedule = interleaved(pp, num_microbatches, num_chunks, group_size=group_size,
-                           name="offload")
+    if group_size is not None and group_size <= pp:
+        schedule = group_interleaved(pp, num_microbatches, num_chunks,
+                                     group_size=group_size, name="offload")
+    else:
+        schedule = interleaved(pp, num_microbatches, num_chunks, group_size=group_size,
+                               name="offload")
     transfer = costs.offload_time
     shortest, busy = _lifespans(schedule, costs)
     by_life = sorted(range(num_chunks), key=lambda c: (-shortest[c], c))

@@ -61,6 +61,10 @@ def reference_run(config, microbatches, groups, *, steps=STEPS, max_grad_norm=No
     return losses, {name: p.detach().clone() for name, p in model.global_named_parameters()}
 
 
+_PIPEOFFLOAD = {"po-h": (1, [0]), "po-f": (1, None), "gis-h": (None, [0])}
+"""``offload+<option>``: (group size, None: ceil(pp/2); offloaded chunks, None: all)."""
+
+
 def build_schedule(name: str, pp: int, num_microbatches: int):
     """A lowered schedule by name; hand-* names come from tests/dist/runtime/_schedules.py."""
     from tests.dist.runtime import _schedules
@@ -78,6 +82,15 @@ def build_schedule(name: str, pp: int, num_microbatches: int):
 
     base, _, option = name.partition("+")
     costs = CostModel(offload_bandwidth=1.0)
+    if option in _PIPEOFFLOAD:  # PipeOffload's PO-H, PO-F (g = 1) and GIS-H (g = pp/2)
+        from odc_pp.schedule.build import ScheduleRequest, build
+
+        group, chunks = _PIPEOFFLOAD[option]
+        schedule = build(ScheduleRequest.of(
+            base, pp=pp, num_microbatches=num_microbatches, offload_chunks=chunks,
+            group_size=group or (pp + 1) // 2, selective_offload=True), costs)
+        assert any(a.kind.value == "OFFLOAD" for a in schedule.actions()), name
+        return schedule
     if option == "fill":  # gaps filled under unequal (CPU seq-2048-like) costs, one rank
         # 5% slower (the first at pp=2, the last at pp=4: both leave gaps a W fills)
         t_f = [1.05 if rank == (0 if pp == 2 else pp - 1) else 1.0 for rank in range(pp)]

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from odc_pp.testing.launch import LaunchConfig, run_workers
 
 FAMILIES = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
-            "offload", "dualpipev"]
+            "offload", "dualpipev", "gis"]
 MODEL = dict(num_layers=8, hidden_size=32, num_attention_heads=2)
 
 

@@ -4,7 +4,8 @@ single-process run (3 AdamW steps, microbatches of different sequence lengths).
 travel as headers instead of being derived from the microbatch; ``hand-*``: hand-written
 compute-only schedules lowered by ``lower_communication``;
 ``+bf16``: bfloat16 parameters against a bfloat16 single-process run; ``+fill``: W's
-moved into the gaps unequal costs leave (``generators.gaps``)."""
+moved into the gaps unequal costs leave (``generators.gaps``); ``offload+po-h``,
+``+po-f``, ``+gis-h``: PipeOffload's orders with selective offload (``_parity``)."""
 
 import json
 
@@ -14,7 +15,7 @@ from odc_pp.testing.launch import LaunchConfig, run_workers
 from tests.dist.runtime._parity import parity_worker
 
 SCHEDULES = ["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half", "v-min",
-             "offload", "dualpipev"]
+             "offload", "dualpipev", "gis"]
 TOLERANCE = 1e-5
 
 
@@ -31,9 +32,11 @@ def _check(report, names):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("pp,extra", [(2, ["zb-h1+pv", "zbv+pv", "zbv+hdr", "hand-v",
-                                           "zbv+bf16", "interleaved+fill", "zbv+fill"]),
+                                           "zbv+bf16", "interleaved+fill", "zbv+fill",
+                                           "offload+po-h", "offload+po-f"]),
                                       (4, ["1f1b+pv", "interleaved+hdr", "dualpipev+hdr",
-                                           "hand-zb", "zb-h2+bf16", "1f1b+fill"])])
+                                           "hand-zb", "zb-h2+bf16", "1f1b+fill",
+                                           "offload+po-f", "offload+gis-h"])])
 def test_schedules_match_single_process(tmp_path, pp, extra):
     names = SCHEDULES + extra
     out = tmp_path / "parity.json"

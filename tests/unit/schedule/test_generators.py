@@ -30,9 +30,9 @@ def bubble_time(result) -> float:
 
 # ----- argument errors ----------------------------------------------------------------
 def test_names_and_default_chunks():
-    assert FAMILY_NAMES == ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-auto", "zbv",
+    assert FAMILY_NAMES == ("1f1b", "interleaved", "gis", "zb-h1", "zb-h2", "zb-auto", "zbv",
                             "v-half", "v-min", "offload", "dualpipev")
-    assert [default_chunks(n) for n in FAMILY_NAMES] == [1, 2, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert [default_chunks(n) for n in FAMILY_NAMES] == [1, 2, 2, 1, 1, 1, 2, 2, 2, 2, 2]
     for name in FAMILIES:
         costs = CostModel(offload_bandwidth=1.0)
         schedule = generate(name, pp=2, num_microbatches=4, costs=costs)

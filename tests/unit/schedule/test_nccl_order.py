@@ -4,7 +4,8 @@ there.
 
 * without the start-up warm-up (lazy creation, the code before it) the lowered schedules
   of 1f1b and zb-h1 at pp 2, 4 and 8, interleaved at pp 2 and 8, v-half and v-min at
-  pp 4 and 8, and zb-h2, zb-auto, zbv and offload at pp 8 deadlock at their first
+  pp 4 and 8, gis at pp 2, 4 and 8, and zb-h2, zb-auto, zbv and offload at pp 8
+  deadlock at their first
   messages; the report names the blocked ranks;
 * with the warm-up every family passes at pp 2, 4 and 8, batched or not;
 * the warm-up order itself cannot deadlock for whole topologies (tp x pp x dp, including
@@ -27,7 +28,7 @@ from odc_pp.schedule.validate import ScheduleError, check_nccl_order
 LAZY_STUCK = {("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("interleaved", 2), ("interleaved", 8),
               ("zb-h1", 2), ("zb-h1", 4), ("zb-h1", 8), ("zb-h2", 8), ("zb-auto", 8),
               ("zbv", 8), ("v-half", 4), ("v-half", 8), ("v-min", 4), ("v-min", 8),
-              ("offload", 8)}
+              ("offload", 8), ("gis", 2), ("gis", 4), ("gis", 8)}
 
 
 def _lowered(name: str, pp: int):
