@@ -125,15 +125,23 @@ def _fake_module_to():
         nn.Module.to = original
 
 
-def _fake_world(rank: int, world_size: int) -> None:
+@contextlib.contextmanager
+def _fake_world(rank: int, world_size: int):
+    """torch.distributed's fake backend for the dry run, destroyed on leaving when made
+    here (a caller's own fake world of the same size is used and left as it is)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         if dist.get_backend() != "fake" or dist.get_world_size() != world_size:
             raise ValueError("the dry run needs its own process (a real process group is "
                              "initialised here)")
+        yield
         return
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 class MemoryPhases:
@@ -398,16 +406,21 @@ def _cp1_rank(rank: int, layout: ParallelLayout) -> int:
 def dry_run(job: Job, flags: DryRunFlags) -> MemoryReport:
     """The memory report of rank ``flags.rank`` of the resolved ``job`` (see module
     doc)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from odc_pp.schedule.build import build
-
     if not job.args.model.vocab_size:
         raise ValueError("--dry-run needs --vocab-size (the model's padded vocabulary)")
     rank = _cp1_rank(flags.rank, job.layout)
     job = _context_parallel_rank(job)
+    with _fake_world(rank, flags.world_size):
+        return _dry_run_rank(job, flags, rank)
+
+
+def _dry_run_rank(job: Job, flags: DryRunFlags, rank: int) -> MemoryReport:
+    """:func:`dry_run` inside its fake world."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from odc_pp.schedule.build import build
+
     args = job.args
-    _fake_world(rank, flags.world_size)
     topo = _topology(job, rank)
     m = replica_microbatches(args, topo.dp)
     schedule = build(job.schedule.with_microbatches(m), job_costs(job))
