@@ -109,7 +109,7 @@ def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
     """The compute-only request of candidate ``cand`` at ``num_microbatches`` (what
     ``pretrain_gpt.py`` builds from :func:`flags_of`, less its communication)."""
     return ScheduleRequest.of(cand.schedule, pp=cand.pp, num_microbatches=num_microbatches,
-                              offload_chunks=list(cand.offloaded) or None,
+                              num_chunks=cand.num_chunks, offload_chunks=list(cand.offloaded) or None,
                               communication=False)
 
 
@@ -157,7 +157,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
 def _last_backward(config: PlanConfig, cand: Candidate, shape: tuple) -> float:
     """One microbatch's B + W on its busiest pipeline rank (every chunk of it)."""
     _, t_b, t_w = stage_times(config, cand, *shape)
-    return family(cand.schedule).default_chunks * max(np.add(t_b, t_w))
+    return cand.num_chunks * max(np.add(t_b, t_w))
 
 
 def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
@@ -178,7 +178,7 @@ def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: flo
     sim = _simulate_planned(config, request_of(cand, count), lock)
     busy = max(sim.busy)
     # each replica's own work on its busiest rank; the rest of lock step is waiting
-    chunks = family(cand.schedule).default_chunks
+    chunks = cand.num_chunks
     work = float(np.mean([len(s) * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
                           for s, c in zip(per_replica, own)]))
     return (sim.makespan, min(work, busy), sim.makespan - busy,
@@ -253,7 +253,7 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     flags = model_flags + ([] if {"--bf16", "--fp16"} & set(model_flags) else ["--bf16"]) + [
         "--tensor-model-parallel-size", str(cand.tp),
         "--pipeline-model-parallel-size", str(cand.pp),
-        "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
+        "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(cand.num_chunks),
         "--dp-mode", cand.dp_mode.value, "--load-balance", cand.balance,
         "--global-batch-size", str(config.global_batch),
         "--micro-batch-size", str(cand.micro_batch)]
@@ -426,4 +426,4 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
-            cand.keep_sp_input_for_w, cand.uneven or (0, 0))
+            cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.num_chunks)

@@ -1,0 +1,78 @@
+"""The planner's model-chunk axis: how many model chunks per pipeline rank (Megatron's
+virtual pipeline size, ``--num-model-chunks``) a candidate of a family is priced at, and
+which sets of them an offloading candidate moves to host memory.
+
+A family that takes one fixed count (1F1B, ZB-H1/H2, the V families: ``max_chunks`` 1 or
+2) is priced at its ``default_chunks``. A family that takes any count (interleaved 1F1B
+and offload: ``max_chunks`` None) is priced at every count ``v`` from its ``min_chunks``
+up to :data:`MAX_CHUNKS` whose layer split
+Megatron accepts: ``num_layers`` divisible by ``pp x v`` for equal stages, or, with
+``--decoder-first/last-pipeline-num-layers``, the checks of
+:class:`~odc_pp.schedule.stage_layout.StageLayout` (the first and last stage's layers
+divisible by ``v``, the middle layers by the middle stages x ``v``). More chunks shrink
+interleaved's bubble by ``1/v`` and add ``(v-1)`` groups of in-flight activations to
+warm-up; the simulator counts both from the schedule built with ``v`` chunks.
+
+The search stays bounded: at most ``MAX_CHUNKS - 1`` counts per family and layout, and
+for an offloading family :func:`offload_sets` gives every non-empty set of chunks up to
+:data:`ALL_SUBSETS_UP_TO` chunks, beyond that the contiguous ones that start or end a
+rank's chunks (``2 v - 1`` sets: which share of the chunks leaves, from either end of
+the model), not the ``2^v - 1`` subsets.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from odc_pp.schedule.generators import family
+from odc_pp.schedule.stage_layout import StageLayout
+
+__all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "chunk_counts", "offload_sets"]
+
+MAX_CHUNKS = 8
+"""Largest virtual pipeline size the planner prices (the PipeOffload paper runs up to 5;
+Megatron-LM's examples 2-4): past it the bubble gained is below the extra transfers."""
+
+ALL_SUBSETS_UP_TO = 3
+"""Chunk counts up to which an offloading candidate tries every non-empty set of chunks."""
+
+
+def chunk_counts(name: str, num_layers: int, pp: int,
+                 uneven: tuple[int, int] | None = None) -> list[int]:
+    """The chunk counts family ``name`` is priced at for ``num_layers`` over ``pp``
+    pipeline ranks (``uneven``: the first and last stage's layers), ascending; empty
+    when no count splits the layers as Megatron requires."""
+    fam = family(name)
+    if fam.max_chunks is not None and fam.max_chunks <= 2:
+        tried = [fam.default_chunks]
+    else:
+        low = fam.min_chunks
+        tried = list(range(low, max(low, min(MAX_CHUNKS, num_layers // pp)) + 1))
+    return [v for v in tried if fam.accepts_chunks(v) and _splits(num_layers, pp, v, uneven)]
+
+
+def _splits(num_layers: int, pp: int, chunks: int, uneven: tuple[int, int] | None) -> bool:
+    if uneven is None:
+        return num_layers % (pp * chunks) == 0
+    try:
+        StageLayout.resolve(num_layers, pp, chunks, first=uneven[0], last=uneven[1])
+    except ValueError:
+        return False
+    return True
+
+
+def offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
+    """The ``--offload-chunks`` sets tried at ``num_chunks`` chunks per rank: every
+    non-empty subset up to :data:`ALL_SUBSETS_UP_TO` chunks, beyond it the first ``k``
+    and the last ``k`` chunks for each ``k`` (all chunks once)."""
+    if num_chunks < 1:
+        raise ValueError(f"--num-model-chunks must be >= 1, got {num_chunks}")
+    if num_chunks <= ALL_SUBSETS_UP_TO:
+        return [c for size in range(1, num_chunks + 1)
+                for c in itertools.combinations(range(num_chunks), size)]
+    out = []
+    for k in range(1, num_chunks + 1):
+        for chunks in (tuple(range(k)), tuple(range(num_chunks - k, num_chunks))):
+            if chunks not in out:
+                out.append(chunks)
+    return out
