@@ -27,7 +27,8 @@ import itertools
 from odc_pp.schedule.generators import family
 from odc_pp.schedule.stage_layout import StageLayout
 
-__all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "chunk_counts", "offload_sets"]
+__all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "chunk_counts", "chunk_layouts", "lighter_ends",
+           "offload_sets"]
 
 MAX_CHUNKS = 8
 """Largest virtual pipeline size the planner prices (the PipeOffload paper runs up to 5;
@@ -42,13 +43,50 @@ def chunk_counts(name: str, num_layers: int, pp: int,
     """The chunk counts family ``name`` is priced at for ``num_layers`` over ``pp``
     pipeline ranks (``uneven``: the first and last stage's layers), ascending; empty
     when no count splits the layers as Megatron requires."""
+    return [v for v in _tried(name, num_layers, pp) if _splits(num_layers, pp, v, uneven)]
+
+
+def chunk_layouts(name: str, num_layers: int, pp: int) -> list[tuple[int, tuple | None]]:
+    """(chunk count, uneven stages or None) of family ``name`` at ``pp``: each count of
+    :func:`chunk_counts` with equal stages where ``num_layers`` splits evenly, else with
+    the lighter first and last stages of :func:`lighter_ends` where those split (62
+    layers at pp 4 and 2 chunks: 16 + 16 + 16 + 14)."""
+    out = []
+    for v in _tried(name, num_layers, pp):
+        if _splits(num_layers, pp, v, None):
+            out.append((v, None))
+        elif (ends := lighter_ends(num_layers, pp, v)) is not None:
+            out.append((v, ends))
+    return out
+
+
+def lighter_ends(num_layers: int, pp: int, chunks: int) -> tuple[int, int] | None:
+    """The (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers) that
+    split ``num_layers`` over ``pp > 2`` ranks of ``chunks`` chunks as Megatron requires
+    (each end a multiple of ``chunks``, the middle layers of the middle stages x
+    ``chunks``), neither end heavier than a middle stage, the ends as heavy as that
+    allows (the last end no heavier than the first: it also runs the output layer);
+    None where none does."""
+    if pp <= 2:
+        return None
+    best = None
+    for first in range(chunks, num_layers, chunks):
+        for last in range(chunks, first + 1, chunks):
+            middle = num_layers - first - last
+            if middle <= 0 or middle % ((pp - 2) * chunks) or first > middle // (pp - 2):
+                continue
+            if best is None or (first + last, last) > (sum(best), best[1]):
+                best = (first, last)
+    return best
+
+
+def _tried(name: str, num_layers: int, pp: int) -> list[int]:
     fam = family(name)
     if fam.max_chunks is not None and fam.max_chunks <= 2:
-        tried = [fam.default_chunks]
-    else:
-        low = fam.min_chunks
-        tried = list(range(low, max(low, min(MAX_CHUNKS, num_layers // pp)) + 1))
-    return [v for v in tried if fam.accepts_chunks(v) and _splits(num_layers, pp, v, uneven)]
+        return [fam.default_chunks]
+    low = fam.min_chunks
+    top = max(low, min(MAX_CHUNKS, num_layers // pp))
+    return [v for v in range(low, top + 1) if fam.accepts_chunks(v)]
 
 
 def _splits(num_layers: int, pp: int, chunks: int, uneven: tuple[int, int] | None) -> bool:

@@ -208,8 +208,12 @@ def candidates_of(config: TunerConfig) -> list[Candidate]:
                 continue  # one stage: every schedule is the same (the planner's rule)
             counts = chunk_counts(name, layers, config.pp)
             if config.num_chunks is not None and fam.max_chunks is None:
-                counts = [config.num_chunks] if fam.accepts_chunks(config.num_chunks) and \
-                    layers % (config.pp * config.num_chunks) == 0 else []
+                if not fam.accepts_chunks(config.num_chunks) or \
+                        layers % (config.pp * config.num_chunks):
+                    raise ValueError(f"--num-model-chunks {config.num_chunks}: --num-layers "
+                                     f"{layers} must be divisible by pp {config.pp} x "
+                                     f"{config.num_chunks} ({name})")
+                counts = [config.num_chunks]
             for num_chunks in counts:
                 if config.pp * config.num_microbatches * num_chunks > MAX_WORK:
                     continue  # the schedule CLIs' bound on one schedule's work
