@@ -9,7 +9,7 @@ from dataclasses import replace
 from . import context_parallel as cpm
 from odc_pp.layout import DataParallelMode
 
-from .chunks import chunk_layouts
+from .chunks import primary_layouts
 from .config import MEGATRON_SCHEDULES, Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes
 
@@ -66,7 +66,7 @@ def candidates(config: PlanConfig) -> list[Candidate]:
 
 def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
              caps: list[int]) -> list[Candidate]:
-    """The schedule, chunk-count (:func:`~.chunks.chunk_layouts`: equal stages, or
+    """The schedule, chunk-count (:func:`~.chunks.primary_layouts`: equal stages, or
     lighter ends where the layers do not split evenly) and data variants of one
     tp x cp x pp x dp layout (cp > 1: the smallest packed cap only, to keep the search
     bounded)."""
@@ -75,7 +75,7 @@ def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
         if pp == 1 and name != "1f1b":
             continue  # every schedule is the same single stage
         for (chunks, uneven), (dp_mode, balance, cap, searched) in itertools.product(
-                chunk_layouts(name, config.model.num_layers, pp),
+                primary_layouts(name, config.model.num_layers, pp),
                 list(_data_modes(config, dp, caps[:1] if cp > 1 else caps))):
             base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
                              balance=balance, packed=cap is not None, token_cap=cap,

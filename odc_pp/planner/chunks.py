@@ -13,8 +13,11 @@ divisible by ``v``, the middle layers by the middle stages x ``v``). More chunks
 interleaved's bubble by ``1/v`` and add ``(v-1)`` groups of in-flight activations to
 warm-up; the simulator counts both from the schedule built with ``v`` chunks.
 
-The search stays bounded: at most ``MAX_CHUNKS - 1`` counts per family and layout, and
-for an offloading family :func:`offload_sets` gives every non-empty set of chunks up to
+The search stays bounded: ``odc-pp plan`` first ranks each family at its default count
+(or, where that does not split the layers, the smallest that does:
+:func:`primary_layouts`), then prices the other counts of the :data:`TRIED` fastest
+candidates and of row M's (:func:`try_chunks`), as it tries uneven stages; ``odc-pp
+tune-offload`` (one layout) prices every count. For an offloading family :func:`offload_sets` gives every non-empty set of chunks up to
 :data:`ALL_SUBSETS_UP_TO` chunks, beyond that the contiguous ones that start or end a
 rank's chunks (``2 v - 1`` sets: which share of the chunks leaves, from either end of
 the model), not the ``2^v - 1`` subsets.
@@ -23,16 +26,24 @@ the model), not the ``2^v - 1`` subsets.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import replace
 
 from odc_pp.schedule.generators import family
 from odc_pp.schedule.stage_layout import StageLayout
 
-__all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "chunk_counts", "chunk_layouts", "lighter_ends",
-           "offload_sets"]
+from .config import Candidate, PlanConfig
+
+__all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "TRIED", "chunk_counts", "chunk_layouts",
+           "primary_layouts", "lighter_ends", "offload_sets", "try_chunks"]
 
 MAX_CHUNKS = 8
 """Largest virtual pipeline size the planner prices (the PipeOffload paper runs up to 5;
 Megatron-LM's examples 2-4): past it the bubble gained is below the extra transfers."""
+
+TRIED = 4
+"""Fastest fitting candidates whose other chunk counts :func:`try_chunks` prices (and
+the fastest Megatron default)."""
 
 ALL_SUBSETS_UP_TO = 3
 """Chunk counts up to which an offloading candidate tries every non-empty set of chunks."""
@@ -78,6 +89,45 @@ def lighter_ends(num_layers: int, pp: int, chunks: int) -> tuple[int, int] | Non
             if best is None or (first + last, last) > (sum(best), best[1]):
                 best = (first, last)
     return best
+
+
+def primary_layouts(name: str, num_layers: int,
+                    pp: int) -> list[tuple[int, tuple[int, int] | None]]:
+    """The layout of :func:`chunk_layouts` the first ranking prices: the family's default
+    count where it splits the layers, else the smallest count that does (none: empty);
+    :func:`try_chunks` prices the others for the fastest candidates."""
+    layouts = chunk_layouts(name, num_layers, pp)
+    default = [(v, ends) for v, ends in layouts if v == family(name).default_chunks]
+    return default or layouts[:1]
+
+
+def try_chunks(config: PlanConfig, ranked: list, predict: Callable,
+               is_default: Callable[[Candidate], bool]) -> list:
+    """``ranked`` predictions (best first) with the other chunk counts
+    (:func:`chunk_layouts`) of the :data:`TRIED` fastest fitting candidates of a family
+    that takes any count, and of the fastest fitting one ``is_default`` (row M) marks,
+    added (``predict``: candidate -> prediction, a ValueError where it cannot run). The
+    search stays bounded: at most ``TRIED + 1`` candidates times the counts."""
+    def open_ended(pred) -> bool:
+        return family(pred.candidate.schedule).max_chunks is None
+    chosen = [p for p in ranked if p.fits and open_ended(p)][:TRIED]
+    default = next((p for p in ranked if p.fits and is_default(p.candidate) and
+                    open_ended(p)), None)
+    if default is not None and default not in chosen:
+        chosen.append(default)
+    added = []
+    for pred in chosen:
+        cand = pred.candidate
+        for chunks, ends in chunk_layouts(cand.schedule, config.model.num_layers, cand.pp):
+            if chunks == cand.num_chunks:
+                continue
+            try:
+                new = predict(replace(cand, chunks=chunks, uneven=ends, recompute=False))
+            except ValueError:
+                continue
+            new.megatron_default = is_default(new.candidate)
+            added.append(new)
+    return ranked + added
 
 
 def _tried(name: str, num_layers: int, pp: int) -> list[int]:

@@ -70,6 +70,7 @@ from odc_pp.schedule.simulator import compile_schedule, simulate
 
 from . import context_parallel as cpm
 from .candidates import MEGATRON_SOURCE, candidates, megatron_default
+from .chunks import try_chunks
 from .dp_traffic import dp_comm_seconds, link_bytes
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
@@ -331,7 +332,9 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     out = [pred for pred in _predict_all(rough, candidates(config)) if pred is not None]
     for pred in out:
         pred.megatron_default = megatron_default(pred.candidate)
-    out = _order(try_uneven(rough, _order(out), functools.partial(_predict_fitting, rough)))
+    fitting = functools.partial(_predict_fitting, rough)
+    out = _order(try_chunks(rough, _order(out), fitting, megatron_default))
+    out = _order(try_uneven(rough, out, fitting))
     if config.rank_memory is not None:
         out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
