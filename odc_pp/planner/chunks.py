@@ -17,7 +17,8 @@ The search stays bounded: ``odc-pp plan`` first ranks each family at its default
 (or, where that does not split the layers, the smallest that does:
 :func:`primary_layouts`), then prices the other counts of the :data:`TRIED` fastest
 candidates and of row M's (:func:`try_chunks`), as it tries uneven stages; ``odc-pp
-tune-offload`` (one layout) prices every count. For an offloading family :func:`offload_sets` gives every non-empty set of chunks up to
+tune-offload`` (one layout) prices every count. For an offloading family
+:func:`offload_sets` gives every non-empty set of chunks up to
 :data:`ALL_SUBSETS_UP_TO` chunks, beyond that the contiguous ones that start or end a
 rank's chunks (``2 v - 1`` sets: which share of the chunks leaves, from either end of
 the model), not the ``2^v - 1`` subsets.

@@ -14,7 +14,6 @@ import numpy as np
 
 from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
-from odc_pp.schedule.generators import family
 
 from . import context_parallel as cpm
 from .config import GB, Candidate, PlanConfig

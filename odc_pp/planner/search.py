@@ -110,7 +110,8 @@ def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
     """The compute-only request of candidate ``cand`` at ``num_microbatches`` (what
     ``pretrain_gpt.py`` builds from :func:`flags_of`, less its communication)."""
     return ScheduleRequest.of(cand.schedule, pp=cand.pp, num_microbatches=num_microbatches,
-                              num_chunks=cand.num_chunks, offload_chunks=list(cand.offloaded) or None,
+                              num_chunks=cand.num_chunks,
+                              offload_chunks=list(cand.offloaded) or None,
                               communication=False)
 
 
@@ -249,7 +250,6 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
 def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     """The ``pretrain_gpt.py`` flags of a candidate (add the data flags; run on
     tp x cp x pp x dp ranks)."""
-    fam = family(cand.schedule)
     model_flags = config.model.model_flags()
     flags = model_flags + ([] if {"--bf16", "--fp16"} & set(model_flags) else ["--bf16"]) + [
         "--tensor-model-parallel-size", str(cand.tp),

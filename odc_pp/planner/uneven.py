@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from odc_pp.schedule.generators import family
 from odc_pp.schedule.stage_layout import StageLayout
 
 from .config import Candidate, PlanConfig
