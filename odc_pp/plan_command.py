@@ -71,9 +71,6 @@ def baseline_candidate(text: str, model: ModelSpec, gpus: int, *,
     cp = args.parallel.context_parallel_size
     name = args.schedule.pipeline_schedule
     chunks = args.schedule.num_model_chunks
-    if chunks not in (None, family(name).default_chunks):
-        raise ValueError(f"--baseline: --num-model-chunks {chunks} with {name}: the planner "
-                         f"models {family(name).default_chunks}")
     packed = packs_sequences(args)  # and the row cap, as the trainer reads them
     cap = args.data.max_tokens_per_microbatch or \
         args.data.micro_batch_size * args.model.seq_length
@@ -85,7 +82,7 @@ def baseline_candidate(text: str, model: ModelSpec, gpus: int, *,
                      micro_batch=1 if packed else args.data.micro_batch_size,
                      offload_chunks=tuple(args.schedule.offload_chunks)
                      if family(name).offloads and args.schedule.offload_chunks else None,
-                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w)
+                     keep_sp_input_for_w=args.parallel.keep_sp_input_for_w, chunks=chunks)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -3,13 +3,13 @@ with its schedule and data variants, and which of them Megatron-LM itself runs."
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
-
-from odc_pp.schedule.generators import family
 
 from . import context_parallel as cpm
 from odc_pp.layout import DataParallelMode
 
+from .chunks import primary_layouts
 from .config import MEGATRON_SCHEDULES, Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes
 
@@ -66,18 +66,20 @@ def candidates(config: PlanConfig) -> list[Candidate]:
 
 def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
              caps: list[int]) -> list[Candidate]:
-    """The schedule and data variants of one tp x cp x pp x dp layout (cp > 1: the
-    smallest packed cap only, to keep the search bounded)."""
+    """The schedule, chunk-count (:func:`~.chunks.primary_layouts`: equal stages, or
+    lighter ends where the layers do not split evenly) and data variants of one
+    tp x cp x pp x dp layout (cp > 1: the smallest packed cap only, to keep the search
+    bounded)."""
     out = []
     for name in config.schedules:
-        if config.model.num_layers % (pp * family(name).default_chunks):
-            continue
         if pp == 1 and name != "1f1b":
             continue  # every schedule is the same single stage
-        for dp_mode, balance, cap, searched in _data_modes(config, dp,
-                                                           caps[:1] if cp > 1 else caps):
+        for (chunks, uneven), (dp_mode, balance, cap, searched) in itertools.product(
+                primary_layouts(name, config.model.num_layers, pp),
+                list(_data_modes(config, dp, caps[:1] if cp > 1 else caps))):
             base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
-                             balance=balance, packed=cap is not None, token_cap=cap)
+                             balance=balance, packed=cap is not None, token_cap=cap,
+                             chunks=chunks, uneven=uneven)
             if not searched and not megatron_default(base):
                 continue  # added for row M only
             out.append(base)

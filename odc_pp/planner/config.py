@@ -112,18 +112,29 @@ class Candidate:
     uneven: tuple[int, int] | None = None
     """(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers): lighter
     embedding and loss stages (None: equal stages)."""
+    chunks: int | None = None
+    """--num-model-chunks, model chunks per pipeline rank (None: the family's default);
+    see :attr:`num_chunks`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
         fam = family(self.schedule)
+        if self.chunks is not None and not fam.accepts_chunks(self.chunks):
+            raise ValueError(f"--num-model-chunks {self.chunks}: schedule {self.schedule} "
+                             f"takes {fam.min_chunks}..{fam.max_chunks or 'any'}")
         if self.offload_chunks is not None and (
                 not fam.offloads or not self.offload_chunks or
-                not set(self.offload_chunks) <= set(range(fam.default_chunks))):
+                not set(self.offload_chunks) <= set(range(self.num_chunks))):
             raise ValueError(f"--offload-chunks {list(self.offload_chunks)} needs an "
-                             f"offloading schedule and chunks in 0..{fam.default_chunks - 1}"
+                             f"offloading schedule and chunks in 0..{self.num_chunks - 1}"
                              f" (schedule {self.schedule})")
         if self.keep_sp_input_for_w and self.tp == 1:
             raise ValueError("--keep-sp-input-for-w needs a tensor-parallel size > 1")
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks per pipeline rank (``chunks``, or the family's default)."""
+        return self.chunks if self.chunks is not None else family(self.schedule).default_chunks
 
     @property
     def offloaded(self) -> tuple[int, ...]:
@@ -132,7 +143,7 @@ class Candidate:
         if not fam.offloads:
             return ()
         return tuple(self.offload_chunks) if self.offload_chunks is not None \
-            else tuple(range(fam.default_chunks))
+            else tuple(range(self.num_chunks))
 
 
 @dataclass(kw_only=True)

@@ -12,12 +12,34 @@ HBM bandwidth (datasheets): A100 2,039 GB/s, H100 SXM 3,350 GB/s, H200 4,800 GB/
 
 Inter-node: one HDR (200 Gb/s, A100) / NDR (400 Gb/s, H100/H200) InfiniBand NIC per GPU,
 about 80 % effective: 20 / 40 GB/s.
+
+Tensor-parallel collectives (:meth:`Hardware.tp_collective_seconds`, the alpha-beta model
+of a ring all-gather / reduce-scatter over NVLink: ``(tp-1) alpha + (tp-1)/tp bytes /
+busbw``), from nccl-tests measurements (``busbw``, the per-rank wire bandwidth that
+``(n-1)/n`` of the tensor crosses; ``alpha``, one ring step's latency):
+
+* NVLink4 (H100/H200), busbw 360 GB/s: sjeaugey (NCCL), NVIDIA/nccl-tests#212 -- with
+  NCCL's ~20 % protocol overhead the 450 GB/s line rate gives about 370 GB/s busbw for
+  non-allreduce collectives or ``NCCL_ALGO=RING``; NVIDIA/nccl-tests#326 -- 8 x H100
+  ``all_gather_perf`` saturating at ~360 GB/s for 128 MB-16 GB, "exactly what we'd
+  expect on H100". alpha 0.9 us: an 8-rank NVLink4 (H20) ``all_reduce_perf`` of 4-4096
+  bytes takes 12.5-16.7 us (deepseek-ai/DeepEP#303), 12.5 us over its 14 ring steps.
+* NVLink3 (A100), busbw 240 GB/s: the same ~20 % overhead on the 300 GB/s line rate; 8 x
+  A100 boards outside a DGX measure 200-208 GB/s (NVIDIA/nccl-tests#149, #178). alpha 5 us:
+  a 2-rank A100-SXM4 ``all_reduce_perf`` of 32 B takes 10.1 us (NVIDIA/nccl#583) over its
+  2 ring steps (an upper bound: the kernel launch is in it).
+
+At the planner's message sizes (one ``[s, b, h]`` bf16 activation: 8-270 MB for h 4096-8192
+at 1K-16K tokens) the bandwidth term dominates: nccl-tests reach their plateau busbw from
+about 32 MB.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from odc_pp.schedule.costs import ring_collective_seconds
 
 __all__ = ["GB", "Hardware", "PRESETS", "DEFAULT_PRESET", "USABLE_MEMORY_FRACTION",
            "memory_budget_gb", "OPTIMIZER_BYTES_PER_PARAM", "STREAM_EFFICIENCY",
@@ -62,8 +84,12 @@ class Hardware:
     """Fraction of peak that transformer layers reach (at full size: see
     :meth:`flops_per_s` for the planner's curve over microbatch sizes)."""
     tp_link_gbps: float | None = None
-    """Effective per-direction bandwidth between the tensor-parallel ranks (NVLink),
-    GB/s; None: unknown (tensor parallelism cannot be estimated)."""
+    """Bus bandwidth of a collective between the tensor-parallel ranks (NVLink; nccl-tests'
+    busbw of a ring all-gather), GB/s; None: unknown (tensor parallelism cannot be
+    estimated)."""
+    tp_link_latency_us: float = 0.0
+    """Latency of one ring step between the tensor-parallel ranks, microseconds (the
+    alpha of :meth:`tp_collective_seconds`)."""
     gpus_per_node: int = 8
     """Devices sharing NVLink."""
     internode_gbps: float | None = None
@@ -82,6 +108,9 @@ class Hardware:
             raise ValueError(f"hardware numbers must be finite and positive, got peak "
                              f"{self.peak_tflops} TFLOP/s, memory {self.memory_gb} GB, host "
                              f"link {self.host_link_gbps} GB/s")
+        if not (math.isfinite(self.tp_link_latency_us) and self.tp_link_latency_us >= 0):
+            raise ValueError(f"the tensor-parallel link latency must be >= 0 us, got "
+                             f"{self.tp_link_latency_us}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
 
@@ -97,6 +126,15 @@ class Hardware:
             return 0.0
         return moved_bytes / (self.memory_gbps * 1e9 * STREAM_EFFICIENCY)
 
+    def tp_collective_seconds(self, message_bytes: float, tp: int) -> float:
+        """One all-gather or reduce-scatter of a ``message_bytes`` tensor over ``tp``
+        tensor-parallel ranks: ``(tp-1) alpha + (tp-1)/tp bytes / busbw`` (see the module
+        docstring for the numbers)."""
+        if self.tp_link_gbps is None:
+            return 0.0 if tp == 1 else math.inf
+        return ring_collective_seconds(message_bytes, tp, link_bytes_per_s=self.tp_link_gbps
+                                       * GB, latency_s=self.tp_link_latency_us * 1e-6)
+
     def flops_per_s(self, tokens: float) -> float:
         """Achieved FLOP/s of one device on a microbatch of ``tokens`` tokens (the
         planner's efficiency curve: ``mfu x tokens / (tokens + half_efficiency_tokens)``
@@ -107,14 +145,14 @@ class Hardware:
 
 PRESETS = {
     "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
-                     host_link_gbps=25.0, tp_link_gbps=240.0, internode_gbps=20.0,
-                     memory_gbps=2039.0),
+                     host_link_gbps=25.0, tp_link_gbps=240.0, tp_link_latency_us=5.0,
+                     internode_gbps=20.0, memory_gbps=2039.0),
     "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0,
-                     memory_gbps=3350.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
+                     internode_gbps=40.0, memory_gbps=3350.0),
     "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
-                     host_link_gbps=50.0, tp_link_gbps=360.0, internode_gbps=40.0,
-                     memory_gbps=4800.0),
+                     host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
+                     internode_gbps=40.0, memory_gbps=4800.0),
 }
 """Presets (``--preset`` / ``--cluster``)."""
 

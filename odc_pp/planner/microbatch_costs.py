@@ -14,7 +14,6 @@ import numpy as np
 
 from odc_pp.data import AttentionCost, plan_minibatch
 from odc_pp.schedule.costs import CostModel, tensor_parallel_comm_seconds
-from odc_pp.schedule.generators import family
 
 from . import context_parallel as cpm
 from .config import GB, Candidate, PlanConfig
@@ -48,7 +47,7 @@ def stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     """F, B, W seconds of one microbatch ``[rows, length]`` per virtual stage (packed:
     attention per document); computed once per shape and layout."""
     cache = config.memo.setdefault("stage_times", {})
-    key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
+    key = (cand.tp, cand.cp, cand.pp, cand.num_chunks, cand.recompute,
            cand.keep_sp_input_for_w, cand.uneven, rows, length, documents)
     if key not in cache:
         cache[key] = _compute_stage_times(config, cand, rows, length, documents)
@@ -75,7 +74,8 @@ def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length:
         tokens=tokens, hidden=model.hidden_size, bytes_per_value=2, tp=cand.tp,
         link_bytes_per_s=(cluster.tp_link_gbps or math.inf) * GB,
         sequence_parallel=cand.tp > 1,
-        keep_sp_input_for_w=cand.keep_sp_input_for_w)
+        keep_sp_input_for_w=cand.keep_sp_input_for_w,
+        latency_s=cluster.tp_link_latency_us * 1e-6)
     t_f = f / speed + cf + ring_f  # one layer
     t_b = b / speed + cb + ring_b + (0.05 * f / speed if cand.recompute else 0.0)
     t_w = w / speed + cw
@@ -96,7 +96,7 @@ def replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     """A replica's costs: per-stage means, each microbatch scaled by its own cost (once
     per layout and replica: schedules of the same chunk count share them)."""
     cache = config.memo.setdefault("replica_costs", {})
-    key = (cand.tp, cand.cp, cand.pp, family(cand.schedule).default_chunks, cand.recompute,
+    key = (cand.tp, cand.cp, cand.pp, cand.num_chunks, cand.recompute,
            cand.keep_sp_input_for_w, cand.uneven, bool(cand.offloaded), link, memory,
            tuple(shapes))
     if key not in cache:

@@ -38,7 +38,6 @@ unknown and not costed). ``--devices N --tp-sizes 1,2,4,8`` ranks each tp size a
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -48,11 +47,12 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from odc_pp.layout import DataParallelMode
-from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, bounded_float, bounded_int,
-                                        check_work)
+from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, MAX_WORK, bounded_float,
+                                        bounded_int, check_work)
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import FAMILIES, family
 
+from .chunks import MAX_CHUNKS, chunk_counts, offload_sets
 from .config import Candidate, PlanConfig, Prediction
 from .hardware import GB, PRESETS, Hardware, memory_budget_gb
 from .inputs import ModelSpec
@@ -103,6 +103,9 @@ class TunerConfig:
     """(a candidate's flags, GPUs) -> peak bytes per pipeline rank: ``odc-pp
     tune-offload`` gives the dry run's memory model, as ``odc-pp plan`` does; None: the
     planner's own estimate (:mod:`odc_pp.planner.rough_memory`)."""
+    num_chunks: int | None = None
+    """``--num-model-chunks`` of the families that take any count (interleaved, offload);
+    None: every count of the planner's chunk axis (:func:`~.chunks.chunk_counts`)."""
 
     def __post_init__(self) -> None:
         heads = self.shape.model.num_attention_heads
@@ -116,6 +119,8 @@ class TunerConfig:
                              "or give --tp-link-gbps")
         if self.pp < 1 or self.num_microbatches < 1 or self.dp < 1:
             raise ValueError("--pp, --num-microbatches and --dp must be >= 1")
+        if self.num_chunks is not None and self.num_chunks < 1:
+            raise ValueError(f"--num-model-chunks must be >= 1, got {self.num_chunks}")
         if self.num_microbatches < self.pp:
             raise ValueError(f"--num-microbatches {self.num_microbatches} must be >= --pp "
                              f"{self.pp}")
@@ -186,33 +191,46 @@ def plan_config(config: TunerConfig) -> PlanConfig:
 
 
 def candidates_of(config: TunerConfig) -> list[Candidate]:
-    """The view's candidates: schedule family x offload chunks x recompute at the
-    config's tp, pp and dp (families whose chunks do not divide the layers, or that need
-    more microbatches, are left out; at pp = 1 only 1f1b: with one stage every schedule
-    is the same, as in the planner's own candidates)."""
+    """The view's candidates: schedule family x model chunks x offload chunks x
+    recompute at the config's tp, pp and dp (model chunks: ``num_chunks`` or the
+    planner's chunk axis, :func:`~.chunks.chunk_counts`; offload chunks:
+    :func:`~.chunks.offload_sets`; counts that do not split the layers, or families that
+    need more microbatches, are left out; at pp = 1 only 1f1b: with one stage every
+    schedule is the same, as in the planner's own candidates)."""
     out = []
+    layers = config.shape.model.num_layers
     for recompute in (False, True):
         for name in config.schedules:
             fam = family(name)
-            if config.shape.model.num_layers % (config.pp * fam.default_chunks) or \
-                    config.num_microbatches < fam.microbatches_per_rank * config.pp:
+            if config.num_microbatches < fam.microbatches_per_rank * config.pp:
                 continue
             if config.pp == 1 and name != "1f1b":
                 continue  # one stage: every schedule is the same (the planner's rule)
-            for chunks in _offload_sets(fam.default_chunks) if fam.offloads else [None]:
-                out.append(Candidate(
-                    tp=config.tp, pp=config.pp, dp=config.dp, schedule=name,
-                    dp_mode=DataParallelMode.ODC, balance="none", packed=False,
-                    token_cap=None, recompute=recompute,
-                    micro_batch=config.shape.micro_batch_size, offload_chunks=chunks,
-                    keep_sp_input_for_w=config.keep_sp_input_for_w))
+            counts = chunk_counts(name, layers, config.pp)
+            if config.num_chunks is not None and fam.max_chunks is None:
+                if not fam.accepts_chunks(config.num_chunks) or \
+                        layers % (config.pp * config.num_chunks):
+                    raise ValueError(f"--num-model-chunks {config.num_chunks}: --num-layers "
+                                     f"{layers} must be divisible by pp {config.pp} x "
+                                     f"{config.num_chunks} ({name})")
+                counts = [config.num_chunks]
+            for num_chunks in counts:
+                if config.pp * config.num_microbatches * num_chunks > MAX_WORK:
+                    continue  # the schedule CLIs' bound on one schedule's work
+                for chunks in offload_sets(num_chunks) if fam.offloads else [None]:
+                    out.append(Candidate(
+                        tp=config.tp, pp=config.pp, dp=config.dp, schedule=name,
+                        dp_mode=DataParallelMode.ODC, balance="none", packed=False,
+                        token_cap=None, recompute=recompute,
+                        micro_batch=config.shape.micro_batch_size, offload_chunks=chunks,
+                        keep_sp_input_for_w=config.keep_sp_input_for_w, chunks=num_chunks))
     return out
 
 
 def _choice(pred: Prediction) -> OffloadChoice:
     cand, parts = pred.candidate, pred.breakdown
     span = parts["compute"] + parts["bubble"]
-    return OffloadChoice(schedule=cand.schedule, num_chunks=family(cand.schedule).default_chunks,
+    return OffloadChoice(schedule=cand.schedule, num_chunks=cand.num_chunks,
                          offload_chunks=cand.offloaded, recompute=cand.recompute,
                          step_s=pred.step_s, peak_memory_gb=max(pred.peak_memory_gb),
                          fits=pred.fits, bubble_rate=parts["bubble"] / span if span else 0.0,
@@ -221,18 +239,15 @@ def _choice(pred: Prediction) -> OffloadChoice:
                          keep_sp_input_for_w=cand.keep_sp_input_for_w, breakdown=dict(parts))
 
 
-def _offload_sets(num_chunks: int) -> list[tuple[int, ...]]:
-    return [c for size in range(1, num_chunks + 1)
-            for c in itertools.combinations(range(num_chunks), size)]
-
-
 def tune(config: TunerConfig) -> list[OffloadChoice]:
     """Every candidate, best first (the planner's order): those that fit the budget by
     predicted step time, then those that do not by peak memory."""
     cands = candidates_of(config)
     if not cands:
+        chunks = "" if config.num_chunks is None else \
+            f" (or pp x --num-model-chunks {config.num_chunks})"
         raise ValueError(f"--num-layers {config.shape.model.num_layers} is not divisible by pp "
-                         f"{config.pp} (or 2 x pp) for any schedule")
+                         f"{config.pp} (or 2 x pp){chunks} for any schedule")
     return [_choice(pred) for pred in rank(plan_config(config), cands, refine=None)]
 
 
@@ -341,6 +356,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="tensor-parallel sizes tried with --devices (comma-separated)")
     p.add_argument("--tp-link-gbps", type=bounded_float(0, 1e6, open_low=True), default=None,
                    help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
+    p.add_argument("--num-model-chunks", type=bounded_int(1, MAX_CHUNKS), default=None,
+                   help="model chunks per rank of interleaved and offload (default: every "
+                        f"count up to {MAX_CHUNKS} that divides the layers per rank)")
     p.add_argument("--dp", type=bounded_int(1, 10 ** 6), default=1,
                    help="data-parallel ranks (optimizer sharding)")
     p.add_argument("--num-microbatches", type=bounded_int(1, MAX_MICROBATCHES), required=True)
@@ -428,7 +446,8 @@ def main(argv: list[str] | None = None, *,
         if (args.pp is None) == (args.devices is None):
             raise ValueError("give exactly one of --pp (pipeline only) and --devices "
                              "(tensor and pipeline parallelism ranked together)")
-        check_work(args.pp or args.devices, args.num_microbatches, 2)  # V schedules: 2 chunks
+        check_work(args.pp or args.devices, args.num_microbatches,
+                   max(2, args.num_model_chunks or 2))  # V schedules: 2 chunks
         model, seq_length, model_flags = _model(args, load_hf)
         shape = Workload(model=model, seq_length=seq_length,
                          micro_batch_size=args.micro_batch_size,
@@ -438,7 +457,7 @@ def main(argv: list[str] | None = None, *,
                              memory_budget_gb=args.memory_budget_gb,
                              plan_costs=_plan_costs(args.cost_model),
                              plan_costs_path=args.cost_model, rank_memory=rank_memory,
-                             model_flags=model_flags)
+                             model_flags=model_flags, num_chunks=args.num_model_chunks)
         if args.devices is None:
             ranking = tune(config)
         else:

@@ -47,7 +47,7 @@ def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
     the embedding on the first stage and the output layer on the last (a tied one there
     too when they are apart: Megatron keeps two copies), each divided by tp."""
     model, fam = config.model, family(cand.schedule)
-    chunks = fam.default_chunks
+    chunks = cand.num_chunks
     stages = cand.pp * chunks
     counts, table = stage_layout(config, cand).counts(), model.vocab_size * model.hidden_size
 
@@ -71,9 +71,9 @@ def peak_bytes(config: PlanConfig, cand: Candidate, units: np.ndarray,
     chunk = chunk_activation_bytes(config, cand, biggest)
     peaks = [static + u * chunk for static, u in zip(static_bytes(config, cand), units)]
     fam = family(cand.schedule)
-    last = cand.pp * fam.default_chunks - 1  # the rank holding it (rank 0 in a V)
+    last = cand.pp * cand.num_chunks - 1  # the rank holding it (rank 0 in a V)
     holder = next(rank for rank in range(cand.pp) if last in rank_stages(
-        fam.placement, cand.pp, fam.default_chunks, rank))
+        fam.placement, cand.pp, cand.num_chunks, rank))
     peaks[holder] += biggest * config.model.vocab_size * 4 / cand.tp * \
         cpm.activation_share(cand.cp)
     return peaks

@@ -70,6 +70,7 @@ from odc_pp.schedule.simulator import compile_schedule, simulate
 
 from . import context_parallel as cpm
 from .candidates import MEGATRON_SOURCE, candidates, megatron_default
+from .chunks import try_chunks
 from .dp_traffic import dp_comm_seconds, link_bytes
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
@@ -109,6 +110,7 @@ def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
     """The compute-only request of candidate ``cand`` at ``num_microbatches`` (what
     ``pretrain_gpt.py`` builds from :func:`flags_of`, less its communication)."""
     return ScheduleRequest.of(cand.schedule, pp=cand.pp, num_microbatches=num_microbatches,
+                              num_chunks=cand.num_chunks,
                               offload_chunks=list(cand.offloaded) or None,
                               communication=False)
 
@@ -157,7 +159,7 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
 def _last_backward(config: PlanConfig, cand: Candidate, shape: tuple) -> float:
     """One microbatch's B + W on its busiest pipeline rank (every chunk of it)."""
     _, t_b, t_w = stage_times(config, cand, *shape)
-    return family(cand.schedule).default_chunks * max(np.add(t_b, t_w))
+    return cand.num_chunks * max(np.add(t_b, t_w))
 
 
 def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: float,
@@ -178,7 +180,7 @@ def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: flo
     sim = _simulate_planned(config, request_of(cand, count), lock)
     busy = max(sim.busy)
     # each replica's own work on its busiest rank; the rest of lock step is waiting
-    chunks = family(cand.schedule).default_chunks
+    chunks = cand.num_chunks
     work = float(np.mean([len(s) * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
                           for s, c in zip(per_replica, own)]))
     return (sim.makespan, min(work, busy), sim.makespan - busy,
@@ -248,12 +250,11 @@ def predict(config: PlanConfig, cand: Candidate) -> Prediction:
 def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     """The ``pretrain_gpt.py`` flags of a candidate (add the data flags; run on
     tp x cp x pp x dp ranks)."""
-    fam = family(cand.schedule)
     model_flags = config.model.model_flags()
     flags = model_flags + ([] if {"--bf16", "--fp16"} & set(model_flags) else ["--bf16"]) + [
         "--tensor-model-parallel-size", str(cand.tp),
         "--pipeline-model-parallel-size", str(cand.pp),
-        "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(fam.default_chunks),
+        "--pipeline-schedule", cand.schedule, "--num-model-chunks", str(cand.num_chunks),
         "--dp-mode", cand.dp_mode.value, "--load-balance", cand.balance,
         "--global-batch-size", str(config.global_batch),
         "--micro-batch-size", str(cand.micro_batch)]
@@ -331,7 +332,9 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
     out = [pred for pred in _predict_all(rough, candidates(config)) if pred is not None]
     for pred in out:
         pred.megatron_default = megatron_default(pred.candidate)
-    out = _order(try_uneven(rough, _order(out), functools.partial(_predict_fitting, rough)))
+    fitting = functools.partial(_predict_fitting, rough)
+    out = _order(try_chunks(rough, _order(out), fitting, megatron_default))
+    out = _order(try_uneven(rough, out, fitting))
     if config.rank_memory is not None:
         out = _order(_refine(config, out))
     default = next((p for p in out if p.megatron_default), None)
@@ -426,4 +429,4 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
-            cand.keep_sp_input_for_w, cand.uneven or (0, 0))
+            cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.num_chunks)

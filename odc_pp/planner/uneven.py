@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from odc_pp.schedule.generators import family
 from odc_pp.schedule.stage_layout import StageLayout
 
 from .config import Candidate, PlanConfig
@@ -28,12 +27,12 @@ def stage_layout(config: PlanConfig, cand: Candidate) -> StageLayout:
     """The decoder layers of each of ``cand``'s virtual stages."""
     first, last = cand.uneven or (None, None)
     return StageLayout.resolve(config.model.num_layers, cand.pp,
-                               family(cand.schedule).default_chunks, first=first, last=last)
+                               cand.num_chunks, first=first, last=last)
 
 
 def uneven_variants(config: PlanConfig, cand: Candidate) -> list[Candidate]:
     """``cand`` with lighter first and/or last stages (those Megatron's checks accept)."""
-    chunks = family(cand.schedule).default_chunks
+    chunks = cand.num_chunks
     if cand.pp < 2 or cand.uneven is not None or config.model.num_layers % (cand.pp * chunks):
         return []
     even = config.model.num_layers // cand.pp

@@ -9,6 +9,7 @@ from typing import Sequence
 from .ir import ActionKind
 
 __all__ = ["transformer_layer_flops", "CostModel", "tensor_parallel_comm_seconds",
+           "ring_collective_seconds",
            "tensor_parallel_activation_factor", "with_full_recompute",
            "with_stage_sizes"]
 
@@ -202,17 +203,34 @@ def transformer_layer_flops(batch: int, seq: int, hidden: int, ffn_hidden: int, 
 
 
 
+def ring_collective_seconds(message_bytes: float, ranks: int, *, link_bytes_per_s: float,
+                            latency_s: float = 0.0) -> float:
+    """One ring all-gather or reduce-scatter of a ``message_bytes`` tensor (the gathered,
+    whole one) over ``ranks`` ranks: ``ranks - 1`` steps, each paying the link latency
+    ``latency_s`` and moving ``1/ranks`` of the tensor at ``link_bytes_per_s`` (the
+    collective's bus bandwidth, nccl-tests' busbw): ``(n-1) alpha + (n-1)/n bytes / bw``.
+    An all-reduce is twice this. Zero on one rank."""
+    if ranks == 1:
+        return 0.0
+    if not (math.isfinite(link_bytes_per_s) and link_bytes_per_s > 0) or latency_s < 0:
+        raise ValueError("a collective needs the link bandwidth (> 0 bytes/s) and a latency "
+                         ">= 0")
+    return (ranks - 1) * latency_s + (ranks - 1) / ranks * message_bytes / link_bytes_per_s
+
+
 def tensor_parallel_comm_seconds(*, tokens: int, hidden: int, bytes_per_value: int, tp: int,
                                  link_bytes_per_s: float, sequence_parallel: bool,
-                                 keep_sp_input_for_w: bool) -> tuple[float, float, float]:
+                                 keep_sp_input_for_w: bool,
+                                 latency_s: float = 0.0) -> tuple[float, float, float]:
     """Communication time of one transformer layer's F, B and W under Megatron tensor
-    parallelism, on a ring of ``tp`` ranks over a link of ``link_bytes_per_s``
-    (``tokens`` = s x b of one microbatch). An all-gather or reduce-scatter of the
-    ``[s, b, h]`` activation (v bytes) moves ``(tp-1)/tp * v`` per rank, an all-reduce
+    parallelism, on a ring of ``tp`` ranks over a link of ``link_bytes_per_s`` bus
+    bandwidth and ``latency_s`` per ring step (``tokens`` = s x b of one microbatch). An
+    all-gather or reduce-scatter of the ``[s, b, h]`` activation (v bytes) takes
+    :func:`ring_collective_seconds` (``(tp-1) alpha + (tp-1)/tp v / bw``), an all-reduce
     twice that.
 
     * F: two all-reduces (attention and MLP outputs); with sequence parallelism two
-      all-gathers + two reduce-scatters, the same bytes.
+      all-gathers + two reduce-scatters, the same time.
     * B: the same again (input gradients of the column-parallel linears; with SP their
       reduce-scatters and the all-gathers of the row-parallel outputs' gradients).
     * W: with SP and without ``keep_sp_input_for_w`` the two column-parallel linears
@@ -225,7 +243,8 @@ def tensor_parallel_comm_seconds(*, tokens: int, hidden: int, bytes_per_value: i
     if not (math.isfinite(link_bytes_per_s) and link_bytes_per_s > 0):
         raise ValueError("tensor parallelism needs the tensor-parallel link bandwidth "
                          "(> 0 bytes/s)")
-    one = (tp - 1) / tp * tokens * hidden * bytes_per_value / link_bytes_per_s
+    one = ring_collective_seconds(tokens * hidden * bytes_per_value, tp,
+                                  link_bytes_per_s=link_bytes_per_s, latency_s=latency_s)
     w = 2 * one if sequence_parallel and not keep_sp_input_for_w else 0.0
     return 4 * one, 4 * one, w
 

@@ -66,7 +66,7 @@ def test_tune_offload_rows_are_the_plan_commands_predictions():
     tuner = TunerConfig(shape=Workload(model=ModelShape(**SHAPE), seq_length=8192),
                         hardware=PRESETS["h100"], pp=4, num_microbatches=8,
                         memory_budget_gb=40)
-    rows = {(c.schedule, c.offload_chunks, c.recompute): c for c in tune(tuner)}
+    rows = {(c.schedule, c.num_chunks, c.offload_chunks, c.recompute): c for c in tune(tuner)}
     config = _plan_config(gpus=4, global_batch=8, memory_gb=40, dp_modes=("odc",))
     ranked, _ = plan(config)
     matched = 0
@@ -74,13 +74,14 @@ def test_tune_offload_rows_are_the_plan_commands_predictions():
         cand = pred.candidate
         if cand.pp != 4 or cand.balance != "none" or cand.packed or not cand.dp_mode.is_odc:
             continue
-        row = rows[(cand.schedule, cand.offloaded, cand.recompute)]
+        row = rows[(cand.schedule, cand.num_chunks, cand.offloaded, cand.recompute)]
         assert row.step_s == pytest.approx(pred.step_s, rel=1e-12)
         assert row.peak_memory_gb == pytest.approx(max(pred.peak_memory_gb), rel=1e-12)
         matched += 1
     assert matched >= 5  # 1f1b, interleaved, zb-h1, zb-h2, zbv, offload
     # and the view's own axes: every offload set, with and without recompute
-    offloads = {c.offloaded for c in candidates_of(tuner) if c.schedule == "offload"}
+    offloads = {c.offloaded for c in candidates_of(tuner)
+                if c.schedule == "offload" and c.num_chunks == 2}
     assert offloads == {(0,), (1,), (0, 1)}
     assert plan_config(tuner).gpus == 4 and plan_config(tuner).global_batch == 8
 

@@ -55,13 +55,15 @@ def _frontend(flags: list[str], *, dp: int):
 
 
 def _candidate(config: TunerConfig, row: dict):
-    """The view's candidate of a ranked row (its schedule, offload chunks, recompute)."""
-    def key(schedule, offloaded, recompute, keep):
-        return schedule, tuple(offloaded), recompute, keep
-    wanted = key(row["schedule"], row["offload_chunks"], row["recompute"],
+    """The view's candidate of a ranked row (its schedule, model chunks, offload chunks,
+    recompute)."""
+    def key(schedule, chunks, offloaded, recompute, keep):
+        return schedule, chunks, tuple(offloaded), recompute, keep
+    wanted = key(row["schedule"], row["num_chunks"], row["offload_chunks"], row["recompute"],
                  row["keep_sp_input_for_w"])
     return next(c for c in candidates_of(config)
-                if key(c.schedule, c.offloaded, c.recompute, c.keep_sp_input_for_w) == wanted)
+                if key(c.schedule, c.num_chunks, c.offloaded, c.recompute,
+                       c.keep_sp_input_for_w) == wanted)
 
 
 def _pipeline_s(row: dict) -> float:
