@@ -61,21 +61,23 @@ class NotExpressible(ValueError):
 SCHEDULES = {
     "1F1B": ("1f1b", {}),
     "1F1B-I": ("interleaved", {"chunks": "v"}),
-    "GIS": ("interleaved", {"chunks": "v", "group": "d", "split_backward": True}),
-    "GIS-H": ("interleaved", {"chunks": "v", "group": "ceil(d/2)", "split_backward": True}),
-    "PO-H": ("offload", {"chunks": "v", "offloaded": "ceil(v/2)"}),
-    "PO-F": ("offload", {"chunks": "v", "offloaded": "v"}),
+    "GIS": ("gis", {"chunks": "v", "group": "d"}),
+    "GIS-H": ("gis", {"chunks": "v", "group": "ceil(d/2)"}),
+    "PO-H": ("offload", {"chunks": "v", "group": "1", "offloaded": "ceil(v/2)",
+                         "selective": True}),
+    "PO-F": ("offload", {"chunks": "v", "group": "1", "offloaded": "v"}),
 }
 """Paper schedule -> (odc-pp family, options). ``chunks``: the paper's stages per device;
-``group``: microbatches per group of the group-interleaved schedule (GIS: d, GIS-H:
-ceil(d/2)); ``offloaded``: chunks whose activations go to the host (PO-H about half,
-PO-F all). An option the planner cannot price raises :class:`NotExpressible`."""
+``group``: microbatches per group (--microbatch-group-size-per-virtual-pipeline-stage;
+GIS: d, GIS-H: ceil(d/2), the paper's Table 1 memory (v+1)/(2v) of 1F1B; PipeOffload's
+uniform repeating order: 1); ``offloaded``: chunks whose activations go to the host
+(PO-H about half, PO-F all); ``selective``: --selective-offload (skip the passes too
+short to hide). An option the planner cannot price raises :class:`NotExpressible`."""
 
-CHUNKS_FIELD = "num_chunks"
-"""The Candidate field that will carry a chunk count other than the family's default
-(absent today: the planner prices ``family(name).default_chunks`` only)."""
-GROUP_FIELD = "microbatch_group_size"
-"""The Candidate field that will carry GIS's group size (absent today)."""
+CHUNKS_FIELD = "chunks"
+"""The Candidate field that carries a chunk count other than the family's default."""
+GROUP_FIELD = "group_size"
+"""The Candidate field that carries the microbatch group size."""
 
 
 def _fields():
@@ -114,7 +116,8 @@ def plan_config(row: dict, seq: int, gpus: int | None = None):
 
 
 def _resolve(option, *, d: int, v: int) -> int:
-    return {"v": v, "d": d, "ceil(v/2)": math.ceil(v / 2), "ceil(d/2)": math.ceil(d / 2)}[option]
+    return {"v": v, "d": d, "1": 1, "ceil(v/2)": math.ceil(v / 2),
+            "ceil(d/2)": math.ceil(d / 2)}[option]
 
 
 def cell_candidate(row: dict, schedule: str, *, v: int, tp: int = 1, pp: int | None = None):
@@ -142,6 +145,8 @@ def cell_candidate(row: dict, schedule: str, *, v: int, tp: int = 1, pp: int | N
         extra[CHUNKS_FIELD] = chunks
     if "offloaded" in options:
         extra["offload_chunks"] = tuple(range(_resolve(options["offloaded"], d=pp, v=v)))
+    if options.get("selective"):
+        extra["selective_offload"] = True
     uneven, exact = None, True
     if chunks == 1 and tp == 1:  # one layer off the first and the last stage (Section 5)
         per = (row["layers"] + 2) // pp

@@ -115,6 +115,12 @@ class Candidate:
     chunks: int | None = None
     """--num-model-chunks, model chunks per pipeline rank (None: the family's default);
     see :attr:`num_chunks`."""
+    group_size: int | None = None
+    """--microbatch-group-size-per-virtual-pipeline-stage of a grouped family (gis,
+    offload, interleaved; None: the family's default)."""
+    selective_offload: bool = False
+    """--selective-offload: offload only the passes whose activations live long enough to
+    hide the transfer (PipeOffload's selective strategy)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))
@@ -128,6 +134,12 @@ class Candidate:
             raise ValueError(f"--offload-chunks {list(self.offload_chunks)} needs an "
                              f"offloading schedule and chunks in 0..{self.num_chunks - 1}"
                              f" (schedule {self.schedule})")
+        if self.group_size is not None and "group_size" not in fam.options:
+            raise ValueError(f"--microbatch-group-size-per-virtual-pipeline-stage needs a "
+                             f"grouped schedule, not {self.schedule}")
+        if self.selective_offload and not fam.offloads:
+            raise ValueError(f"--selective-offload needs an offloading schedule, not "
+                             f"{self.schedule}")
         if self.keep_sp_input_for_w and self.tp == 1:
             raise ValueError("--keep-sp-input-for-w needs a tensor-parallel size > 1")
 

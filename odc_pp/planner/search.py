@@ -112,6 +112,8 @@ def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
     return ScheduleRequest.of(cand.schedule, pp=cand.pp, num_microbatches=num_microbatches,
                               num_chunks=cand.num_chunks,
                               offload_chunks=list(cand.offloaded) or None,
+                              group_size=cand.group_size,
+                              selective_offload=cand.selective_offload,
                               communication=False)
 
 
@@ -272,6 +274,10 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         flags.append("--keep-sp-input-for-w")
     if cand.offloaded:
         flags += ["--cpu-offload", "--offload-chunks", *map(str, cand.offloaded)]
+    if cand.selective_offload:
+        flags.append("--selective-offload")
+    if cand.group_size is not None:
+        flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(cand.group_size)]
     if cand.uneven is not None:
         flags += ["--decoder-first-pipeline-num-layers", str(cand.uneven[0]),
                   "--decoder-last-pipeline-num-layers", str(cand.uneven[1])]
