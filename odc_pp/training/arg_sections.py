@@ -165,7 +165,7 @@ class ParallelArgs:
     account_for_embedding_in_pipeline_split: bool = False
     """Count the embedding as one layer of the pipeline split (Megatron's meaning):
     --num-layers + 1 is split evenly over the virtual stages and the first (rank 0's first
-    chunk) holds one decoder layer fewer; not with --decoder-first/last-pipeline-num-layers."""
+    chunk) holds one decoder layer fewer; not with --decoder-first-pipeline-num-layers."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the loss as one layer of the pipeline split (Megatron's meaning): the last
     virtual stage (the last rank's last chunk) holds one decoder layer fewer."""
