@@ -11,7 +11,7 @@ embedding and the loss counted as layers of the split
 (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``:
 ``num_layers + 2`` divisible by ``pp x v``, the first and last virtual stage one layer
 lighter -- the layouts the PipeOffload and zero-bubble papers ran, 38 layers over
-8 x 5 chunks); and with ``--decoder-first/last-pipeline-num-layers`` where those split
+8 x 5 chunks; or the loss alone, else the embedding alone, at ``num_layers + 1``); and with ``--decoder-first/last-pipeline-num-layers`` where those split
 into other stages, the checks of :class:`~odc_pp.schedule.stage_layout.StageLayout`
 (the first and last stage's layers divisible by ``v``, the middle layers by the middle
 stages x ``v``). More chunks shrink
@@ -74,7 +74,8 @@ def chunk_layouts(name: str, num_layers: int,
     """(chunk count, uneven stages or None, (embedding, loss) accounted in the split) of
     family ``name`` at ``pp``: each count tried with equal stages where ``num_layers``
     splits evenly; else with the embedding and the loss accounted where ``num_layers + 2``
-    splits (38 layers at pp 8 x 5 chunks: 0, 1 x 38, 0), and with the lighter first and
+    splits (38 layers at pp 8 x 5 chunks: 0, 1 x 38, 0) -- or the loss alone, else the
+    embedding alone, where ``num_layers + 1`` does --, and with the lighter first and
     last stages of :func:`lighter_ends` where those split into other stages (62 layers
     at pp 4 x 2 chunks: 16 + 16 + 16 + 14)."""
     out = []
@@ -82,9 +83,9 @@ def chunk_layouts(name: str, num_layers: int,
         if _splits(num_layers, pp, v, None):
             out.append((v, None, NOT_ACCOUNTED))
             continue
-        accounted = _accounted(num_layers, pp, v)
+        which, accounted = _accounted(num_layers, pp, v)
         if accounted is not None:
-            out.append((v, None, BOTH_ACCOUNTED))
+            out.append((v, None, which))
         ends = lighter_ends(num_layers, pp, v)
         if ends is not None and (accounted is None or accounted != StageLayout.resolve(
                 num_layers, pp, v, first=ends[0], last=ends[1]).counts()):
@@ -92,14 +93,19 @@ def chunk_layouts(name: str, num_layers: int,
     return out
 
 
-def _accounted(num_layers: int, pp: int, chunks: int) -> tuple[int, ...] | None:
-    """The stages of ``num_layers`` with the embedding and the loss accounted in the split
-    (None where Megatron refuses it)."""
-    try:
-        return StageLayout.resolve(num_layers, pp, chunks, account_embedding=True,
-                                   account_loss=True).counts()
-    except ValueError:
-        return None
+def _accounted(num_layers: int, pp: int,
+               chunks: int) -> tuple[tuple[bool, bool], tuple[int, ...] | None]:
+    """((embedding, loss) accounted, the stages) of the first of both, the loss alone
+    (its stage also runs the logits) and the embedding alone that Megatron accepts for
+    ``num_layers``; (NOT_ACCOUNTED, None) where none does."""
+    for embedding, loss in (BOTH_ACCOUNTED, (False, True), (True, False)):
+        try:
+            return (embedding, loss), StageLayout.resolve(
+                num_layers, pp, chunks, account_embedding=embedding,
+                account_loss=loss).counts()
+        except ValueError:
+            continue
+    return NOT_ACCOUNTED, None
 
 
 def lighter_ends(num_layers: int, pp: int, chunks: int) -> tuple[int, int] | None:

@@ -80,3 +80,21 @@ def test_the_papers_layouts_are_on_the_chunk_axis(name, num_layers, pp, chunks):
     pred = predict(config(num_layers, pp, global_batch=2 * pp), cand)
     assert pred.tokens_per_s > 0
     assert pred.flags[-2:] == ACCOUNTED
+
+
+def test_tune_offload_prices_the_10_5b_layout(capsys):
+    """``odc-pp tune-offload`` at 38 layers, pp 8, 5 chunks: before, 38 did not split over
+    8 x 5 and the tuner refused the count."""
+    import json
+
+    from odc_pp.planner.offload_tuner import main
+
+    assert main(["--num-layers", "38", "--hidden-size", "256", "--num-attention-heads", "4",
+                 "--seq-length", "1024", "--pp", "8", "--num-microbatches", "8",
+                 "--num-model-chunks", "5", "--preset", "a100", "--json", "--top",
+                 "1000"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    chunked = [r for r in rows if r["schedule"] in ("interleaved", "offload")]
+    assert chunked and {r["num_chunks"] for r in chunked} == {5}
+    for row in chunked:
+        assert row["flags"][-2:] == ACCOUNTED, row["flags"]
