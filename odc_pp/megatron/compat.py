@@ -255,10 +255,13 @@ def deferrable_output_layer(model) -> None:
 def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
                   max_sequence_length: int, pre_process: bool, post_process: bool,
                   process_groups, position_embedding_type: str = "learned_absolute",
-                  rotary_base: float = 10000.0, tie_embeddings: bool = False):
+                  rotary_base: float = 10000.0, tie_embeddings: bool = False,
+                  num_layers: int | None = None):
     """megatron's ``GPTModel`` with explicit process groups (``parallel_state`` stays
     uninitialised). ``tie_embeddings`` only when this chunk holds both the embedding and
-    the output layer (megatron then reuses the embedding weight, no all-reduce)."""
+    the output layer (megatron then reuses the embedding weight, no all-reduce).
+    ``num_layers``: the decoder layers to build (None: the config's; 0: a chunk holding
+    only the embedding or the loss, Megatron's split accounting for them)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     if tie_embeddings and not (pre_process and post_process):
@@ -268,13 +271,16 @@ def new_gpt_model(transformer_config, layer_spec, *, vocab_size: int,
     extra = {}
     if position_embedding_type == "rope":
         extra = {"rotary_base": rotary_base, "rotary_percent": 1.0, "rope_scaling": False}
-    if transformer_config.sequence_parallel or \
-            transformer_config.layernorm_zero_centered_gamma:
+    own_norm = transformer_config.sequence_parallel or \
+        transformer_config.layernorm_zero_centered_gamma
+    if own_norm or num_layers not in (None, transformer_config.num_layers):
         # the block's final norm is not part of the layer spec: name it explicitly
-        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+        from megatron.core.transformer import transformer_block
 
-        layer_spec = TransformerBlockSubmodules(
-            layer_specs=[layer_spec] * transformer_config.num_layers, layer_norm=TorchNorm)
+        layer_spec = transformer_block.TransformerBlockSubmodules(
+            layer_specs=[layer_spec] * (transformer_config.num_layers if num_layers is None
+                                        else num_layers),
+            layer_norm=TorchNorm if own_norm else transformer_block.LayerNormImpl)
     return GPTModel(transformer_config, layer_spec, vocab_size=vocab_size,
                     max_sequence_length=max_sequence_length, pre_process=pre_process,
                     post_process=post_process,

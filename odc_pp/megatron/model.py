@@ -84,7 +84,9 @@ def stage_layout(config: ModelConfig, pp_size: int, num_chunks: int) -> StageLay
     """The layer layout of ``config`` over ``pp_size`` ranks of ``num_chunks`` chunks."""
     return StageLayout.resolve(config.num_layers, pp_size, num_chunks,
                                first=config.num_layers_in_first_pipeline_stage,
-                               last=config.num_layers_in_last_pipeline_stage)
+                               last=config.num_layers_in_last_pipeline_stage,
+                               account_embedding=config.account_for_embedding_in_pipeline_split,
+                               account_loss=config.account_for_loss_in_pipeline_split)
 
 
 class GPTChunk(torch.nn.Module):
@@ -390,8 +392,11 @@ class _ChunkBuild:
         config, tensor_parallel = self.config, self.tensor_parallel
         last = stage == self.num_stages - 1
         layers = self.layout.layers(stage)
-        model = new_gpt_model(_transformer_config(config, len(layers), tensor_parallel),
-                              self.spec, vocab_size=config.vocab_size,
+        # a stage of the embedding or the loss alone (the split accounting for them)
+        # builds no decoder layer from a config of one (megatron-core's, too, is larger)
+        model = new_gpt_model(_transformer_config(config, max(len(layers), 1),
+                                                  tensor_parallel),
+                              self.spec, num_layers=len(layers), vocab_size=config.vocab_size,
                               max_sequence_length=config.max_sequence_length,
                               pre_process=stage == 0, post_process=last,
                               process_groups=self.groups,

@@ -35,6 +35,12 @@ class ModelConfig:
     stages, :class:`~odc_pp.schedule.stage_layout.StageLayout`)."""
     num_layers_in_last_pipeline_stage: int | None = None
     """Layers of the last pipeline stage (megatron-core's field of that name)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """The embedding counts as a layer of the split: the first virtual stage holds one
+    decoder layer fewer (megatron-core's field of that name)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """The loss counts as a layer of the split: the last virtual stage holds one decoder
+    layer fewer (megatron-core's field of that name)."""
     num_attention_heads: int = 4
     """Attention heads; must divide hidden_size."""
     ffn_hidden_size: int | None = None

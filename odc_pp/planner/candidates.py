@@ -67,19 +67,20 @@ def candidates(config: PlanConfig) -> list[Candidate]:
 def _layouts(config: PlanConfig, tp: int, cp: int, pp: int, dp: int,
              caps: list[int]) -> list[Candidate]:
     """The schedule, chunk-count (:func:`~.chunks.primary_layouts`: equal stages, or
-    lighter ends where the layers do not split evenly) and data variants of one
+    the embedding and loss accounted in the split or lighter ends where the layers do not
+    split evenly) and data variants of one
     tp x cp x pp x dp layout (cp > 1: the smallest packed cap only, to keep the search
     bounded)."""
     out = []
     for name in config.schedules:
         if pp == 1 and name != "1f1b":
             continue  # every schedule is the same single stage
-        for (chunks, uneven), (dp_mode, balance, cap, searched) in itertools.product(
+        for (chunks, uneven, accounted), (dp_mode, balance, cap, searched) in itertools.product(
                 primary_layouts(name, config.model.num_layers, pp),
                 list(_data_modes(config, dp, caps[:1] if cp > 1 else caps))):
             base = Candidate(tp=tp, cp=cp, pp=pp, dp=dp, schedule=name, dp_mode=dp_mode,
                              balance=balance, packed=cap is not None, token_cap=cap,
-                             chunks=chunks, uneven=uneven)
+                             chunks=chunks, uneven=uneven, accounted=accounted)
             if not searched and not megatron_default(base):
                 continue  # added for row M only
             out.append(base)

@@ -6,10 +6,15 @@ A family that takes one fixed count (1F1B, ZB-H1/H2, the V families: ``max_chunk
 2) is priced at its ``default_chunks``. A family that takes any count (interleaved 1F1B
 and offload: ``max_chunks`` None) is priced at every count ``v`` from its ``min_chunks``
 up to :data:`MAX_CHUNKS` whose layer split
-Megatron accepts: ``num_layers`` divisible by ``pp x v`` for equal stages, or, with
-``--decoder-first/last-pipeline-num-layers``, the checks of
-:class:`~odc_pp.schedule.stage_layout.StageLayout` (the first and last stage's layers
-divisible by ``v``, the middle layers by the middle stages x ``v``). More chunks shrink
+Megatron accepts: ``num_layers`` divisible by ``pp x v`` for equal stages; else with the
+embedding and the loss counted as layers of the split
+(``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``:
+``num_layers + 2`` divisible by ``pp x v``, the first and last virtual stage one layer
+lighter -- the layouts the PipeOffload and zero-bubble papers ran, 38 layers over
+8 x 5 chunks; or the loss alone, else the embedding alone, at ``num_layers + 1``); and with ``--decoder-first/last-pipeline-num-layers`` where those split
+into other stages, the checks of :class:`~odc_pp.schedule.stage_layout.StageLayout`
+(the first and last stage's layers divisible by ``v``, the middle layers by the middle
+stages x ``v``). More chunks shrink
 interleaved's bubble by ``1/v`` and add ``(v-1)`` groups of in-flight activations to
 warm-up; the simulator counts both from the schedule built with ``v`` chunks.
 
@@ -36,11 +41,17 @@ from odc_pp.schedule.stage_layout import StageLayout
 from .config import Candidate, PlanConfig
 
 __all__ = ["MAX_CHUNKS", "ALL_SUBSETS_UP_TO", "TRIED", "chunk_counts", "chunk_layouts",
-           "primary_layouts", "lighter_ends", "offload_sets", "try_chunks"]
+           "primary_layouts", "lighter_ends", "offload_sets", "try_chunks", "NOT_ACCOUNTED",
+           "BOTH_ACCOUNTED"]
 
 MAX_CHUNKS = 8
 """Largest virtual pipeline size the planner prices (the PipeOffload paper runs up to 5;
 Megatron-LM's examples 2-4): past it the bubble gained is below the extra transfers."""
+
+NOT_ACCOUNTED = (False, False)
+"""``Candidate.accounted`` of a layout counting neither the embedding nor the loss."""
+BOTH_ACCOUNTED = (True, True)
+"""``Candidate.accounted`` of a layout counting the embedding and the loss as layers."""
 
 TRIED = 4
 """Fastest fitting candidates whose other chunk counts :func:`try_chunks` prices (and
@@ -58,18 +69,43 @@ def chunk_counts(name: str, num_layers: int, pp: int,
     return [v for v in _tried(name, num_layers, pp) if _splits(num_layers, pp, v, uneven)]
 
 
-def chunk_layouts(name: str, num_layers: int, pp: int) -> list[tuple[int, tuple | None]]:
-    """(chunk count, uneven stages or None) of family ``name`` at ``pp``: each count of
-    :func:`chunk_counts` with equal stages where ``num_layers`` splits evenly, else with
-    the lighter first and last stages of :func:`lighter_ends` where those split (62
-    layers at pp 4 and 2 chunks: 16 + 16 + 16 + 14)."""
+def chunk_layouts(name: str, num_layers: int,
+                  pp: int) -> list[tuple[int, tuple[int, int] | None, tuple[bool, bool]]]:
+    """(chunk count, uneven stages or None, (embedding, loss) accounted in the split) of
+    family ``name`` at ``pp``: each count tried with equal stages where ``num_layers``
+    splits evenly; else with the embedding and the loss accounted where ``num_layers + 2``
+    splits (38 layers at pp 8 x 5 chunks: 0, 1 x 38, 0) -- or the loss alone, else the
+    embedding alone, where ``num_layers + 1`` does --, and with the lighter first and
+    last stages of :func:`lighter_ends` where those split into other stages (62 layers
+    at pp 4 x 2 chunks: 16 + 16 + 16 + 14)."""
     out = []
     for v in _tried(name, num_layers, pp):
         if _splits(num_layers, pp, v, None):
-            out.append((v, None))
-        elif (ends := lighter_ends(num_layers, pp, v)) is not None:
-            out.append((v, ends))
+            out.append((v, None, NOT_ACCOUNTED))
+            continue
+        which, accounted = _accounted(num_layers, pp, v)
+        if accounted is not None:
+            out.append((v, None, which))
+        ends = lighter_ends(num_layers, pp, v)
+        if ends is not None and (accounted is None or accounted != StageLayout.resolve(
+                num_layers, pp, v, first=ends[0], last=ends[1]).counts()):
+            out.append((v, ends, NOT_ACCOUNTED))
     return out
+
+
+def _accounted(num_layers: int, pp: int,
+               chunks: int) -> tuple[tuple[bool, bool], tuple[int, ...] | None]:
+    """((embedding, loss) accounted, the stages) of the first of both, the loss alone
+    (its stage also runs the logits) and the embedding alone that Megatron accepts for
+    ``num_layers``; (NOT_ACCOUNTED, None) where none does."""
+    for embedding, loss in (BOTH_ACCOUNTED, (False, True), (True, False)):
+        try:
+            return (embedding, loss), StageLayout.resolve(
+                num_layers, pp, chunks, account_embedding=embedding,
+                account_loss=loss).counts()
+        except ValueError:
+            continue
+    return NOT_ACCOUNTED, None
 
 
 def lighter_ends(num_layers: int, pp: int, chunks: int) -> tuple[int, int] | None:
@@ -93,13 +129,13 @@ def lighter_ends(num_layers: int, pp: int, chunks: int) -> tuple[int, int] | Non
 
 
 def primary_layouts(name: str, num_layers: int,
-                    pp: int) -> list[tuple[int, tuple[int, int] | None]]:
+                    pp: int) -> list[tuple[int, tuple[int, int] | None, tuple[bool, bool]]]:
     """The layout of :func:`chunk_layouts` the first ranking prices: the family's default
-    count where it splits the layers, else the smallest count that does (none: empty);
-    :func:`try_chunks` prices the others for the fastest candidates."""
+    count's first where it splits the layers, else the smallest count's first (none:
+    empty); :func:`try_chunks` prices the others for the fastest candidates."""
     layouts = chunk_layouts(name, num_layers, pp)
-    default = [(v, ends) for v, ends in layouts if v == family(name).default_chunks]
-    return default or layouts[:1]
+    default = [layout for layout in layouts if layout[0] == family(name).default_chunks]
+    return (default or layouts)[:1]
 
 
 def try_chunks(config: PlanConfig, ranked: list, predict: Callable,
@@ -119,11 +155,13 @@ def try_chunks(config: PlanConfig, ranked: list, predict: Callable,
     added = []
     for pred in chosen:
         cand = pred.candidate
-        for chunks, ends in chunk_layouts(cand.schedule, config.model.num_layers, cand.pp):
-            if chunks == cand.num_chunks:
+        for chunks, ends, accounted in chunk_layouts(cand.schedule, config.model.num_layers,
+                                                     cand.pp):
+            if (chunks, ends, accounted) == (cand.num_chunks, cand.uneven, cand.accounted):
                 continue
             try:
-                new = predict(replace(cand, chunks=chunks, uneven=ends, recompute=False))
+                new = predict(replace(cand, chunks=chunks, uneven=ends, accounted=accounted,
+                                      recompute=False))
             except ValueError:
                 continue
             new.megatron_default = is_default(new.candidate)
@@ -136,7 +174,7 @@ def _tried(name: str, num_layers: int, pp: int) -> list[int]:
     if fam.max_chunks is not None and fam.max_chunks <= 2:
         return [fam.default_chunks]
     low = fam.min_chunks
-    top = max(low, min(MAX_CHUNKS, num_layers // pp))
+    top = max(low, min(MAX_CHUNKS, (num_layers + 2) // pp))  # + 2: the accounted layers
     return [v for v in range(low, top + 1) if fam.accepts_chunks(v)]
 
 

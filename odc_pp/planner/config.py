@@ -112,6 +112,10 @@ class Candidate:
     uneven: tuple[int, int] | None = None
     """(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers): lighter
     embedding and loss stages (None: equal stages)."""
+    accounted: tuple[bool, bool] = (False, False)
+    """(--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split):
+    the embedding / the loss counted as one layer of the split, the first / last virtual
+    stage one decoder layer lighter (Megatron's meaning; not with ``uneven``)."""
     chunks: int | None = None
     """--num-model-chunks, model chunks per pipeline rank (None: the family's default);
     see :attr:`num_chunks`."""

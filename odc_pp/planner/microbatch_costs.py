@@ -48,7 +48,7 @@ def stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
     attention per document); computed once per shape and layout."""
     cache = config.memo.setdefault("stage_times", {})
     key = (cand.tp, cand.cp, cand.pp, cand.num_chunks, cand.recompute,
-           cand.keep_sp_input_for_w, cand.uneven, rows, length, documents)
+           cand.keep_sp_input_for_w, cand.uneven, cand.accounted, rows, length, documents)
     if key not in cache:
         cache[key] = _compute_stage_times(config, cand, rows, length, documents)
     return cache[key]
@@ -97,8 +97,8 @@ def replica_costs(config: PlanConfig, cand: Candidate, shapes: list[tuple[int, i
     per layout and replica: schedules of the same chunk count share them)."""
     cache = config.memo.setdefault("replica_costs", {})
     key = (cand.tp, cand.cp, cand.pp, cand.num_chunks, cand.recompute,
-           cand.keep_sp_input_for_w, cand.uneven, bool(cand.offloaded), link, memory,
-           tuple(shapes))
+           cand.keep_sp_input_for_w, cand.uneven, cand.accounted, bool(cand.offloaded), link,
+           memory, tuple(shapes))
     if key not in cache:
         times = [stage_times(config, cand, rows, length, docs)
                  for rows, length, docs in shapes]

@@ -52,7 +52,7 @@ from odc_pp.schedule.cli_bounds import (MAX_MICROBATCHES, MAX_PP, MAX_WORK, boun
 from odc_pp.schedule.costs import CostModel
 from odc_pp.schedule.generators import FAMILIES, family
 
-from .chunks import MAX_CHUNKS, chunk_counts, offload_sets
+from .chunks import MAX_CHUNKS, chunk_layouts, offload_sets
 from .config import Candidate, PlanConfig, Prediction
 from .hardware import GB, PRESETS, Hardware, memory_budget_gb
 from .inputs import ModelSpec
@@ -105,7 +105,7 @@ class TunerConfig:
     planner's own estimate (:mod:`odc_pp.planner.rough_memory`)."""
     num_chunks: int | None = None
     """``--num-model-chunks`` of the families that take any count (interleaved, offload);
-    None: every count of the planner's chunk axis (:func:`~.chunks.chunk_counts`)."""
+    None: every count of the planner's chunk axis (:func:`~.chunks.chunk_layouts`)."""
 
     def __post_init__(self) -> None:
         heads = self.shape.model.num_attention_heads
@@ -193,7 +193,8 @@ def plan_config(config: TunerConfig) -> PlanConfig:
 def candidates_of(config: TunerConfig) -> list[Candidate]:
     """The view's candidates: schedule family x model chunks x offload chunks x
     recompute at the config's tp, pp and dp (model chunks: ``num_chunks`` or the
-    planner's chunk axis, :func:`~.chunks.chunk_counts`; offload chunks:
+    planner's chunk axis, :func:`~.chunks.chunk_layouts`, with its stage layouts: equal,
+    the embedding / loss accounted in the split, or lighter ends; offload chunks:
     :func:`~.chunks.offload_sets`; counts that do not split the layers, or families that
     need more microbatches, are left out; at pp = 1 only 1f1b: with one stage every
     schedule is the same, as in the planner's own candidates)."""
@@ -206,15 +207,16 @@ def candidates_of(config: TunerConfig) -> list[Candidate]:
                 continue
             if config.pp == 1 and name != "1f1b":
                 continue  # one stage: every schedule is the same (the planner's rule)
-            counts = chunk_counts(name, layers, config.pp)
+            layouts = chunk_layouts(name, layers, config.pp)
             if config.num_chunks is not None and fam.max_chunks is None:
-                if not fam.accepts_chunks(config.num_chunks) or \
-                        layers % (config.pp * config.num_chunks):
+                layouts = [layout for layout in layouts if layout[0] == config.num_chunks]
+                if not fam.accepts_chunks(config.num_chunks) or not layouts:
                     raise ValueError(f"--num-model-chunks {config.num_chunks}: --num-layers "
                                      f"{layers} must be divisible by pp {config.pp} x "
-                                     f"{config.num_chunks} ({name})")
-                counts = [config.num_chunks]
-            for num_chunks in counts:
+                                     f"{config.num_chunks} ({name}), with the embedding "
+                                     f"and loss accounted in the split, or split with "
+                                     f"lighter first and last stages")
+            for num_chunks, uneven, accounted in layouts:
                 if config.pp * config.num_microbatches * num_chunks > MAX_WORK:
                     continue  # the schedule CLIs' bound on one schedule's work
                 for chunks in offload_sets(num_chunks) if fam.offloads else [None]:
@@ -223,7 +225,8 @@ def candidates_of(config: TunerConfig) -> list[Candidate]:
                         dp_mode=DataParallelMode.ODC, balance="none", packed=False,
                         token_cap=None, recompute=recompute,
                         micro_batch=config.shape.micro_batch_size, offload_chunks=chunks,
-                        keep_sp_input_for_w=config.keep_sp_input_for_w, chunks=num_chunks))
+                        keep_sp_input_for_w=config.keep_sp_input_for_w, chunks=num_chunks,
+                        uneven=uneven, accounted=accounted))
     return out
 
 
@@ -358,7 +361,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="NVLink bandwidth between tp ranks, GB/s (default: the preset's)")
     p.add_argument("--num-model-chunks", type=bounded_int(1, MAX_CHUNKS), default=None,
                    help="model chunks per rank of interleaved and offload (default: every "
-                        f"count up to {MAX_CHUNKS} that divides the layers per rank)")
+                        f"count up to {MAX_CHUNKS} that splits the layers as Megatron does: "
+                        "evenly, with the embedding and loss accounted in the split, or "
+                        "with lighter first and last stages)")
     p.add_argument("--dp", type=bounded_int(1, 10 ** 6), default=1,
                    help="data-parallel ranks (optimizer sharding)")
     p.add_argument("--num-microbatches", type=bounded_int(1, MAX_MICROBATCHES), required=True)

@@ -76,7 +76,7 @@ from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
                                stage_times, total_of)
 from .rough_memory import memory_units, peak_bytes
-from .uneven import try_uneven
+from .uneven import stage_layout, try_uneven
 
 __all__ = ["PlanConfig", "Prediction", "Candidate", "plan", "predict", "pipeline_time",
            "megatron_default", "flags_of", "MEGATRON_SOURCE", "candidates", "SCHEDULES",
@@ -278,9 +278,7 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
         flags.append("--selective-offload")
     if cand.group_size is not None:
         flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(cand.group_size)]
-    if cand.uneven is not None:
-        flags += ["--decoder-first-pipeline-num-layers", str(cand.uneven[0]),
-                  "--decoder-last-pipeline-num-layers", str(cand.uneven[1])]
+    flags += stage_layout(config, cand).flags  # uneven or accounted stages
     if config.plan_costs_path is not None:
         flags += ["--cost-model", config.plan_costs_path]
     return flags
@@ -435,4 +433,5 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
-            cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.num_chunks)
+            cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.num_chunks,
+            cand.accounted)

@@ -6,7 +6,13 @@ loss, so with equal layers they are the pipeline's slowest; Megatron-LM's
 them (:class:`~odc_pp.schedule.stage_layout.StageLayout`). :func:`uneven_variants` are the
 layouts the planner tries for a candidate: one layer per model chunk off the first stage,
 off the last, or off both, the middle stages taking them (pp = 2: onto the other end);
-:func:`try_uneven` predicts them for the fastest candidates and keeps what runs."""
+:func:`try_uneven` predicts them for the fastest candidates and keeps what runs.
+
+Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split
+(``Candidate.accounted``) are not variants of equal stages: ``num_layers`` + 1 or 2 never
+splits over ``pp x v`` virtual stages where ``num_layers`` does (but at pp 2, v 1, where
+it gives the same stages), so the chunk axis prices them where the equal split does not
+(:func:`~odc_pp.planner.chunks.chunk_layouts`)."""
 
 from __future__ import annotations
 
@@ -27,13 +33,16 @@ def stage_layout(config: PlanConfig, cand: Candidate) -> StageLayout:
     """The decoder layers of each of ``cand``'s virtual stages."""
     first, last = cand.uneven or (None, None)
     return StageLayout.resolve(config.model.num_layers, cand.pp,
-                               cand.num_chunks, first=first, last=last)
+                               cand.num_chunks, first=first, last=last,
+                               account_embedding=cand.accounted[0],
+                               account_loss=cand.accounted[1])
 
 
 def uneven_variants(config: PlanConfig, cand: Candidate) -> list[Candidate]:
     """``cand`` with lighter first and/or last stages (those Megatron's checks accept)."""
     chunks = cand.num_chunks
-    if cand.pp < 2 or cand.uneven is not None or config.model.num_layers % (cand.pp * chunks):
+    if cand.pp < 2 or cand.uneven is not None or any(cand.accounted) or \
+            config.model.num_layers % (cand.pp * chunks):
         return []
     even = config.model.num_layers // cand.pp
     lighter, heavier = even - chunks, even + chunks

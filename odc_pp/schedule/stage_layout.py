@@ -13,7 +13,16 @@ stage's layers / ``num_chunks``; virtual stage ``s`` (model order) is in positio
 The V placement numbers its virtual stages the same way, so every placement gives the
 same layers to the same virtual stage as Megatron's interleaved schedule would.
 
-Without either flag: an even split, earlier stages taking the remainder.
+Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split
+(megatron-core's ``account_for_embedding_in_pipeline_split`` /
+``account_for_loss_in_pipeline_split``) count the embedding / the loss as one more layer:
+``num_layers`` plus the layers accounted splits evenly over the ``pp * num_chunks``
+virtual stages (it must divide by ``pp``, and each rank's share by ``num_chunks``), then
+the first virtual stage (rank 0's first chunk) holds one decoder layer fewer for the
+embedding and the last (the last rank's last chunk) one fewer for the loss -- possibly
+none. They cannot be combined with the first/last-stage flags (megatron-core refuses it).
+
+Without any flag: an even split, earlier stages taking the remainder.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ __all__ = ["StageLayout"]
 
 _FIRST = "--decoder-first-pipeline-num-layers"
 _LAST = "--decoder-last-pipeline-num-layers"
+_EMBEDDING = "--account-for-embedding-in-pipeline-split"
+_LOSS = "--account-for-loss-in-pipeline-split"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,14 +51,23 @@ class StageLayout:
     """Layers of the first pipeline stage, over all its chunks (None: not uneven)."""
     last: int | None = None
     """Layers of the last pipeline stage, over all its chunks (None: not uneven)."""
+    account_embedding: bool = False
+    """The embedding counts as one layer of the split: the first virtual stage holds one
+    decoder layer fewer (--account-for-embedding-in-pipeline-split)."""
+    account_loss: bool = False
+    """The loss counts as one layer of the split: the last virtual stage holds one
+    decoder layer fewer (--account-for-loss-in-pipeline-split)."""
 
     @classmethod
     def resolve(cls, num_layers: int, pp: int, num_chunks: int = 1, *,
-                first: int | None = None, last: int | None = None) -> StageLayout:
+                first: int | None = None, last: int | None = None,
+                account_embedding: bool = False,
+                account_loss: bool = False) -> StageLayout:
         """The layout, checked as megatron-core's TransformerConfig checks it; a
         ValueError naming the flags otherwise."""
         layout = cls(num_layers=num_layers, pp=pp, num_chunks=num_chunks, first=first,
-                     last=last)
+                     last=last, account_embedding=account_embedding,
+                     account_loss=account_loss)
         layout._check()
         return layout
 
@@ -58,8 +78,25 @@ class StageLayout:
 
     @property
     def uneven(self) -> bool:
-        """Whether --decoder-first/last-pipeline-num-layers shape the stages."""
-        return self.first is not None or self.last is not None
+        """Whether --decoder-first/last-pipeline-num-layers or the embedding / loss
+        accounted in the split shape the stages."""
+        return self.first is not None or self.last is not None or self.accounted
+
+    @property
+    def accounted(self) -> bool:
+        """Whether the embedding or the loss counts as a layer of the split."""
+        return self.account_embedding or self.account_loss
+
+    @property
+    def flags(self) -> list[str]:
+        """The training flags giving this layout's stages (besides --num-layers, the
+        pipeline size and --num-model-chunks)."""
+        out = []
+        for flag, value in ((_FIRST, self.first), (_LAST, self.last)):
+            if value is not None:
+                out += [flag, str(value)]
+        return out + [flag for flag, on in ((_EMBEDDING, self.account_embedding),
+                                            (_LOSS, self.account_loss)) if on]
 
     @property
     def num_stages(self) -> int:
@@ -68,6 +105,12 @@ class StageLayout:
 
     def counts(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order."""
+        if self.accounted:
+            each = self._accounted_total() // self.num_stages
+            counts = [each] * self.num_stages
+            counts[0] -= self.account_embedding
+            counts[-1] -= self.account_loss
+            return tuple(counts)
         if not self.uneven:
             base, extra = divmod(self.num_layers, self.num_stages)
             return tuple(base + (1 if s < extra else 0) for s in range(self.num_stages))
@@ -106,9 +149,37 @@ class StageLayout:
         layers, stages = self._middle()
         return layers // stages
 
+    def _accounted_total(self) -> int:
+        """--num-layers plus the embedding and loss layers counted in the split."""
+        return self.num_layers + self.account_embedding + self.account_loss
+
+    def _check_accounted(self) -> None:
+        """megatron-core's checks of the embedding / loss accounted in the split."""
+        named = " and ".join(flag for flag, on in ((_EMBEDDING, self.account_embedding),
+                                                   (_LOSS, self.account_loss)) if on)
+        if self.first is not None or self.last is not None:
+            raise ValueError(f"{named} cannot be combined with {_FIRST} / {_LAST} "
+                             "(megatron-core refuses both at once): give one or the other")
+        total = self._accounted_total()
+        if total % self.pp:
+            raise ValueError(
+                f"--num-layers {self.num_layers} + {total - self.num_layers} (the layers "
+                f"{named} counts) = {total} must be divisible by "
+                f"--pipeline-model-parallel-size {self.pp}")
+        if (total // self.pp) % self.num_chunks:
+            raise ValueError(
+                f"--num-layers {self.num_layers} with {named}: the {total // self.pp} "
+                f"layers of each pipeline rank must be divisible by the model chunks per "
+                f"rank ({self.num_chunks}, --num-model-chunks)")
+
     def _check(self) -> None:
         if self.num_chunks < 1:
             raise ValueError("--num-model-chunks must be >= 1")
+        if self.num_layers < 1:
+            raise ValueError(f"--num-layers must be >= 1 (got {self.num_layers})")
+        if self.accounted:
+            self._check_accounted()
+            return
         if not self.uneven:
             if self.num_layers < self.num_stages:
                 raise ValueError(

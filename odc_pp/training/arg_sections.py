@@ -162,6 +162,13 @@ class ParallelArgs:
     decoder_last_pipeline_num_layers: int | None = None
     """Decoder layers of the last pipeline stage (Megatron's uneven pipeline, as
     --decoder-first-pipeline-num-layers)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer of the pipeline split (Megatron's meaning):
+    --num-layers + 1 is split evenly over the virtual stages and the first (rank 0's first
+    chunk) holds one decoder layer fewer; not with --decoder-first-pipeline-num-layers."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss as one layer of the pipeline split (Megatron's meaning): the last
+    virtual stage (the last rank's last chunk) holds one decoder layer fewer."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size (tp): megatron-core's column/row-parallel layers, vocab-parallel
     embedding and cross entropy; ranks are laid out tp fastest, then pp, then dp."""

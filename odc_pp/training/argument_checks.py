@@ -150,10 +150,13 @@ def _validate_layout(args) -> list[str]:
     parallel = args.parallel
     first, last = (parallel.decoder_first_pipeline_num_layers,
                    parallel.decoder_last_pipeline_num_layers)
-    if first is not None or last is not None:  # Megatron's uneven stages: their checks
+    embedding, loss = (parallel.account_for_embedding_in_pipeline_split,
+                       parallel.account_for_loss_in_pipeline_split)
+    if first is not None or last is not None or embedding or loss:  # Megatron's checks
         from odc_pp.schedule.stage_layout import StageLayout
         try:
-            StageLayout.resolve(args.model.num_layers, pp, chunks, first=first, last=last)
+            StageLayout.resolve(args.model.num_layers, pp, chunks, first=first, last=last,
+                                account_embedding=embedding, account_loss=loss)
         except ValueError as exc:
             problems.append(str(exc))
     elif args.model.num_layers % (pp * chunks):

@@ -194,7 +194,9 @@ def build_model(model: ModelArgs, schedule: ScheduleArgs, parallel: ParallelArgs
         model_config(model, vocab_size=vocab_size, device=str(topo.device),
                      num_stages=topo.pp * schedule.num_model_chunks),
         num_layers_in_first_pipeline_stage=parallel.decoder_first_pipeline_num_layers,
-        num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers)
+        num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=parallel.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split)
     tensor_parallel = TensorParallel(group=topo.tp_group,
                                      sequence_parallel=parallel.sequence_parallel,
                                      keep_sp_input_for_w=parallel.keep_sp_input_for_w)

@@ -119,11 +119,14 @@ class Job:
 
 def stage_layout_of(args, pp: int) -> StageLayout:
     """The layer layout of ``args`` (``TrainingArgs``) over ``pp`` pipeline ranks:
-    --num-layers, --num-model-chunks, --decoder-first/last-pipeline-num-layers."""
-    parallel = args.parallel
+    --num-layers, --num-model-chunks, --decoder-first/last-pipeline-num-layers,
+    --account-for-embedding/loss-in-pipeline-split."""
+    par = args.parallel
     return StageLayout.resolve(args.model.num_layers, pp, args.schedule.num_model_chunks,
-                               first=parallel.decoder_first_pipeline_num_layers,
-                               last=parallel.decoder_last_pipeline_num_layers)
+                               first=par.decoder_first_pipeline_num_layers,
+                               last=par.decoder_last_pipeline_num_layers,
+                               account_embedding=par.account_for_embedding_in_pipeline_split,
+                               account_loss=par.account_for_loss_in_pipeline_split)
 
 
 def training_request(schedule, *, pp: int, num_microbatches: int,

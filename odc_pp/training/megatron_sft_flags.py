@@ -100,6 +100,8 @@ def choice_hint(flag: str) -> str:
             f"--mock-data")
 
 
+_ACCOUNTED = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
 VIRTUAL_PIPELINE_FLAGS = ("--num-layers-per-virtual-pipeline-stage",
                           "--num-virtual-stages-per-pipeline-rank")
 
@@ -132,10 +134,15 @@ def _chunks(argv: list[str], flag: str, value: str) -> tuple[int | None, str | N
         value_of(argv, "--num-layers")
     if layers is None or not layers.isdigit() or not pp.isdigit():
         return None, f"{flag} {value}: needs --num-layers (and --pipeline-model-parallel-size)"
-    if int(layers) % int(pp) or (int(layers) // int(pp)) % int(value):
-        return None, (f"{flag} {value}: --num-layers {layers} / --pipeline-model-parallel-size "
-                      f"{pp} must be a multiple of it (as Megatron)")
-    return int(layers) // int(pp) // int(value), None
+    # Megatron counts the embedding / the loss accounted in the split as layers here too
+    accounted = [f for f in _ACCOUNTED if f in argv]
+    total = int(layers) + len(accounted)
+    if total % int(pp) or (total // int(pp)) % int(value):
+        counted = "".join(f" + 1 ({f})" for f in accounted)
+        return None, (f"{flag} {value}: --num-layers {layers}{counted} / "
+                      f"--pipeline-model-parallel-size {pp} must be a multiple of it "
+                      f"(as Megatron)")
+    return total // int(pp) // int(value), None
 
 
 def virtual_pipeline(argv: list[str]) -> tuple[list[str], list[str], list[str]]:

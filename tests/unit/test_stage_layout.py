@@ -142,3 +142,109 @@ def test_schedules_are_made_for_the_uneven_stage_costs():
     with pytest.raises(ValueError, match="--decoder-first-pipeline-num-layers 1 must be "
                                          "divisible"):
         Job.resolve(parse_args(flags + ["--pipeline-schedule", "zbv"]), world=4)
+
+
+# Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split
+def _megatron_config(num_layers, pp, vp, embedding, loss):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=num_layers, hidden_size=8, num_attention_heads=2,
+                             pipeline_model_parallel_size=pp,
+                             virtual_pipeline_model_parallel_size=vp,
+                             account_for_embedding_in_pipeline_split=embedding,
+                             account_for_loss_in_pipeline_split=loss,
+                             pipeline_dtype=torch.float32)
+
+
+def _megatron_accounted(config, pp_rank, vp_stage):
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    return (get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank),
+            get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank))
+
+
+# the papers' layouts among them: PipeOffload's 38 layers at pp 8 x 5 chunks, 46 at
+# pp 16 x 3, 62 at pp 32; zero-bubble's 22 / 30 at pp 8, 46 at pp 16, 62 at pp 32 with
+# one layer a chunk
+_ACCOUNTED = [(num_layers, pp, vp, embedding, loss)
+              for num_layers in (2, 3, 4, 5, 6, 7, 8, 10, 14, 22, 30, 38)
+              for pp in (2, 3, 4, 8)
+              for vp in (None, 2, 3, 4, 5)
+              for embedding in (False, True)
+              for loss in (False, True)
+              if embedding or loss] + [(46, 16, 3, True, True), (62, 32, None, True, True),
+                                       (46, 16, None, True, True), (62, 32, 2, True, True)]
+
+
+def _accounted_valid(num_layers, pp, vp, embedding, loss):
+    try:
+        StageLayout.resolve(num_layers, pp, vp or 1, account_embedding=embedding,
+                            account_loss=loss)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("num_layers,pp,vp,embedding,loss",
+                         [case for case in _ACCOUNTED if _accounted_valid(*case)])
+def test_accounted_split_equals_megatron_core(num_layers, pp, vp, embedding, loss):
+    layout = StageLayout.resolve(num_layers, pp, vp or 1, account_embedding=embedding,
+                                 account_loss=loss)
+    config = _megatron_config(num_layers, pp, vp, embedding, loss)
+    for stage in range(layout.num_stages):
+        vp_stage, pp_rank = divmod(stage, pp)  # Megatron's virtual stage numbering
+        count, offset = _megatron_accounted(config, pp_rank, None if vp is None else vp_stage)
+        layers = layout.layers(stage)
+        assert (len(layers), layers.start) == (count, offset), stage
+    assert [layer for s in range(layout.num_stages) for layer in layout.layers(s)] == \
+        list(range(num_layers))
+
+
+def test_accounted_grid_covers_the_papers_layouts():
+    valid = [case for case in _ACCOUNTED if _accounted_valid(*case)]
+    assert len(valid) > 60
+    for case in [(38, 8, 5, True, True), (22, 8, 3, True, True), (30, 8, 4, True, True),
+                 (46, 16, 3, True, True), (62, 32, None, True, True), (7, 2, 2, True, False),
+                 (3, 4, None, True, False)]:
+        assert case in valid, case
+    assert StageLayout.resolve(38, 8, 5, account_embedding=True,
+                               account_loss=True).counts() == (0,) + (1,) * 38 + (0,)
+    assert StageLayout.resolve(62, 32, account_embedding=True,
+                               account_loss=True).counts() == (1,) + (2,) * 30 + (1,)
+
+
+@pytest.mark.parametrize("num_layers,pp,vp,embedding,loss",
+                         [case for case in _ACCOUNTED if not _accounted_valid(*case)])
+def test_accounted_refused_where_megatron_core_refuses(num_layers, pp, vp, embedding, loss):
+    with pytest.raises((ValueError, AssertionError)):
+        _megatron_config(num_layers, pp, vp, embedding, loss)
+
+
+def test_accounted_errors_name_the_flags():
+    with pytest.raises(ValueError, match="--num-layers 8 \\+ 2 \\(the layers "
+                       "--account-for-embedding-in-pipeline-split and "
+                       "--account-for-loss-in-pipeline-split counts\\) = 10 must be "
+                       "divisible by --pipeline-model-parallel-size 4"):
+        StageLayout.resolve(8, 4, account_embedding=True, account_loss=True)
+    with pytest.raises(ValueError, match="--account-for-loss-in-pipeline-split: the 5 layers "
+                       "of each pipeline rank must be divisible by the model chunks per rank "
+                       "\\(2, --num-model-chunks\\)"):
+        StageLayout.resolve(9, 2, 2, account_loss=True)
+    with pytest.raises(ValueError, match="--account-for-embedding-in-pipeline-split cannot be "
+                       "combined with --decoder-first-pipeline-num-layers"):
+        StageLayout.resolve(8, 2, first=3, account_embedding=True)
+    with pytest.raises(ValueError):  # megatron-core refuses the combination as well
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        TransformerConfig(num_layers=8, hidden_size=8, num_attention_heads=2,
+                          pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+                          num_layers_in_first_pipeline_stage=3,
+                          account_for_embedding_in_pipeline_split=True)
+
+
+def test_accounted_flags_round_trip():
+    layout = StageLayout.resolve(38, 8, 5, account_embedding=True, account_loss=True)
+    assert layout.uneven and layout.flags == ["--account-for-embedding-in-pipeline-split",
+                                              "--account-for-loss-in-pipeline-split"]
+    assert StageLayout.resolve(6, 2, first=2, last=4).flags == [
+        "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "4"]

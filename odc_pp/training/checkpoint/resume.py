@@ -70,11 +70,14 @@ MODEL_KEYS = tuple(MODEL_FLAGS)
 # may differ: the optimizer state is then resharded by parameter name
 LAYOUT_KEYS = ("pp", "dp", "pipeline_schedule", "num_model_chunks", "dp_mode", "world_size",
                "tp", "sequence_parallel", "cp", "decoder_first_pipeline_num_layers",
-               "decoder_last_pipeline_num_layers")
+               "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+               "account_for_loss_in_pipeline_split")
 # layout keys that checkpoints written before they existed lack
 _LAYOUT_DEFAULTS = {"tp": 1, "sequence_parallel": False, "cp": 1,
                     "decoder_first_pipeline_num_layers": None,
-                    "decoder_last_pipeline_num_layers": None}
+                    "decoder_last_pipeline_num_layers": None,
+                    "account_for_embedding_in_pipeline_split": False,
+                    "account_for_loss_in_pipeline_split": False}
 _META_BYTES = 1 << 12  # meta.json of a checkpoint
 
 
@@ -90,6 +93,9 @@ def checkpoint_meta(args: TrainingArgs, topo: Topology, *, vocab_size: int) -> d
             "cp": topo.cp,
             "decoder_first_pipeline_num_layers": args.parallel.decoder_first_pipeline_num_layers,
             "decoder_last_pipeline_num_layers": args.parallel.decoder_last_pipeline_num_layers,
+            **{name: getattr(args.parallel, name) for name in (
+                "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split")},
             **{name: getattr(args.model, name) for name in _ARCH_DEFAULTS},
             "tie_embeddings": model_config(args.model, vocab_size=vocab_size, device="cpu",
                                            num_stages=1).tie_embeddings,

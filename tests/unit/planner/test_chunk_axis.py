@@ -66,10 +66,18 @@ def test_more_chunks_hold_more_activations_as_megatrons_warm_up_says():
 
 
 def test_the_chunk_axis_is_bounded():
-    assert [v for v, _ in chunk_layouts("interleaved", 32, 4)] == [2, 4, 8]
-    assert chunk_layouts("zbv", 32, 4) == [(2, None)]  # a V takes 2 chunks only
-    assert chunk_layouts("interleaved", 62, 4) == [(2, (16, 14))]
-    assert chunk_layouts("offload", 62, 32) == [(1, (1, 1))]
+    both, neither = (True, True), (False, False)
+    assert [v for v, _, _ in chunk_layouts("interleaved", 32, 4)] == [2, 4, 8]
+    assert chunk_layouts("zbv", 32, 4) == [(2, None, neither)]  # a V takes 2 chunks only
+    # 62 = 64 - 2: Megatron's embedding and loss accounted (7 + 8 x 6 + 7 at 2 chunks),
+    # and lighter ends where they give other stages (16 + 16 + 16 + 14)
+    assert chunk_layouts("interleaved", 62, 4) == [(2, None, both), (2, (16, 14), neither),
+                                                   (4, None, both), (8, None, both)]
+    # pp 32: 1 + 2 x 30 + 1 (the same stages as --decoder-first/last 1: priced once)
+    assert chunk_layouts("offload", 62, 32) == [(1, None, both), (2, None, both)]
+    # 31 = 32 - 1: the loss alone accounted (its stage also runs the logits)
+    assert chunk_layouts("interleaved", 31, 8) == [(2, None, (False, True)),
+                                                   (4, None, (False, True))]
     assert lighter_ends(38, 8, 5) is None  # 38 = 4 + 6 x 5 + 4: first/last not 5's
     assert len(offload_sets(3)) == 7  # every subset up to 3 chunks
     assert offload_sets(5) == [(0,), (4,), (0, 1), (3, 4), (0, 1, 2), (2, 3, 4),

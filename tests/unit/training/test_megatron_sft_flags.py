@@ -68,6 +68,28 @@ def test_virtual_pipeline_size_one_and_bad_sizes():
         str(error.value)
 
 
+def test_layers_per_virtual_stage_count_the_accounted_embedding_and_loss():
+    """Megatron's --num-layers-per-virtual-pipeline-stage divides --num-layers plus the
+    embedding and loss accounted in the split: PipeOffload's 38 layers at pp 8 with one
+    layer a virtual stage are 5 chunks a rank."""
+    accounted = ["--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"]
+    args, _ = parse_args_with_notes(BASE + ["--num-layers", "38",
+                                            "--pipeline-model-parallel-size", "8",
+                                            "--num-layers-per-virtual-pipeline-stage", "1",
+                                            *accounted])
+    assert args.schedule.num_model_chunks == 5
+    assert args.parallel.account_for_embedding_in_pipeline_split
+    assert args.parallel.account_for_loss_in_pipeline_split
+    with pytest.raises(ValueError) as error:
+        parse_args_with_notes(BASE + ["--num-layers", "38", "--pipeline-model-parallel-size",
+                                      "8", "--num-layers-per-virtual-pipeline-stage", "2",
+                                      *accounted])
+    assert ("--num-layers 38 + 1 (--account-for-embedding-in-pipeline-split) + 1 "
+            "(--account-for-loss-in-pipeline-split) / --pipeline-model-parallel-size 8 "
+            "must be a multiple") in str(error.value)
+
+
 @pytest.mark.parametrize("name", ["Llama2Tokenizer", "Llama3Tokenizer", "SentencePieceTokenizer",
                                   "TikTokenizer", "GPTSentencePieceTokenizer"])
 def test_megatron_tokenizer_names_map_to_hugging_face_with_a_note(name, tmp_path):
