@@ -120,6 +120,11 @@ def _resolve(option, *, d: int, v: int) -> int:
             "ceil(d/2)": math.ceil(d / 2)}[option]
 
 
+def options_of(schedule: str) -> str:
+    """The ``offloaded`` option of paper ``schedule``."""
+    return SCHEDULES[schedule][1]["offloaded"]
+
+
 def cell_candidate(row: dict, schedule: str, *, v: int, tp: int = 1, pp: int | None = None):
     """(Candidate, layout_exact) of paper ``schedule`` for Table 2 ``row`` with ``v``
     stages per device (NotExpressible where odc-pp cannot run it yet)."""
@@ -149,10 +154,23 @@ def cell_candidate(row: dict, schedule: str, *, v: int, tp: int = 1, pp: int | N
         extra["selective_offload"] = True
     # one layer off the first and the last (virtual) stage (Section 5): Megatron's
     # --account-for-embedding/loss-in-pipeline-split, whatever v (zero-layer ends allowed)
-    cand = Candidate(tp=tp, pp=pp, dp=1, schedule=name, dp_mode="ddp", balance="none",
-                     packed=False, token_cap=None, recompute=True, accounted=(True, True),
-                     **extra)
     exact = (row["layers"] + 2) % (pp * chunks) == 0
+    layout = {"accounted": (True, True)}
+    if not exact:  # the nearest layout Megatron accepts (the planner's chunk axis)
+        from odc_pp.planner.chunks import chunk_layouts
+
+        options = chunk_layouts(name, row["layers"], pp)
+        if not options:
+            raise NotExpressible(f"{row['layers']} layers do not split over pp {pp}")
+        v_, ends, accounted = next((o for o in options if o[0] == chunks), options[0])
+        layout = {"accounted": accounted, "uneven": ends}
+        if extra.get(CHUNKS_FIELD, chunks) != v_ or "offload_chunks" in extra:
+            extra[CHUNKS_FIELD] = v_
+            if "offload_chunks" in extra:
+                extra["offload_chunks"] = tuple(range(_resolve(options_of(schedule), d=pp,
+                                                               v=v_)))
+    cand = Candidate(tp=tp, pp=pp, dp=1, schedule=name, dp_mode="ddp", balance="none",
+                     packed=False, token_cap=None, recompute=True, **layout, **extra)
     return cand, exact
 
 
