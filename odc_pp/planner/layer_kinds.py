@@ -18,7 +18,8 @@ only: under MHA it is h), a heads, s the sequence length; the ``s a`` term is th
 attention scores of the unfused attention, the ``a`` term the softmax statistics of the
 flash kernel). A further shape checks the solution (``max_error``). Under tensor
 parallelism the part that is not split was measured at tp = 2, with and without
-sequence parallelism, as ``r_h h + r_one`` (:meth:`KindBytes.per_token`).
+sequence parallelism, as ``r_h h + r_one`` (``+ r_head_dim h / a`` with RoPE)
+(:meth:`KindBytes.per_token`).
 
 Two quantities per kind: ``saved`` (held from the layer's F to its B) and ``w_held``
 (held from its B to its W: the inputs and output gradients of the deferred weight
@@ -142,9 +143,10 @@ class KindBytes:
     total: dict[str, float]
     """At tp = 1, per :data:`FEATURES` entry."""
     replicated_sp: dict[str, float]
-    """The part not split over tp with sequence parallelism (``h``, ``one``)."""
+    """The part not split over tp with sequence parallelism (``h``, ``one`` and, with
+    RoPE, ``head_dim`` terms)."""
     replicated: dict[str, float]
-    """The part not split over tp without sequence parallelism (``h``, ``one``)."""
+    """The part not split over tp without sequence parallelism (the same terms)."""
 
     def per_token(self, *, h: int, ffn: int, kv: int, heads: int, seq: int, tp: int = 1,
                   sequence_parallel: bool = True) -> float:
@@ -155,7 +157,7 @@ class KindBytes:
         if tp == 1:
             return total
         part = self.replicated_sp if sequence_parallel else self.replicated
-        kept = part.get("h", 0.0) * h + part.get("one", 0.0)
+        kept = sum(c * values[name] for name, c in part.items())
         return (total - kept) / tp + kept
 
 

@@ -72,8 +72,9 @@ stops saving (see :mod:`odc_pp.megatron.recompute`):
 With f = 4h, e = 2 (bf16), m = 1 (the keyed dropout's bool mask) and the O(tokens) terms
 dropped, this is 14 * s * b * h (:func:`lgd_saving_per_token_hidden`; Korthikanti et al.,
 "Reducing Activation Recomputation in Large Transformer Models"). The measured GPT layer
-(GeLU, LayerNorm, hidden dropout, flash attention) keeps 34 h + 8 bytes per token without
-and 20 h + 32 with it -- Korthikanti's 34 and PipeOffload's 20 (App. C).
+(GeLU, LayerNorm, hidden dropout, flash attention, f = 4h) keeps 34 h + 4 a + 8 bytes per
+token without and 20 h + 4 a + 16 with it -- Korthikanti's 34 and PipeOffload's 20
+(App. C).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ from .model import ModelShape
 
 __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
            "MemoryReport", "ChunkBytes", "schedule_peak", "count_sends", "Workload",
-           "layer_activation_bytes", "saved_bytes_per_token", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
+           "layer_activation_bytes", "saved_bytes_per_token", "lgd_saving_per_token_hidden",
+           "lgd_saved_bytes_per_layer",
            "dropout_mask_bytes", "DROPOUT_KEY_BYTES"]
 
 

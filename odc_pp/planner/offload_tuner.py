@@ -25,8 +25,8 @@ predicts each as ``odc-pp plan`` does:
   sharded over dp; the embedding on the first stage, the output layer on the last) plus
   the simulator's activation peak (what an OFFLOAD moved out does not count until its
   RELOAD) times a microbatch-chunk's bytes
-  (:func:`odc_pp.planner.memory.layer_activation_bytes`: Korthikanti et al. 2022,
-  ``s b h (34 + 5 a s / h)`` for a GPT, the attention term dropped with flash attention),
+  (:func:`odc_pp.planner.memory.layer_activation_bytes`: the bytes the dry run measured
+  for the layer's kind, ``odc_pp/planner/layer_activations.json``),
   and the last stage's fp32 logits.
 
 Hardware: a preset of :mod:`odc_pp.planner.hardware` (``--preset``), or ``--measure``

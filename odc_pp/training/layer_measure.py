@@ -4,8 +4,8 @@ run's machinery and solve for its per-token coefficients: the producer of
 ``tools/measure_layer_activations.py``.
 
 One measurement (:func:`measure_layer`): ``pretrain_gpt.py``'s parser makes the job of
-a 3-stage pipeline (on a fake world of 6 ranks) whose stages hold one layer, and again
-two; the middle stage's chunk is built as the dry run builds it (the GPU's attention and
+a 3-stage pipeline (on a fake world of 3 x tp ranks) whose stages hold one layer, and
+again two; the middle stage's chunk is built as the dry run builds it (the GPU's attention and
 loss kernels, fake tensors, ``MemTracker``), one microbatch runs F and then B with the
 weight gradients deferred. The second layer's bytes are the difference of the two
 chunks' saved (and W-held) bytes. The coefficients (:func:`measure_kind`) come from an
@@ -24,7 +24,7 @@ from odc_pp.planner.layer_kinds import FEATURES, LayerKind
 __all__ = ["LayerShape", "measure_layer", "measure_kind", "kind_flags", "SHAPES",
            "CHECK_SHAPE"]
 
-_PP, _WORLD = 3, 6
+_PP = 3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,16 +98,16 @@ def _chunk_bytes(flags: list[str], layers: int, tp: int, sp: bool) -> tuple[int,
     from .dry_run import MemoryPhases, _fake_module_to, _fake_world, _microbatch, gpu_model
     from .distributed import Topology
 
-    dp = _WORLD // (_PP * tp)
+    world = _PP * tp
     args = parse_args(flags + [
         "--num-layers", str(_PP * layers), "--pipeline-model-parallel-size", str(_PP),
-        "--tensor-model-parallel-size", str(tp), "--global-batch-size", str(_PP * dp),
+        "--tensor-model-parallel-size", str(tp), "--global-batch-size", str(_PP),
         "--micro-batch-size", "1"] + (["--sequence-parallel"] if sp else []))
-    job = args.resolve(_WORLD, _WORLD)
+    job = args.resolve(world, world)
     rank = layout_rank(dp_rank=0, pp_rank=1, tp_rank=0, pp=_PP, tp=tp)
-    if dist.is_initialized() and dist.get_rank() != rank:  # another tp's middle stage
-        dist.destroy_process_group()
-    _fake_world(rank, _WORLD)
+    if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) != (rank, world):
+        dist.destroy_process_group()  # the fake world of another tp
+    _fake_world(rank, world)
     topo = Topology.for_job(job, rank, torch.device("cpu"))
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
         with _fake_module_to():
@@ -130,9 +130,16 @@ def measure_layer(kind: LayerKind, shape: LayerShape, *, tp: int = 1,
                   sequence_parallel: bool = False) -> tuple[float, float]:
     """(saved, W-held) bytes per token of one layer of ``kind`` at ``shape`` on one
     tensor-parallel rank (tokens: the microbatch's, ``shape.seq``)."""
+    import torch.distributed as dist
+
     flags = kind_flags(kind, shape)
-    one = _chunk_bytes(flags, 1, tp, sequence_parallel)
-    two = _chunk_bytes(flags, 2, tp, sequence_parallel)
+    owned = not dist.is_initialized()  # the fake world made here is destroyed here
+    try:
+        one = _chunk_bytes(flags, 1, tp, sequence_parallel)
+        two = _chunk_bytes(flags, 2, tp, sequence_parallel)
+    finally:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
     return ((two[0] - one[0]) / shape.seq, (two[1] - one[1]) / shape.seq)
 
 
@@ -167,15 +174,15 @@ def measure_kind(kind: LayerKind) -> dict:
         want = check[q]
         error = abs(_predict(total, CHECK_SHAPE.features(gqa)) - want) / max(want, 1.0)
         entry[quantity] = {"total": total, "max_error": round(error, 6)}
-    # the parts not split at tp = 2: with sequence parallelism an h and a constant term
-    # (two shapes), without it an h term beside the tp = 1 constant (one shape)
-    with_sp = [measure_layer(kind, s, tp=2, sequence_parallel=True) for s in SHAPES[:2]]
-    without = measure_layer(kind, SHAPES[1], tp=2, sequence_parallel=False)
-    for q, quantity in enumerate(("saved", "w_held")):
-        kept = [2 * two[q] - one[q] for two, one in zip(with_sp, measured[:2])]
-        entry[quantity]["replicated_sp"] = _solve(
-            [{"h": s.h, "one": 1} for s in SHAPES[:2]], kept, ["h", "one"])
-        one = entry[quantity]["total"]["one"]
-        entry[quantity]["replicated"] = {
-            "h": round((2 * without[q] - measured[1][q] - one) / SHAPES[1].h, 4), "one": one}
+    # the parts not split at tp = 2 (with and without sequence parallelism): h, head
+    # dimension (RoPE's tables) and constant terms, from the shapes that move them
+    tp_shapes = [s for s in SHAPES[:2] + SHAPES[5:6] if kind.position == "rope" or s.heads != 2]
+    tp_names = ["h", "one"] + (["head_dim"] if kind.position == "rope" else [])
+    tp1 = [measured[shapes.index(s)] for s in tp_shapes]
+    for key, sp in (("replicated_sp", True), ("replicated", False)):
+        at_tp2 = [measure_layer(kind, s, tp=2, sequence_parallel=sp) for s in tp_shapes]
+        for q, quantity in enumerate(("saved", "w_held")):
+            kept = [2 * two[q] - one[q] for two, one in zip(at_tp2, tp1)]
+            entry[quantity][key] = _solve([s.features(gqa) for s in tp_shapes], kept,
+                                          tp_names)
     return entry
