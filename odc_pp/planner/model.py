@@ -23,7 +23,9 @@ _LAYER_DEFAULTS = {"normalization": "LayerNorm", "position_embedding_type": "lea
 def layer_fields(model) -> dict:
     """The layer-kind fields of :class:`ModelShape` from Megatron model flags (an object
     with their attribute names; missing ones: Megatron's defaults)."""
-    return {name: getattr(model, name, default) for name, default in _LAYER_DEFAULTS.items()}
+    values = {name: getattr(model, name, None) for name in _LAYER_DEFAULTS}
+    return {name: default if values[name] is None else values[name]
+            for name, default in _LAYER_DEFAULTS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)

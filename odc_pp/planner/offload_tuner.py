@@ -330,6 +330,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="channels per head (default: hidden / heads)")
     p.add_argument("--untie-embeddings-and-output-weights", dest="untie_embeddings",
                    action="store_true")
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default=None,
+                   help="the layers' norm (default LayerNorm, Megatron's)")
+    p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"),
+                   default=None, help="positions (default learned_absolute, Megatron's)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="count the 5as/h attention-matrix activations")
     p.add_argument("--pp", type=bounded_int(1, MAX_PP), default=None,
@@ -371,7 +375,7 @@ def _plan_costs(path: str | None) -> CostModel:
 
 _SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                 "swiglu", "group_query_attention", "num_query_groups", "kv_channels",
-                "untie_embeddings", "vocab_size")
+                "untie_embeddings", "vocab_size", "normalization", "position_embedding_type")
 
 
 def _model(args, load_hf: Callable[..., ModelSpec] | None) -> tuple[ModelShape, int,

@@ -22,7 +22,7 @@ from odc_pp.layout import layout_rank
 from odc_pp.planner.layer_kinds import FEATURES, LayerKind
 
 __all__ = ["LayerShape", "measure_layer", "measure_kind", "kind_flags", "SHAPES",
-           "CHECK_SHAPE"]
+           "HEAD_DIM_SHAPE", "TP_SHAPES", "CHECK_SHAPE"]
 
 _PP = 3
 
@@ -53,12 +53,23 @@ SHAPES = (LayerShape(h=256, heads=4, groups=2, seq=64, ffn=512),
           LayerShape(h=256, heads=4, groups=2, seq=64, ffn=1024),
           LayerShape(h=256, heads=4, groups=2, seq=128, ffn=512),
           LayerShape(h=256, heads=8, groups=4, seq=64, ffn=512),
-          LayerShape(h=256, heads=2, groups=2, seq=64, ffn=512),
+          LayerShape(h=512, heads=8, groups=4, seq=64, ffn=512),
           LayerShape(h=256, heads=8, groups=2, seq=64, ffn=512))
-"""The shapes solved over: each moves one feature (the last: the key/value width, GQA
-kinds only). Every GQA shape has two groups or more: with one group (multi-query) the
-query is a view of the qkv projection's output, not a copy, so such a layer keeps
-``2 h`` bytes per token fewer than its kind's row says."""
+"""The shapes solved over: each moves one feature (the sixth: the head dimension apart
+from h and the heads, RoPE kinds only; the last: the key/value width, GQA kinds only).
+Every GQA shape has two heads per group or more (the unfused attention repeats keys
+and values only then) and two groups or more: with one group per tensor-parallel rank
+(multi-query, or as many groups as tp) the query is a view of the qkv projection's
+output, not a copy, so such a layer keeps ``2 h / tp`` bytes per token fewer than its
+kind's row says."""
+HEAD_DIM_SHAPE = SHAPES[5]
+"""The shape that moves the head dimension (RoPE kinds only)."""
+TP_SHAPES = (LayerShape(h=256, heads=8, groups=4, seq=64, ffn=512),
+             LayerShape(h=512, heads=8, groups=4, seq=64, ffn=512),
+             LayerShape(h=512, heads=16, groups=8, seq=64, ffn=512))
+"""The shapes measured at tp = 2: two query groups per rank (with one, the query is a
+view of the qkv projection's output, not a copy); the third moves the head dimension
+(RoPE kinds only)."""
 CHECK_SHAPE = LayerShape(h=384, heads=6, groups=3, seq=96, ffn=768)
 """The shape the solution is checked on (every feature moved)."""
 
@@ -163,7 +174,7 @@ def measure_kind(kind: LayerKind) -> dict:
     names = [n for n in FEATURES if (gqa or n != "kv") and
              (kind.position == "rope" or n != "head_dim")]
     # the head dimension enters through RoPE's tables only
-    shapes = [s for s in SHAPES if kind.position == "rope" or s.heads != 2]
+    shapes = [s for s in SHAPES if kind.position == "rope" or s is not HEAD_DIM_SHAPE]
     shapes = shapes if gqa else shapes[:-1]
     rows = [s.features(gqa) for s in shapes]
     measured = [measure_layer(kind, s) for s in shapes]
@@ -175,14 +186,16 @@ def measure_kind(kind: LayerKind) -> dict:
         error = abs(_predict(total, CHECK_SHAPE.features(gqa)) - want) / max(want, 1.0)
         entry[quantity] = {"total": total, "max_error": round(error, 6)}
     # the parts not split at tp = 2 (with and without sequence parallelism): h, head
-    # dimension (RoPE's tables) and constant terms, from the shapes that move them
-    tp_shapes = [s for s in SHAPES[:2] + SHAPES[5:6] if kind.position == "rope" or s.heads != 2]
+    # dimension (RoPE's tables) and constant terms, from the shapes that move them, each
+    # against the tp = 1 solution (exact) at that shape
+    tp_shapes = TP_SHAPES if kind.position == "rope" else TP_SHAPES[:2]
     tp_names = ["h", "one"] + (["head_dim"] if kind.position == "rope" else [])
-    tp1 = [measured[shapes.index(s)] for s in tp_shapes]
     for key, sp in (("replicated_sp", True), ("replicated", False)):
         at_tp2 = [measure_layer(kind, s, tp=2, sequence_parallel=sp) for s in tp_shapes]
         for q, quantity in enumerate(("saved", "w_held")):
-            kept = [2 * two[q] - one[q] for two, one in zip(at_tp2, tp1)]
+            total = entry[quantity]["total"]
+            kept = [2 * two[q] - _predict(total, s.features(gqa))
+                    for two, s in zip(at_tp2, tp_shapes)]
             entry[quantity][key] = _solve([s.features(gqa) for s in tp_shapes], kept,
                                           tp_names)
     return entry

@@ -23,7 +23,7 @@ LLAMA = "swiglu/RMSNorm/rope/gqa/flash/no-dropout/none"
 PAPER = LayerShape(h=5120, heads=40, groups=8, seq=4096, ffn=20480)
 """A layer of PipeOffload's 10.5B model (GQA with 8 groups)."""
 SMALL = LayerShape(h=1280, heads=10, groups=2, seq=512, ffn=5120)
-TP4 = LayerShape(h=1024, heads=8, groups=4, seq=256, ffn=2048)
+TP4 = LayerShape(h=1024, heads=16, groups=8, seq=256, ffn=2048)  # 2 groups per rank
 
 
 def _table(kind: LayerKind, shape: LayerShape, quantity: str, **tp) -> float:

@@ -369,7 +369,7 @@ def test_hf_config_is_read_as_odc_pp_plan_reads_it(tmp_path, capsys):
     shape = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16",
              "--group-query-attention", "--num-query-groups", "4", "--ffn-hidden-size",
              "3584", "--swiglu", "--untie-embeddings-and-output-weights", "--seq-length",
-             "2048"]
+             "2048", "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
     assert command(shape + common) == 0
     from_flags = json.loads(capsys.readouterr().out)
     assert [r["step_s"] for r in from_hf] == pytest.approx([r["step_s"] for r in from_flags])
