@@ -21,10 +21,12 @@ parallelism the part that is not split was measured at tp = 2, with and without
 sequence parallelism, as ``r_h h + r_one`` (``+ r_head_dim h / a`` with RoPE)
 (:meth:`KindBytes.per_token`).
 
-Not in the table: a GQA layer with one query group per tensor-parallel rank (multi-query,
-or as many groups as tp) keeps its query as a view of the qkv projection's output, not a
-copy: ``2 h / tp`` bytes per token fewer than its GQA row (measured at two groups per
-rank or more), which the model over-counts.
+The table's GQA rows are measured at two query groups per tensor-parallel rank or more;
+with one (multi-query, or as many groups as tp) the query is a view of the qkv
+projection's output, not a copy, and a layer without RoPE (whose attention keeps that
+query; RoPE keeps the rotated one either way) keeps ``2 q / tp`` bytes per token fewer
+(:func:`odc_pp.planner.memory.saved_bytes_per_token` subtracts them; measured by
+``tests/unit/training/test_layer_table.py``).
 
 Two quantities per kind: ``saved`` (held from the layer's F to its B) and ``w_held``
 (held from its B to its W: the inputs and output gradients of the deferred weight

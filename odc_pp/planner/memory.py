@@ -431,10 +431,14 @@ def saved_bytes_per_token(model: ModelShape, *, seq_length: int, flash: bool = T
     True/False for --recompute-lgd, or none/lgd/full; ``seq_length``: the attention's
     span (the unfused attention keeps ``s x s`` scores)."""
     kind = layer_kind(model, flash=flash, recompute=recompute)
-    return kind_bytes(kind, quantity).per_token(
+    per_token = kind_bytes(kind, quantity).per_token(
         h=model.hidden_size, ffn=model.ffn, kv=model.kv_width,
         heads=model.num_attention_heads, seq=seq_length, tp=tp,
         sequence_parallel=sequence_parallel or tp == 1)
+    if kind.attention == "gqa" and kind.position != "rope" and kind.recompute != "full" \
+            and quantity == "saved" and model.query_groups <= tp:
+        per_token -= 2 * model.query_width / tp  # one group per rank: no query copy
+    return per_token
 
 
 def layer_activation_bytes(shape: Workload, *, recompute: bool | str, tp: int = 1,

@@ -60,8 +60,8 @@ from h and the heads, RoPE kinds only; the last: the key/value width, GQA kinds 
 Every GQA shape has two heads per group or more (the unfused attention repeats keys
 and values only then) and two groups or more: with one group per tensor-parallel rank
 (multi-query, or as many groups as tp) the query is a view of the qkv projection's
-output, not a copy, so such a layer keeps ``2 h / tp`` bytes per token fewer than its
-kind's row says."""
+output, not a copy: such a layer without RoPE keeps ``2 h / tp`` bytes per token fewer
+than its kind's row (``odc_pp.planner.memory.saved_bytes_per_token`` subtracts them)."""
 HEAD_DIM_SHAPE = SHAPES[5]
 """The shape that moves the head dimension (RoPE kinds only)."""
 TP_SHAPES = (LayerShape(h=256, heads=8, groups=4, seq=64, ffn=512),

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from odc_pp.planner.layer_kinds import LayerKind, kind_bytes, layer_kind
-from odc_pp.planner.memory import Workload, layer_activation_bytes
+from odc_pp.planner.memory import Workload, layer_activation_bytes, saved_bytes_per_token
 from odc_pp.planner.model import ModelShape
 from odc_pp.training.layer_measure import CHECK_SHAPE, LayerShape, measure_layer
 
@@ -27,20 +27,34 @@ TP4 = LayerShape(h=1024, heads=16, groups=8, seq=256, ffn=2048)  # 2 groups per 
 
 
 def _table(kind: LayerKind, shape: LayerShape, quantity: str, **tp) -> float:
-    return kind_bytes(kind, quantity).per_token(
-        h=shape.h, ffn=shape.ffn, kv=shape.h // shape.heads * shape.groups,
-        heads=shape.heads, seq=shape.seq, **tp)
+    """The one model's bytes per token (planner.memory, reading the table)."""
+    gqa = kind.attention == "gqa"
+    model = ModelShape(num_layers=1, hidden_size=shape.h, num_attention_heads=shape.heads,
+                       num_query_groups=shape.groups if gqa else None,
+                       ffn_hidden_size=shape.ffn, vocab_size=0,
+                       gated_mlp=kind.mlp == "swiglu", normalization=kind.normalization,
+                       position_embedding_type=kind.position,
+                       hidden_dropout=0.1 if kind.hidden_dropout else 0.0,
+                       attention_dropout=0.1 if kind.hidden_dropout else 0.0)
+    assert layer_kind(model, flash=kind.flash, recompute=kind.recompute) == kind
+    return saved_bytes_per_token(model, seq_length=shape.seq, flash=kind.flash,
+                                 recompute=kind.recompute, quantity=quantity, **tp)
 
 
 @pytest.mark.parametrize("key, shape, tp", [
     (GPT_LGD, PAPER, {}), (GPT_LGD, CHECK_SHAPE, {}), (LLAMA, PAPER, {}),
     ("gelu/LayerNorm/learned_absolute/mha/flash/dropout/none", SMALL, {}),
     ("gelu/LayerNorm/learned_absolute/mha/unfused/dropout/none", SMALL, {}),
+    ("swiglu/RMSNorm/rope/gqa/unfused/dropout/lgd", SMALL, {}),
+    (GPT_LGD, TP4, {"tp": 2, "sequence_parallel": True}),
     (GPT_LGD, SMALL, {"tp": 2, "sequence_parallel": True}),
     (LLAMA, TP4, {"tp": 4, "sequence_parallel": True}),
-    (LLAMA, TP4, {"tp": 2, "sequence_parallel": False})],
+    (LLAMA, TP4, {"tp": 2, "sequence_parallel": False}),
+    (LLAMA, TP4, {"tp": 8, "sequence_parallel": True}),
+    (GPT_LGD, LayerShape(h=640, heads=10, groups=1, seq=64, ffn=2560), {})],
     ids=["gpt-lgd-10.5B", "gpt-lgd-check", "llama-10.5B", "gpt-mha", "gpt-unfused",
-         "gpt-lgd-tp2-sp", "llama-tp4-sp", "llama-tp2"])
+         "rope-gqa-unfused", "gpt-lgd-tp2-sp", "gpt-lgd-tp2-one-group-per-rank",
+         "llama-tp4-sp", "llama-tp2", "llama-tp8-one-group-per-rank", "gpt-mqa"])
 def test_the_table_is_what_the_dry_run_measures(key, shape, tp):
     kind = LayerKind.from_key(key)
     saved, w_held = measure_layer(kind, shape, **tp)
