@@ -15,6 +15,7 @@ import time
 from odc_pp.layout import DataParallelMode
 from odc_pp.planner.hardware import GB, PRESETS, memory_budget_gb
 from odc_pp.planner.inputs import ModelSpec, describe_histogram, load_lengths
+from odc_pp.planner.model import layer_fields
 from odc_pp.planner.report import format_plan
 from odc_pp.planner.search import SCHEDULES, Candidate, PlanConfig, plan, predict
 from odc_pp.planner.verdict import budget_flags
@@ -38,7 +39,7 @@ def model_from_flags(text: str) -> ModelSpec:
                      gated_mlp=bool(model.swiglu),
                      num_query_groups=model.num_query_groups if model.group_query_attention
                      else None, kv_channels=model.kv_channels, tied=not model.untie_embeddings,
-                     source_flags=tuple(text.split()))
+                     source_flags=tuple(text.split()), **layer_fields(model))
 
 
 def baseline_candidate(text: str, model: ModelSpec, gpus: int, *,

@@ -51,10 +51,11 @@ Per microbatch (measured by the dry run per chunk, placed in time by the schedul
 * in-flight receives: ``M`` per receive posted and not yet consumed;
 * offload buffers: the offloaded activations live in host memory (device: 0).
 
-Activations in closed form (one model: :func:`saved_bytes_per_token`, per layer and token,
-with coefficients calibrated against the dry run; the dry run's memory model
-``odc_pp.training.plan_memory`` and the planner's :func:`layer_activation_bytes` both use
-it). What ``recompute_lgd`` removes, exactly (torch-free):
+Activations (one model: :func:`saved_bytes_per_token`, per layer and token): the bytes
+the FakeTensor dry run measured for the layer's kind (:mod:`.layer_kinds`, the table
+``layer_activations.json``; the dry run's memory model ``odc_pp.training.plan_memory``,
+the planner's :func:`layer_activation_bytes` and ``odc-pp tune-offload`` all read it).
+What ``recompute_lgd`` removes, by the formula (torch-free; the table measures it):
 
 Per transformer layer and microbatch, with ``tokens = s * b``, hidden size h, MLP width f,
 ``e`` bytes per activation value and ``m`` bytes per dropout-mask element, the layer
@@ -70,10 +71,10 @@ stops saving (see :mod:`odc_pp.megatron.recompute`):
 
 With f = 4h, e = 2 (bf16), m = 1 (the keyed dropout's bool mask) and the O(tokens) terms
 dropped, this is 14 * s * b * h (:func:`lgd_saving_per_token_hidden`; Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models"). The activation model
-(:data:`COEFFICIENTS`) is measured instead: a Llama layer without dropout, whose fused
-kernels keep less than the standard 34 sbh. The attention-probability dropout is not
-recomputed (without flash attention it stays in the 5 a s^2 b term).
+"Reducing Activation Recomputation in Large Transformer Models"). The measured GPT layer
+(GeLU, LayerNorm, hidden dropout, flash attention, f = 4h) keeps 34 h + 4 a + 8 bytes per
+token without and 20 h + 4 a + 16 with it -- Korthikanti's 34 and PipeOffload's 20
+(App. C).
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from .hardware import GB
+from .layer_kinds import kind_bytes, layer_kind
 from .model import ModelShape
 
 __all__ = ["GB", "CATEGORIES", "UnitSizes", "state_bytes", "planned_state_bytes",
            "MemoryReport", "ChunkBytes", "schedule_peak", "count_sends", "Workload",
-           "layer_activation_bytes", "saved_bytes_per_token", "ActivationCoefficients",
-           "COEFFICIENTS", "lgd_saving_per_token_hidden", "lgd_saved_bytes_per_layer",
+           "layer_activation_bytes", "saved_bytes_per_token", "lgd_saving_per_token_hidden",
+           "lgd_saved_bytes_per_layer",
            "dropout_mask_bytes", "DROPOUT_KEY_BYTES"]
 
 
@@ -417,51 +419,34 @@ class Workload:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
 
 
-@dataclass(frozen=True)
-class ActivationCoefficients:
-    """Bytes per token of one layer's tensors held from F to B: ``(h_split * h + ffn_split
-    * ffn) / tp + h_replicated * h`` (tp: tensor-parallel size with sequence parallelism)."""
-
-    h_split: float
-    ffn_split: float
-    h_replicated: float
-
-
-COEFFICIENTS = {False: ActivationCoefficients(h_split=15.55, ffn_split=6.0,
-                                              h_replicated=0.23),
-                True: ActivationCoefficients(h_split=11.55, ffn_split=4.0,
-                                             h_replicated=0.23)}
-"""Saved activations per layer without / with --recompute-lgd (calibrated against the dry
-run: :mod:`odc_pp.training.plan_memory`). Issue 29 moved the first: SwiGLU keeps only its input (ffn_split 10 -> 6: 4 x ffn bytes per
-token, measured by the dry run of NVIDIA's Llama-3-8B), and the CPU RMSNorm keeps what
-the fused CUDA kernel keeps (h_split 27.55 -> 15.55: 12 x h, measured at the GPU step's
-Llama-3-8B layers)."""
-
-
-
-def saved_bytes_per_token(*, hidden_size: int, ffn_hidden_size: int, tp: int = 1,
-                          recompute: bool = False, sequence_parallel: bool = True) -> float:
-    """Bytes one transformer layer holds from its F to its B per token on one
-    tensor-parallel rank (bf16; :data:`COEFFICIENTS`): the one activation model, which the
-    dry run's memory model (``odc_pp.training.plan_memory``) and the planner's estimate
-    (:func:`layer_activation_bytes`) both use. Without sequence parallelism (tp > 1) only
-    the MLP part is split over tp."""
-    c = COEFFICIENTS[bool(recompute)]
-    h_tp = tp if sequence_parallel else 1
-    return c.h_split * hidden_size / h_tp + c.ffn_split * ffn_hidden_size / tp \
-        + c.h_replicated * hidden_size
+def saved_bytes_per_token(model: ModelShape, *, seq_length: int, flash: bool = True,
+                          recompute: bool | str = False, tp: int = 1,
+                          sequence_parallel: bool = True, quantity: str = "saved") -> float:
+    """Bytes one transformer layer of ``model`` holds per token on one tensor-parallel
+    rank (bf16): ``quantity`` saved (from its F to its B) or w_held (from its B to its
+    W), as the FakeTensor dry run measured its kind
+    (:mod:`odc_pp.planner.layer_kinds`: the one activation model, which the dry run's
+    memory model ``odc_pp.training.plan_memory``, the planner's
+    :func:`layer_activation_bytes` and ``odc-pp tune-offload`` read). ``recompute``:
+    True/False for --recompute-lgd, or none/lgd/full; ``seq_length``: the attention's
+    span (the unfused attention keeps ``s x s`` scores)."""
+    kind = layer_kind(model, flash=flash, recompute=recompute)
+    per_token = kind_bytes(kind, quantity).per_token(
+        h=model.hidden_size, ffn=model.ffn, kv=model.kv_width,
+        heads=model.num_attention_heads, seq=seq_length, tp=tp,
+        sequence_parallel=sequence_parallel or tp == 1)
+    if kind.attention == "gqa" and kind.position != "rope" and kind.recompute != "full" \
+            and quantity == "saved" and model.query_groups <= tp:
+        per_token -= 2 * model.query_width / tp  # one group per rank: no query copy
+    return per_token
 
 
-def layer_activation_bytes(shape: Workload, *, recompute: bool, tp: int = 1,
+def layer_activation_bytes(shape: Workload, *, recompute: bool | str, tp: int = 1,
                            sequence_parallel: bool = False) -> float:
     """Saved activation bytes of one layer and microbatch on one tensor-parallel rank:
-    :func:`saved_bytes_per_token` of its tokens, scaled to ``shape.bytes_per_value``,
-    plus the ``5 a s^2 b`` attention scores without flash attention."""
-    model = shape.model
-    b, s, h, a = (shape.micro_batch_size, shape.seq_length, model.hidden_size,
-                  model.num_attention_heads)
-    per_token = saved_bytes_per_token(hidden_size=h, ffn_hidden_size=model.ffn, tp=tp,
-                                      recompute=recompute,
-                                      sequence_parallel=sequence_parallel or tp == 1)
-    attention = 0.0 if shape.flash_attention else 5 * a * s * b * s / tp
-    return (s * b * per_token + attention) * shape.bytes_per_value / 2
+    :func:`saved_bytes_per_token` of its tokens (the measured table, the unfused
+    attention's scores included), scaled to ``shape.bytes_per_value``."""
+    per_token = saved_bytes_per_token(shape.model, seq_length=shape.seq_length,
+                                      flash=shape.flash_attention, recompute=recompute,
+                                      tp=tp, sequence_parallel=sequence_parallel or tp == 1)
+    return shape.seq_length * shape.micro_batch_size * per_token * shape.bytes_per_value / 2

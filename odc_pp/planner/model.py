@@ -13,7 +13,19 @@ from dataclasses import dataclass
 
 from odc_pp.schedule.costs import transformer_layer_flops
 
-__all__ = ["ModelShape"]
+__all__ = ["ModelShape", "layer_fields"]
+
+_LAYER_DEFAULTS = {"normalization": "LayerNorm", "position_embedding_type": "learned_absolute",
+                   "hidden_dropout": 0.1, "attention_dropout": 0.1}
+"""Megatron's defaults of the flags that decide a layer's kind beside its widths."""
+
+
+def layer_fields(model) -> dict:
+    """The layer-kind fields of :class:`ModelShape` from Megatron model flags (an object
+    with their attribute names; missing ones: Megatron's defaults)."""
+    values = {name: getattr(model, name, None) for name in _LAYER_DEFAULTS}
+    return {name: default if values[name] is None else values[name]
+            for name, default in _LAYER_DEFAULTS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +52,15 @@ class ModelShape:
     tied: bool = True
     """The output layer shares the embedding's weight (Megatron's default; False:
     ``--untie-embeddings-and-output-weights``)."""
+    normalization: str = "LayerNorm"
+    """The layers' norm: LayerNorm (Megatron's default) or RMSNorm (``--normalization``)."""
+    position_embedding_type: str = "learned_absolute"
+    """learned_absolute (Megatron's default) or rope (``--position-embedding-type``)."""
+    hidden_dropout: float = 0.1
+    """``--hidden-dropout`` (Megatron's default 0.1): its masks are kept for backward."""
+    attention_dropout: float = 0.1
+    """``--attention-dropout`` (Megatron's default 0.1): the unfused attention keeps its
+    mask; flash kernels keep only their random state."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
@@ -52,6 +73,12 @@ class ModelShape:
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"--hidden-size {self.hidden_size} must be divisible by "
                              f"--num-attention-heads {self.num_attention_heads}")
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"--normalization must be LayerNorm or RMSNorm, got "
+                             f"{self.normalization!r}")
+        if self.position_embedding_type not in ("learned_absolute", "rope"):
+            raise ValueError(f"--position-embedding-type must be learned_absolute or rope, "
+                             f"got {self.position_embedding_type!r}")
         if self.num_attention_heads % self.query_groups:
             raise ValueError(f"--num-attention-heads {self.num_attention_heads} must be "
                              f"divisible by --num-query-groups {self.query_groups}")
@@ -68,7 +95,8 @@ class ModelShape:
                    num_query_groups=model.num_query_groups if gqa else None,
                    kv_channels=getattr(model, "kv_channels", None),
                    gated_mlp=bool(getattr(model, "swiglu", False)),
-                   tied=not getattr(model, "untie_embeddings", False))
+                   tied=not getattr(model, "untie_embeddings", False),
+                   **layer_fields(model))
 
     @property
     def ffn(self) -> int:
@@ -105,6 +133,10 @@ class ModelShape:
             out.append("--swiglu")
         if not self.tied:
             out.append("--untie-embeddings-and-output-weights")
+        for name, default in _LAYER_DEFAULTS.items():
+            if getattr(self, name) != default:
+                out += [f"--{name.replace('_', '-')}", f"{getattr(self, name):g}"
+                        if isinstance(default, float) else getattr(self, name)]
         return out
 
     def layer_flops(self, batch: int, seq: int) -> tuple[float, float, float]:

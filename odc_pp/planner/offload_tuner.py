@@ -25,8 +25,8 @@ predicts each as ``odc-pp plan`` does:
   sharded over dp; the embedding on the first stage, the output layer on the last) plus
   the simulator's activation peak (what an OFFLOAD moved out does not count until its
   RELOAD) times a microbatch-chunk's bytes
-  (:func:`odc_pp.planner.memory.layer_activation_bytes`: Korthikanti et al. 2022,
-  ``s b h (34 + 5 a s / h)`` for a GPT, the attention term dropped with flash attention),
+  (:func:`odc_pp.planner.memory.layer_activation_bytes`: the bytes the dry run measured
+  for the layer's kind, ``odc_pp/planner/layer_activations.json``),
   and the last stage's fp32 logits.
 
 Hardware: a preset of :mod:`odc_pp.planner.hardware` (``--preset``), or ``--measure``
@@ -348,6 +348,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="channels per head (default: hidden / heads)")
     p.add_argument("--untie-embeddings-and-output-weights", dest="untie_embeddings",
                    action="store_true")
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default=None,
+                   help="the layers' norm (default LayerNorm, Megatron's)")
+    p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"),
+                   default=None, help="positions (default learned_absolute, Megatron's)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="count the 5as/h attention-matrix activations")
     p.add_argument("--pp", type=bounded_int(1, MAX_PP), default=None,
@@ -394,7 +398,7 @@ def _plan_costs(path: str | None) -> CostModel:
 
 _SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                 "swiglu", "group_query_attention", "num_query_groups", "kv_channels",
-                "untie_embeddings", "vocab_size")
+                "untie_embeddings", "vocab_size", "normalization", "position_embedding_type")
 
 
 def _model(args, load_hf: Callable[..., ModelSpec] | None) -> tuple[ModelShape, int,

@@ -51,9 +51,10 @@ from odc_pp.planner.memory import ChunkBytes, MemoryReport, UnitSizes, schedule_
 
 from .arguments import TrainingArgs, parse_args
 from .job import Job
-from .plan_memory import embedding_kept, job_costs, param_residency, replica_microbatches
+from .plan_memory import (embedding_kept, job_costs, layer_bytes, param_residency,
+                          replica_microbatches)
 
-__all__ = ["DryRunFlags", "MemoryPhases", "REPORT_KEY", "dry_run", "main",
+__all__ = ["DryRunFlags", "MemoryPhases", "gpu_model", "REPORT_KEY", "dry_run", "main",
            "split_dry_run_flags"]
 
 REPORT_KEY = "job"
@@ -189,6 +190,21 @@ def _topology(job: Job, rank: int):
     return Topology.for_job(job, rank, _CPU)
 
 
+def gpu_model(model):
+    """The model flags (ModelArgs) the dry run builds: what a GPU runs under ``auto`` --
+    the sdpa attention and the fused loss. The flash kernels apply attention dropout
+    with their random state alone (no mask, no probabilities kept), which the CPU's
+    sdpa would not (it falls back to the math path and keeps ``s x s`` probabilities),
+    so the fake sdpa runs without attention dropout."""
+    backend = model.attention_backend
+    fused = model.fused_cross_entropy
+    backend = "sdpa" if backend == "auto" else backend
+    return dataclasses.replace(
+        model, attention_backend=backend,
+        fused_cross_entropy="on" if fused == "auto" else fused,
+        attention_dropout=0.0 if backend == "sdpa" else model.attention_dropout)
+
+
 def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool = False):
     """This rank's chunks, engine and optimizer, made by the training builders on fake
     tensors, the fake process group and a fake ODC group (no --hf-checkpoint weights are
@@ -201,11 +217,7 @@ def _build(job: Job, topo, vocab_size: int, residency: str, keep_embedding: bool
     if not (job.layout.mode.is_odc or job.layout.mode.is_ddp):
         raise ValueError(f"--dry-run models --dp-mode odc and ddp; got --dp-mode "
                          f"{job.layout.mode}")
-    backend = args.model.attention_backend  # what GPUs run: sdpa, the fused loss
-    fused = args.model.fused_cross_entropy
-    model = dataclasses.replace(args.model,
-                                attention_backend="sdpa" if backend == "auto" else backend,
-                                fused_cross_entropy="on" if fused == "auto" else fused)
+    model = gpu_model(args.model)
     with _fake_module_to():
         chunks = build_model(model, args.schedule, args.parallel, topo,
                              placement=job.placement, vocab_size=vocab_size,
@@ -362,8 +374,12 @@ def _advice(report: MemoryReport, job: Job, limit_peak) -> tuple[list[str], dict
             if over <= 0:
                 return advice, categories
     if not args.model.recompute_lgd:
-        advice.append("--recompute-lgd (drops the norm/activation outputs, about 14 of "
-                      "each layer's ~34 bytes per token x hidden; run the dry run again)")
+        kept = {r: layer_bytes(args.model, vocab_size=args.model.vocab_size, tp=job.layout.tp,
+                               sequence_parallel=args.parallel.sequence_parallel, recompute=r)
+                for r in ("none", "lgd")}
+        advice.append(f"--recompute-lgd (drops the norm/activation/dropout outputs: each "
+                      f"layer keeps {kept['lgd']:.0f} instead of {kept['none']:.0f} bytes per "
+                      f"token, odc_pp/planner/layer_activations.json; run the dry run again)")
     advice.append(f"or fewer tokens per microbatch (--max-tokens-per-microbatch / "
                   f"--micro-batch-size), a larger --pipeline-model-parallel-size or "
                   f"--tensor-model-parallel-size: {over / GB:.1f} GB over after the above")

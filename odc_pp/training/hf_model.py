@@ -30,4 +30,6 @@ def model_from_hf(path: str, *, seq_length: int | None = None) -> ModelSpec:
                      num_query_groups=flags["num_query_groups"],
                      kv_channels=flags["kv_channels"],
                      tied=bool(config.get("tie_word_embeddings", False)),
+                     normalization=flags["normalization"],
+                     position_embedding_type=flags["position_embedding_type"],
                      source_flags=("--hf-checkpoint", directory, "--seq-length", str(seq)))

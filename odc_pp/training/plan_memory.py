@@ -13,13 +13,11 @@ The two things the dry run measures on fake tensors are formulas here:
 * the trainable elements of each local chunk (exact: the embedding and output layer
   vocabulary-parallel, the linear layers split over tp, norms replicated);
 * the per-microbatch bytes of a chunk (:class:`~odc_pp.planner.memory.ChunkBytes`),
-  per token; the layers' saved activations are the planner's one activation model
-  (:func:`~odc_pp.planner.memory.saved_bytes_per_token`), calibrated against the dry run
-  of the Llama-3-8B shape (hidden 4096, SwiGLU
-  ffn 14336 and 7168, 8 KV groups, RMSNorm, vocabulary 128256, tp 1/2/4 with sequence
-  parallelism, with and without --recompute-lgd, first/middle/last stage; every
-  coefficient within 0.5% of the measurement there). Other layer kinds (GELU MLPs,
-  LayerNorm, biases) are approximated by the same coefficients.
+  per token; the layers' saved and W-held bytes are the planner's one activation model
+  (:func:`~odc_pp.planner.memory.saved_bytes_per_token`): what the dry run measured for
+  the layer's kind (:mod:`odc_pp.planner.layer_kinds`: GeLU or SwiGLU, LayerNorm or
+  RMSNorm, learned or rotary positions, MHA or GQA, flash or unfused attention, dropout,
+  each recompute option); full recompute by its groups (:func:`_layers_bytes`).
 """
 
 from __future__ import annotations
@@ -30,12 +28,13 @@ from typing import TYPE_CHECKING
 
 from odc_pp.planner.memory import (ChunkBytes, UnitSizes, saved_bytes_per_token, schedule_peak,
                                    state_bytes)
+from odc_pp.planner.model import ModelShape
 
 if TYPE_CHECKING:
     from .arguments import TrainingArgs
     from .job import Job
 
-__all__ = ["rank_peaks", "chunk_sizes",
+__all__ = ["rank_peaks", "chunk_sizes", "layer_bytes",
            "chunk_params", "layer_params", "param_residency", "embedding_kept", "job_peaks", "job_costs",
            "replica_microbatches"]
 
@@ -78,17 +77,48 @@ def chunk_params(model, *, layers: int, first: bool, last: bool, tp: int, pp_chu
     return total
 
 
+def layer_bytes(model, *, vocab_size: int, tp: int, sequence_parallel: bool = True,
+                quantity: str = "saved", recompute: str | None = None) -> float:
+    """Bytes per token one layer of ``model`` (the parsed ModelArgs) holds on one
+    tensor-parallel rank, ``quantity`` saved or w_held: the planner's one activation model
+    (:func:`~odc_pp.planner.memory.saved_bytes_per_token`, the measured table) for the
+    layer kind the dry run builds (the GPU's attention: sdpa unless ``host``).
+    ``recompute``: none/lgd/full (None: --recompute-lgd's)."""
+    shape = ModelShape.of(model, vocab_size)
+    return saved_bytes_per_token(
+        shape, seq_length=model.seq_length, flash=model.attention_backend != "host",
+        recompute=recompute or ("lgd" if model.recompute_lgd else "none"), tp=tp,
+        sequence_parallel=sequence_parallel, quantity=quantity)
+
+
+def _layers_bytes(model, layers: int, quantity: str, **kwargs) -> float:
+    """Per token: ``layers`` layers of a chunk, full recompute's groups as the dry run
+    builds them (uniform: each group of --recompute-num-layers keeps its input; block:
+    the first --recompute-num-layers layers of the chunk keep theirs)."""
+    plain = layer_bytes(model, quantity=quantity, **kwargs)
+    if not model.recompute_full:
+        return layers * plain
+    full = layer_bytes(model, quantity=quantity, recompute="full", **kwargs)
+    n = model.recompute_num_layers or 1
+    if quantity == "w_held":  # every layer's linears, recomputed or not
+        recomputed = layers if model.recompute_method == "uniform" else min(n, layers)
+        return recomputed * full + (layers - recomputed) * plain
+    if model.recompute_method == "uniform":
+        return math.ceil(layers / n) * full
+    return min(n, layers) * full + (layers - min(n, layers)) * plain
+
+
 def chunk_sizes(model, *, tokens: int, layers: int, last: bool, tp: int,
-                vocab_size: int, fused_loss: bool = False) -> ChunkBytes:
+                vocab_size: int, fused_loss: bool = False,
+                sequence_parallel: bool = True) -> ChunkBytes:
     """Per-microbatch bytes of one chunk (the dry run's measured quantities) for a
     microbatch of ``tokens`` tokens, bf16 (module docstring). ``fused_loss``: the last
     chunk runs ``--fused-cross-entropy`` (the dry run's GPU default at tp = 1):
     :func:`_fused_loss_bytes` instead of the logits."""
     h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
-    per_layer = saved_bytes_per_token(hidden_size=h, ffn_hidden_size=ffn, tp=tp,
-                                      recompute=bool(model.recompute_lgd))
-    saved = 2 * h / tp + layers * per_layer  # the chunk's input (embedding or received)
-    w_held = layers * (4 * h + (9 * h + 6 * ffn) / tp)
+    kinds = dict(vocab_size=vocab_size, tp=tp, sequence_parallel=sequence_parallel)
+    saved = 2 * h / tp + _layers_bytes(model, layers, "saved", **kinds)  # + the input
+    w_held = _layers_bytes(model, layers, "w_held", **kinds)
     if last and fused_loss:
         return _fused_loss_bytes(tokens=tokens, saved=saved, w_held=w_held, h=h,
                                  vocab_size=vocab_size)
@@ -230,7 +260,8 @@ def job_peaks(job: Job, residency: str, *, keep_embedding: bool = False
                           replicated=layout.mode.is_ddp,
                           norm_mask=tuple(is_last and tied for is_last in last))
         sizes = [chunk_sizes(model, tokens=tokens, layers=counts[s], last=is_last, tp=tp,
-                             vocab_size=vocab, fused_loss=fused_loss)
+                             vocab_size=vocab, fused_loss=fused_loss,
+                             sequence_parallel=args.parallel.sequence_parallel)
                  for s, is_last in zip(stages, last)]
         if residency == "layer" and dp * cp > 1:  # a layer and the next, gathered ahead
             layer = layer_params(model, tp=tp) * units.param_bytes

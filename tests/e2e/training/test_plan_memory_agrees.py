@@ -110,3 +110,42 @@ def test_the_memory_model_counts_the_fused_loss_on_the_last_stage(tmp_path):
         print(f"{name} rank {rank}: plan {planned / 1e9:.2f} GB, dry run "
               f"{measured / 1e9:.2f} GB")
         assert abs(planned - measured) <= 0.015 * measured, (name, planned, measured)
+
+
+PIPEOFFLOAD_10B = (  # PipeOffload's 10.5B GPT (Table 2), 4K, 1F1B on 8 GPUs, lighter ends
+    "--num-layers 38 --hidden-size 5120 --num-attention-heads 40 --group-query-attention "
+    "--num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 50304 "
+    "--recompute-lgd --pipeline-model-parallel-size 8 --decoder-first-pipeline-num-layers 4 "
+    "--decoder-last-pipeline-num-layers 4 --global-batch-size 64 --micro-batch-size 1 --bf16 "
+    "--pipeline-schedule 1f1b").split()
+
+
+@pytest.mark.slow
+def test_plan_and_dry_run_agree_on_pipeoffloads_gpt(tmp_path):
+    """GeLU, LayerNorm, GQA (8 groups), dropout 0.1, --recompute-lgd (issue 48). Before,
+    the plan's memory model charged these layers the SwiGLU/RMSNorm coefficients (27.8 h
+    bytes per layer-token: 47.0 GB on the second rank) and the dry run kept the CPU sdpa's
+    attention-dropout probabilities a GPU's flash kernel does not (216 GB). Now both read
+    what the dry run measures for the kind (40.2 GB), and the planner's own estimate
+    (``odc-pp tune-offload``, the plan's first ranking) charges a layer the same bytes."""
+    from odc_pp.planner.memory import Workload, layer_activation_bytes
+    from odc_pp.planner.model import ModelShape
+    from odc_pp.training.arguments import parse_args
+    from odc_pp.training.plan_memory import rank_peaks
+
+    rank, layers, in_flight = 1, 5, 7  # 1F1B's second rank: 7 microbatches of 5 layers
+    path = str(tmp_path / "dry.json")
+    process = _dry_run(PIPEOFFLOAD_10B, 8, rank, path)
+    _, err = process.communicate(timeout=900)
+    assert process.returncode in (0, 1), err[-2000:]
+    report = json.loads(open(path).read())["job"]
+    measured, activations = report["total_gb"] * 1e9, report["categories"]["activations"]
+    planned = rank_peaks(PIPEOFFLOAD_10B, 8)[rank]
+    model = parse_args(PIPEOFFLOAD_10B + ["--mock-data"]).model
+    layer = layer_activation_bytes(Workload(model=ModelShape.of(model, 50304),
+                                            seq_length=4096), recompute=True)
+    print(f"plan {planned / 1e9:.2f} GB, dry run {measured / 1e9:.2f} GB; activations: "
+          f"planner {layers * in_flight * layer / 1e9:.2f} GB, dry run "
+          f"{activations / 1e9:.2f} GB ({layer / 4096 / 5120:.1f} h per layer-token)")
+    assert abs(planned - measured) <= 0.05 * measured
+    assert abs(layers * in_flight * layer - activations) <= 0.05 * activations

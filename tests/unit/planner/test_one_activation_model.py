@@ -4,7 +4,8 @@ ranking, ``odc-pp tune-offload``) and the dry run's memory model
 bytes; no two functions share the name ``chunk_bytes`` and ``GB`` is defined once.
 
 Before, the planner used Korthikanti's 34 sbh (GQA / gated MLP widths) and the dry run's
-model the calibrated coefficients: 17% apart for a GPT layer, 4% for Llama-3-8B's."""
+model the calibrated coefficients: 17% apart for a GPT layer, 4% for Llama-3-8B's. Both
+now read the table the dry run measured per layer kind (``test_layer_table``)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,7 @@ GPT = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --vocab-size 
 
 
 def _shape(model) -> ModelShape:
-    return ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                      num_attention_heads=model.num_attention_heads,
-                      num_query_groups=model.num_query_groups if model.group_query_attention
-                      else None, ffn_hidden_size=model.ffn_hidden_size,
-                      gated_mlp=bool(model.swiglu), vocab_size=model.vocab_size)
+    return ModelShape.of(model, model.vocab_size)
 
 
 @pytest.mark.parametrize("flags", [LLAMA, GPT], ids=["llama", "gpt"])
