@@ -31,8 +31,10 @@ balance, packing and token cap) is predicted as follows, deterministically:
    (:mod:`odc_pp.planner.dp_traffic`: collective all-reduce, ODC reduce-scatter, ddp's
    reduce-scatter beyond the last backward plus its parameter all-gather). So is the
    optimizer step of a rank's owned shard (:meth:`Hardware.optimizer_seconds`: a fused
-   AdamW streaming its fp32 state at the device's memory bandwidth; the ranks step after
-   the minibatch, without post-validation).
+   AdamW streaming its fp32 state at the device's memory bandwidth). The zero-bubble
+   families whose iterations overlap run with optimizer post-validation (printed
+   ``--enable-optimizer-post-validation``): their minibatch costs the schedule's steady
+   period instead of its makespan (:mod:`odc_pp.planner.post_validation`).
 5. Peak memory per pipeline rank: ``PlanConfig.rank_memory`` of the printed flags when
    given -- ``odc-pp plan`` gives the dry run's memory model
    (:func:`odc_pp.training.plan_memory.rank_peaks`: the same state formulas and schedule
@@ -74,6 +76,8 @@ from .dp_traffic import dp_comm_seconds, link_bytes
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
                                stage_times, total_of)
+from .post_validation import FLAG as POST_VALIDATION_FLAG
+from .post_validation import iteration_seconds, post_validated
 from .rough_memory import memory_units, peak_bytes
 from .uneven import try_uneven
 
@@ -96,13 +100,20 @@ def _costs_key(plan_costs: CostModel | None) -> str:
     return "" if plan_costs is None else json.dumps(plan_costs.to_dict(), sort_keys=True)
 
 
-def _simulate_planned(config: PlanConfig, request: ScheduleRequest, costs: CostModel):
+def _simulate_planned(config: PlanConfig, cand: Candidate, request: ScheduleRequest,
+                      costs: CostModel):
     """:func:`pipeline_time`'s simulation with ``config``'s planning cost model, its key
-    computed once per config (this runs for every replica of every candidate)."""
+    computed once per config (this runs for every replica of every candidate), and the
+    minibatch's time: the makespan, or the steady period of a post-validated candidate
+    (:mod:`~odc_pp.planner.post_validation`)."""
     key = config.memo.get("plan_costs_key")
     if key is None:
         key = config.memo["plan_costs_key"] = _costs_key(config.plan_costs)
-    return simulate(_planned(request, key), costs)
+    compiled = _planned(request, key)
+    sim = simulate(compiled, costs)
+    if not post_validated(config, cand):
+        return sim, sim.makespan
+    return sim, iteration_seconds(compiled.schedule, costs, sim.makespan)
 
 
 def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
@@ -143,13 +154,13 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
     memory = memory_units(config, cand)
     if cand.dp_mode.is_collective:
         return _lock_step(config, cand, per_replica, link, memory)
-    sims = [_simulate_planned(config, request_of(cand, len(shapes)),
+    runs = [_simulate_planned(config, cand, request_of(cand, len(shapes)),
                               replica_costs(config, cand, shapes, link, memory))
             for shapes in per_replica]
-    spans = [sim.makespan for sim in sims]
+    sims, spans = [sim for sim, _ in runs], [span for _, span in runs]
     slowest = per_replica[int(np.argmax(spans))]
     return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
-            float(np.mean([sim.makespan - max(sim.busy) for sim in sims])),
+            float(np.mean([span - max(sim.busy) for sim, span in runs])),
             max(spans) - float(np.mean(spans)),
             _last_backward(config, cand, slowest[-1])), sims
 
@@ -175,14 +186,13 @@ def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: flo
     widest = [max((s[j] for s in per_replica if j < len(s)), key=lambda sh: sh[0] * sh[1])
               for j in range(count)]
     lock = scaled_costs(config, cand, widest, slowest, link, memory)
-    sim = _simulate_planned(config, request_of(cand, count), lock)
+    sim, span = _simulate_planned(config, cand, request_of(cand, count), lock)
     busy = max(sim.busy)
     # each replica's own work on its busiest rank; the rest of lock step is waiting
     chunks = family(cand.schedule).default_chunks
     work = float(np.mean([len(s) * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
                           for s, c in zip(per_replica, own)]))
-    return (sim.makespan, min(work, busy), sim.makespan - busy,
-            max(0.0, busy - work), 0.0), [sim]
+    return (span, min(work, busy), span - busy, max(0.0, busy - work), 0.0), [sim]
 
 
 def _simulated(config: PlanConfig, cand: Candidate, link: float) -> tuple:
@@ -274,6 +284,8 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     if cand.uneven is not None:
         flags += ["--decoder-first-pipeline-num-layers", str(cand.uneven[0]),
                   "--decoder-last-pipeline-num-layers", str(cand.uneven[1])]
+    if post_validated(config, cand):
+        flags.append(POST_VALIDATION_FLAG)
     if config.plan_costs_path is not None:
         flags += ["--cost-model", config.plan_costs_path]
     return flags
