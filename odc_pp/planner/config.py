@@ -112,6 +112,9 @@ class Candidate:
     uneven: tuple[int, int] | None = None
     """(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers): lighter
     embedding and loss stages (None: equal stages)."""
+    post_validation: bool = True
+    """--enable-optimizer-post-validation where the schedule's iterations overlap
+    (:func:`~odc_pp.planner.post_validation.post_validated`); False: a synchronous step."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))

@@ -13,9 +13,11 @@ schedules that end staggered (the parallelogram of ZB-H2, ZB-auto under a memory
 and the V family), :data:`FAMILIES`. ZB-H1 and 1F1B end on rank 0 last, so their period
 is their makespan and the snapshot would cost memory for nothing. ``--fp16`` does not
 compose with post-validation (the trainer refuses it), so fp16 models never get it. The
-snapshot it keeps (fp32 master weights, Adam moments and gradients of the owned shard)
-is counted in memory by the dry run's model and by
-:func:`~odc_pp.planner.rough_memory.static_bytes`.
+snapshot it keeps (fp32 master weights, Adam moments and gradients of the owned shard:
+16 bytes per owned parameter) is counted in memory by the dry run's model and by
+:func:`~odc_pp.planner.rough_memory.static_bytes`; a post-validated candidate that does
+not fit is tried again without it (``Candidate.post_validation``), as one is with
+--recompute-lgd.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ periodic schedules: ``benchmarks/bench_planner_validation.py`` checks 3)."""
 
 def post_validated(config: PlanConfig, cand: Candidate) -> bool:
     """Whether ``cand`` runs (and is printed) with post-validation."""
-    return cand.schedule in FAMILIES and "--fp16" not in config.model.model_flags()
+    return cand.post_validation and cand.schedule in FAMILIES and \
+        "--fp16" not in config.model.model_flags()
 
 
 def iteration_seconds(schedule: Schedule, costs: CostModel, makespan: float) -> float:

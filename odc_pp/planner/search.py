@@ -298,13 +298,18 @@ closed-form estimate (:func:`_peak_bytes`)."""
 
 
 def _predict_fitting(config: PlanConfig, cand: Candidate) -> Prediction:
-    """:func:`predict`; a candidate that does not fit memory is tried again with
-    --recompute-lgd and the better of the two kept."""
+    """:func:`predict`; a candidate that does not fit memory is tried again without
+    post-validation's snapshot and with --recompute-lgd, and the best kept."""
     pred = predict(config, cand)
-    if not pred.fits:
-        again = Candidate(**{**vars(cand), "recompute": True})
-        if _may_fit(config, again):
-            pred = min(pred, predict(config, again),
+    if pred.fits:
+        return pred
+    retries = [cand] + ([Candidate(**{**vars(cand), "post_validation": False})]
+                        if post_validated(config, cand) else [])
+    for base in retries:
+        again = Candidate(**{**vars(base), "recompute": True})
+        for retry in ([base] if base is not cand else []) + \
+                ([again] if _may_fit(config, again) else []):
+            pred = min(pred, predict(config, retry),
                        key=lambda p: (not p.fits, -p.tokens_per_s))
     return pred
 
@@ -353,7 +358,8 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
 def rank(config: PlanConfig, cands: list[Candidate], *,
          refine: int | None = REFINED) -> list[Prediction]:
     """Given candidates (a view's axes, e.g. ``odc-pp tune-offload``'s), each predicted as
-    it is (no recompute retry; those that cannot run are left out), ordered as
+    it is (no recompute retry, only the one without post-validation's snapshot; those that
+    cannot run are left out), ordered as
     :func:`plan` orders them; with ``config.rank_memory`` the fastest, until ``refine``
     fit (None: every one), take their memory from it."""
     rough = replace(config, rank_memory=None)
@@ -371,8 +377,15 @@ def rank(config: PlanConfig, cands: list[Candidate], *,
 
 
 def _predict_or_none(config: PlanConfig, cand: Candidate) -> Prediction | None:
+    """:func:`predict`; a post-validated candidate that does not fit is tried again
+    without post-validation's snapshot, the better kept."""
     try:
-        return predict(config, cand)
+        pred = predict(config, cand)
+        if not pred.fits and post_validated(config, cand):
+            pred = min(pred, predict(config, Candidate(**{**vars(cand),
+                                                          "post_validation": False})),
+                       key=lambda p: (not p.fits, -p.tokens_per_s))
+        return pred
     except ValueError:  # shape the schedule or sample assignment rejects
         return None
 
@@ -426,7 +439,8 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
     for pred in ranked:
         wanted = fitting < REFINED or (pred.megatron_default and not default_done)
         if wanted:
-            base = Candidate(**{**vars(pred.candidate), "recompute": False})
+            base = Candidate(**{**vars(pred.candidate), "recompute": False,
+                                "post_validation": True})
             pred, default = _predict_fitting(config, base), pred.megatron_default
             pred.megatron_default = default
             fitting += pred.fits
@@ -438,4 +452,4 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
 def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
-            cand.keep_sp_input_for_w, cand.uneven or (0, 0))
+            cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.post_validation)

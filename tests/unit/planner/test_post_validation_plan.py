@@ -76,3 +76,24 @@ def test_rough_memory_counts_the_snapshot(monkeypatch):
     without = rough_memory.static_bytes(config, cand)
     layer = MODEL.layer_params()
     assert with_snapshot[1] - without[1] == pytest.approx(16 * 2 * layer, rel=0.01)
+
+
+def test_a_snapshot_that_does_not_fit_falls_back_to_the_synchronous_step():
+    """A budget between the two peaks: the post-validated ZB-H2 does not fit, the same
+    schedule with a synchronous step does. The view's prediction (no recompute retry)
+    keeps the synchronous one (flags without the post-validation flag); the plan's keeps
+    the fastest that fits of those and the --recompute-lgd retries."""
+    config, cand = _config(), _candidate("zb-h2")
+    validated = search.predict(config, cand)
+    synchronous = search.predict(config, Candidate(**{**vars(cand), "post_validation": False}))
+    assert max(validated.peak_memory_gb) > max(synchronous.peak_memory_gb)
+    budget = (max(validated.peak_memory_gb) + max(synchronous.peak_memory_gb)) / 2
+    tight = dataclasses.replace(config, memory_gb=budget)
+    view = search._predict_or_none(tight, cand)
+    assert view.fits and not view.candidate.post_validation
+    assert post_validation.FLAG not in view.flags
+    assert view.step_s == pytest.approx(synchronous.step_s)
+    best = search._predict_fitting(tight, cand)
+    assert best.fits and best.tokens_per_s >= view.tokens_per_s
+    assert (post_validation.FLAG in best.flags) == best.candidate.post_validation
+    assert best.candidate.post_validation <= best.candidate.recompute  # PV fits only so
