@@ -452,9 +452,11 @@ def speed_evidence() -> str:
     out += ["", "**Against Megatron's DDP** (`--dp-mode ddp`, same runs, "
             "[json](benchmarks/results/lb_mini_vs_ddp.json)): " +
             (ddp_line(ddp) if ddp else "(not measured)")]
-    out += ["", "**(a) Zero-bubble paper, Table 4** (A100, pp=8, 6 rows) from its Table 9 "
-            "costs, relative to its 1F1B ([json](benchmarks/results/planner_validation.json)):",
-            ""]
+    rows = validation["zb_paper"]["rows"] if validation else []
+    pps = "/".join(str(pp) for pp in sorted({row["pp"] for row in rows}))
+    out += ["", f"**(a) Zero-bubble paper, Table 4** (A100, pp={pps}, {len(rows)} rows) from "
+            "its Table 9 costs, relative to its 1F1B "
+            "([json](benchmarks/results/planner_validation.json)):", ""]
     out += paper_table(validation["zb_paper"]) if validation else ["(not computed)"]
     out += ["", "**(b) This machine**, 2 ranks x 1 thread, calibrated on "
             "`pretrain_gpt.py` traces ([validation](docs/planner_validation.md)):", ""]

@@ -125,6 +125,9 @@ class Candidate:
     selective_offload: bool = False
     """--selective-offload: offload only the passes whose activations live long enough to
     hide the transfer (PipeOffload's selective strategy)."""
+    post_validation: bool = True
+    """--enable-optimizer-post-validation where the schedule's iterations overlap
+    (:func:`~odc_pp.planner.post_validation.post_validated`); False: a synchronous step."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_mode", DataParallelMode.parse(self.dp_mode))

@@ -82,7 +82,8 @@ class Hardware:
     """Effective device<->host bandwidth, GB/s."""
     mfu: float = 0.45
     """Fraction of peak that transformer layers reach (at full size: see
-    :meth:`flops_per_s` for the planner's curve over microbatch sizes)."""
+    :meth:`flops_per_s` for the planner's curve over microbatch sizes); the presets' are
+    calibrated per kind (:mod:`odc_pp.planner.efficiency`)."""
     tp_link_gbps: float | None = None
     """Bus bandwidth of a collective between the tensor-parallel ranks (NVLink; nccl-tests'
     busbw of a ring all-gather), GB/s; None: unknown (tensor parallelism cannot be
@@ -95,14 +96,14 @@ class Hardware:
     internode_gbps: float | None = None
     """Effective inter-node bandwidth per device, GB/s; None: unknown (one node)."""
     half_efficiency_tokens: float = 1024.0
-    """Tokens per microbatch at which a layer reaches half of ``mfu`` x peak."""
+    """Tokens per microbatch at which a layer reaches half of ``mfu`` x peak (0: no loss
+    at small microbatches; the A100 measurements show none down to 1024 tokens)."""
     memory_gbps: float | None = None
     """Device memory (HBM) bandwidth from the datasheet, GB/s; None: unknown (the
     optimizer step is left out of the predicted step)."""
 
     def __post_init__(self) -> None:
-        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps,
-                   self.half_efficiency_tokens) + tuple(
+        numbers = (self.peak_tflops, self.memory_gb, self.host_link_gbps) + tuple(
             n for n in (self.tp_link_gbps, self.internode_gbps) if n is not None)
         if not all(math.isfinite(n) and n > 0 for n in numbers) or self.gpus_per_node < 1:
             raise ValueError(f"hardware numbers must be finite and positive, got peak "
@@ -113,6 +114,9 @@ class Hardware:
                              f"{self.tp_link_latency_us}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {self.mfu}")
+        if not (math.isfinite(self.half_efficiency_tokens) and self.half_efficiency_tokens >= 0):
+            raise ValueError(f"half_efficiency_tokens must be finite and >= 0, got "
+                             f"{self.half_efficiency_tokens}")
 
     def optimizer_seconds(self, owned_params: float) -> float:
         """One fused AdamW step over ``owned_params`` fp32 parameters: it streams
@@ -146,15 +150,20 @@ class Hardware:
 PRESETS = {
     "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
                      host_link_gbps=25.0, tp_link_gbps=240.0, tp_link_latency_us=5.0,
-                     internode_gbps=20.0, memory_gbps=2039.0),
+                     internode_gbps=20.0, memory_gbps=2039.0, mfu=0.599,
+                     half_efficiency_tokens=0.0),
     "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
                      host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
-                     internode_gbps=40.0, memory_gbps=3350.0),
+                     internode_gbps=40.0, memory_gbps=3350.0, mfu=0.518,
+                     half_efficiency_tokens=0.0),
     "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
                      host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
-                     internode_gbps=40.0, memory_gbps=4800.0),
+                     internode_gbps=40.0, memory_gbps=4800.0, mfu=0.588,
+                     half_efficiency_tokens=0.0),
 }
-"""Presets (``--preset`` / ``--cluster``)."""
+"""Presets (``--preset`` / ``--cluster``). ``mfu`` and ``half_efficiency_tokens`` per kind
+are calibrated from measured layer and step times (:mod:`odc_pp.planner.efficiency`: the
+zero-bubble paper's Table 9 on A100, this project's GPU-step records on H100 and H200)."""
 
 DEFAULT_PRESET = "h100"
 """The GPU kind ``odc-pp plan --cluster`` and the dry run's ``--dry-run-gpu`` assume."""

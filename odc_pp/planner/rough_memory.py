@@ -13,6 +13,7 @@ from odc_pp.schedule.placement import rank_stages
 from . import context_parallel as cpm
 from .config import Candidate, PlanConfig
 from .memory import Workload, layer_activation_bytes, planned_state_bytes
+from .post_validation import post_validated
 from .uneven import stage_layout
 
 __all__ = ["chunk_activation_bytes", "memory_units", "static_bytes", "peak_bytes"]
@@ -45,7 +46,8 @@ def memory_units(config: PlanConfig, cand: Candidate) -> tuple[float, float, flo
 def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
     """Model state of each pipeline rank (planner.memory's formulas): its chunks' layers,
     the embedding on the first stage and the output layer on the last (a tied one there
-    too when they are apart: Megatron keeps two copies), each divided by tp."""
+    too when they are apart: Megatron keeps two copies), each divided by tp; with
+    post-validation (:func:`~.post_validation.post_validated`) its snapshot."""
     model, fam = config.model, family(cand.schedule)
     chunks = cand.num_chunks
     stages = cand.pp * chunks
@@ -57,7 +59,7 @@ def static_bytes(config: PlanConfig, cand: Candidate) -> list[float]:
     return [float(planned_state_bytes(
         [params(stage) for stage in rank_stages(fam.placement, cand.pp, chunks, rank)],
         dp=cpm.sharding_group(cand.dp, cand.cp), one_sided=not cand.dp_mode.is_collective,
-        replicated=cand.dp_mode.is_ddp))
+        replicated=cand.dp_mode.is_ddp, post_validation=post_validated(config, cand)))
         for rank in range(cand.pp)]
 
 

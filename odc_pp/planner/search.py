@@ -31,8 +31,10 @@ balance, packing and token cap) is predicted as follows, deterministically:
    (:mod:`odc_pp.planner.dp_traffic`: collective all-reduce, ODC reduce-scatter, ddp's
    reduce-scatter beyond the last backward plus its parameter all-gather). So is the
    optimizer step of a rank's owned shard (:meth:`Hardware.optimizer_seconds`: a fused
-   AdamW streaming its fp32 state at the device's memory bandwidth; the ranks step after
-   the minibatch, without post-validation).
+   AdamW streaming its fp32 state at the device's memory bandwidth). The zero-bubble
+   families whose iterations overlap run with optimizer post-validation (printed
+   ``--enable-optimizer-post-validation``): their minibatch costs the schedule's steady
+   period instead of its makespan (:mod:`odc_pp.planner.post_validation`).
 5. Peak memory per pipeline rank: ``PlanConfig.rank_memory`` of the printed flags when
    given -- ``odc-pp plan`` gives the dry run's memory model
    (:func:`odc_pp.training.plan_memory.rank_peaks`: the same state formulas and schedule
@@ -75,6 +77,8 @@ from .dp_traffic import dp_comm_seconds, link_bytes
 from .config import GB, SCHEDULES, Candidate, PlanConfig, Prediction
 from .microbatch_costs import (drawn_plans, replica_costs, sample_cost, scaled_costs,
                                stage_times, total_of)
+from .post_validation import FLAG as POST_VALIDATION_FLAG
+from .post_validation import iteration_seconds, post_validated
 from .rough_memory import memory_units, peak_bytes
 from .uneven import stage_layout, try_uneven
 
@@ -97,13 +101,20 @@ def _costs_key(plan_costs: CostModel | None) -> str:
     return "" if plan_costs is None else json.dumps(plan_costs.to_dict(), sort_keys=True)
 
 
-def _simulate_planned(config: PlanConfig, request: ScheduleRequest, costs: CostModel):
+def _simulate_planned(config: PlanConfig, cand: Candidate, request: ScheduleRequest,
+                      costs: CostModel):
     """:func:`pipeline_time`'s simulation with ``config``'s planning cost model, its key
-    computed once per config (this runs for every replica of every candidate)."""
+    computed once per config (this runs for every replica of every candidate), and the
+    minibatch's time: the makespan, or the steady period of a post-validated candidate
+    (:mod:`~odc_pp.planner.post_validation`)."""
     key = config.memo.get("plan_costs_key")
     if key is None:
         key = config.memo["plan_costs_key"] = _costs_key(config.plan_costs)
-    return simulate(_planned(request, key), costs)
+    compiled = _planned(request, key)
+    sim = simulate(compiled, costs)
+    if not post_validated(config, cand):
+        return sim, sim.makespan
+    return sim, iteration_seconds(compiled.schedule, costs, sim.makespan)
 
 
 def request_of(cand: Candidate, num_microbatches: int) -> ScheduleRequest:
@@ -147,13 +158,13 @@ def _minibatch_step(config: PlanConfig, cand: Candidate, per_replica: list,
     memory = memory_units(config, cand)
     if cand.dp_mode.is_collective:
         return _lock_step(config, cand, per_replica, link, memory)
-    sims = [_simulate_planned(config, request_of(cand, len(shapes)),
+    runs = [_simulate_planned(config, cand, request_of(cand, len(shapes)),
                               replica_costs(config, cand, shapes, link, memory))
             for shapes in per_replica]
-    spans = [sim.makespan for sim in sims]
+    sims, spans = [sim for sim, _ in runs], [span for _, span in runs]
     slowest = per_replica[int(np.argmax(spans))]
     return (max(spans), float(np.mean([max(sim.busy) for sim in sims])),
-            float(np.mean([sim.makespan - max(sim.busy) for sim in sims])),
+            float(np.mean([span - max(sim.busy) for sim, span in runs])),
             max(spans) - float(np.mean(spans)),
             _last_backward(config, cand, slowest[-1])), sims
 
@@ -179,14 +190,13 @@ def _lock_step(config: PlanConfig, cand: Candidate, per_replica: list, link: flo
     widest = [max((s[j] for s in per_replica if j < len(s)), key=lambda sh: sh[0] * sh[1])
               for j in range(count)]
     lock = scaled_costs(config, cand, widest, slowest, link, memory)
-    sim = _simulate_planned(config, request_of(cand, count), lock)
+    sim, span = _simulate_planned(config, cand, request_of(cand, count), lock)
     busy = max(sim.busy)
     # each replica's own work on its busiest rank; the rest of lock step is waiting
     chunks = cand.num_chunks
     work = float(np.mean([len(s) * chunks * max(np.add(np.add(c.t_f, c.t_b), c.t_w))
                           for s, c in zip(per_replica, own)]))
-    return (sim.makespan, min(work, busy), sim.makespan - busy,
-            max(0.0, busy - work), 0.0), [sim]
+    return (span, min(work, busy), span - busy, max(0.0, busy - work), 0.0), [sim]
 
 
 def _simulated(config: PlanConfig, cand: Candidate, link: float) -> tuple:
@@ -279,6 +289,8 @@ def flags_of(config: PlanConfig, cand: Candidate) -> list[str]:
     if cand.group_size is not None:
         flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(cand.group_size)]
     flags += stage_layout(config, cand).flags  # uneven or accounted stages
+    if post_validated(config, cand):
+        flags.append(POST_VALIDATION_FLAG)
     if config.plan_costs_path is not None:
         flags += ["--cost-model", config.plan_costs_path]
     return flags
@@ -291,13 +303,18 @@ closed-form estimate (:func:`_peak_bytes`)."""
 
 
 def _predict_fitting(config: PlanConfig, cand: Candidate) -> Prediction:
-    """:func:`predict`; a candidate that does not fit memory is tried again with
-    --recompute-lgd and the better of the two kept."""
+    """:func:`predict`; a candidate that does not fit memory is tried again without
+    post-validation's snapshot and with --recompute-lgd, and the best kept."""
     pred = predict(config, cand)
-    if not pred.fits:
-        again = Candidate(**{**vars(cand), "recompute": True})
-        if _may_fit(config, again):
-            pred = min(pred, predict(config, again),
+    if pred.fits:
+        return pred
+    retries = [cand] + ([Candidate(**{**vars(cand), "post_validation": False})]
+                        if post_validated(config, cand) else [])
+    for base in retries:
+        again = Candidate(**{**vars(base), "recompute": True})
+        for retry in ([base] if base is not cand else []) + \
+                ([again] if _may_fit(config, again) else []):
+            pred = min(pred, predict(config, retry),
                        key=lambda p: (not p.fits, -p.tokens_per_s))
     return pred
 
@@ -348,7 +365,8 @@ def plan(config: PlanConfig) -> tuple[list[Prediction], Prediction | None]:
 def rank(config: PlanConfig, cands: list[Candidate], *,
          refine: int | None = REFINED) -> list[Prediction]:
     """Given candidates (a view's axes, e.g. ``odc-pp tune-offload``'s), each predicted as
-    it is (no recompute retry; those that cannot run are left out), ordered as
+    it is (no recompute retry, only the one without post-validation's snapshot; those that
+    cannot run are left out), ordered as
     :func:`plan` orders them; with ``config.rank_memory`` the fastest, until ``refine``
     fit (None: every one), take their memory from it."""
     rough = replace(config, rank_memory=None)
@@ -366,8 +384,15 @@ def rank(config: PlanConfig, cands: list[Candidate], *,
 
 
 def _predict_or_none(config: PlanConfig, cand: Candidate) -> Prediction | None:
+    """:func:`predict`; a post-validated candidate that does not fit is tried again
+    without post-validation's snapshot, the better kept."""
     try:
-        return predict(config, cand)
+        pred = predict(config, cand)
+        if not pred.fits and post_validated(config, cand):
+            pred = min(pred, predict(config, Candidate(**{**vars(cand),
+                                                          "post_validation": False})),
+                       key=lambda p: (not p.fits, -p.tokens_per_s))
+        return pred
     except ValueError:  # shape the schedule or sample assignment rejects
         return None
 
@@ -421,7 +446,8 @@ def _refine(config: PlanConfig, ranked: list[Prediction]) -> list[Prediction]:
     for pred in ranked:
         wanted = fitting < REFINED or (pred.megatron_default and not default_done)
         if wanted:
-            base = Candidate(**{**vars(pred.candidate), "recompute": False})
+            base = Candidate(**{**vars(pred.candidate), "recompute": False,
+                                "post_validation": True})
             pred, default = _predict_fitting(config, base), pred.megatron_default
             pred.megatron_default = default
             fitting += pred.fits
@@ -434,4 +460,5 @@ def _key(cand: Candidate) -> tuple:
     return (cand.tp, cand.cp, cand.pp, cand.schedule, cand.dp_mode, cand.balance,
             cand.token_cap or 0, cand.micro_batch, cand.recompute, cand.offloaded,
             cand.keep_sp_input_for_w, cand.uneven or (0, 0), cand.num_chunks,
-            cand.accounted)
+            cand.accounted, cand.group_size or 0, cand.selective_offload,
+            cand.post_validation)

@@ -42,11 +42,17 @@ def repeat(schedule: Schedule, iterations: int) -> Schedule:
                     placement=schedule.placement, ranks=ranks, meta=dict(schedule.meta))
 
 
-def steady_period(schedule: Schedule, costs: CostModel, *, iterations: int = 4) -> float:
+def steady_period(schedule: Schedule, costs: CostModel, *, iterations: int = 4,
+                  single: float | None = None) -> float:
     """The time between the starts of consecutive iterations once they overlap
-    (post-validation), from ``iterations`` (>= 2) copies simulated back to back."""
+    (post-validation), from ``iterations`` (>= 2) copies simulated back to back (each copy
+    with the same per-microbatch costs; ``single``: one copy's makespan, when the caller
+    has simulated it already)."""
     if iterations < 2:
         raise ValueError(f"iterations must be >= 2, got {iterations}")
-    one = simulate(schedule, costs).makespan
+    one = simulate(schedule, costs).makespan if single is None else single
+    if costs.microbatch_scale is not None:
+        costs = dataclasses.replace(
+            costs, microbatch_scale=tuple(costs.microbatch_scale) * iterations)
     many = simulate(repeat(schedule, iterations), costs).makespan
     return (many - one) / (iterations - 1)

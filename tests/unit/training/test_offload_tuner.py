@@ -13,6 +13,8 @@ from odc_pp.planner.offload_tuner import (TunerConfig, candidates_of, main, plan
                                           tune)
 from odc_pp.planner.search import pipeline_costs, request_of
 from odc_pp.schedule.simulator import simulate
+from odc_pp.schedule.steady_state import steady_period
+from odc_pp.planner.post_validation import FLAG as POST_VALIDATION_FLAG
 
 SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
          "--seq-length", "8192", "--pp", "4", "--num-microbatches", "8"]
@@ -83,7 +85,9 @@ def _config(preset: str, budget: float, **extra) -> TunerConfig:
 
 @pytest.mark.parametrize("preset,budget,plan_costs", [
     ("h100", 60, None),
-    ("a100", 45, CostModel(t_f=1.0, t_b=1.4, t_w=0.6, offload_bandwidth=0.5)),
+    # 55 GB (45 before issue 48's calibrated A100 efficiency: faster compute hides less of
+    # the host link, so offloaded chunks stay longer)
+    ("a100", 55, CostModel(t_f=1.0, t_b=1.4, t_w=0.6, offload_bandwidth=0.5)),
 ])
 def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_costs,
                                                         tmp_path, capsys):
@@ -117,7 +121,10 @@ def test_recommended_flags_build_the_simulated_schedule(preset, budget, plan_cos
             offloaded = {a.chunk for a in built.actions() if a.kind is ActionKind.OFFLOAD}
             assert offloaded == set(row["offload_chunks"])
         costs = pipeline_costs(plan_config(config), cand)
-        assert simulate(built, costs).makespan == pytest.approx(_pipeline_s(row), rel=1e-9)
+        expected = simulate(built, costs).makespan
+        if POST_VALIDATION_FLAG in row["flags"]:  # iterations overlap: the steady period
+            expected = steady_period(built, costs, iterations=2, single=expected)
+        assert expected == pytest.approx(_pipeline_s(row), rel=1e-9)
 
 
 def test_printed_best_line_is_the_top_candidate(capsys):
@@ -284,7 +291,8 @@ def test_llama_shape_uses_its_mlp_width_gating_and_gqa():
     costs = pipeline_costs(plan, cand)
     k = h // a * g
     dense = 2 * b * s * (2 * h * h + 2 * h * k + 3 * h * f)
-    speed = 989e12 * 0.45 * s / (s + 1024)  # the planner's efficiency curve at s tokens
+    h100 = PRESETS["h100"]  # the planner's efficiency curve at s tokens (its calibration)
+    speed = 989e12 * h100.mfu * s / (s + h100.half_efficiency_tokens)
     per_stage = layers // 4
     logits = 2 * b * s * h * V / speed  # the output layer's, in each of F, B and W
     assert costs.t_f[0] == pytest.approx(per_stage * (dense + 4 * b * s * s * h) / speed)
@@ -405,7 +413,7 @@ def test_table_has_a_legend_readable_columns_and_no_duplicate_rows(capsys):
             "--preset", "h100", "--memory-budget-gb", "30", "--top", "1000"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("hardware: H100-SXM5-80GB: 989 TFLOP/s peak at MFU 0.45, "
+    assert lines[0].startswith("hardware: H100-SXM5-80GB: 989 TFLOP/s peak at MFU 0.518, "
                                "80 GB, host link 50 GB/s, NVLink 360 GB/s")
     assert "Hardware(" not in "\n".join(lines)
     header = lines[2].split()
