@@ -36,7 +36,9 @@ def test_a_freed_block_above_the_mmap_ceiling_is_reused_without_page_faults():
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
     faults = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split()[-1])
-    assert faults < 1000, f"{faults} minor page faults re-touching freed 64 MiB blocks"
+    # without the setting: 8 x 16,384; with it, at most one block's pages again (seen once
+    # on a loaded 2-core CI machine: the warm-up had not settled after 8 blocks)
+    assert faults <= 16384, f"{faults} minor page faults re-touching freed 64 MiB blocks"
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
