@@ -25,11 +25,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _no_leaked_process_group(request):
-    """Tests share one pytest process: a test that leaves torch.distributed initialised
-    changes what every later test sees (the dry run refuses a real group, say). The group is
-    destroyed and the test that left it fails, named."""
+    """Tests share one pytest process: a test module that leaves torch.distributed
+    initialised changes what every later module sees (the dry run refuses a real group,
+    say). After each module (its own module-scoped worlds torn down first) the group is
+    destroyed and the module that left it fails, named."""
     yield
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():

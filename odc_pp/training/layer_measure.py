@@ -98,16 +98,10 @@ def kind_flags(kind: LayerKind, shape: LayerShape) -> list[str]:
 
 def _chunk_bytes(flags: list[str], layers: int, tp: int, sp: bool) -> tuple[int, int]:
     """(saved, W-held) bytes of the middle stage's chunk of ``layers`` layers."""
-    import torch
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from odc_pp.runtime.wgrad import WeightGradQueue
 
     from .arguments import parse_args
-    from .components import build_model
-    from .dry_run import MemoryPhases, _fake_module_to, _fake_world, _microbatch, gpu_model
-    from .distributed import Topology
+    from .dry_run import _fake_world
 
     world = _PP * tp
     args = parse_args(flags + [
@@ -118,7 +112,21 @@ def _chunk_bytes(flags: list[str], layers: int, tp: int, sp: bool) -> tuple[int,
     rank = layout_rank(dp_rank=0, pp_rank=1, tp_rank=0, pp=_PP, tp=tp)
     if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) != (rank, world):
         dist.destroy_process_group()  # the fake world of another tp
-    _fake_world(rank, world)
+    with _fake_world(rank, world):
+        return _measured(args, job, rank)
+
+
+def _measured(args, job, rank: int) -> tuple[float, float]:
+    """:func:`_chunk_bytes` inside its fake world."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from odc_pp.runtime.wgrad import WeightGradQueue
+
+    from .components import build_model
+    from .dry_run import MemoryPhases, _fake_module_to, _microbatch, gpu_model
+    from .distributed import Topology
+
     topo = Topology.for_job(job, rank, torch.device("cpu"))
     with FakeTensorMode(allow_non_fake_inputs=True), MemoryPhases() as tracker:
         with _fake_module_to():
