@@ -4,7 +4,8 @@ With ``--context-parallel-size N`` (Megatron's meaning, docs/context_parallel.md
 sequence of a microbatch is split into 2N chunks and CP rank ``i`` holds chunks ``i`` and
 ``2N - 1 - i`` (causal load balance); attention is a ring over the N ranks. Per rank:
 
-* compute: :func:`compute_share` = 1/N of the cp=1 F, B and W FLOPs (the linear layers
+* compute: :func:`compute_share` = 1/N of the cp=1 F, B and W executed FLOPs (causal
+  attention at half the formula's; the linear layers
   see L/N tokens; the load-balanced chunks give every rank 1/N of the causal attention
   pairs), at the efficiency of an L/N-token microbatch;
 * ring: per layer N steps; in each of the N-1 transfers a rank receives the K and V
@@ -64,12 +65,13 @@ def ring_link(cluster: Hardware, *, tp: int, cp: int) -> float:
 
 
 def attention_flops(model: ModelSpec, rows: int, length: int) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one layer's causal attention (the part of
-    :meth:`ModelSpec.layer_flops` quadratic in the length: f(L) = a L + b L^2 solved from
-    L = 1, 2) for ``rows`` rows of ``length`` tokens."""
+    """(forward, backward) FLOPs one layer's causal attention executes (the part of
+    :meth:`ModelSpec.executed_layer_flops` quadratic in the length: f(L) = a L + b L^2
+    solved from L = 1, 2; the masked half skipped, as the pass times count it) for
+    ``rows`` rows of ``length`` tokens."""
     out = []
     for k in (0, 1):
-        one, two = model.layer_flops(1, 1)[k], model.layer_flops(1, 2)[k]
+        one, two = model.executed_layer_flops(1, 1)[k], model.executed_layer_flops(1, 2)[k]
         out.append(rows * (two - 2 * one) / 2 * length * length)
     return out[0], out[1]
 

@@ -2,8 +2,9 @@
 is calibrated from measured layer and step times (issue 48, Deliver 4), instead of one
 constant for every kind.
 
-The planner times a microbatch's pass as its FLOPs
-(:func:`~odc_pp.schedule.costs.transformer_layer_flops`, the project's one formula) over
+The planner times a microbatch's pass as the FLOPs it executes
+(:func:`~odc_pp.schedule.costs.transformer_layer_flops` with ``causal=True``: causal
+attention at half of Megatron-LM's formula, whose FLOPs stay the MFU numerator) over
 :meth:`~odc_pp.planner.hardware.Hardware.flops_per_s`: ``peak x mfu x t / (t + t_half)``
 for ``t`` tokens per microbatch. Two kinds of measurement fix ``mfu`` and ``t_half``:
 
@@ -12,12 +13,12 @@ for ``t`` tokens per microbatch. Two kinds of measurement fix ``mfu`` and ``t_ha
   models (Table 3: h 2304 / 4096 / 5120 / 6144, FFN 4h, sequence 1024, microbatch size 6 /
   3 / 1 / 1, i.e. 6144 / 3072 / 1024 / 1024 tokens), twelve rows, bf16/fp16 on A100-SXM4
   80GB (312 TFLOP/s). Each row gives the fraction of peak a layer's F + B + W reaches
-  (:func:`layer_fraction`): 0.53 at h 2304, 0.63-0.65 at h >= 4096, the same at 1024
-  tokens as at 3072. :func:`fit_curve` fits ``mfu`` and ``t_half`` to them (least
-  squares of the relative error): ``t_half`` = 0, i.e. no measurable loss down to 1024
-  tokens (the old curve's 1024 halved it there: the data contradict it by 2x), and
-  ``mfu`` = 0.60 (the 1.5B rows, small GEMMs at h 2304, are 12% slower than that: the
-  curve has no hidden-size term).
+  (:func:`layer_fraction`, of the executed FLOPs): 0.51 at h 2304, 0.61-0.64 at
+  h >= 4096, the same at 1024 tokens as at 3072. :func:`fit_curve` fits ``mfu`` and
+  ``t_half`` to them (least squares of the relative error): ``t_half`` = 0, i.e. no
+  measurable loss down to 1024 tokens (the old curve's 1024 halved it there: the data
+  contradict it by 2x), and ``mfu`` = 0.585 (the 1.5B rows, small GEMMs at h 2304, are
+  13% slower than that: the curve has no hidden-size term).
 * **H100, H200** -- this project's GPU-step records (``benchmarks/results/
   gpu_step_h100.json``, ``gpu_step_h200.json``, run ``full-1f1b``): a 4-layer
   Llama-3-8B-shaped model (GQA, SwiGLU, vocabulary 128256 untied), 8 microbatches of

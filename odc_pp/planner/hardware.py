@@ -150,15 +150,15 @@ class Hardware:
 PRESETS = {
     "a100": Hardware(name="A100-SXM4-80GB", peak_tflops=312.0, memory_gb=80.0,
                      host_link_gbps=25.0, tp_link_gbps=240.0, tp_link_latency_us=5.0,
-                     internode_gbps=20.0, memory_gbps=2039.0, mfu=0.599,
+                     internode_gbps=20.0, memory_gbps=2039.0, mfu=0.585,
                      half_efficiency_tokens=0.0),
     "h100": Hardware(name="H100-SXM5-80GB", peak_tflops=989.0, memory_gb=80.0,
                      host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
-                     internode_gbps=40.0, memory_gbps=3350.0, mfu=0.518,
+                     internode_gbps=40.0, memory_gbps=3350.0, mfu=0.476,
                      half_efficiency_tokens=0.0),
     "h200": Hardware(name="H200-SXM-141GB", peak_tflops=989.0, memory_gb=141.0,
                      host_link_gbps=50.0, tp_link_gbps=360.0, tp_link_latency_us=0.9,
-                     internode_gbps=40.0, memory_gbps=4800.0, mfu=0.588,
+                     internode_gbps=40.0, memory_gbps=4800.0, mfu=0.541,
                      half_efficiency_tokens=0.0),
 }
 """Presets (``--preset`` / ``--cluster``). ``mfu`` and ``half_efficiency_tokens`` per kind

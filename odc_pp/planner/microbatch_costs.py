@@ -57,15 +57,18 @@ def stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
 def _compute_stage_times(config: PlanConfig, cand: Candidate, rows: int, length: int,
                          documents: tuple | None) -> tuple[list[float], list[float],
                                                            list[float]]:
+    # times from the FLOPs the kernels execute (causal attention: half the formula's);
+    # the MFU numerator (_draw_plans) keeps Megatron-LM's formula
     model, cluster = config.model, config.cluster
     counts = stage_layout(config, cand).counts()
     share = cpm.compute_share(cand.cp)
     tokens = rows * length * share  # one CP rank's tokens
     speed = cluster.flops_per_s(tokens) * cand.tp
     if documents:
-        f, b, w = np.sum([model.layer_flops(1, d) for d in documents], axis=0) * share
+        f, b, w = np.sum([model.executed_layer_flops(1, d) for d in documents],
+                         axis=0) * share
     else:
-        f, b, w = np.multiply(model.layer_flops(rows, length), share)
+        f, b, w = np.multiply(model.executed_layer_flops(rows, length), share)
     ring_f, ring_b = cpm.ring_seconds(
         model, rows=rows, length=length, cp=cand.cp, tp=cand.tp,
         link_bytes_per_s=cpm.ring_link(cluster, tp=cand.tp, cp=cand.cp),

@@ -145,6 +145,14 @@ class ModelShape:
                                        query_width=self.query_width, kv_width=self.kv_width,
                                        gated_mlp=self.gated_mlp)
 
+    def executed_layer_flops(self, batch: int, seq: int) -> tuple[float, float, float]:
+        """F, B and W FLOPs one layer executes on a ``[batch, seq]`` microbatch: causal
+        attention does half of :meth:`layer_flops`' attention (the planner's times; MFU
+        keeps :meth:`layer_flops`)."""
+        return transformer_layer_flops(batch, seq, self.hidden_size, self.ffn,
+                                       query_width=self.query_width, kv_width=self.kv_width,
+                                       gated_mlp=self.gated_mlp, causal=True)
+
     def layer_params(self) -> int:
         """Weights of one layer: Q and output projections ``2 h q``, K and V ``2 h k``, the
         MLP ``2 h f`` (``3 h f`` gated), two norms with weight and bias ``4 h`` (linear

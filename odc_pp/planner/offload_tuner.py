@@ -11,9 +11,10 @@ non-empty set of ``--offload-chunks``, and at tp > 1 with W's sequence-parallel 
 re-gathered or kept (``--keep-sp-input-for-w``). :func:`odc_pp.planner.search.rank`
 predicts each as ``odc-pp plan`` does:
 
-* F/B/W seconds: Megatron-LM's FLOPs per layer (:meth:`ModelShape.layer_flops`:
+* F/B/W seconds: the FLOPs a layer executes (:meth:`ModelShape.executed_layer_flops`:
   ``2 b s (2 h q + 2 h k + 2 h f)`` in each of F, B and W, ``3 h f`` with SwiGLU, plus
-  attention ``4 b s^2 q`` in F and twice that in B) over the cluster's achieved FLOP/s
+  causal attention ``2 b s^2 q`` in F and twice that in B, half of Megatron-LM's
+  formula, which MFU keeps) over the cluster's achieved FLOP/s
   (:meth:`Hardware.flops_per_s`), divided by tp, plus the tensor-parallel collectives;
   the output layer on the last stage; recomputing layernorm/GeLU/dropout adds 5 % of
   the forward time to B.

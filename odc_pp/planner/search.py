@@ -8,9 +8,10 @@ balance, packing and token cap) is predicted as follows, deterministically:
    them (the same mode, cap, packing and FLOPs cost model): microbatch counts and shapes
    per replica.
 2. A microbatch's F/B/W time on one virtual stage is its FLOPs
-   (:func:`~odc_pp.schedule.costs.transformer_layer_flops` on the executed shape: padded
-   rows, or a packed row's documents, whose attention the GPU kernels (varlen / flex)
-   compute per document; the output layer on the last stage) over the
+   (:func:`~odc_pp.schedule.costs.transformer_layer_flops` with ``causal=True``, the
+   FLOPs the kernels execute: causal attention at half the formula's, on the executed
+   shape: padded rows, or a packed row's documents, whose attention the GPU kernels
+   (varlen / flex) compute per document; the output layer on the last stage) over the
    cluster's achieved FLOP/s for that microbatch size (:meth:`Hardware.flops_per_s`, an
    efficiency curve), divided by tp, plus the tensor-parallel collectives
    (:func:`~odc_pp.schedule.costs.tensor_parallel_comm_seconds`). With context

@@ -183,7 +183,8 @@ def with_full_recompute(costs: CostModel, fractions: Sequence[float],
 
 def transformer_layer_flops(batch: int, seq: int, hidden: int, ffn_hidden: int, *,
                             query_width: int | None = None, kv_width: int | None = None,
-                            gated_mlp: bool = False) -> tuple[float, float, float]:
+                            gated_mlp: bool = False,
+                            causal: bool = False) -> tuple[float, float, float]:
     """Forward, input-gradient (B) and weight-gradient (W) FLOPs of one transformer layer
     on one ``[batch, seq]`` microbatch (multiply-add = 2 FLOPs), Megatron-LM's formula
     (``num_floating_point_operations``): per token the query and output projections
@@ -193,12 +194,17 @@ def transformer_layer_flops(batch: int, seq: int, hidden: int, ffn_hidden: int, 
     each costs ``2 b s x`` in F, again in B and in W. Attention scores and values cost
     ``4 b s^2 q`` in F and twice that in B (no causal halving, as in Megatron-LM and
     torchtitan). The one FLOPs formula of the project: the offload tuner's cost
-    estimate, the planner and the training log's TFLOP/s and MFU use it."""
+    estimate, the planner and the training log's TFLOP/s and MFU use it.
+
+    ``causal=True`` gives the FLOPs a causal flash-attention kernel executes instead: it
+    skips the masked blocks, so attention costs half of the formula's (``2 b s^2 q`` in
+    F, ``4 b s^2 q`` in B). The planner times passes with these and reports MFU with the
+    formula's (Megatron-LM's meaning of MFU)."""
     query = hidden if query_width is None else query_width
     kv = query if kv_width is None else kv_width
     weights = 2 * hidden * query + 2 * hidden * kv + (3 if gated_mlp else 2) * hidden * ffn_hidden
     dense = 2 * batch * seq * weights
-    attention = 4 * batch * seq * seq * query
+    attention = (2 if causal else 4) * batch * seq * seq * query
     return float(dense + attention), float(dense + 2 * attention), float(dense)
 
 

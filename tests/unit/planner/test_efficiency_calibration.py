@@ -25,7 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 def _a100_points() -> list[tuple[float, float]]:
     """(tokens per microbatch, fraction of peak) of a layer's F + B + W in each row of the
-    zero-bubble paper's Table 9 (a middle stage: ceil(L / pp) layers)."""
+    zero-bubble paper's Table 9 (a middle stage: ceil(L / pp) layers), of the FLOPs the
+    layer executes (causal attention: half the formula's), as the planner times passes."""
     tables = json.loads((ROOT / "benchmarks/data/zb_paper_tables.json").read_text())
     points = []
     for row in tables["table5"]:
@@ -33,7 +34,7 @@ def _a100_points() -> list[tuple[float, float]]:
         b, s, h = shape["microbatch_size"], tables["table3_seq_length"], shape["hidden_size"]
         layers = math.ceil(tables["table3_layers"][row["model"]] / row["pp"])
         seconds = (row["t_f"] + row["t_b"] + row["t_w"]) / layers / 1e3
-        flops = sum(transformer_layer_flops(b, s, h, 4 * h))
+        flops = sum(transformer_layer_flops(b, s, h, 4 * h, causal=True))
         points.append((b * s, layer_fraction(flops, seconds, PRESETS["a100"].peak_tflops)))
     return points
 
@@ -65,8 +66,8 @@ def _step_mfu(kind: str, half: float) -> float:
 def test_a100_from_the_zero_bubble_papers_table9():
     points = _a100_points()
     assert len(points) == 12
-    # the data: ~0.63 at 1024 tokens (h >= 5120) as at 3072 (h 4096): no loss at 1024
-    assert min(f for t, f in points if t == 1024) > 0.62
+    # the data: ~0.62 at 1024 tokens (h >= 5120) as at 3072 (h 4096): no loss at 1024
+    assert min(f for t, f in points if t == 1024) > 0.61
     mfu, half = fit_curve(points)
     a100 = PRESETS["a100"]
     assert (a100.mfu, a100.half_efficiency_tokens) == (round(mfu, 3), half)
