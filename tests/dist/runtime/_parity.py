@@ -195,3 +195,71 @@ def parity_worker(rank, world_size, schedule_names, num_microbatches, out_path):
     if rank == 0:
         with open(out_path, "w") as handle:
             json.dump(report, handle)
+
+
+def layout_schedule(name: str, layout, num_microbatches: int):
+    """``name``'s lowered schedule on the stages of ``layout`` (a StageLayout), generated
+    for costs scaled by each stage's layers."""
+    from odc_pp.schedule.costs import CostModel, with_stage_sizes
+    from odc_pp.schedule.generators import family, generate
+    from odc_pp.schedule.lowering import lower
+    from odc_pp.schedule.placement import locate
+
+    pp = layout.pp
+    ranks = [locate(family(name).placement, pp, layout.num_chunks, s)[0]
+             for s in range(layout.num_stages)]
+    costs = with_stage_sizes(CostModel(offload_bandwidth=1.0), layout.relative_sizes(), ranks)
+    schedule = generate(name, pp=pp, num_microbatches=num_microbatches, costs=costs)
+    return lower(schedule, costs)
+
+
+def layers_of(named) -> list[int]:
+    """The global decoder layers whose parameters a rank holds."""
+    prefix = "model.decoder.layers."
+    return sorted({int(name[len(prefix):].split(".")[0]) for name in named
+                   if name.startswith(prefix)})
+
+
+def layout_worker(rank, world_size, names, num_microbatches, out_path, layout_of):
+    """Each family of ``names`` on the stages ``layout_of(name, pp)`` gives (uneven or
+    with the embedding / loss accounted) against one process: which layers each rank
+    holds, and the losses' and parameters' relative differences (rank 0 writes them)."""
+    from odc_pp.schedule.generators import family
+    from odc_pp.schedule.placement import rank_stages
+    from odc_pp.training.distributed import standalone_process_groups
+
+    groups = standalone_process_groups()
+    microbatches = make_microbatches(num_microbatches)
+    references, report = {}, {}
+    for name in names:
+        layout = layout_of(name, world_size)
+        if rank == 0 and layout.num_layers not in references:
+            references[layout.num_layers] = reference_run(
+                model_config(num_layers=layout.num_layers), microbatches, groups)
+        config = model_config(num_layers=layout.num_layers,
+                              num_layers_in_first_pipeline_stage=layout.first,
+                              num_layers_in_last_pipeline_stage=layout.last,
+                              account_for_embedding_in_pipeline_split=layout.account_embedding,
+                              account_for_loss_in_pipeline_split=layout.account_loss)
+        schedule = layout_schedule(name, layout, num_microbatches)
+        losses, named, _ = pipeline_run(config, schedule, microbatches, groups)
+        everything = [None] * world_size
+        dist.all_gather_object(everything, named)
+        if rank == 0:
+            reference = references[layout.num_layers]
+            merged = {k: v for part in everything for k, v in part.items()}
+            placement = family(name).placement
+            report[name] = {
+                "rank_layers": [layers_of(part) for part in everything],
+                "expected_rank_layers": [
+                    sorted(layer for stage in rank_stages(placement, world_size,
+                                                          layout.num_chunks, r)
+                           for layer in layout.layers(stage)) for r in range(world_size)],
+                "counts": list(layout.counts()), "chunks": layout.num_chunks,
+                "missing": sorted(set(reference[1]) ^ set(merged)),
+                "loss_rel_diff": max(abs(a - b) / abs(b)
+                                     for a, b in zip(losses, reference[0])),
+                "param_rel_diff": max_relative_difference(merged, reference[1])}
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(report, handle)
